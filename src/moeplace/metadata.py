@@ -1,0 +1,232 @@
+"""Stage 'metadata': a model's exact bytes by role and its attention/KV shape, from the GGUF header.
+
+The result is a plain JSON-able dict (results/metadata/{model}.json) that every later stage reads.
+A model can also be described by the seed's constants (total non-expert/expert bytes, layers,
+KV bytes per token); that path exists to reproduce the seed's tables.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .errors import MoeplaceError
+from .gguf_file import GGUFHeader, read_header
+from .units import parse_size
+
+ROLES = ("attention", "norm", "router", "shared_expert", "dense_ffn", "expert", "other")
+GLOBALS = ("token_embd", "output", "output_norm", "other")
+
+_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+# Routed experts, as llama.cpp's --n-cpu-moe pattern sees them (weights, biases, scales).
+_EXPERT = re.compile(r"^ffn_(gate|up|down|gate_up)_(ch)?exps\b")
+_DENSE_FFN = re.compile(r"^ffn_(gate|up|down|gate_up)\.")
+
+# Sliding-window patterns llama.cpp hard-codes per architecture (load_swa_pattern(ml, n, dense_first)),
+# used when the GGUF has no sliding_window_pattern array. With pattern n, layer il is windowed when
+# il % n < n - 1 (the last of each group is full), or when il % n != 0 if dense_first.
+SWA_PATTERNS: dict[str, tuple[int, bool]] = {
+    "gpt-oss": (2, False), "gemma2": (2, False), "gemma3": (6, False), "gemma3n": (5, False),
+    "gemma-embedding": (6, False), "cohere2": (4, False), "cohere2moe": (4, True), "exaone4": (4, False),
+    "exaone-moe": (4, False), "afmoe": (4, False), "llama4": (4, False), "olmo2": (4, False),
+    "smallthinker": (4, True), "plamo3": (8, False),
+}
+
+
+def tensor_role(suffix: str) -> str:
+    """Role of a per-layer tensor, by the part of its name after 'blk.N.'."""
+    if _EXPERT.match(suffix):
+        return "expert"
+    if "_shexp" in suffix:
+        return "shared_expert"
+    if suffix.startswith("ffn_gate_inp") or suffix.startswith("exp_probs_b"):
+        return "router"
+    if "norm" in suffix.split(".")[0]:
+        return "norm"
+    if suffix.startswith("attn_"):
+        return "attention"
+    if _DENSE_FFN.match(suffix):
+        return "dense_ffn"
+    return "other"
+
+
+def global_role(name: str) -> str:
+    stem = name.split(".")[0]
+    return stem if stem in GLOBALS else "other"
+
+
+def _per_layer(value: Any, n_layer: int, key: str, path: Path) -> list[int]:
+    """A key that is either one integer for all layers or a per-layer array."""
+    if isinstance(value, list):
+        if len(value) != n_layer or not all(isinstance(v, int) for v in value):
+            raise MoeplaceError(f"{path}: {key} has {len(value)} entries, expected {n_layer} integers.")
+        return list(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MoeplaceError(f"{path}: {key} must be an integer or per-layer array, got {value!r}.")
+    return [value] * n_layer
+
+
+def _required_int(header: GGUFHeader, suffix: str) -> int:
+    value = header.arch_key(suffix)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MoeplaceError(
+            f"{header.paths[0]}: missing or invalid '{header.architecture}.{suffix}'; "
+            "the model file is incomplete or from an unsupported converter."
+        )
+    return value
+
+
+def _swa_layers(header: GGUFHeader, n_layer: int) -> list[bool]:
+    arch = header.architecture
+    window = header.arch_key("attention.sliding_window", 0) or 0
+    if not window:
+        return [False] * n_layer
+    pattern = header.arch_key("attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer:
+            raise MoeplaceError(
+                f"{header.paths[0]}: {arch}.attention.sliding_window_pattern has {len(pattern)} entries, "
+                f"expected {n_layer}."
+            )
+        return [bool(v) for v in pattern]
+    n, dense_first = SWA_PATTERNS.get(arch, (1, False))
+    if isinstance(pattern, int) and not isinstance(pattern, bool):
+        n = pattern
+    if n == 0:
+        return [True] * n_layer
+    return [il % n != 0 if dense_first else il % n < n - 1 for il in range(n_layer)]
+
+
+def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) -> tuple[dict[str, Any], list[dict]]:
+    """Attention/KV parameters as llama.cpp's KV cache sees them (llama-hparams.cpp), globally and per layer."""
+    path = header.paths[0]
+    arch = header.architecture
+    n_embd = _required_int(header, "embedding_length")
+    n_head = _per_layer(header.arch_key("attention.head_count", 0), n_layer, f"{arch}.attention.head_count", path)
+    head_kv_raw = header.arch_key("attention.head_count_kv")
+    n_head_kv = n_head if head_kv_raw is None else _per_layer(head_kv_raw, n_layer, f"{arch}.attention.head_count_kv", path)
+    first_head = next((h for h in n_head if h), 0)
+    default_dim = n_embd // first_head if first_head else 0
+    key_length = header.arch_key("attention.key_length", default_dim)
+    value_length = header.arch_key("attention.value_length", default_dim)
+    key_length_swa = header.arch_key("attention.key_length_swa", key_length)
+    value_length_swa = header.arch_key("attention.value_length_swa", value_length)
+    # MLA (deepseek2-style): the cache holds only K rows of key_length (latent + rope); V is a view of K.
+    mla = bool(header.arch_key("attention.key_length_mla", 0) and header.arch_key("attention.value_length_mla", 0))
+    # NextN/MTP layers at the end are not part of the main context.
+    n_layer_main = n_layer - (header.arch_key("nextn_predict_layers", 0) or 0)
+    swa = _swa_layers(header, n_layer)
+    layers = []
+    for il in range(n_layer):
+        # A layer without K/V projections (recurrent, SSM) keeps no KV cache.
+        has_kv = (il < n_layer_main and n_head_kv[il] > 0
+                  and any(n.startswith(("attn_k", "attn_qkv")) for n in layer_names[il]))
+        k_len, v_len = (key_length_swa, value_length_swa) if swa[il] else (key_length, value_length)
+        k_dim, v_dim = k_len * n_head_kv[il], 0 if mla else v_len * n_head_kv[il]
+        layers.append({"has_kv": has_kv, "swa": has_kv and swa[il],
+                       "k_dim": k_dim if has_kv else 0, "v_dim": v_dim if has_kv else 0})
+    attention = {
+        "n_embd": n_embd,
+        "n_head": first_head,
+        "n_head_kv": n_head_kv[0] if len(set(n_head_kv)) == 1 else n_head_kv,
+        "key_length": key_length,
+        "value_length": value_length,
+        "sliding_window": header.arch_key("attention.sliding_window", 0) or 0,
+        "mla": mla,
+        "kv_lora_rank": header.arch_key("attention.kv_lora_rank", 0) or 0,
+        "rope_dimension_count": header.arch_key("rope.dimension_count", key_length),
+    }
+    return attention, layers
+
+
+def file_identity(header: GGUFHeader) -> dict[str, Any]:
+    """Size and header hash of every file: cheap, and changes when the model does."""
+    return {
+        "files": [
+            {"path": str(p), "size": s, "header_sha256": h}
+            for p, s, h in zip(header.paths, header.file_sizes, header.header_sha256)
+        ]
+    }
+
+
+def from_header(header: GGUFHeader) -> dict[str, Any]:
+    arch = header.architecture
+    n_layer = _required_int(header, "block_count")
+    n_expert = header.arch_key("expert_count", 0) or 0
+    n_expert_used = header.arch_key("expert_used_count", 0) or 0
+    layers = [{role: 0 for role in ROLES} for _ in range(n_layer)]
+    names: list[set[str]] = [set() for _ in range(n_layer)]
+    global_bytes = {g: 0 for g in GLOBALS}
+    quant: Counter[str] = Counter()
+    for t in header.tensors:
+        quant[t.type_name] += t.n_bytes
+        m = _LAYER.match(t.name)
+        if m is None:
+            global_bytes[global_role(t.name)] += t.n_bytes
+            continue
+        il, suffix = int(m[1]), m[2]
+        if il >= n_layer:
+            raise MoeplaceError(f"{header.paths[0]}: tensor {t.name!r} names layer {il}, but the model has {n_layer}.")
+        layers[il][tensor_role(suffix)] += t.n_bytes
+        names[il].add(suffix)
+    expert_bytes = sum(layer["expert"] for layer in layers)
+    if expert_bytes and not (n_expert and n_expert_used):
+        raise MoeplaceError(f"{header.paths[0]}: has expert tensors but no {arch}.expert_count/expert_used_count.")
+    attention, kv_layers = _attention(header, n_layer, names)
+    total = sum(t.n_bytes for t in header.tensors)
+    return {
+        "name": header.metadata.get("general.name") or header.paths[0].stem,
+        "source": "gguf",
+        "architecture": arch,
+        "n_layer": n_layer,
+        "n_expert": n_expert if expert_bytes else 0,
+        "n_expert_used": n_expert_used if expert_bytes else 0,
+        "n_expert_shared": header.arch_key("expert_shared_count", 0) or 0,
+        "n_ctx_train": header.arch_key("context_length", 0) or 0,
+        "expert_bytes": expert_bytes,
+        "non_expert_bytes": total - expert_bytes,
+        "total_bytes": total,
+        "global_bytes": global_bytes,
+        "quant_types": dict(sorted(quant.items())),
+        "attention": attention,
+        "kv_bytes_per_token": None,
+        "layers": [
+            {"index": il, "expert_bytes": layer["expert"], "bytes": layer, **kv}
+            for il, (layer, kv) in enumerate(zip(layers, kv_layers))
+        ],
+        **file_identity(header),
+    }
+
+
+def inspect_model(path: str | Path) -> dict[str, Any]:
+    """Header-only summary of a GGUF model (split models: pass any shard)."""
+    return from_header(read_header(path))
+
+
+def from_constants(name: str, constants: dict[str, Any]) -> dict[str, Any]:
+    """The seed's way: total non-expert/expert bytes spread evenly over the layers."""
+    n_layer = int(constants["layers"])
+    expert = parse_size(constants["expert"], f"models.{name}.constants.expert")
+    non_expert = parse_size(constants["non_expert"], f"models.{name}.constants.non_expert")
+    per_layer = expert / n_layer
+    return {
+        "name": name,
+        "source": "constants",
+        "architecture": constants.get("architecture", "unknown"),
+        "n_layer": n_layer,
+        "n_expert": int(constants.get("n_expert", 0)),
+        "n_expert_used": int(constants.get("n_expert_used", 0)),
+        "n_expert_shared": 0,
+        "n_ctx_train": 0,
+        "expert_bytes": expert,
+        "non_expert_bytes": non_expert,
+        "total_bytes": expert + non_expert,
+        "global_bytes": {"other": non_expert},
+        "quant_types": {},
+        "attention": None,
+        "kv_bytes_per_token": int(constants["kv_bytes_per_token"]),
+        "layers": [{"index": il, "expert_bytes": per_layer} for il in range(n_layer)],
+        "files": [],
+    }

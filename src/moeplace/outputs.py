@@ -1,0 +1,67 @@
+"""Writing results safely: every output appears whole (temp name + rename) or not at all."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .errors import MoeplaceError
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it into place only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        if os.path.exists(tmp):
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=1, default=str) + "\n")
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def write_csv(path: str | Path, frame: pd.DataFrame) -> None:
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+
+
+@contextmanager
+def stage(log_path: str | Path) -> Iterator[logging.Logger]:
+    """Run a pipeline stage: log to its log file; a MoeplaceError ends it with one line, not a traceback."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(filename=str(log_path), level=logging.INFO, force=True,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    log = logging.getLogger("moeplace")
+    try:
+        yield log
+    except MoeplaceError as e:
+        log.error("%s", e)
+        print(f"moeplace: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,281 @@
+"""Stage 'twin': a GGUF with a real architecture's llama.cpp tensor names, shapes and types.
+
+weights="none": header-faithful, data region a sparse hole, tensor types from llama.cpp's
+quantization recipe (llama-quant.cpp) so `inspect` reports the real model's bytes.
+weights="random": F16/F32 random weights (deterministic seed) that llama.cpp loads and runs;
+quantize it with llama-quantize to get the real recipe's types.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+from .errors import MoeplaceError
+from .gguf_file import tensor_nbytes
+from .outputs import atomic_path
+
+Q = GGMLQuantizationType
+ARCHITECTURES = ("qwen3moe", "deepseek2", "gpt-oss")
+
+
+@dataclass
+class TwinSpec:
+    """Published hyperparameters of a model (see config/models/*.yaml)."""
+
+    name: str
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_vocab: int
+    context_length: int = 32768
+    tied_output: bool = False
+    ftype: str = "Q4_K_M"
+    rope_freq_base: float = 10000.0
+    # deepseek2 (MLA, leading dense layers, shared experts)
+    n_layer_dense_lead: int = 0
+    n_ff: int = 0
+    n_expert_shared: int = 0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    # gpt-oss (alternating sliding-window / full attention)
+    sliding_window: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_spec(path: str | Path) -> TwinSpec:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise MoeplaceError(f"{path}: cannot read the twin spec ({e}).") from None
+    if not isinstance(data, dict):
+        raise MoeplaceError(f"{path}: a twin spec is a YAML mapping of hyperparameters.")
+    known = set(TwinSpec.__dataclass_fields__) - {"extra"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise MoeplaceError(f"{path}: unknown key(s) {', '.join(unknown)}; see config/models/README.md.")
+    try:
+        spec = TwinSpec(**data)
+    except TypeError as e:
+        raise MoeplaceError(f"{path}: {e}; see config/models/README.md.") from None
+    if spec.architecture not in ARCHITECTURES:
+        raise MoeplaceError(f"{path}: architecture {spec.architecture!r} is not one of {', '.join(ARCHITECTURES)}.")
+    return spec
+
+
+# --- tensor table per architecture (ne order: row length first) -------------------------
+
+
+def _tensors(s: TwinSpec) -> list[tuple[str, tuple[int, ...]]]:
+    E, V, X, F = s.n_embd, s.n_vocab, s.n_expert, s.n_ff_exp
+    out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (E, V)), ("output_norm.weight", (E,))]
+    if not s.tied_output:
+        out.append(("output.weight", (E, V)))
+    experts = [("ffn_gate_exps.weight", (E, F, X)), ("ffn_up_exps.weight", (E, F, X)),
+               ("ffn_down_exps.weight", (F, E, X))]
+    for il in range(s.n_layer):
+        b = f"blk.{il}."
+        layer: list[tuple[str, tuple[int, ...]]] = [("attn_norm.weight", (E,))]
+        if s.architecture == "qwen3moe":
+            hd = s.head_dim
+            layer += [("attn_q.weight", (E, hd * s.n_head)), ("attn_k.weight", (E, hd * s.n_head_kv)),
+                      ("attn_v.weight", (E, hd * s.n_head_kv)), ("attn_output.weight", (hd * s.n_head, E)),
+                      ("attn_q_norm.weight", (hd,)), ("attn_k_norm.weight", (hd,)), ("ffn_norm.weight", (E,)),
+                      ("ffn_gate_inp.weight", (E, X)), *experts]
+        elif s.architecture == "deepseek2":
+            k_mla = s.qk_nope_head_dim + s.qk_rope_head_dim
+            layer += [("attn_q_a_norm.weight", (s.q_lora_rank,)), ("attn_kv_a_norm.weight", (s.kv_lora_rank,)),
+                      ("attn_q_a.weight", (E, s.q_lora_rank)), ("attn_q_b.weight", (s.q_lora_rank, s.n_head * k_mla)),
+                      ("attn_kv_a_mqa.weight", (E, s.kv_lora_rank + s.qk_rope_head_dim)),
+                      ("attn_k_b.weight", (s.qk_nope_head_dim, s.kv_lora_rank, s.n_head)),
+                      ("attn_v_b.weight", (s.kv_lora_rank, s.v_head_dim, s.n_head)),
+                      ("attn_output.weight", (s.n_head * s.v_head_dim, E)), ("ffn_norm.weight", (E,))]
+            if il < s.n_layer_dense_lead:
+                layer += [("ffn_gate.weight", (E, s.n_ff)), ("ffn_up.weight", (E, s.n_ff)),
+                          ("ffn_down.weight", (s.n_ff, E))]
+            else:
+                S = F * s.n_expert_shared
+                layer += [("ffn_gate_inp.weight", (E, X)), *experts, ("ffn_gate_shexp.weight", (E, S)),
+                          ("ffn_up_shexp.weight", (E, S)), ("ffn_down_shexp.weight", (S, E))]
+        else:  # gpt-oss
+            hd = s.head_dim
+            q, kv = hd * s.n_head, hd * s.n_head_kv
+            layer += [("post_attention_norm.weight", (E,)), ("attn_q.weight", (E, q)), ("attn_q.bias", (q,)),
+                      ("attn_k.weight", (E, kv)), ("attn_k.bias", (kv,)), ("attn_v.weight", (E, kv)),
+                      ("attn_v.bias", (kv,)), ("attn_output.weight", (q, E)), ("attn_output.bias", (E,)),
+                      ("attn_sinks.weight", (s.n_head,)), ("ffn_gate_inp.weight", (E, X)), ("ffn_gate_inp.bias", (X,)),
+                      *experts, ("ffn_gate_exps.bias", (F, X)), ("ffn_up_exps.bias", (F, X)),
+                      ("ffn_down_exps.bias", (E, X))]
+        out += [(b + name, shape) for name, shape in layer]
+    return out
+
+
+def _metadata(w: GGUFWriter, s: TwinSpec) -> None:
+    a = s.architecture
+    w.add_string("general.name", s.name)
+    w.add_uint32(f"{a}.context_length", s.context_length)
+    w.add_uint32(f"{a}.embedding_length", s.n_embd)
+    w.add_uint32(f"{a}.block_count", s.n_layer)
+    w.add_uint32(f"{a}.feed_forward_length", s.n_ff or s.n_ff_exp)
+    w.add_uint32(f"{a}.attention.head_count", s.n_head)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_float32(f"{a}.rope.freq_base", s.rope_freq_base)
+    w.add_uint32(f"{a}.expert_count", s.n_expert)
+    w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
+    w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff_exp)
+    if a == "deepseek2":
+        w.add_uint32(f"{a}.attention.head_count_kv", 1)
+        w.add_uint32(f"{a}.attention.key_length", s.kv_lora_rank + s.qk_rope_head_dim)
+        w.add_uint32(f"{a}.attention.value_length", s.kv_lora_rank)
+        w.add_uint32(f"{a}.attention.key_length_mla", s.qk_nope_head_dim + s.qk_rope_head_dim)
+        w.add_uint32(f"{a}.attention.value_length_mla", s.v_head_dim)
+        w.add_uint32(f"{a}.attention.q_lora_rank", s.q_lora_rank)
+        w.add_uint32(f"{a}.attention.kv_lora_rank", s.kv_lora_rank)
+        w.add_uint32(f"{a}.rope.dimension_count", s.qk_rope_head_dim)
+        w.add_uint32(f"{a}.leading_dense_block_count", s.n_layer_dense_lead)
+        w.add_uint32(f"{a}.expert_shared_count", s.n_expert_shared)
+        w.add_float32(f"{a}.expert_weights_scale", 1.0)
+        w.add_uint32(f"{a}.vocab_size", s.n_vocab)
+    else:
+        w.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
+        w.add_uint32(f"{a}.attention.key_length", s.head_dim)
+        w.add_uint32(f"{a}.attention.value_length", s.head_dim)
+    if a == "gpt-oss":
+        w.add_uint32(f"{a}.attention.sliding_window", s.sliding_window)
+    # llama.cpp's minimal "test" vocabulary: unique token strings, no merges needed.
+    w.add_string("tokenizer.ggml.model", "test")
+    w.add_array("tokenizer.ggml.tokens", [f"tok_{i}" for i in range(s.n_vocab)])
+    w.add_array("tokenizer.ggml.scores", [0.0] * s.n_vocab)
+
+
+# --- llama.cpp's Q4_K_M recipe (llama-quant.cpp llama_tensor_get_type) ---------------------
+
+_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0}
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _keeps_source_type(name: str, shape: tuple[int, ...]) -> bool:
+    return len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name or "ffn_gate_inp.weight" in name
+
+
+def _fit(qtype: Q, row: int) -> Q:
+    """llama.cpp's fallback when a row is not a whole number of blocks."""
+    if row % GGML_QUANT_SIZES[qtype][0] == 0:
+        return qtype
+    fallback = _FALLBACK.get(qtype, Q.F16)
+    return fallback if row % GGML_QUANT_SIZES[fallback][0] == 0 else Q.F16
+
+
+def recipe_type(name: str, shape: tuple[int, ...], s: TwinSpec) -> Q:
+    """The type llama-quantize gives a tensor for the spec's ftype (Q4_K_M, Q8_0 or F16)."""
+    if _keeps_source_type(name, shape):
+        return Q.F32
+    if s.ftype == "F16":
+        return Q.F16
+    if s.ftype == "Q8_0":
+        return _fit(Q.Q8_0, shape[0])
+    if s.ftype != "Q4_K_M":
+        raise MoeplaceError(f"twin spec {s.name}: ftype {s.ftype!r} has no recipe here; use Q4_K_M, Q8_0 or F16.")
+    m = re.match(r"blk\.(\d+)\.", name)
+    layer = int(m[1]) if m else -1
+    qtype = Q.Q4_K
+    if name == "output.weight" or (s.tied_output and name == "token_embd.weight"):
+        qtype = Q.Q8_0 if shape[0] % 256 else Q.Q6_K
+    elif "attn_v.weight" in name or "attn_kv_b.weight" in name or "attn_qkv.weight" in name:
+        if _use_more_bits(layer, s.n_layer):
+            qtype = Q.Q6_K
+        if s.n_expert == 8:
+            qtype = Q.Q8_0
+    elif "attn_k.weight" in name and s.n_expert == 8:
+        qtype = Q.Q8_0
+    elif "ffn_down" in name and _use_more_bits(layer, s.n_layer):
+        qtype = Q.Q6_K
+    elif "attn_output.weight" in name and s.n_expert == 8:
+        qtype = Q.Q5_K
+    return _fit(qtype, shape[0])
+
+
+def _random_type(name: str, shape: tuple[int, ...]) -> Q:
+    """What llama.cpp's converter writes for an F16 model: F32 for norms, biases, routers, 1-D."""
+    return Q.F32 if _keeps_source_type(name, shape) else Q.F16
+
+
+def _random_data(rng: np.random.Generator, name: str, shape: tuple[int, ...], qtype: Q) -> np.ndarray:
+    dtype = np.float32 if qtype == Q.F32 else np.float16
+    if "norm" in name:
+        return np.ones(shape[::-1], dtype=dtype)
+    # Random, not zero: zero routers would send every token to the same experts.
+    scale = 1.0 / math.sqrt(shape[0])
+    return (rng.standard_normal(shape[::-1], dtype=np.float32) * scale).astype(dtype)
+
+
+def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int = 0) -> Path:
+    """Write the twin GGUF atomically; returns its path."""
+    if weights not in ("none", "random"):
+        raise MoeplaceError(f"twin weights must be 'none' or 'random', not {weights!r}.")
+    tensors = _tensors(spec)
+    types = {name: (recipe_type if weights == "none" else lambda n, sh, _s: _random_type(n, sh))(name, shape, spec)
+             for name, shape in tensors}
+    out = Path(out)
+    with atomic_path(out) as tmp:
+        w = GGUFWriter(tmp, spec.architecture)
+        _metadata(w, spec)
+        total = 0
+        for name, shape in tensors:
+            nbytes = tensor_nbytes(types[name].name, shape)
+            w.add_tensor_info(name, list(reversed(shape)), np.float32, nbytes, raw_dtype=types[name])
+            total += GGUFWriter.ggml_pad(nbytes, w.data_alignment)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        if weights == "none":
+            f = w.fout[0]
+            w.write_padding(f, f.tell())
+            f.truncate(f.tell() + total)  # a sparse hole: the size is real, the bytes are not
+        else:
+            rng = np.random.default_rng(seed)
+            for name, shape in tensors:
+                w.write_tensor_data(_random_data(rng, name, shape, types[name]))
+        w.close()
+    return out
+
+
+def make_twin(spec: TwinSpec, out: str | Path, weights: str, quant: str, seed: int,
+              llamacpp: dict[str, Any] | None, log_file: str | Path) -> Path:
+    """A twin as the pipeline needs it: sparse (weights none) or random F16 quantized by llama-quantize."""
+    if weights == "none":
+        return write_twin(spec, out, "none")
+    from .llamacpp import require_binary
+
+    assert llamacpp is not None
+    quantize = require_binary(llamacpp, "llama-quantize")
+    out = Path(out)
+    with atomic_path(out.with_name(out.name + ".f16")) as f16, atomic_path(out) as tmp:
+        write_twin(spec, f16, "random", seed)
+        with open(log_file, "a") as log:
+            rc = subprocess.run([str(quantize), str(f16), str(tmp), quant], stdout=log, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            raise MoeplaceError(f"llama-quantize could not make a {quant} twin of {spec.name} (exit {rc}); see {log_file}.")
+        f16.unlink()
+    return out

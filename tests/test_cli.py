@@ -1,0 +1,70 @@
+"""The `moeplace` command as a user types it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+SEED_ARGS = ["--vram-gb", "16", "--non-expert-gb", "0.89", "--expert-gb", "17.41", "--layers", "48",
+             "--overhead-gb", "1.0", "--kv-bytes-per-token", "98304"]
+
+
+def moeplace(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "moeplace.cli", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_recommend_constants_mode_is_the_seed_script():
+    out = moeplace("recommend", *SEED_ARGS, "--ctx", "8192,32768,65536")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3
+    for line, n in zip(lines, (12, 18, 27)):
+        assert line.endswith(f"--n-cpu-moe {n}")
+
+
+def test_recommend_context_that_cannot_fit_exits_nonzero_with_advice():
+    out = moeplace("recommend", *SEED_ARGS, "--ctx", "200000")
+    assert out.returncode != 0
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "reduce the context or quantize the KV cache" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_recommend_gguf_mode_json_and_server_command(small_moe):
+    out = moeplace("recommend", str(small_moe), "--vram", "8MiB", "--ctx", "4096", "--overhead", "0MB", "--json")
+    assert out.returncode == 0, out.stderr
+    (plan,) = json.loads(out.stdout)
+    assert {"ctx", "kv_bytes", "budget_bytes", "resident_layers", "n_cpu_moe"} <= set(plan)
+    assert plan["kv_bytes"] == 2 * 4096 * 2 * 64 * 2  # 2 layers, K+V, 1 KV head x 64, f16
+    text = moeplace("recommend", str(small_moe), "--vram", "8MiB", "--ctx", "4096", "--overhead", "0MB",
+                    "--cache-type-k", "q8_0", "--cache-type-v", "q8_0")
+    assert "llama-server -m" in text.stdout and "--cache-type-v q8_0" in text.stdout and "-fa on" in text.stdout
+
+
+def test_inspect_json_has_the_documented_keys(small_moe):
+    out = moeplace("inspect", str(small_moe), "--json")
+    meta = json.loads(out.stdout)
+    for key in ("architecture", "n_layer", "n_expert", "n_expert_used", "expert_bytes", "non_expert_bytes", "layers"):
+        assert key in meta
+    assert "expert_bytes" in meta["layers"][0]
+
+
+def test_bad_inputs_give_one_line_not_a_traceback(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"NOTAGGUF" + bytes(100))
+    for args in (["inspect", str(junk)], ["inspect", str(tmp_path / "missing.gguf")],
+                 ["recommend", str(junk), "--vram", "16", "--ctx", "1"], ["recommend", "--ctx", "abc"]):
+        out = moeplace(*args)
+        assert out.returncode != 0
+        assert "Traceback" not in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_twin_command_writes_a_sparse_header_faithful_file(tmp_path):
+    out = moeplace("twin", str(ROOT / "config/models/tiny-qwen3moe.yaml"), str(tmp_path / "t.gguf"), "--weights", "none")
+    assert out.returncode == 0, out.stderr
+    meta = json.loads(moeplace("inspect", str(tmp_path / "t.gguf"), "--json").stdout)
+    assert meta["n_layer"] == 8 and meta["quant_types"].keys() == {"F32", "Q4_K", "Q6_K"}

@@ -1,0 +1,43 @@
+"""Config validation: defaults filled, and one clear line naming the bad field."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from moeplace.config import validate_config
+from moeplace.errors import MoeplaceError
+
+SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
+BASE = yaml.safe_load((ROOT / "config/examples/seed-qwen3-coder-30b-a3b.yaml").read_text())
+
+
+def test_defaults_are_filled():
+    cfg = validate_config(copy.deepcopy(BASE), SCHEMA)
+    assert cfg["cache_type_k"] == "f16" and cfg["host"]["bw_ddr_gbps"] == 57.6
+    assert cfg["models"]["qwen3-coder-30b-a3b-twin"]["quant"] == "Q4_K_M"
+    assert cfg["llamacpp"]["version"] == "11434.0.0"
+
+
+@pytest.mark.parametrize("change,field", [
+    (lambda c: c["device"].update(vram="-16GB"), "device.vram"),
+    (lambda c: c["device"].update(vram=16), "device.vram"),
+    (lambda c: c.update(contexts=[8192, 0]), "contexts.1"),
+    (lambda c: c.update(contexts=["32k"]), "contexts.0"),
+    (lambda c: c.update(cache_type_k="q3_k"), "cache_type_k"),
+    (lambda c: c.update(colour="blue"), "(top level)"),
+    (lambda c: c["models"].update({"../escape": {"gguf": "x.gguf"}}), "models"),
+    (lambda c: c["models"]["qwen3-coder-30b-a3b-twin"].update(gguf="x.gguf"), "models.qwen3-coder-30b-a3b-twin"),
+    (lambda c: c["device"].update(bw_vram_gbps=0), "device.bw_vram_gbps"),
+])
+def test_bad_values_name_the_field(change, field):
+    cfg = copy.deepcopy(BASE)
+    change(cfg)
+    with pytest.raises(MoeplaceError) as err:
+        validate_config(cfg, SCHEMA)
+    message = str(err.value)
+    assert message.startswith(f"config: {field}")
+    assert "\n" not in message

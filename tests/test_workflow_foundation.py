@@ -1,0 +1,48 @@
+"""The first stages through the real Snakefile: the seed example reproduces the seed's tables."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import ROOT
+from workflow_helpers import snakemake, workflow_copy
+
+SEED = yaml.safe_load((ROOT / "config/examples/seed-qwen3-coder-30b-a3b.yaml").read_text())
+
+
+def test_seed_example_reproduces_predicted_table_and_minimum_n(tmp_path):
+    wd = workflow_copy(tmp_path, SEED)
+    targets = [f"results/tables/{t}/{m}.csv" for t in ("predicted", "budget")
+               for m in ("qwen3-coder-30b-a3b", "qwen3-coder-30b-a3b-twin")]
+    run = snakemake(wd, *targets)
+    assert run.returncode == 0, run.stderr[-3000:]
+    predicted = pd.read_csv(wd / "results/tables/predicted/qwen3-coder-30b-a3b.csv").set_index("n_cpu_moe")
+    for n, tok_s in {0: 323, 8: 168, 16: 113, 18: 105, 24: 86, 32: 69, 48: 49}.items():
+        assert predicted.loc[n, "tok_s"] == pytest.approx(tok_s, rel=0.01)
+    budget = pd.read_csv(wd / "results/tables/budget/qwen3-coder-30b-a3b.csv")
+    assert budget.n_cpu_moe.tolist() == [12, 18, 27]
+    twin = pd.read_csv(wd / "results/tables/budget/qwen3-coder-30b-a3b-twin.csv")
+    assert twin.n_cpu_moe.tolist() == [12, 19, 28]  # exact per-tensor bytes of the real architecture
+    assert (wd / "logs/metadata/qwen3-coder-30b-a3b.log").exists()
+    # A finished run reruns nothing.
+    again = snakemake(wd, "-n", *targets)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda c: c["device"].update(vram="-16GB"), "config: device.vram"),
+    (lambda c: c.update(contexts=[0]), "config: contexts.0"),
+    (lambda c: c.update(cache_type_v="q9"), "config: cache_type_v"),
+])
+def test_bad_config_stops_before_any_job_with_one_line(tmp_path, change, needle):
+    cfg = yaml.safe_load(yaml.safe_dump(SEED))
+    change(cfg)
+    wd = workflow_copy(tmp_path, cfg)
+    run = snakemake(wd, "results/tables/budget/qwen3-coder-30b-a3b.csv")
+    assert run.returncode != 0
+    lines = [line for line in run.stderr.splitlines() if line.startswith("moeplace:")]
+    assert len(lines) == 1 and needle in lines[0]
+    assert "Traceback" not in run.stderr
+    assert not (wd / "results").exists()
