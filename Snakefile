@@ -12,6 +12,12 @@ include: "workflow/rules/twin.smk"
 include: "workflow/rules/metadata.smk"
 include: "workflow/rules/predict.smk"
 include: "workflow/rules/budget.smk"
+include: "workflow/rules/bench.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/figures.smk"
+
+
+report: "workflow/report/workflow.rst"
 
 
 rule all:

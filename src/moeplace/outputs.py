@@ -65,3 +65,11 @@ def stage(log_path: str | Path) -> Iterator[logging.Logger]:
         log.error("%s", e)
         print(f"moeplace: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
+    write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in records))
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

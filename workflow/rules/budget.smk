@@ -1,4 +1,4 @@
-rule budget:
+checkpoint budget:
     input:
         metadata="results/metadata/{model}.json",
     output:

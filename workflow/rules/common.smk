@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -5,10 +6,38 @@ from moeplace.config import validate_config
 from moeplace.errors import MoeplaceError
 from moeplace.gguf_file import shard_paths
 
+
+def stop(message):
+    """End the run before any job with one line (no traceback)."""
+    sys.exit(f"moeplace: {message}")
+
+
 try:
     validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
 except MoeplaceError as e:
-    sys.exit(f"moeplace: {e}")
+    stop(e)
+for name, m in config["models"].items():
+    for key in ("gguf", "twin"):
+        if key in m and not Path(m[key]).exists():
+            stop(
+                f"config models.{name}.{key}: {m[key]} does not exist; fix the path (relative to {Path.cwd()})."
+            )
+if any("constants" not in m for m in config["models"].values()):
+    too_short = [
+        c
+        for c in config["contexts"]
+        if c <= config["bench"]["prompt"] + config["bench"]["gen"]
+    ]
+    if too_short:
+        stop(
+            f"config contexts: {too_short} leave no room for bench.prompt + bench.gen "
+            f"({config['bench']['prompt']} + {config['bench']['gen']}); use longer contexts or shorter tests."
+        )
+for folder in ("results", "logs", "resources"):
+    if Path(folder).exists() and not os.access(folder, os.W_OK):
+        stop(
+            f"{Path(folder).resolve()} is not writable; fix its permissions or run from another directory."
+        )
 
 
 wildcard_constraints:
@@ -30,7 +59,7 @@ def get_model_gguf(wildcards):
         try:
             return [str(p) for p in shard_paths(Path(m["gguf"]))]
         except MoeplaceError as e:
-            sys.exit(f"moeplace: config models.{wildcards.model}.gguf: {e}")
+            stop(f"config models.{wildcards.model}.gguf: {e}")
     if "twin" in m:
         return [f"resources/models/{wildcards.model}.gguf"]
     return []
@@ -48,7 +77,7 @@ def get_bandwidths():
 
 
 def get_final_outputs():
-    return expand(
+    outputs = expand(
         [
             "results/metadata/{model}.json",
             "results/tables/predicted/{model}.csv",
@@ -56,6 +85,10 @@ def get_final_outputs():
         ],
         model=MODELS,
     )
+    if BENCH_MODELS:
+        outputs += ["results/tables/measured.csv", "results/tables/compare.csv"]
+        outputs += expand("results/figures/ncmoe_{label}.png", label=LABELS)
+    return outputs
 
 
 def get_twin_inputs(wildcards):
@@ -64,3 +97,65 @@ def get_twin_inputs(wildcards):
     if m["weights"] == "random":
         inputs["llamacpp"] = "resources/llamacpp/llamacpp.json"
     return inputs
+
+
+def context_label(ctx):
+    """32768 -> '32k' (figure names); contexts that are not whole KiB keep their number."""
+    return f"{ctx // 1024}k" if ctx % 1024 == 0 else str(ctx)
+
+
+LABELS = {context_label(c): c for c in config["contexts"]}
+BENCH_MODELS = [m for m in MODELS if "constants" not in model_config(m)]
+
+
+def get_bench_settings():
+    b = config["bench"]
+    return {
+        "prompt": b["prompt"],
+        "gen": b["gen"],
+        "repetitions": b["repetitions"],
+        "threads": b["threads"],
+        "timeout_s": b["timeout_s"],
+        "noisy_cv": b["noisy_cv"],
+        "type_k": config["cache_type_k"],
+        "type_v": config["cache_type_v"],
+    }
+
+
+def sweep_values(model, ctx):
+    """The n_cpu_moe values benchmarked for one model and context (auto: from the budget checkpoint)."""
+    import json
+
+    import pandas as pd
+    from moeplace.bench import auto_sweep
+
+    budget_csv = checkpoints.budget.get(model=model).output[0]
+    with open(f"results/metadata/{model}.json") as f:
+        n_layer = json.load(f)["n_layer"]
+    if config["bench"]["n_cpu_moe"] != "auto":
+        outside = sorted(n for n in set(config["bench"]["n_cpu_moe"]) if n > n_layer)
+        if outside:
+            stop(
+                f"config bench.n_cpu_moe: {outside} exceed {model}'s {n_layer} layers; use values 0..{n_layer}."
+            )
+        return sorted(set(config["bench"]["n_cpu_moe"]))
+    rows = pd.read_csv(budget_csv).query("ctx == @ctx")
+    if (
+        rows.empty
+    ):  # a dry run against a budget table from before this context was added
+        return []
+    row = rows.iloc[0]
+    return auto_sweep(int(row.n_cpu_moe) if row.status == "ok" else None, n_layer)
+
+
+def get_context_bench(wildcards):
+    ctx = (
+        LABELS.get(wildcards.label)
+        if hasattr(wildcards, "label")
+        else int(wildcards.ctx)
+    )
+    return [
+        f"results/bench/{model}/ctx{ctx}/ncmoe{n}.jsonl"
+        for model in BENCH_MODELS
+        for n in sweep_values(model, ctx)
+    ]

@@ -1,0 +1,117 @@
+"""Real llama-bench runs on the pinned build: KV accounting, out-of-memory, timeouts, cleanup."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from llamacpp_helpers import manifest
+from moeplace.aggregate import kv_check_table
+from moeplace.bench import BenchSettings, DeviceSetup, run_bench
+from moeplace.metadata import inspect_model
+from moeplace.twin import load_spec, make_twin
+
+pytestmark = pytest.mark.llamacpp
+SPECS = {"qwen3moe": ROOT / "config/models/tiny-qwen3moe.yaml", "gpt-oss": ROOT / "tests/specs/tiny-gpt-oss.yaml",
+         "deepseek2": ROOT / "tests/specs/tiny-deepseek2.yaml"}
+QUICK = BenchSettings(prompt=16, gen=4, repetitions=1, threads=2, timeout_s=300)
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("twins")
+    return {arch: make_twin(load_spec(spec), folder / f"{arch}.gguf", "random", "Q4_K_M", 0, manifest(),
+                            folder / "quantize.log") for arch, spec in SPECS.items()}
+
+
+def rpc_servers() -> int:
+    return len(subprocess.run(["pgrep", "-f", "ggml-rpc-server -H 127.0.0.1"], capture_output=True).stdout.split())
+
+
+def bench(path: Path, tmp_path: Path, ctx: int, cap: int, n: int = 0, settings: BenchSettings = QUICK) -> list[dict]:
+    meta = inspect_model(path)
+    return run_bench(model_name=path.stem, model_path=str(path), model_files=meta["files"], ctx=ctx, n_cpu_moe=n,
+                     settings=settings, device=DeviceSetup("emulated", "test device", cap), manifest=manifest(),
+                     log_path=tmp_path / "bench.log", workdir=ROOT)
+
+
+@pytest.mark.parametrize("arch", SPECS)
+def test_kv_model_matches_llamacpp_accounting(arch, twins, tmp_path):
+    records = bench(twins[arch], tmp_path, ctx=8192, cap=2 * 2**30)
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert all(r["avg_ts"] > 0 for r in records)
+    check = kv_check_table(records, {twins[arch].stem: inspect_model(twins[arch])})
+    # The pp test's context (8192+16) and the tg test's (8192+4) are both padded to 8448 cells.
+    assert check.n_ctx.tolist() == [8448]
+    assert check.within_1pct.all(), check.to_string()
+
+
+def test_too_small_a_device_is_a_recorded_oom_and_the_server_is_stopped(twins, tmp_path):
+    before = rpc_servers()
+    records = bench(twins["qwen3moe"], tmp_path, ctx=4096, cap=8 * 2**20)
+    assert [r["status"] for r in records] == ["oom", "oom"]
+    assert "out of device memory" in (tmp_path / "bench.log").read_text()
+    assert all(r["error"] and r["avg_ts"] is None for r in records)
+    assert rpc_servers() == before
+
+
+def test_experts_on_the_host_make_a_small_device_fit(twins, tmp_path):
+    # 8 MiB holds the non-expert weights, the KV cache and compute buffers at 4K, not the experts.
+    records = bench(twins["qwen3moe"], tmp_path, ctx=4096, cap=60 * 2**20, n=8)
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert len(records[0]["cpu_tensors"]) == 3 * 8  # gate, up, down of every layer overridden to the host
+
+
+def test_a_hanging_run_becomes_a_timeout_row(twins, tmp_path):
+    before = rpc_servers()
+    slow = BenchSettings(prompt=512, gen=128, repetitions=5, threads=2, timeout_s=3)
+    records = bench(twins["qwen3moe"], tmp_path, ctx=32768, cap=2**30, settings=slow)
+    assert [r["status"] for r in records] == ["timeout", "timeout"]
+    assert rpc_servers() == before
+    assert subprocess.run(["pgrep", "-f", f"llama-bench.*{twins['qwen3moe']}"], capture_output=True).returncode == 1
+
+
+def run_and_kill(twins, tmp_path, pattern: str, sig: int) -> list[dict]:
+    """Start a long run, send `sig` to the first process matching `pattern` once it runs, return the records."""
+    import signal as _signal  # noqa: F401 - the caller passes signal numbers
+    import threading
+    import time
+
+    result: list[list[dict]] = []
+    slow = BenchSettings(prompt=512, gen=128, repetitions=5, threads=2, timeout_s=300)
+    worker = threading.Thread(target=lambda: result.append(bench(twins["qwen3moe"], tmp_path, ctx=32768, cap=2**30,
+                                                                 settings=slow)))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+        if pids:
+            time.sleep(3)  # let it load and start measuring
+            subprocess.run(["kill", f"-{sig}", pids[0]])
+            break
+        time.sleep(0.2)
+    worker.join(timeout=120)
+    assert result, "run_bench did not return after the kill"
+    return result[0]
+
+
+def test_a_crash_is_recorded_with_its_signal(twins, tmp_path):
+    import signal
+
+    before = rpc_servers()
+    records = run_and_kill(twins, tmp_path, f"llama-bench.*{twins['qwen3moe']}", signal.SIGSEGV)
+    assert [r["status"] for r in records] == ["crash", "crash"]
+    assert "SIGSEGV" in records[0]["error"]
+    assert rpc_servers() == before
+
+
+def test_the_device_dying_mid_run_is_recorded(twins, tmp_path):
+    import signal
+
+    before = rpc_servers()
+    records = run_and_kill(twins, tmp_path, "ggml-rpc-server -H 127.0.0.1", signal.SIGKILL)
+    assert {r["status"] for r in records} == {"crash"}
+    assert rpc_servers() == before

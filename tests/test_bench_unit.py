@@ -1,0 +1,74 @@
+"""Bench-stage logic that needs no llama.cpp: sweep choice, log parsing, failure classes, the knee."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from moeplace.aggregate import compare_table, knee, measured_table
+from moeplace.bench import auto_sweep, classify_failure, parse_log
+from moeplace.metadata import from_constants
+from moeplace.predict import Bandwidths, predict_table
+
+LOG = """\
+llama_context: n_ctx                 = 33280
+llama_kv_cache_iswa: creating non-SWA KV cache, size = 33280 cells
+llama_kv_cache: RPC0[127.0.0.1:5000] KV buffer size =    65.00 MiB
+llama_kv_cache_iswa: creating     SWA KV cache, size = 768 cells
+llama_kv_cache: RPC0[127.0.0.1:5000] KV buffer size =     1.50 MiB
+tensor blk.0.ffn_up_exps.weight (2 MiB q4_K) buffer type overridden to CPU_REPACK
+tensor blk.0.ffn_down_exps.weight (3 MiB q6_K) buffer type overridden to CPU
+llama_context: n_ctx                 = 33024
+llama_kv_cache:        CPU KV buffer size =    64.50 MiB
+"""
+
+
+def test_auto_sweep_spans_below_the_minimum_up_to_all_layers():
+    assert auto_sweep(4, 8) == [2, 3, 4, 5, 6, 7, 8]
+    assert auto_sweep(18, 48) == [16, 17, 18, 24, 30, 36, 42, 48]
+    assert auto_sweep(0, 8) == [0, 2, 3, 5, 6, 8]
+    assert auto_sweep(None, 8) == [8]
+
+
+def test_parse_log_sums_kv_buffers_per_context_and_lists_placements():
+    parsed = parse_log(LOG)
+    assert parsed["contexts"] == [{"n_ctx": 33280, "kv_mib": 66.5}, {"n_ctx": 33024, "kv_mib": 64.5}]
+    assert parsed["overridden_tensors"] == ["blk.0.ffn_down_exps.weight", "blk.0.ffn_up_exps.weight"]
+
+
+def test_failures_are_classified():
+    assert classify_failure(1, "devcap: out of device memory: refusing 1 bytes", False)[0] == "oom"
+    assert classify_failure(1, "ggml_backend_cuda_buffer_type_alloc_buffer: cudaMalloc failed: out of memory", False)[0] == "oom"
+    assert classify_failure(-9, "", False) == ("crash", "killed by SIGKILL")
+    assert classify_failure(None, "", True)[0] == "timeout"
+    assert classify_failure(1, "main: error: failed to load model", False)[0] == "error"
+
+
+def test_knee_of_the_seed_prediction():
+    table = predict_table(from_constants("seed", {"layers": 48, "expert": "17.41GB", "non_expert": "0.89GB",
+                                                  "kv_bytes_per_token": 98304, "n_expert": 128,
+                                                  "n_expert_used": 8}), Bandwidths(640, 57.6))
+    feasible = table[table.n_cpu_moe >= 18]
+    assert knee(feasible.n_cpu_moe.tolist(), feasible.tok_s.tolist()) == 30  # checked by hand: 1 - x - y peaks there
+    assert knee([0, 1], [2.0, 1.0]) is None
+    assert knee([0, 1, 2], [1.0, 1.0, 1.0]) is None
+
+
+def _record(n, test, status, ts):
+    return {"model": "m", "ctx": 4096, "n_cpu_moe": n, "variant": "ncmoe", "test": test, "status": status,
+            "avg_ts": ts, "stddev_ts": 0.1 if ts else None, "samples_ts": [ts, ts] if ts else [],
+            "device": "emulated", "repetitions": 2, "model_files": [{"size": 10, "header_sha256": "ab" * 32}]}
+
+
+def test_compare_joins_prediction_and_measurement_with_eta():
+    meta = from_constants("m", {"layers": 4, "expert": "4GB", "non_expert": "1GB", "kv_bytes_per_token": 1,
+                                "n_expert": 8, "n_expert_used": 2})
+    predicted = predict_table(meta, Bandwidths(100, 10))
+    budget = pd.DataFrame([{"ctx": 4096, "n_cpu_moe": 1, "status": "ok"}])
+    records = [_record(0, "tg", "oom", None), _record(0, "pp", "oom", None)]
+    records += [_record(n, t, "ok", predicted.tok_s[n] / 2) for n in (1, 2, 3, 4) for t in ("pp", "tg")]
+    measured = measured_table(records)
+    assert measured.model_size.tolist() == [10] * 10
+    compare = compare_table(measured, {"m": predicted}, {"m": budget})
+    assert compare.set_index("n_cpu_moe").loc[0, "status"] == "oom"
+    assert compare.eta.dropna().round(6).unique().tolist() == [0.5]
+    assert compare.eta_median.iloc[0] == 0.5 and compare.budget_min_n.iloc[0] == 1

@@ -1,0 +1,86 @@
+"""The benchmark half through the real Snakefile: the default run, caching, reruns, the report."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import ROOT
+from workflow_helpers import SNAKEMAKE, snakemake, workflow_copy
+
+pytestmark = pytest.mark.llamacpp
+DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+
+
+def planned_jobs(wd, *args) -> dict[str, int]:
+    """Rule -> job count of a dry run."""
+    out = snakemake(wd, "-n", *args)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout + out.stderr
+    if "Nothing to be done" in text:
+        return {}
+    table = text.split("Job stats:")[1].split("total")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
+
+
+def test_default_pipeline_makes_the_32k_figure_from_real_runs(tmp_path):
+    wd = workflow_copy(tmp_path)
+    run = snakemake(wd, "results/figures/ncmoe_32k.png", timeout=3000)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert (wd / "results/figures/ncmoe_32k.png").stat().st_size > 20_000
+    assert (wd / "results/figures/ncmoe_32k_pp.png").stat().st_size > 20_000
+    budget = pd.read_csv(wd / "results/tables/budget/tiny-qwen3moe.csv").set_index("ctx")
+    n_min = budget.loc[32768, "n_cpu_moe"]
+    measured = pd.read_csv(wd / "results/tables/measured/ctx32768.csv")
+    tg = measured[measured.test == "tg"].set_index("n_cpu_moe")
+    assert tg.index.tolist() == [n_min - 2, n_min - 1, *range(n_min, 9)]
+    assert (tg.loc[n_min:, "status"] == "ok").all()  # the budget's minimum really fits
+    assert tg.loc[n_min - 2, "status"] == "oom"  # two layers fewer really does not
+    assert (tg.loc[tg.status == "ok", "avg_ts"] > 0).all()
+    assert tg.device.str.contains("emulated device").all()
+    kv = pd.read_csv(wd / "results/tables/kv_check/ctx32768.csv")
+    assert len(kv) and kv.within_1pct.all()
+    record = json.loads((wd / f"results/bench/tiny-qwen3moe/ctx32768/ncmoe{n_min}.jsonl").read_text().splitlines()[0])
+    for key in ("pipeline_commit", "llamacpp_version", "model_files", "host", "cpu", "device", "started"):
+        assert record[key] not in (None, "")
+
+
+def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
+    cfg = {**DEFAULT, "contexts": [1024], "bench": {"prompt": 32, "gen": 8, "repetitions": 1, "n_cpu_moe": [0, 8]}}
+    wd = workflow_copy(tmp_path, cfg)
+    subprocess.run(["git", "init", "-q"], cwd=wd, check=True)
+    commit = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam"]
+    subprocess.run(["git", "add", "-A"], cwd=wd, check=True)
+    subprocess.run([*commit, "one"], cwd=wd, check=True)
+    run = snakemake(wd)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert planned_jobs(wd) == {}  # a finished run reruns nothing
+    (wd / "notes.txt").write_text("a new commit")
+    subprocess.run(["git", "add", "-A"], cwd=wd, check=True)
+    subprocess.run([*commit, "two"], cwd=wd, check=True)
+    assert planned_jobs(wd) == {}  # the commit is recorded, not a rerun trigger
+    cfg["contexts"] = [1024, 2048]
+    (wd / "config/config.yaml").write_text(yaml.safe_dump(cfg))
+    plan = planned_jobs(wd)
+    assert plan["bench"] == 2  # only the new context's benchmarks
+    cfg["contexts"] = [1024]
+    cfg["bench"]["repetitions"] = 2
+    (wd / "config/config.yaml").write_text(yaml.safe_dump(cfg))
+    assert planned_jobs(wd)["bench"] == 2  # repetitions changed: the benchmarks rerun
+    report = subprocess.run([SNAKEMAKE, "--cores", "1", "--report", "results/report.html"], cwd=wd,
+                            capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "ncmoe_1k.png" in (wd / "results/report.html").read_text(errors="replace")
+
+
+def test_lint_and_format_are_clean():
+    lint = subprocess.run([SNAKEMAKE, "--lint"], cwd=ROOT, capture_output=True, text=True)
+    assert lint.returncode == 0 and "Congratulations" in lint.stdout + lint.stderr, lint.stdout[-2000:]
+    fmt = subprocess.run([SNAKEMAKE.replace("snakemake", "snakefmt"), "--check", "Snakefile", "workflow/rules"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert fmt.returncode == 0, fmt.stderr[-2000:]

@@ -1,0 +1,14 @@
+"""Stage 'figures': one context's tables -> results/figures/ncmoe_{label}.png and ncmoe_{label}_pp.png."""
+
+import pandas as pd
+
+from moeplace.figures import ncmoe_figure
+from moeplace.outputs import stage
+
+with stage(snakemake.log[0]) as log:  # noqa: F821 - injected by Snakemake
+    i, o, p = snakemake.input, snakemake.output, snakemake.params  # noqa: F821
+    measured, compare = pd.read_csv(i.measured), pd.read_csv(i.compare)
+    predicted = {m: pd.read_csv(path) for m, path in zip(p.models, i.predicted)}
+    ncmoe_figure(compare, measured, predicted, p.ctx, "tg", o.tg)
+    ncmoe_figure(compare, measured, predicted, p.ctx, "pp", o.pp)
+    log.info("figures for context %d: %s, %s", p.ctx, o.tg, o.pp)
