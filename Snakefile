@@ -15,6 +15,8 @@ include: "workflow/rules/budget.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/tune.smk"
+include: "workflow/rules/placement.smk"
 
 
 report: "workflow/report/workflow.rst"

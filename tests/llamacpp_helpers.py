@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from functools import cache
 from pathlib import Path
 
@@ -17,3 +18,8 @@ def manifest() -> dict:
     cfg = validate_config(yaml.safe_load((ROOT / "config/config.yaml").read_text()),
                           ROOT / "workflow/schemas/config.schema.yaml")
     return provision(cfg["llamacpp"], Path("/tmp/moeplace-test-llamacpp.log"))
+
+
+def rpc_servers() -> int:
+    """How many emulated-device servers are running (a job must never leave one behind)."""
+    return len(subprocess.run(["pgrep", "-f", "ggml-rpc-server -H 127.0.0.1"], capture_output=True).stdout.split())

@@ -15,7 +15,8 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
 def workflow_copy(dest: Path, config: dict | None = None) -> Path:
-    for item in ("Snakefile", "workflow", "config", "profiles"):
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in ("Snakefile", "workflow", "config", "profiles", "environment.yml"):
         src = ROOT / item
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dest / item)
     if config is not None:

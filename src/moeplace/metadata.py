@@ -158,6 +158,7 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
     n_expert_used = header.arch_key("expert_used_count", 0) or 0
     layers = [{role: 0 for role in ROLES} for _ in range(n_layer)]
     names: list[set[str]] = [set() for _ in range(n_layer)]
+    expert_tensors: list[dict[str, int]] = [{} for _ in range(n_layer)]
     global_bytes = {g: 0 for g in GLOBALS}
     quant: Counter[str] = Counter()
     for t in header.tensors:
@@ -169,8 +170,11 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
         il, suffix = int(m[1]), m[2]
         if il >= n_layer:
             raise MoeplaceError(f"{header.paths[0]}: tensor {t.name!r} names layer {il}, but the model has {n_layer}.")
-        layers[il][tensor_role(suffix)] += t.n_bytes
+        role = tensor_role(suffix)
+        layers[il][role] += t.n_bytes
         names[il].add(suffix)
+        if role == "expert":
+            expert_tensors[il][t.name] = t.n_bytes
     expert_bytes = sum(layer["expert"] for layer in layers)
     if expert_bytes and not (n_expert and n_expert_used):
         raise MoeplaceError(f"{header.paths[0]}: has expert tensors but no {arch}.expert_count/expert_used_count.")
@@ -193,8 +197,8 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
         "attention": attention,
         "kv_bytes_per_token": None,
         "layers": [
-            {"index": il, "expert_bytes": layer["expert"], "bytes": layer, **kv}
-            for il, (layer, kv) in enumerate(zip(layers, kv_layers))
+            {"index": il, "expert_bytes": layer["expert"], "bytes": layer, "expert_tensors": tensors, **kv}
+            for il, (layer, kv, tensors) in enumerate(zip(layers, kv_layers, expert_tensors))
         ],
         **file_identity(header),
     }

@@ -73,3 +73,10 @@ def write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def append_csv_row(path: str | Path, row: dict[str, Any]) -> None:
+    """Add one row to a CSV (written whole again, atomically), creating it with a header if needed."""
+    path = Path(path)
+    table = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    write_csv(path, pd.concat([table, pd.DataFrame([row])], ignore_index=True))

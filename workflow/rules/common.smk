@@ -5,10 +5,11 @@ from pathlib import Path
 from moeplace.config import validate_config
 from moeplace.errors import MoeplaceError
 from moeplace.gguf_file import shard_paths
+from moeplace.placement import VARIANTS
 
 
 def stop(message):
-    """End the run before any job with one line (no traceback)."""
+    """End the run before any job with one line naming the problem, no traceback."""
     sys.exit(f"moeplace: {message}")
 
 
@@ -33,6 +34,35 @@ if any("constants" not in m for m in config["models"].values()):
             f"config contexts: {too_short} leave no room for bench.prompt + bench.gen "
             f"({config['bench']['prompt']} + {config['bench']['gen']}); use longer contexts or shorter tests."
         )
+
+
+def layer_count(model):
+    """Layers of a model before any job runs: from its twin spec or its GGUF header."""
+    from moeplace.metadata import inspect_model
+    from moeplace.twin import load_spec
+
+    m = config["models"][model]
+    try:
+        return (
+            load_spec(m["twin"]).n_layer
+            if "twin" in m
+            else inspect_model(m["gguf"])["n_layer"]
+        )
+    except MoeplaceError as e:
+        stop(f"config models.{model}: {e}")
+
+
+if config["bench"]["n_cpu_moe"] != "auto":
+    for name, m in config["models"].items():
+        if "constants" not in m:
+            n_layer = layer_count(name)
+            outside = sorted(
+                n for n in set(config["bench"]["n_cpu_moe"]) if n > n_layer
+            )
+            if outside:
+                stop(
+                    f"config bench.n_cpu_moe: {outside} exceed {name}'s {n_layer} layers; use values 0..{n_layer}."
+                )
 for folder in ("results", "logs", "resources"):
     if Path(folder).exists() and not os.access(folder, os.W_OK):
         stop(
@@ -43,6 +73,7 @@ for folder in ("results", "logs", "resources"):
 wildcard_constraints:
     model="[A-Za-z0-9][A-Za-z0-9._-]*",
     ctx=r"\d+",
+    variant="|".join(VARIANTS),
 
 
 MODELS = list(config["models"])
@@ -88,6 +119,8 @@ def get_final_outputs():
     if BENCH_MODELS:
         outputs += ["results/tables/measured.csv", "results/tables/compare.csv"]
         outputs += expand("results/figures/ncmoe_{label}.png", label=LABELS)
+        outputs += ["results/tables/matrix.csv", "results/figures/matrix.png"]
+        outputs += expand("results/figures/variants_{label}.png", label=LABELS)
     return outputs
 
 

@@ -1,0 +1,201 @@
+"""Stage 'placement': expert placements beyond --n-cpu-moe as -ot values, checked against llama.cpp's load log.
+
+A placement is the set of routed-expert tensors kept in host RAM. It is written as the shortest
+-ot value we can make: layers grouped by which expert kinds they keep on the host, each group one
+`blk\\.(<layer range>)\\.ffn_(<kinds>)_exps=CPU` pattern. llama-bench separates patterns with ';'
+(its ',' separates sweep values); llama-server and llama-fit-params use ','.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+_EXPERT_NAME = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_(ch)?exps\.")
+
+
+def _digits(a: int, b: int) -> str:
+    return str(a) if a == b else "[0-9]" if (a, b) == (0, 9) else f"[{a}-{b}]"
+
+
+def _same_length(a: str, b: str) -> list[str]:
+    """Regex alternatives for the integers a..b written with the same number of digits."""
+    if len(a) == 1:
+        return [_digits(int(a), int(b))]
+    if a[0] == b[0]:
+        return [a[0] + rest for rest in _same_length(a[1:], b[1:])]
+    tail = len(a) - 1
+    first, last = int(a[0]), int(b[0])
+    out = []
+    if a[1:] != "0" * tail:
+        out += [a[0] + rest for rest in _same_length(a[1:], "9" * tail)]
+        first += 1
+    keep_last = b[1:] == "9" * tail
+    if first <= (last if keep_last else last - 1):
+        out.append(_digits(first, last if keep_last else last - 1) + "[0-9]" * tail)
+    if not keep_last:
+        out += [b[0] + rest for rest in _same_length("0" * tail, b[1:])]
+    return out
+
+
+def int_range_regex(lo: int, hi: int) -> str:
+    """A regex matching exactly the decimal integers lo..hi (no leading zeros), e.g. 0..17 -> [0-9]|1[0-7]."""
+    if lo > hi or lo < 0:
+        raise ValueError(f"bad layer range {lo}..{hi}")
+    parts = []
+    for width in range(len(str(lo)), len(str(hi)) + 1):
+        a = max(lo, 10 ** (width - 1) if width > 1 else 0)
+        b = min(hi, 10**width - 1)
+        parts += _same_length(str(a), str(b))
+    return "|".join(parts)
+
+
+def layers_regex(layers: list[int]) -> str:
+    runs: list[tuple[int, int]] = []
+    for il in sorted(set(layers)):
+        if runs and il == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], il)
+        else:
+            runs.append((il, il))
+    alternatives = [int_range_regex(a, b) for a, b in runs]
+    joined = "|".join(alternatives)
+    return f"({joined})" if "|" in joined else joined
+
+
+def _kinds_regex(kinds: set[str]) -> str:
+    ordered = sorted(kinds, key=["up", "down", "gate", "gate_up"].index)
+    return ordered[0] if len(ordered) == 1 else "(" + "|".join(ordered) + ")"
+
+
+def ot_value(cpu_tensors: set[str], separator: str = ";") -> str:
+    """The -ot value that keeps exactly these expert tensors on the host (empty: none)."""
+    by_layer: dict[int, set[str]] = defaultdict(set)
+    chexps: set[str] = set()
+    for name in cpu_tensors:
+        m = _EXPERT_NAME.match(name)
+        if not m:
+            raise ValueError(f"{name} is not a routed-expert tensor")
+        by_layer[int(m[1])].add(m[2])
+        if m[3]:
+            chexps.add(m[2])
+    groups: dict[frozenset[str], list[int]] = defaultdict(list)
+    for il, kinds in by_layer.items():
+        groups[frozenset(kinds)].append(il)
+    suffix = "(ch|)exps" if chexps else "exps"
+    patterns = [f"blk\\.{layers_regex(layers)}\\.ffn_{_kinds_regex(set(kinds))}_{suffix}=CPU"
+                for kinds, layers in sorted(groups.items(), key=lambda g: min(g[1]))]
+    return separator.join(patterns)
+
+
+def expert_tensors(meta: dict[str, Any], layers: list[int], kinds: set[str] | None = None) -> set[str]:
+    """The routed-expert tensors (weights, biases) of these layers, optionally only some kinds."""
+    out = set()
+    for il in layers:
+        for name in meta["layers"][il]["expert_tensors"]:
+            m = _EXPERT_NAME.match(name)
+            if m and (kinds is None or m[2] in kinds):
+                out.add(name)
+    return out
+
+
+def tensor_bytes(meta: dict[str, Any], tensors: set[str]) -> int:
+    sizes = {n: b for layer in meta["layers"] for n, b in layer["expert_tensors"].items()}
+    return sum(sizes[t] for t in tensors)
+
+
+def variants(meta: dict[str, Any], n: int) -> dict[str, set[str]]:
+    """Placements to compare with --n-cpu-moe n, at (about) the same host-resident expert bytes."""
+    n_layer = meta["n_layer"]
+    first = expert_tensors(meta, list(range(n)))
+    target = tensor_bytes(meta, first)
+    out = {"first_n_ot": first, "last_n": expert_tensors(meta, list(range(n_layer - n, n_layer)))}
+    step = max(1, n_layer // n) if n else 1
+    out["interleaved"] = expert_tensors(meta, list(range(0, n_layer, step))[:n])
+    # up+down on the host, gate on the device: take layers until the bytes match.
+    updown: set[str] = set()
+    for il in range(n_layer):
+        if tensor_bytes(meta, updown) >= target:
+            break
+        updown |= expert_tensors(meta, [il], {"up", "down"})
+    out["up_down"] = updown
+    return out
+
+
+def check_placement(intended: set[str], observed_cpu: list[str]) -> dict[str, Any]:
+    """Compare the intended host set with llama.cpp's 'buffer type overridden' lines."""
+    observed = set(observed_cpu)
+    return {"intended": len(intended), "observed": len(observed), "missing": sorted(intended - observed),
+            "unexpected": sorted(observed - intended), "match": intended == observed}
+
+
+def delta_interval(samples: list[float], baseline: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean difference (samples - baseline) with its Welch t confidence interval; NaN bounds with <2 samples."""
+    import statistics
+
+    from scipy import stats
+
+    delta = statistics.fmean(samples) - statistics.fmean(baseline)
+    if len(samples) < 2 or len(baseline) < 2:
+        return delta, float("nan"), float("nan")
+    va, vb = statistics.variance(samples) / len(samples), statistics.variance(baseline) / len(baseline)
+    se = (va + vb) ** 0.5
+    if se == 0:
+        return delta, delta, delta
+    dof = (va + vb) ** 2 / (va**2 / (len(samples) - 1) + vb**2 / (len(baseline) - 1))
+    half = stats.t.ppf(0.5 + level / 2, dof) * se
+    return delta, delta - half, delta + half
+
+
+def variants_table(records: list[dict[str, Any]]) -> Any:
+    """Per model, context and test: each variant's tok/s and its difference from --n-cpu-moe at the same bytes."""
+    import pandas as pd
+
+    rows = []
+    by_key = {(r["model"], r["ctx"], r["variant"], r["test"]): r for r in records}
+    for (model, ctx, variant, test), r in sorted(by_key.items()):
+        base = by_key.get((model, ctx, "first_n", test))
+        row = {"model": model, "ctx": ctx, "variant": variant, "test": test, "status": r["status"],
+               "host_expert_bytes": r.get("host_expert_bytes"), "avg_ts": r["avg_ts"], "stddev_ts": r["stddev_ts"],
+               "overrides": r["overrides"], "placement_match": r.get("placement_match")}
+        if base and variant != "first_n" and r["status"] == base["status"] == "ok":
+            delta, low, high = delta_interval(r["samples_ts"], base["samples_ts"])
+            row.update(delta_vs_ncmoe=delta, delta_ci95_low=low, delta_ci95_high=high,
+                       within_noise=bool(low <= 0 <= high) if low == low else None)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+VARIANTS = ("first_n", "first_n_ot", "last_n", "up_down", "interleaved")
+
+
+def variant_n(meta: dict[str, Any], budget_n: int | None) -> int:
+    """The n the variants are compared at: the budget's minimum, or half the layers when everything fits."""
+    return budget_n if budget_n else meta["n_layer"] // 2
+
+
+def run_variant(variant: str, meta: dict[str, Any], n: int, **bench_args: Any) -> list[dict[str, Any]]:
+    """One variant's llama-bench run, with its placement checked against llama.cpp's load log."""
+    from .bench import run_bench
+
+    placements = {"first_n": expert_tensors(meta, list(range(n))), **variants(meta, n)}
+    intended = placements[variant]
+    overrides = None if variant == "first_n" else ot_value(intended) or None
+    records = run_bench(n_cpu_moe=n if variant == "first_n" else 0, variant=variant, overrides=overrides,
+                        **bench_args)
+    for r in records:
+        check = check_placement(intended, r["cpu_tensors"])
+        r.update(host_expert_bytes=tensor_bytes(meta, intended), placement_match=check["match"],
+                 placement_missing=check["missing"], placement_unexpected=check["unexpected"])
+    return records
+
+
+def placement_check_table(records: list[dict[str, Any]]) -> Any:
+    import pandas as pd
+
+    rows = [{"model": r["model"], "ctx": r["ctx"], "variant": r["variant"], "overrides": r["overrides"],
+             "host_expert_bytes": r["host_expert_bytes"], "observed_on_host": len(r["cpu_tensors"]),
+             "match": r["placement_match"], "missing": " ".join(r["placement_missing"]),
+             "unexpected": " ".join(r["placement_unexpected"])}
+            for r in records if r["test"] == "tg" and r["status"] == "ok"]
+    return pd.DataFrame(rows)

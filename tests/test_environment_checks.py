@@ -1,0 +1,69 @@
+"""Bad environments and configs are caught before the first benchmark, with a line that says what to do."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from moeplace import llamacpp
+from moeplace.errors import MoeplaceError
+from workflow_helpers import snakemake, workflow_copy
+
+DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+
+
+def fake_llamacpp(folder: Path, help_text: str) -> Path:
+    folder.mkdir()
+    bench = folder / "llama-bench"
+    bench.write_text(f"#!/bin/sh\necho '{help_text}'\n")
+    bench.chmod(bench.stat().st_mode | stat.S_IEXEC)
+    return folder
+
+
+def test_bin_dir_without_llama_bench(tmp_path):
+    (tmp_path / "bin").mkdir()
+    with pytest.raises(MoeplaceError, match="has no llama-bench"):
+        llamacpp.provision({"bin_dir": str(tmp_path / "bin")}, tmp_path / "log")
+
+
+def test_bin_dir_too_old_for_ncmoe(tmp_path):
+    old = fake_llamacpp(tmp_path / "old", "version: 1 (build 4000, commit abc) -ot -d, --rpc")
+    with pytest.raises(MoeplaceError, match="too old.*-ncmoe"):
+        llamacpp.provision({"bin_dir": str(old)}, tmp_path / "log")
+
+
+def test_missing_compiler_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "cmake" else f"/usr/bin/{tool}")
+    with pytest.raises(MoeplaceError, match="apt-get install cmake g\\+\\+"):
+        llamacpp.check_build_tools()
+
+
+def one_line_stop(wd: Path, needle: str, *targets: str) -> None:
+    run = snakemake(wd, *targets)
+    assert run.returncode != 0
+    lines = [line for line in run.stderr.splitlines() if line.startswith("moeplace:")]
+    assert len(lines) == 1 and needle in lines[0], run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    assert not (wd / "results/bench").exists()
+
+
+def test_unknown_model_path(tmp_path):
+    cfg = {**DEFAULT, "models": {"mine": {"gguf": "models/missing.gguf"}}}
+    one_line_stop(workflow_copy(tmp_path, cfg), "models.mine.gguf: models/missing.gguf does not exist")
+
+
+def test_context_shorter_than_the_test(tmp_path):
+    cfg = {**DEFAULT, "contexts": [512]}
+    one_line_stop(workflow_copy(tmp_path, cfg), "config contexts: [512] leave no room")
+
+
+def test_n_values_beyond_the_layers(tmp_path, small_moe):
+    cfg = {**DEFAULT, "models": {"small": {"gguf": str(small_moe)}}, "contexts": [1024],
+           "bench": {"n_cpu_moe": [0, 5]}}
+    one_line_stop(workflow_copy(tmp_path, cfg), "bench.n_cpu_moe: [5] exceed small's 2 layers",
+                  "results/tables/measured/ctx1024.csv")

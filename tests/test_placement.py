@@ -1,0 +1,78 @@
+"""-ot generation: shortest correct patterns, -ncmoe equivalence, variants at equal bytes, checked for real."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from moeplace.metadata import inspect_model
+from moeplace.placement import (delta_interval, expert_tensors, int_range_regex, ot_value, run_variant, tensor_bytes,
+                                variants)
+from moeplace.twin import load_spec, write_twin
+
+NCMOE = r"blk\.{}\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp's own -ncmoe pattern (common.h)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    path = write_twin(load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml"), tmp_path_factory.mktemp("q") / "q.gguf")
+    return inspect_model(path)
+
+
+def matched(value: str, names: list[str]) -> set[str]:
+    patterns = [p.rsplit("=", 1)[0] for p in value.split(";") if p]
+    return {n for n in names if any(re.search(p, n) for p in patterns)}  # llama.cpp uses regex_search
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 17), (19, 47), (0, 9), (10, 29), (7, 123), (0, 100), (5, 5)])
+def test_layer_ranges_match_exactly(lo, hi):
+    pattern = int_range_regex(lo, hi)
+    assert [i for i in range(1000) if re.fullmatch(pattern, str(i))] == list(range(lo, hi + 1))
+
+
+def test_first_n_as_ot_places_exactly_what_ncmoe_places(qwen3):
+    names = [n for layer in qwen3["layers"] for n in layer["expert_tensors"]] + ["blk.1.ffn_gate_inp.weight"]
+    for n in (1, 12, 18, 27, 48):
+        value = ot_value(expert_tensors(qwen3, list(range(n))))
+        ncmoe = {name for name in names if any(re.search(NCMOE.format(i), name) for i in range(n))}
+        assert matched(value, names) == ncmoe
+    assert ot_value(expert_tensors(qwen3, list(range(18)))) == r"blk\.([0-9]|1[0-7])\.ffn_(up|down|gate)_exps=CPU"
+    assert ot_value(set()) == ""
+
+
+def test_variants_hold_about_the_same_host_bytes(qwen3):
+    target = tensor_bytes(qwen3, expert_tensors(qwen3, list(range(18))))
+    for name, tensors in variants(qwen3, 18).items():
+        assert tensor_bytes(qwen3, tensors) == pytest.approx(target, rel=0.05), name
+    up_down = variants(qwen3, 18)["up_down"]
+    assert all("gate" not in t for t in up_down)
+    value = ot_value(up_down)
+    assert matched(value, [n for layer in qwen3["layers"] for n in layer["expert_tensors"]]) == up_down
+
+
+def test_delta_interval_is_welch():
+    delta, low, high = delta_interval([10.0, 11.0, 12.0], [8.0, 9.0, 10.0])
+    assert delta == 2.0
+    assert (low, high) == pytest.approx((2 - 2.776 * (2 / 3) ** 0.5, 2 + 2.776 * (2 / 3) ** 0.5), abs=1e-3)
+
+
+@pytest.mark.llamacpp
+def test_every_variant_is_placed_as_intended_by_llamacpp(tmp_path):
+    from llamacpp_helpers import manifest
+    from moeplace.bench import BenchSettings, DeviceSetup
+    from moeplace.placement import VARIANTS
+    from moeplace.twin import make_twin
+
+    path = make_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), tmp_path / "m.gguf", "random", "Q4_K_M",
+                     0, manifest(), tmp_path / "q.log")
+    meta = inspect_model(path)
+    for variant in VARIANTS:
+        records = run_variant(variant, meta, 4, model_name="m", model_path=str(path), model_files=meta["files"],
+                              ctx=1024, settings=BenchSettings(32, 8, 1, 2, 300),
+                              device=DeviceSetup("emulated", "test", 2**30), manifest=manifest(),
+                              log_path=tmp_path / f"{variant}.log", workdir=ROOT)
+        assert records[0]["status"] == "ok", records[0]["error"]
+        assert records[0]["placement_match"], (variant, records[0]["placement_missing"], records[0]["placement_unexpected"])

@@ -1,0 +1,57 @@
+"""A Snakemake run killed with SIGKILL mid-sweep resumes with nothing lost and nothing redone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import ROOT
+from llamacpp_helpers import rpc_servers
+from workflow_helpers import SNAKEMAKE, snakemake, workflow_copy
+
+pytestmark = pytest.mark.llamacpp
+CFG = {**yaml.safe_load((ROOT / "config/config.yaml").read_text()), "contexts": [4096],
+       "bench": {"prompt": 64, "gen": 16, "repetitions": 3, "n_cpu_moe": [0, 2, 4, 6, 8]}}
+TIMING = ["avg_ts", "stddev_ts", "cv", "noisy", "started", "load_avg_1m", "error"]
+
+
+def stable(path) -> pd.DataFrame:
+    return pd.read_csv(path).drop(columns=TIMING).sort_values(["n_cpu_moe", "test"], ignore_index=True)
+
+
+def test_sigkill_mid_sweep_then_rerun(tmp_path):
+    servers_before = rpc_servers()
+    wd = workflow_copy(tmp_path / "killed", CFG)
+    bench_dir = wd / "results/bench/tiny-qwen3moe/ctx4096"
+    proc = subprocess.Popen([SNAKEMAKE, "--cores", "1", "results/figures/ncmoe_4k.png"], cwd=wd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and len(list(bench_dir.glob("*.jsonl"))) < 2:
+        assert proc.poll() is None, "snakemake ended before the kill"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = {p.name: p.stat().st_mtime_ns for p in bench_dir.glob("*.jsonl")}
+    assert 2 <= len(done) < 5, "the kill should land mid-sweep"
+    time.sleep(1)
+    assert rpc_servers() == servers_before, "the RPC server outlived its job"
+    assert subprocess.run(["pgrep", "-f", f"llama-bench.*{wd}"], capture_output=True).returncode == 1
+    assert not list((wd / "results").rglob("*.tmp")), "a partial output survived"
+
+    rerun = snakemake(wd, "results/figures/ncmoe_4k.png")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    after = {p.name: p.stat().st_mtime_ns for p in bench_dir.glob("*.jsonl")}
+    assert len(after) == 5
+    assert all(after[name] == mtime for name, mtime in done.items()), "a finished job was redone"
+
+    clean = workflow_copy(tmp_path / "clean", CFG)
+    assert snakemake(clean, "results/figures/ncmoe_4k.png").returncode == 0
+    resumed, fresh = stable(wd / "results/tables/measured/ctx4096.csv"), stable(clean / "results/tables/measured/ctx4096.csv")
+    assert resumed.drop(columns=["pipeline_commit", "pipeline_dirty"]).equals(
+        fresh.drop(columns=["pipeline_commit", "pipeline_dirty"]))
