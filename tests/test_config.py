@@ -41,3 +41,10 @@ def test_bad_values_name_the_field(change, field):
     message = str(err.value)
     assert message.startswith(f"config: {field}")
     assert "\n" not in message
+
+
+def test_pinned_build_matches_the_schema_defaults():
+    from moeplace.llamacpp import PINNED
+
+    cfg = validate_config(copy.deepcopy(BASE), SCHEMA)
+    assert {k: cfg["llamacpp"][k] for k in PINNED} == PINNED
