@@ -22,6 +22,20 @@ include: "workflow/rules/placement.smk"
 report: "workflow/report/workflow.rst"
 
 
+# On a cluster these run where Snakemake runs; everything that measures goes to the nodes.
+localrules:
+    all,
+    metadata,
+    predict,
+    budget,
+    aggregate_context,
+    aggregate,
+    figure_ncmoe,
+    matrix,
+    placement,
+    figure_variants,
+
+
 rule all:
     input:
         get_final_outputs(),

@@ -6,15 +6,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFWriter, GGMLQuantizationType as Q
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter
 
 from moeplace.gguf_file import tensor_nbytes
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_gguf(path: Path, arch: str, keys: dict, tensors: list[tuple[str, tuple[int, ...], Q]],
-               extra: dict | None = None) -> Path:
+def write_gguf(
+    path: Path, arch: str, keys: dict, tensors: list[tuple[str, tuple[int, ...], Q]], extra: dict | None = None
+) -> Path:
     """A header-only GGUF: keys are '<arch>.'-relative, tensors (name, ne, type), data a sparse hole."""
     w = GGUFWriter(path, arch)
     for key, value in keys.items():
@@ -46,15 +48,32 @@ def write_gguf(path: Path, arch: str, keys: dict, tensors: list[tuple[str, tuple
 def small_moe(tmp_path: Path) -> Path:
     """2 layers, 4 experts (2 used), hand-countable bytes."""
     E, F, X = 256, 256, 4
-    tensors = [("token_embd.weight", (E, 1000), Q.Q8_0), ("output_norm.weight", (E,), Q.F32),
-               ("output.weight", (E, 1000), Q.Q6_K)]
+    tensors = [
+        ("token_embd.weight", (E, 1000), Q.Q8_0),
+        ("output_norm.weight", (E,), Q.F32),
+        ("output.weight", (E, 1000), Q.Q6_K),
+    ]
     for il in range(2):
         b = f"blk.{il}."
-        tensors += [(b + "attn_norm.weight", (E,), Q.F32), (b + "attn_q.weight", (E, 256), Q.Q4_K),
-                    (b + "attn_k.weight", (E, 64), Q.Q4_K), (b + "attn_v.weight", (E, 64), Q.Q6_K),
-                    (b + "attn_output.weight", (256, E), Q.Q4_K), (b + "ffn_norm.weight", (E,), Q.F32),
-                    (b + "ffn_gate_inp.weight", (E, X), Q.F32), (b + "ffn_gate_exps.weight", (E, F, X), Q.Q4_K),
-                    (b + "ffn_up_exps.weight", (E, F, X), Q.Q4_K), (b + "ffn_down_exps.weight", (F, E, X), Q.Q6_K)]
-    keys = {"block_count": 2, "embedding_length": E, "attention.head_count": 4, "attention.head_count_kv": 1,
-            "expert_count": X, "expert_used_count": 2, "context_length": 4096}
+        tensors += [
+            (b + "attn_norm.weight", (E,), Q.F32),
+            (b + "attn_q.weight", (E, 256), Q.Q4_K),
+            (b + "attn_k.weight", (E, 64), Q.Q4_K),
+            (b + "attn_v.weight", (E, 64), Q.Q6_K),
+            (b + "attn_output.weight", (256, E), Q.Q4_K),
+            (b + "ffn_norm.weight", (E,), Q.F32),
+            (b + "ffn_gate_inp.weight", (E, X), Q.F32),
+            (b + "ffn_gate_exps.weight", (E, F, X), Q.Q4_K),
+            (b + "ffn_up_exps.weight", (E, F, X), Q.Q4_K),
+            (b + "ffn_down_exps.weight", (F, E, X), Q.Q6_K),
+        ]
+    keys = {
+        "block_count": 2,
+        "embedding_length": E,
+        "attention.head_count": 4,
+        "attention.head_count_kv": 1,
+        "expert_count": X,
+        "expert_used_count": 2,
+        "context_length": 4096,
+    }
     return write_gguf(tmp_path / "small.gguf", "qwen3moe", keys, tensors)

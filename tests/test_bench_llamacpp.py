@@ -6,32 +6,48 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 from llamacpp_helpers import manifest, rpc_servers
+
 from moeplace.aggregate import kv_check_table
 from moeplace.bench import BenchSettings, DeviceSetup, run_bench
 from moeplace.metadata import inspect_model
 from moeplace.twin import load_spec, make_twin
 
 pytestmark = pytest.mark.llamacpp
-SPECS = {"qwen3moe": ROOT / "config/models/tiny-qwen3moe.yaml", "gpt-oss": ROOT / "tests/specs/tiny-gpt-oss.yaml",
-         "deepseek2": ROOT / "tests/specs/tiny-deepseek2.yaml"}
+SPECS = {
+    "qwen3moe": ROOT / "config/models/tiny-qwen3moe.yaml",
+    "gpt-oss": ROOT / "tests/specs/tiny-gpt-oss.yaml",
+    "deepseek2": ROOT / "tests/specs/tiny-deepseek2.yaml",
+}
 QUICK = BenchSettings(prompt=16, gen=4, repetitions=1, threads=2, timeout_s=300)
 
 
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("twins")
-    return {arch: make_twin(load_spec(spec), folder / f"{arch}.gguf", "random", "Q4_K_M", 0, manifest(),
-                            folder / "quantize.log") for arch, spec in SPECS.items()}
+    return {
+        arch: make_twin(
+            load_spec(spec), folder / f"{arch}.gguf", "random", "Q4_K_M", 0, manifest(), folder / "quantize.log"
+        )
+        for arch, spec in SPECS.items()
+    }
 
 
 def bench(path: Path, tmp_path: Path, ctx: int, cap: int, n: int = 0, settings: BenchSettings = QUICK) -> list[dict]:
     meta = inspect_model(path)
-    return run_bench(model_name=path.stem, model_path=str(path), model_files=meta["files"], ctx=ctx, n_cpu_moe=n,
-                     settings=settings, device=DeviceSetup("emulated", "test device", cap), manifest=manifest(),
-                     log_path=tmp_path / "bench.log", workdir=ROOT)
+    return run_bench(
+        model_name=path.stem,
+        model_path=str(path),
+        model_files=meta["files"],
+        ctx=ctx,
+        n_cpu_moe=n,
+        settings=settings,
+        device=DeviceSetup("emulated", "test device", cap),
+        manifest=manifest(),
+        log_path=tmp_path / "bench.log",
+        workdir=ROOT,
+    )
 
 
 @pytest.mark.parametrize("arch", SPECS)
@@ -78,8 +94,9 @@ def run_and_kill(twins, tmp_path, pattern: str, sig: int) -> list[dict]:
 
     result: list[list[dict]] = []
     slow = BenchSettings(prompt=512, gen=128, repetitions=5, threads=2, timeout_s=300)
-    worker = threading.Thread(target=lambda: result.append(bench(twins["qwen3moe"], tmp_path, ctx=32768, cap=2**30,
-                                                                 settings=slow)))
+    worker = threading.Thread(
+        target=lambda: result.append(bench(twins["qwen3moe"], tmp_path, ctx=32768, cap=2**30, settings=slow))
+    )
     worker.start()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -126,8 +143,12 @@ def test_twin_recipe_is_llama_quantizes_own_choice(tmp_path):
     quantize = Path(manifest()["bin_dir"]) / "llama-quantize"
     out = subprocess.run([str(quantize), "--dry-run", str(f16), "Q4_K_M"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    theirs = {m[1]: (m[3] or m[2]).upper() for m in
-              re.finditer(r"\]\s+(\S+)\s+- \[.*?type =\s+(\w+), size =[^(\n]*(?:\((\w+)\))?", out.stdout + out.stderr)}
+    theirs = {
+        m[1]: (m[3] or m[2]).upper()
+        for m in re.finditer(
+            r"\]\s+(\S+)\s+- \[.*?type =\s+(\w+), size =[^(\n]*(?:\((\w+)\))?", out.stdout + out.stderr
+        )
+    }
     ours = {t.name: recipe_type(t.name, t.shape, spec).name for t in read_header(f16).tensors}
     assert len(theirs) == len(ours) == 579
     assert ours == theirs

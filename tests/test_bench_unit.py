@@ -37,16 +37,30 @@ def test_parse_log_sums_kv_buffers_per_context_and_lists_placements():
 
 def test_failures_are_classified():
     assert classify_failure(1, "devcap: out of device memory: refusing 1 bytes", False)[0] == "oom"
-    assert classify_failure(1, "ggml_backend_cuda_buffer_type_alloc_buffer: cudaMalloc failed: out of memory", False)[0] == "oom"
+    assert (
+        classify_failure(1, "ggml_backend_cuda_buffer_type_alloc_buffer: cudaMalloc failed: out of memory", False)[0]
+        == "oom"
+    )
     assert classify_failure(-9, "", False) == ("crash", "killed by SIGKILL")
     assert classify_failure(None, "", True)[0] == "timeout"
     assert classify_failure(1, "main: error: failed to load model", False)[0] == "error"
 
 
 def test_knee_of_the_seed_prediction():
-    table = predict_table(from_constants("seed", {"layers": 48, "expert": "17.41GB", "non_expert": "0.89GB",
-                                                  "kv_bytes_per_token": 98304, "n_expert": 128,
-                                                  "n_expert_used": 8}), Bandwidths(640, 57.6))
+    table = predict_table(
+        from_constants(
+            "seed",
+            {
+                "layers": 48,
+                "expert": "17.41GB",
+                "non_expert": "0.89GB",
+                "kv_bytes_per_token": 98304,
+                "n_expert": 128,
+                "n_expert_used": 8,
+            },
+        ),
+        Bandwidths(640, 57.6),
+    )
     feasible = table[table.n_cpu_moe >= 18]
     assert knee(feasible.n_cpu_moe.tolist(), feasible.tok_s.tolist()) == 30  # checked by hand: 1 - x - y peaks there
     assert knee([0, 1], [2.0, 1.0]) is None
@@ -54,14 +68,27 @@ def test_knee_of_the_seed_prediction():
 
 
 def _record(n, test, status, ts):
-    return {"model": "m", "ctx": 4096, "n_cpu_moe": n, "variant": "ncmoe", "test": test, "status": status,
-            "avg_ts": ts, "stddev_ts": 0.1 if ts else None, "samples_ts": [ts, ts] if ts else [],
-            "device": "emulated", "repetitions": 2, "model_files": [{"size": 10, "header_sha256": "ab" * 32}]}
+    return {
+        "model": "m",
+        "ctx": 4096,
+        "n_cpu_moe": n,
+        "variant": "ncmoe",
+        "test": test,
+        "status": status,
+        "avg_ts": ts,
+        "stddev_ts": 0.1 if ts else None,
+        "samples_ts": [ts, ts] if ts else [],
+        "device": "emulated",
+        "repetitions": 2,
+        "model_files": [{"size": 10, "header_sha256": "ab" * 32}],
+    }
 
 
 def test_compare_joins_prediction_and_measurement_with_eta():
-    meta = from_constants("m", {"layers": 4, "expert": "4GB", "non_expert": "1GB", "kv_bytes_per_token": 1,
-                                "n_expert": 8, "n_expert_used": 2})
+    meta = from_constants(
+        "m",
+        {"layers": 4, "expert": "4GB", "non_expert": "1GB", "kv_bytes_per_token": 1, "n_expert": 8, "n_expert_used": 2},
+    )
     predicted = predict_table(meta, Bandwidths(100, 10))
     budget = pd.DataFrame([{"ctx": 4096, "n_cpu_moe": 1, "status": "ok"}])
     records = [_record(0, "tg", "oom", None), _record(0, "pp", "oom", None)]

@@ -8,8 +8,20 @@ import sys
 
 from conftest import ROOT
 
-SEED_ARGS = ["--vram-gb", "16", "--non-expert-gb", "0.89", "--expert-gb", "17.41", "--layers", "48",
-             "--overhead-gb", "1.0", "--kv-bytes-per-token", "98304"]
+SEED_ARGS = [
+    "--vram-gb",
+    "16",
+    "--non-expert-gb",
+    "0.89",
+    "--expert-gb",
+    "17.41",
+    "--layers",
+    "48",
+    "--overhead-gb",
+    "1.0",
+    "--kv-bytes-per-token",
+    "98304",
+]
 
 
 def moeplace(*args: str) -> subprocess.CompletedProcess:
@@ -39,8 +51,20 @@ def test_recommend_gguf_mode_json_and_server_command(small_moe):
     (plan,) = json.loads(out.stdout)
     assert {"ctx", "kv_bytes", "budget_bytes", "resident_layers", "n_cpu_moe"} <= set(plan)
     assert plan["kv_bytes"] == 2 * 4096 * 2 * 64 * 2  # 2 layers, K+V, 1 KV head x 64, f16
-    text = moeplace("recommend", str(small_moe), "--vram", "8MiB", "--ctx", "4096", "--overhead", "0MB",
-                    "--cache-type-k", "q8_0", "--cache-type-v", "q8_0")
+    text = moeplace(
+        "recommend",
+        str(small_moe),
+        "--vram",
+        "8MiB",
+        "--ctx",
+        "4096",
+        "--overhead",
+        "0MB",
+        "--cache-type-k",
+        "q8_0",
+        "--cache-type-v",
+        "q8_0",
+    )
     assert "llama-server -m" in text.stdout and "--cache-type-v q8_0" in text.stdout and "-fa on" in text.stdout
 
 
@@ -55,8 +79,12 @@ def test_inspect_json_has_the_documented_keys(small_moe):
 def test_bad_inputs_give_one_line_not_a_traceback(tmp_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"NOTAGGUF" + bytes(100))
-    for args in (["inspect", str(junk)], ["inspect", str(tmp_path / "missing.gguf")],
-                 ["recommend", str(junk), "--vram", "16", "--ctx", "1"], ["recommend", "--ctx", "abc"]):
+    for args in (
+        ["inspect", str(junk)],
+        ["inspect", str(tmp_path / "missing.gguf")],
+        ["recommend", str(junk), "--vram", "16", "--ctx", "1"],
+        ["recommend", "--ctx", "abc"],
+    ):
         out = moeplace(*args)
         assert out.returncode != 0
         assert "Traceback" not in out.stderr
@@ -64,7 +92,9 @@ def test_bad_inputs_give_one_line_not_a_traceback(tmp_path):
 
 
 def test_twin_command_writes_a_sparse_header_faithful_file(tmp_path):
-    out = moeplace("twin", str(ROOT / "config/models/tiny-qwen3moe.yaml"), str(tmp_path / "t.gguf"), "--weights", "none")
+    out = moeplace(
+        "twin", str(ROOT / "config/models/tiny-qwen3moe.yaml"), str(tmp_path / "t.gguf"), "--weights", "none"
+    )
     assert out.returncode == 0, out.stderr
     meta = json.loads(moeplace("inspect", str(tmp_path / "t.gguf"), "--json").stdout)
     # attn_output rows are 2 heads x 64 = 128 long, not a whole Q4_K block: llama.cpp falls back to Q5_0.

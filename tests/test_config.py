@@ -6,8 +6,8 @@ import copy
 
 import pytest
 import yaml
-
 from conftest import ROOT
+
 from moeplace.config import validate_config
 from moeplace.errors import MoeplaceError
 
@@ -22,17 +22,20 @@ def test_defaults_are_filled():
     assert cfg["llamacpp"]["version"] == "11434.0.0"
 
 
-@pytest.mark.parametrize("change,field", [
-    (lambda c: c["device"].update(vram="-16GB"), "device.vram"),
-    (lambda c: c["device"].update(vram=16), "device.vram"),
-    (lambda c: c.update(contexts=[8192, 0]), "contexts.1"),
-    (lambda c: c.update(contexts=["32k"]), "contexts.0"),
-    (lambda c: c.update(cache_type_k="q3_k"), "cache_type_k"),
-    (lambda c: c.update(colour="blue"), "(top level)"),
-    (lambda c: c["models"].update({"../escape": {"gguf": "x.gguf"}}), "models"),
-    (lambda c: c["models"]["qwen3-coder-30b-a3b-twin"].update(gguf="x.gguf"), "models.qwen3-coder-30b-a3b-twin"),
-    (lambda c: c["device"].update(bw_vram_gbps=0), "device.bw_vram_gbps"),
-])
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        (lambda c: c["device"].update(vram="-16GB"), "device.vram"),
+        (lambda c: c["device"].update(vram=16), "device.vram"),
+        (lambda c: c.update(contexts=[8192, 0]), "contexts.1"),
+        (lambda c: c.update(contexts=["32k"]), "contexts.0"),
+        (lambda c: c.update(cache_type_k="q3_k"), "cache_type_k"),
+        (lambda c: c.update(colour="blue"), "(top level)"),
+        (lambda c: c["models"].update({"../escape": {"gguf": "x.gguf"}}), "models"),
+        (lambda c: c["models"]["qwen3-coder-30b-a3b-twin"].update(gguf="x.gguf"), "models.qwen3-coder-30b-a3b-twin"),
+        (lambda c: c["device"].update(bw_vram_gbps=0), "device.bw_vram_gbps"),
+    ],
+)
 def test_bad_values_name_the_field(change, field):
     cfg = copy.deepcopy(BASE)
     change(cfg)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT
+from workflow_helpers import snakemake, workflow_copy
+
 from moeplace import llamacpp
 from moeplace.errors import MoeplaceError
-from workflow_helpers import snakemake, workflow_copy
 
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 
@@ -63,7 +63,9 @@ def test_context_shorter_than_the_test(tmp_path):
 
 
 def test_n_values_beyond_the_layers(tmp_path, small_moe):
-    cfg = {**DEFAULT, "models": {"small": {"gguf": str(small_moe)}}, "contexts": [1024],
-           "bench": {"n_cpu_moe": [0, 5]}}
-    one_line_stop(workflow_copy(tmp_path, cfg), "bench.n_cpu_moe: [5] exceed small's 2 layers",
-                  "results/tables/measured/ctx1024.csv")
+    cfg = {**DEFAULT, "models": {"small": {"gguf": str(small_moe)}}, "contexts": [1024], "bench": {"n_cpu_moe": [0, 5]}}
+    one_line_stop(
+        workflow_copy(tmp_path, cfg),
+        "bench.n_cpu_moe: [5] exceed small's 2 layers",
+        "results/tables/measured/ctx1024.csv",
+    )

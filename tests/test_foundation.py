@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, write_gguf
 from gguf import GGMLQuantizationType as Q
 
-from conftest import ROOT, write_gguf
 from moeplace.budget import DOES_NOT_FIT, Device, budget_table
 from moeplace.errors import MoeplaceError
 from moeplace.kvcache import cells, kv_bytes, kv_bytes_per_token, layer_kv_bytes, row_size
@@ -17,15 +16,22 @@ from moeplace.predict import Bandwidths, predict_table
 from moeplace.twin import load_spec, write_twin
 from moeplace.units import GB, parse_size
 
-SEED_CONSTANTS = {"layers": 48, "expert": "17.41GB", "non_expert": "0.89GB", "kv_bytes_per_token": 98304,
-                  "n_expert": 128, "n_expert_used": 8}
+SEED_CONSTANTS = {
+    "layers": 48,
+    "expert": "17.41GB",
+    "non_expert": "0.89GB",
+    "kv_bytes_per_token": 98304,
+    "n_expert": 128,
+    "n_expert_used": 8,
+}
 SEED_TOK_S = {0: 323, 8: 168, 16: 113, 18: 105, 24: 86, 32: 69, 48: 49}
 
 
 @pytest.fixture(scope="module")
 def qwen3_twin(tmp_path_factory) -> Path:
-    return write_twin(load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml"),
-                      tmp_path_factory.mktemp("twin") / "qwen3-coder.gguf")
+    return write_twin(
+        load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml"), tmp_path_factory.mktemp("twin") / "qwen3-coder.gguf"
+    )
 
 
 def test_sizes_parse_units():
@@ -37,13 +43,25 @@ def test_sizes_parse_units():
             parse_size(bad)
 
 
-@pytest.mark.parametrize("suffix,role", [
-    ("ffn_up_exps.weight", "expert"), ("ffn_gate_up_exps.weight", "expert"), ("ffn_down_chexps.weight", "expert"),
-    ("ffn_gate_exps.bias", "expert"), ("ffn_gate_inp.weight", "router"), ("exp_probs_b.bias", "router"),
-    ("ffn_up_shexp.weight", "shared_expert"), ("ffn_gate_inp_shexp.weight", "shared_expert"),
-    ("ffn_down.weight", "dense_ffn"), ("attn_q_norm.weight", "norm"), ("ffn_norm.weight", "norm"),
-    ("attn_kv_a_mqa.weight", "attention"), ("attn_sinks.weight", "attention"), ("ssm_conv1d.weight", "other"),
-])
+@pytest.mark.parametrize(
+    "suffix,role",
+    [
+        ("ffn_up_exps.weight", "expert"),
+        ("ffn_gate_up_exps.weight", "expert"),
+        ("ffn_down_chexps.weight", "expert"),
+        ("ffn_gate_exps.bias", "expert"),
+        ("ffn_gate_inp.weight", "router"),
+        ("exp_probs_b.bias", "router"),
+        ("ffn_up_shexp.weight", "shared_expert"),
+        ("ffn_gate_inp_shexp.weight", "shared_expert"),
+        ("ffn_down.weight", "dense_ffn"),
+        ("attn_q_norm.weight", "norm"),
+        ("ffn_norm.weight", "norm"),
+        ("attn_kv_a_mqa.weight", "attention"),
+        ("attn_sinks.weight", "attention"),
+        ("ssm_conv1d.weight", "other"),
+    ],
+)
 def test_tensor_roles(suffix, role):
     assert tensor_role(suffix) == role
 
@@ -63,14 +81,29 @@ def test_inspect_counts_exact_bytes(small_moe):
 
 
 def test_split_model_reads_every_shard(tmp_path, small_moe):
-    keys = {"block_count": 1, "embedding_length": 256, "attention.head_count": 4, "expert_count": 4,
-            "expert_used_count": 2}
+    keys = {
+        "block_count": 1,
+        "embedding_length": 256,
+        "attention.head_count": 4,
+        "expert_count": 4,
+        "expert_used_count": 2,
+    }
     exps = [("blk.0.ffn_up_exps.weight", (256, 256, 4), Q.Q4_K)]
     rest = [("token_embd.weight", (256, 10), Q.F16), ("blk.0.attn_k.weight", (256, 64), Q.F16)]
-    write_gguf(tmp_path / "m-00001-of-00002.gguf", "qwen3moe", keys, rest,
-               {"split.no": 0, "split.count": 2, "split.tensors.count": 3})
-    write_gguf(tmp_path / "m-00002-of-00002.gguf", "qwen3moe", {}, exps,
-               {"split.no": 1, "split.count": 2, "split.tensors.count": 3})
+    write_gguf(
+        tmp_path / "m-00001-of-00002.gguf",
+        "qwen3moe",
+        keys,
+        rest,
+        {"split.no": 0, "split.count": 2, "split.tensors.count": 3},
+    )
+    write_gguf(
+        tmp_path / "m-00002-of-00002.gguf",
+        "qwen3moe",
+        {},
+        exps,
+        {"split.no": 1, "split.count": 2, "split.tensors.count": 3},
+    )
     meta = inspect_model(tmp_path / "m-00002-of-00002.gguf")
     assert meta["expert_bytes"] == 256 * 4 * 144
     assert len(meta["files"]) == 2
@@ -81,8 +114,11 @@ def test_split_model_reads_every_shard(tmp_path, small_moe):
 
 def test_dense_model_is_dense_not_an_error(tmp_path):
     keys = {"block_count": 1, "embedding_length": 256, "attention.head_count": 4}
-    tensors = [("token_embd.weight", (256, 10), Q.F16), ("blk.0.attn_k.weight", (256, 256), Q.F16),
-               ("blk.0.ffn_up.weight", (256, 512), Q.F16)]
+    tensors = [
+        ("token_embd.weight", (256, 10), Q.F16),
+        ("blk.0.attn_k.weight", (256, 256), Q.F16),
+        ("blk.0.ffn_up.weight", (256, 512), Q.F16),
+    ]
     meta = inspect_model(write_gguf(tmp_path / "dense.gguf", "llama", keys, tensors))
     assert (meta["n_expert"], meta["expert_bytes"]) == (0, 0)
     assert meta["layers"][0]["bytes"]["dense_ffn"] == 256 * 512 * 2
@@ -146,8 +182,12 @@ def test_corrected_column_uses_measured_bandwidth_and_eta():
 
 
 def test_budget_reproduces_seed_minimum_n():
-    table = budget_table(from_constants("seed", SEED_CONSTANTS), Device(16 * GB, GB), Bandwidths(640, 57.6),
-                         [8192, 32768, 65536, 200_000])
+    table = budget_table(
+        from_constants("seed", SEED_CONSTANTS),
+        Device(16 * GB, GB),
+        Bandwidths(640, 57.6),
+        [8192, 32768, 65536, 200_000],
+    )
     assert table.n_cpu_moe.tolist()[:3] == [12, 18, 27]
     assert table.kv_gb.round(2).tolist()[:3] == [0.81, 3.22, 6.44]
     assert table.budget_gb.round(2).tolist()[:3] == [13.30, 10.89, 7.67]

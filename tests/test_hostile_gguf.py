@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT
 from moeplace.errors import MoeplaceError
 from moeplace.metadata import inspect_model
 
@@ -31,17 +31,20 @@ def expect_clean_error(path: Path, match: str | None = None) -> None:
 
 
 def patch(data: bytes, offset: int, fmt: str, value) -> bytes:
-    return data[:offset] + struct.pack(fmt, value) + data[offset + struct.calcsize(fmt):]
+    return data[:offset] + struct.pack(fmt, value) + data[offset + struct.calcsize(fmt) :]
 
 
-@pytest.mark.parametrize("case,match", [
-    (lambda d: b"GGML" + d[4:], "wrong magic"),
-    (lambda d: patch(d, 4, "<I", 7), "version 7"),
-    (lambda d: patch(d, 8, "<Q", 2**63), "more than the file can hold"),
-    (lambda d: patch(d, 16, "<Q", 2**62), "more than the file can hold"),
-    (lambda d: patch(d, 24, "<Q", 2**60), "runs past the end"),  # first key's length
-    (lambda d: d[:20], "too small|truncated"),
-])
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        (lambda d: b"GGML" + d[4:], "wrong magic"),
+        (lambda d: patch(d, 4, "<I", 7), "version 7"),
+        (lambda d: patch(d, 8, "<Q", 2**63), "more than the file can hold"),
+        (lambda d: patch(d, 16, "<Q", 2**62), "more than the file can hold"),
+        (lambda d: patch(d, 24, "<Q", 2**60), "runs past the end"),  # first key's length
+        (lambda d: d[:20], "too small|truncated"),
+    ],
+)
 def test_named_corruptions(valid, tmp_path, case, match):
     path = tmp_path / "bad.gguf"
     path.write_bytes(case(valid))
@@ -57,9 +60,8 @@ def test_truncated_at_every_section(valid, tmp_path):
 
 
 def test_unknown_type_duplicate_name_and_misaligned_offset(tmp_path):
-    from gguf import GGUFWriter
-
     import numpy as np
+    from gguf import GGUFWriter
 
     def write(name: str, tensors) -> Path:
         w = GGUFWriter(tmp_path / name, "qwen3moe")
@@ -81,8 +83,13 @@ def test_unknown_type_duplicate_name_and_misaligned_offset(tmp_path):
     expect_clean_error(tmp_path / "type.gguf", "unknown ggml type 99")
     (tmp_path / "offset.gguf").write_bytes(patch(data, i + 4 + 16 + 4, "<Q", 3))
     expect_clean_error(tmp_path / "offset.gguf", "not aligned")
-    dup = write("dup.gguf", [("blk.0.attn_k.weight", np.zeros((4, 32), np.float32)),
-                             ("blk.0.attn_v.weight", np.zeros((4, 32), np.float32))])
+    dup = write(
+        "dup.gguf",
+        [
+            ("blk.0.attn_k.weight", np.zeros((4, 32), np.float32)),
+            ("blk.0.attn_v.weight", np.zeros((4, 32), np.float32)),
+        ],
+    )
     data = dup.read_bytes().replace(b"blk.0.attn_v.weight", b"blk.0.attn_k.weight")
     dup.write_bytes(data)
     expect_clean_error(dup, "appears twice")
@@ -106,7 +113,9 @@ def test_mutated_headers_never_escape_as_tracebacks(valid, tmp_path, data):
         if kind == "byte":
             blob[at] = data.draw(st.integers(0, 255))
         elif kind == "u64":
-            blob[at:at + 8] = struct.pack("<Q", data.draw(st.sampled_from([0, 1, 2**31, 2**32 + 7, 2**62, 2**64 - 1])))
+            blob[at : at + 8] = struct.pack(
+                "<Q", data.draw(st.sampled_from([0, 1, 2**31, 2**32 + 7, 2**62, 2**64 - 1]))
+            )
         else:
             del blob[at:]
             if len(blob) < 16:
@@ -122,6 +131,7 @@ def test_mutated_headers_never_escape_as_tracebacks(valid, tmp_path, data):
 def test_cli_on_a_hostile_file_is_one_line(tmp_path):
     path = tmp_path / "x.gguf"
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**40, 2**40))
-    out = subprocess.run([sys.executable, "-m", "moeplace.cli", "inspect", str(path)], capture_output=True, text=True,
-                         timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "moeplace.cli", "inspect", str(path)], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from moeplace.metadata import inspect_model
-from moeplace.placement import (delta_interval, expert_tensors, int_range_regex, ot_value, run_variant, tensor_bytes,
-                                variants)
+from moeplace.placement import (
+    delta_interval,
+    expert_tensors,
+    int_range_regex,
+    ot_value,
+    run_variant,
+    tensor_bytes,
+    variants,
+)
 from moeplace.twin import load_spec, write_twin
 
 NCMOE = r"blk\.{}\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp's own -ncmoe pattern (common.h)
@@ -18,7 +24,9 @@ NCMOE = r"blk\.{}\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp's own -ncm
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    path = write_twin(load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml"), tmp_path_factory.mktemp("q") / "q.gguf")
+    path = write_twin(
+        load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml"), tmp_path_factory.mktemp("q") / "q.gguf"
+    )
     return inspect_model(path)
 
 
@@ -62,17 +70,78 @@ def test_delta_interval_is_welch():
 @pytest.mark.llamacpp
 def test_every_variant_is_placed_as_intended_by_llamacpp(tmp_path):
     from llamacpp_helpers import manifest
+
     from moeplace.bench import BenchSettings, DeviceSetup
     from moeplace.placement import VARIANTS
     from moeplace.twin import make_twin
 
-    path = make_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), tmp_path / "m.gguf", "random", "Q4_K_M",
-                     0, manifest(), tmp_path / "q.log")
+    path = make_twin(
+        load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"),
+        tmp_path / "m.gguf",
+        "random",
+        "Q4_K_M",
+        0,
+        manifest(),
+        tmp_path / "q.log",
+    )
     meta = inspect_model(path)
     for variant in VARIANTS:
-        records = run_variant(variant, meta, 4, model_name="m", model_path=str(path), model_files=meta["files"],
-                              ctx=1024, settings=BenchSettings(32, 8, 1, 2, 300),
-                              device=DeviceSetup("emulated", "test", 2**30), manifest=manifest(),
-                              log_path=tmp_path / f"{variant}.log", workdir=ROOT)
+        records = run_variant(
+            variant,
+            meta,
+            4,
+            15 * 10**6,
+            model_name="m",
+            model_path=str(path),
+            model_files=meta["files"],
+            ctx=1024,
+            settings=BenchSettings(32, 8, 1, 2, 300),
+            device=DeviceSetup("emulated", "test", 2**30),
+            manifest=manifest(),
+            log_path=tmp_path / f"{variant}.log",
+            workdir=ROOT,
+        )
         assert records[0]["status"] == "ok", records[0]["error"]
-        assert records[0]["placement_match"], (variant, records[0]["placement_missing"], records[0]["placement_unexpected"])
+        assert records[0]["placement_match"], (
+            variant,
+            records[0]["placement_missing"],
+            records[0]["placement_unexpected"],
+        )
+
+
+def uniform_meta(n_layer: int = 8, size: int = 100) -> dict:
+    layers = [
+        {"index": il, "expert_tensors": {f"blk.{il}.ffn_{k}_exps.weight": size for k in ("gate", "up", "down")}}
+        for il in range(n_layer)
+    ]
+    return {
+        "n_layer": n_layer,
+        "layers": layers,
+        "n_expert": 8,
+        "n_expert_used": 2,
+        "non_expert_bytes": 50,
+        "expert_bytes": 3 * size * n_layer,
+    }
+
+
+def test_optimal_placement_reduces_to_a_clean_n_when_layers_are_alike():
+    from moeplace.placement import optimal_placement
+
+    meta = uniform_meta(size=2**20)  # 1 MiB tensors: the knapsack's unit
+    host = optimal_placement(meta, 5 * 3 * 2**20)  # room for exactly 5 layers
+    assert host == expert_tensors(meta, [0, 1, 2])  # = --n-cpu-moe 3
+    host = optimal_placement(meta, 5 * 3 * 2**20 + 2**20)  # and one tensor more: a partial layer 2
+    assert expert_tensors(meta, [0, 1]) < host < expert_tensors(meta, [0, 1, 2])
+    assert len(host) == 8
+
+
+def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
+    from moeplace.budget import Device, plan
+    from moeplace.placement import optimal_placement, placement_tok_s
+
+    p = plan(qwen3, Device(16 * 10**9, 10**9), 32768)
+    host = optimal_placement(qwen3, p["budget_bytes"])
+    assert tensor_bytes(qwen3, expert_tensors(qwen3, list(range(p["n_cpu_moe"])))) >= tensor_bytes(qwen3, host)
+    assert qwen3["expert_bytes"] - tensor_bytes(qwen3, host) <= p["budget_bytes"]  # it fits
+    ncmoe = placement_tok_s(qwen3, expert_tensors(qwen3, list(range(p["n_cpu_moe"]))), 640, 57.6)
+    assert placement_tok_s(qwen3, host, 640, 57.6) > ncmoe

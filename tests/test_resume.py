@@ -10,14 +10,16 @@ import time
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import ROOT
 from llamacpp_helpers import rpc_servers
 from workflow_helpers import SNAKEMAKE, snakemake, workflow_copy
 
 pytestmark = pytest.mark.llamacpp
-CFG = {**yaml.safe_load((ROOT / "config/config.yaml").read_text()), "contexts": [4096],
-       "bench": {"prompt": 64, "gen": 16, "repetitions": 3, "n_cpu_moe": [0, 2, 4, 6, 8]}}
+CFG = {
+    **yaml.safe_load((ROOT / "config/config.yaml").read_text()),
+    "contexts": [4096],
+    "bench": {"prompt": 64, "gen": 16, "repetitions": 3, "n_cpu_moe": [0, 2, 4, 6, 8]},
+}
 TIMING = ["avg_ts", "stddev_ts", "cv", "noisy", "started", "load_avg_1m", "error"]
 
 
@@ -29,8 +31,13 @@ def test_sigkill_mid_sweep_then_rerun(tmp_path):
     servers_before = rpc_servers()
     wd = workflow_copy(tmp_path / "killed", CFG)
     bench_dir = wd / "results/bench/tiny-qwen3moe/ctx4096"
-    proc = subprocess.Popen([SNAKEMAKE, "--cores", "1", "results/figures/ncmoe_4k.png"], cwd=wd,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [SNAKEMAKE, "--cores", "1", "results/figures/ncmoe_4k.png"],
+        cwd=wd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline and len(list(bench_dir.glob("*.jsonl"))) < 2:
         assert proc.poll() is None, "snakemake ended before the kill"
@@ -52,6 +59,10 @@ def test_sigkill_mid_sweep_then_rerun(tmp_path):
 
     clean = workflow_copy(tmp_path / "clean", CFG)
     assert snakemake(clean, "results/figures/ncmoe_4k.png").returncode == 0
-    resumed, fresh = stable(wd / "results/tables/measured/ctx4096.csv"), stable(clean / "results/tables/measured/ctx4096.csv")
+    resumed, fresh = (
+        stable(wd / "results/tables/measured/ctx4096.csv"),
+        stable(clean / "results/tables/measured/ctx4096.csv"),
+    )
     assert resumed.drop(columns=["pipeline_commit", "pipeline_dirty"]).equals(
-        fresh.drop(columns=["pipeline_commit", "pipeline_dirty"]))
+        fresh.drop(columns=["pipeline_commit", "pipeline_dirty"])
+    )

@@ -42,22 +42,40 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     """On the emulated capped device: every n probed vs the tuner's search from the budget's prediction."""
     from conftest import ROOT
     from llamacpp_helpers import manifest
+
     from moeplace.bench import DeviceSetup, run_bench
     from moeplace.budget import Device, plan
     from moeplace.metadata import inspect_model
     from moeplace.tune import PROBE_TOKENS, probe_settings, tune
     from moeplace.twin import load_spec, make_twin
 
-    path = make_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), tmp_path / "m.gguf", "random", "Q4_K_M",
-                     0, manifest(), tmp_path / "q.log")
+    path = make_twin(
+        load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"),
+        tmp_path / "m.gguf",
+        "random",
+        "Q4_K_M",
+        0,
+        manifest(),
+        tmp_path / "q.log",
+    )
     meta = inspect_model(path)
     ctx, cap = 8192, 50 * 10**6  # holds the 8K context and about half the experts
     device = DeviceSetup("emulated", "test device", cap)
     exhaustive = []
     for n in range(meta["n_layer"] + 1):
-        (record,) = run_bench(model_name="m", model_path=str(path), model_files=meta["files"], ctx=ctx, n_cpu_moe=n,
-                              settings=probe_settings(2, 300), device=device, manifest=manifest(),
-                              log_path=tmp_path / "sweep.log", workdir=ROOT, depth=ctx - PROBE_TOKENS)
+        (record,) = run_bench(
+            model_name="m",
+            model_path=str(path),
+            model_files=meta["files"],
+            ctx=ctx,
+            n_cpu_moe=n,
+            settings=probe_settings(2, 300),
+            device=device,
+            manifest=manifest(),
+            log_path=tmp_path / "sweep.log",
+            workdir=ROOT,
+            depth=ctx - PROBE_TOKENS,
+        )
         exhaustive.append(record["status"])
     lowest = exhaustive.index("ok")
     assert 0 < lowest < meta["n_layer"], exhaustive  # the cliff lies inside the range

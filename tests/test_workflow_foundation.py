@@ -5,7 +5,6 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import ROOT
 from workflow_helpers import snakemake, workflow_copy
 
@@ -14,8 +13,11 @@ SEED = yaml.safe_load((ROOT / "config/examples/seed-qwen3-coder-30b-a3b.yaml").r
 
 def test_seed_example_reproduces_predicted_table_and_minimum_n(tmp_path):
     wd = workflow_copy(tmp_path, SEED)
-    targets = [f"results/tables/{t}/{m}.csv" for t in ("predicted", "budget")
-               for m in ("qwen3-coder-30b-a3b", "qwen3-coder-30b-a3b-twin")]
+    targets = [
+        f"results/tables/{t}/{m}.csv"
+        for t in ("predicted", "budget")
+        for m in ("qwen3-coder-30b-a3b", "qwen3-coder-30b-a3b-twin")
+    ]
     run = snakemake(wd, *targets)
     assert run.returncode == 0, run.stderr[-3000:]
     predicted = pd.read_csv(wd / "results/tables/predicted/qwen3-coder-30b-a3b.csv").set_index("n_cpu_moe")
@@ -31,11 +33,14 @@ def test_seed_example_reproduces_predicted_table_and_minimum_n(tmp_path):
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
-@pytest.mark.parametrize("change,needle", [
-    (lambda c: c["device"].update(vram="-16GB"), "config: device.vram"),
-    (lambda c: c.update(contexts=[0]), "config: contexts.0"),
-    (lambda c: c.update(cache_type_v="q9"), "config: cache_type_v"),
-])
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        (lambda c: c["device"].update(vram="-16GB"), "config: device.vram"),
+        (lambda c: c.update(contexts=[0]), "config: contexts.0"),
+        (lambda c: c.update(cache_type_v="q9"), "config: cache_type_v"),
+    ],
+)
 def test_bad_config_stops_before_any_job_with_one_line(tmp_path, change, needle):
     cfg = yaml.safe_load(yaml.safe_dump(SEED))
     change(cfg)

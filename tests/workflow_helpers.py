@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import yaml
-
 from conftest import ROOT
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -25,5 +24,6 @@ def workflow_copy(dest: Path, config: dict | None = None) -> Path:
 
 
 def snakemake(workdir: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    return subprocess.run([SNAKEMAKE, "--cores", "1", *args], cwd=workdir, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [SNAKEMAKE, "--cores", "1", *args], cwd=workdir, capture_output=True, text=True, timeout=timeout
+    )

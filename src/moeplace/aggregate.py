@@ -10,10 +10,36 @@ import pandas as pd
 from .kvcache import DEFAULT_UBATCH, kv_bytes
 
 MEASURED_COLUMNS = [
-    "model", "ctx", "n_cpu_moe", "variant", "test", "status", "avg_ts", "stddev_ts", "samples", "cv", "noisy",
-    "device", "device_kind", "threads", "repetitions", "n_prompt", "n_gen", "type_k", "type_v",
-    "llamacpp_version", "llamacpp_commit", "pipeline_commit", "pipeline_dirty", "host", "cpu", "load_avg_1m",
-    "model_size", "model_header_sha256", "started", "error",
+    "model",
+    "ctx",
+    "n_cpu_moe",
+    "variant",
+    "test",
+    "status",
+    "avg_ts",
+    "stddev_ts",
+    "samples",
+    "cv",
+    "noisy",
+    "device",
+    "device_kind",
+    "threads",
+    "repetitions",
+    "n_prompt",
+    "n_gen",
+    "type_k",
+    "type_v",
+    "llamacpp_version",
+    "llamacpp_commit",
+    "pipeline_commit",
+    "pipeline_dirty",
+    "host",
+    "cpu",
+    "load_avg_1m",
+    "model_size",
+    "model_header_sha256",
+    "started",
+    "error",
 ]
 
 
@@ -21,13 +47,15 @@ def measured_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for r in records:
         files = r.get("model_files") or []
-        rows.append({
-            **{k: r.get(k) for k in MEASURED_COLUMNS},
-            "samples": len(r.get("samples_ts") or []),
-            "model_size": sum(f["size"] for f in files),
-            "model_header_sha256": ";".join(f["header_sha256"][:16] for f in files),
-            "error": (r.get("error") or "").replace("\n", " | ")[-300:],
-        })
+        rows.append(
+            {
+                **{k: r.get(k) for k in MEASURED_COLUMNS},
+                "samples": len(r.get("samples_ts") or []),
+                "model_size": sum(f["size"] for f in files),
+                "model_header_sha256": ";".join(f["header_sha256"][:16] for f in files),
+                "error": (r.get("error") or "").replace("\n", " | ")[-300:],
+            }
+        )
     table = pd.DataFrame(rows, columns=MEASURED_COLUMNS)
     return table.sort_values(["model", "ctx", "variant", "n_cpu_moe", "test"], ignore_index=True)
 
@@ -51,8 +79,9 @@ def knee(ns: list[int], values: list[float], noise: float = 0.0) -> int | None:
     return int(x[i]) if gap[i] > 0 else None
 
 
-def compare_table(measured: pd.DataFrame, predicted: dict[str, pd.DataFrame],
-                  budget: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def compare_table(
+    measured: pd.DataFrame, predicted: dict[str, pd.DataFrame], budget: dict[str, pd.DataFrame]
+) -> pd.DataFrame:
     """Measured tg per (model, ctx, n) beside the prediction; eta = measured / predicted."""
     rows = []
     tg = measured[(measured.variant == "ncmoe") & (measured.test == "tg")]
@@ -72,14 +101,25 @@ def compare_table(measured: pd.DataFrame, predicted: dict[str, pd.DataFrame],
         for r in group.itertuples():
             p = pred.loc[min(r.n_cpu_moe, pred.index.max())]
             pp_row = pp.loc[(model, ctx, r.n_cpu_moe)] if (model, ctx, r.n_cpu_moe) in pp.index else None
-            rows.append({
-                "model": model, "ctx": ctx, "n_cpu_moe": r.n_cpu_moe, "status": r.status,
-                "measured_tg_tok_s": r.avg_ts, "measured_tg_stddev": r.stddev_ts,
-                "measured_pp_tok_s": None if pp_row is None else pp_row.avg_ts,
-                "predicted_tok_s": p.tok_s, "eta": r.avg_ts / p.tok_s if r.status == "ok" else None,
-                "calibrated_tok_s": eta * p.tok_s, "eta_median": eta, "budget_min_n": n_min,
-                "knee_measured": measured_knee, "knee_predicted": predicted_knee, "device": r.device,
-            })
+            rows.append(
+                {
+                    "model": model,
+                    "ctx": ctx,
+                    "n_cpu_moe": r.n_cpu_moe,
+                    "status": r.status,
+                    "measured_tg_tok_s": r.avg_ts,
+                    "measured_tg_stddev": r.stddev_ts,
+                    "measured_pp_tok_s": None if pp_row is None else pp_row.avg_ts,
+                    "predicted_tok_s": p.tok_s,
+                    "eta": r.avg_ts / p.tok_s if r.status == "ok" else None,
+                    "calibrated_tok_s": eta * p.tok_s,
+                    "eta_median": eta,
+                    "budget_min_n": n_min,
+                    "knee_measured": measured_knee,
+                    "knee_predicted": predicted_knee,
+                    "device": r.device,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -96,8 +136,30 @@ def kv_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[str, 
             seen.add(key)
             ours = kv_bytes(meta, c["n_ctx"], r["type_k"], r["type_v"], min(DEFAULT_UBATCH, c["n_ctx"]))
             theirs = c["kv_mib"] * 2**20
-            rows.append({"model": r["model"], "ctx": r["ctx"], "n_ctx": c["n_ctx"], "type_k": r["type_k"],
-                         "type_v": r["type_v"], "llamacpp_kv_mib": c["kv_mib"], "predicted_kv_mib": ours / 2**20,
-                         "ratio": ours / theirs, "within_1pct": abs(ours / theirs - 1) <= 0.01})
-    return pd.DataFrame(rows, columns=["model", "ctx", "n_ctx", "type_k", "type_v", "llamacpp_kv_mib",
-                                       "predicted_kv_mib", "ratio", "within_1pct"])
+            rows.append(
+                {
+                    "model": r["model"],
+                    "ctx": r["ctx"],
+                    "n_ctx": c["n_ctx"],
+                    "type_k": r["type_k"],
+                    "type_v": r["type_v"],
+                    "llamacpp_kv_mib": c["kv_mib"],
+                    "predicted_kv_mib": ours / 2**20,
+                    "ratio": ours / theirs,
+                    "within_1pct": abs(ours / theirs - 1) <= 0.01,
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "model",
+            "ctx",
+            "n_ctx",
+            "type_k",
+            "type_v",
+            "llamacpp_kv_mib",
+            "predicted_kv_mib",
+            "ratio",
+            "within_1pct",
+        ],
+    )

@@ -62,8 +62,9 @@ def does_not_fit_message(p: dict[str, Any], vram_bytes: int) -> str:
     )
 
 
-def budget_table(meta: dict[str, Any], device: Device, bw: Bandwidths, contexts: list[int],
-                 type_k: str = "f16", type_v: str = "f16") -> pd.DataFrame:
+def budget_table(
+    meta: dict[str, Any], device: Device, bw: Bandwidths, contexts: list[int], type_k: str = "f16", type_v: str = "f16"
+) -> pd.DataFrame:
     rows = []
     for ctx in contexts:
         p = plan(meta, device, ctx, type_k, type_v)
@@ -71,6 +72,17 @@ def budget_table(meta: dict[str, Any], device: Device, bw: Bandwidths, contexts:
         p["budget_gb"] = p["budget_bytes"] / GB
         p["predicted_tok_s"] = predicted_tok_s(meta, bw, p["n_cpu_moe"]) if p["n_cpu_moe"] is not None else None
         rows.append(p)
-    columns = ["ctx", "kv_gb", "budget_gb", "resident_layers", "n_cpu_moe", "predicted_tok_s", "status",
-               "kv_bytes", "budget_bytes", "cache_type_k", "cache_type_v"]
+    columns = [
+        "ctx",
+        "kv_gb",
+        "budget_gb",
+        "resident_layers",
+        "n_cpu_moe",
+        "predicted_tok_s",
+        "status",
+        "kv_bytes",
+        "budget_bytes",
+        "cache_type_k",
+        "cache_type_v",
+    ]
     return pd.DataFrame(rows, columns=columns).astype({"n_cpu_moe": "Int64"})

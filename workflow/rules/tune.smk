@@ -1,12 +1,12 @@
 rule tune:
     input:
         model=get_model_gguf,
-        budget="results/tables/budget/{model}.csv",
+        metadata="results/metadata/{model}.json",
         llamacpp="resources/llamacpp/llamacpp.json",
     output:
-        "results/tune/{model}/ctx{ctx}.json",
+        "results/tune/{model}/ctx{ctx}_kv{kv}.json",
     log:
-        "logs/tune/{model}/ctx{ctx}.log",
+        "logs/tune/{model}/ctx{ctx}_kv{kv}.log",
     conda:
         "../../environment.yml"
     threads: config["bench"]["threads"]
@@ -25,9 +25,10 @@ rule tune:
 rule matrix:
     input:
         tune=expand(
-            "results/tune/{model}/ctx{ctx}.json",
+            "results/tune/{model}/ctx{ctx}_kv{kv}.json",
             model=BENCH_MODELS,
             ctx=config["contexts"],
+            kv=config["tune"]["cache_types"],
         ),
     output:
         tune=report(

@@ -5,8 +5,8 @@ import pandas as pd
 from moeplace.aggregate import compare_table, kv_check_table, measured_table
 from moeplace.outputs import read_json, read_jsonl, stage, write_csv
 
-with stage(snakemake.log[0]) as log:  # noqa: F821 - injected by Snakemake
-    i, o, models = snakemake.input, snakemake.output, snakemake.params.models  # noqa: F821
+with stage(snakemake.log[0]) as log:
+    i, o, models = snakemake.input, snakemake.output, snakemake.params.models
     records = [r for path in i.bench for r in read_jsonl(path)]
     metadata = {m: read_json(path) for m, path in zip(models, i.metadata)}
     predicted = {m: pd.read_csv(path) for m, path in zip(models, i.predicted)}
@@ -16,5 +16,10 @@ with stage(snakemake.log[0]) as log:  # noqa: F821 - injected by Snakemake
     write_csv(o.compare, compare_table(measured, predicted, budget))
     kv = kv_check_table(records, metadata)
     write_csv(o.kv_check, kv)
-    log.info("%d records (%d ok); KV check: %d of %d within 1%%", len(measured), (measured.status == "ok").sum(),
-             kv.within_1pct.sum(), len(kv))
+    log.info(
+        "%d records (%d ok); KV check: %d of %d within 1%%",
+        len(measured),
+        (measured.status == "ok").sum(),
+        kv.within_1pct.sum(),
+        len(kv),
+    )

@@ -5,11 +5,11 @@ from moeplace.outputs import read_json, stage, write_csv
 from moeplace.predict import Bandwidths
 from moeplace.units import parse_size
 
-with stage(snakemake.log[0]) as log:  # noqa: F821 - injected by Snakemake
-    p = snakemake.params  # noqa: F821
-    meta = read_json(snakemake.input.metadata)  # noqa: F821
+with stage(snakemake.log[0]) as log:
+    p = snakemake.params
+    meta = read_json(snakemake.input.metadata)
     device = Device(parse_size(p.device["vram"], "device.vram"), parse_size(p.device["overhead"], "device.overhead"))
     table = budget_table(meta, device, Bandwidths(**p.bandwidths), p.contexts, p.cache_type_k, p.cache_type_v)
     for row in table.itertuples():
         log.info("ctx %d: %s, n_cpu_moe %s", row.ctx, row.status, row.n_cpu_moe)
-    write_csv(snakemake.output[0], table)  # noqa: F821
+    write_csv(snakemake.output[0], table)

@@ -4,9 +4,9 @@ import pandas as pd
 
 from moeplace.outputs import stage, write_csv
 
-with stage(snakemake.log[0]) as log:  # noqa: F821 - injected by Snakemake
+with stage(snakemake.log[0]) as log:
     for name in ("measured", "compare", "kv_check"):
-        parts = [pd.read_csv(path) for path in snakemake.input[name]]  # noqa: F821
+        parts = [pd.read_csv(path) for path in snakemake.input[name]]
         table = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else parts[0]
-        write_csv(snakemake.output[name], table)  # noqa: F821
+        write_csv(snakemake.output[name], table)
         log.info("%s: %d rows", name, len(table))

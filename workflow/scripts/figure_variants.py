@@ -5,6 +5,6 @@ import pandas as pd
 from moeplace.figures import variants_figure
 from moeplace.outputs import stage
 
-with stage(snakemake.log[0]) as log:  # noqa: F821 - injected by Snakemake
-    variants_figure(pd.read_csv(snakemake.input.variants), snakemake.params.ctx, snakemake.output[0])  # noqa: F821
-    log.info("wrote %s", snakemake.output[0])  # noqa: F821
+with stage(snakemake.log[0]) as log:
+    variants_figure(pd.read_csv(snakemake.input.variants), snakemake.params.ctx, snakemake.output[0])
+    log.info("wrote %s", snakemake.output[0])

@@ -5,8 +5,8 @@ import pandas as pd
 from moeplace.figures import ncmoe_figure
 from moeplace.outputs import stage
 
-with stage(snakemake.log[0]) as log:  # noqa: F821 - injected by Snakemake
-    i, o, p = snakemake.input, snakemake.output, snakemake.params  # noqa: F821
+with stage(snakemake.log[0]) as log:
+    i, o, p = snakemake.input, snakemake.output, snakemake.params
     measured, compare = pd.read_csv(i.measured), pd.read_csv(i.compare)
     predicted = {m: pd.read_csv(path) for m, path in zip(p.models, i.predicted)}
     ncmoe_figure(compare, measured, predicted, p.ctx, "tg", o.tg)

@@ -5,7 +5,7 @@ from pathlib import Path
 from moeplace.llamacpp import provision
 from moeplace.outputs import stage, write_json
 
-with stage(snakemake.log[0]) as log:  # noqa: F821 - injected by Snakemake
-    manifest = provision(snakemake.params.llamacpp, Path(snakemake.log[0]), jobs=snakemake.threads)  # noqa: F821
+with stage(snakemake.log[0]) as log:
+    manifest = provision(snakemake.params.llamacpp, Path(snakemake.log[0]), jobs=snakemake.threads)
     log.info("llama.cpp %s (build %s) in %s", manifest["version"], manifest["build_number"], manifest["bin_dir"])
-    write_json(snakemake.output[0], manifest)  # noqa: F821
+    write_json(snakemake.output[0], manifest)

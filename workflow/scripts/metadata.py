@@ -3,11 +3,16 @@
 from moeplace.metadata import from_constants, inspect_model
 from moeplace.outputs import stage, write_json
 
-with stage(snakemake.log[0]) as log:  # noqa: F821 - injected by Snakemake
-    model = snakemake.wildcards.model  # noqa: F821
-    constants = snakemake.params.constants  # noqa: F821
-    meta = from_constants(model, constants) if constants else inspect_model(snakemake.input.gguf[0])  # noqa: F821
+with stage(snakemake.log[0]) as log:
+    model = snakemake.wildcards.model
+    constants = snakemake.params.constants
+    meta = from_constants(model, constants) if constants else inspect_model(snakemake.input.gguf[0])
     meta["model"] = model
-    log.info("%s: %d layers, %.3f GB expert, %.3f GB non-expert", model, meta["n_layer"],
-             meta["expert_bytes"] / 1e9, meta["non_expert_bytes"] / 1e9)
-    write_json(snakemake.output[0], meta)  # noqa: F821
+    log.info(
+        "%s: %d layers, %.3f GB expert, %.3f GB non-expert",
+        model,
+        meta["n_layer"],
+        meta["expert_bytes"] / 1e9,
+        meta["non_expert_bytes"] / 1e9,
+    )
+    write_json(snakemake.output[0], meta)

@@ -3,10 +3,9 @@
 from moeplace.outputs import read_json, stage
 from moeplace.twin import load_spec, make_twin
 
-with stage(snakemake.log[0]) as log:  # noqa: F821 - injected by Snakemake
-    p = snakemake.params  # noqa: F821
-    llamacpp = read_json(snakemake.input.llamacpp) if p.weights == "random" else None  # noqa: F821
-    spec = load_spec(snakemake.input.spec)  # noqa: F821
-    make_twin(spec, snakemake.output[0], p.weights, p.quant, p.seed, llamacpp, snakemake.log[0])  # noqa: F821
-    log.info("wrote %s twin of %s (%s weights)", p.quant if p.weights == "random" else spec.ftype, spec.name,
-             p.weights)
+with stage(snakemake.log[0]) as log:
+    p = snakemake.params
+    llamacpp = read_json(snakemake.input.llamacpp) if p.weights == "random" else None
+    spec = load_spec(snakemake.input.spec)
+    make_twin(spec, snakemake.output[0], p.weights, p.quant, p.seed, llamacpp, snakemake.log[0])
+    log.info("wrote %s twin of %s (%s weights)", p.quant if p.weights == "random" else spec.ftype, spec.name, p.weights)

@@ -9,14 +9,26 @@ from moeplace.outputs import read_json, stage, write_jsonl
 from moeplace.placement import run_variant, variant_n
 from moeplace.units import parse_size
 
-with stage(snakemake.log[0]) as log:  # noqa: F821 - injected by Snakemake
-    i, p, w = snakemake.input, snakemake.params, snakemake.wildcards  # noqa: F821
+with stage(snakemake.log[0]) as log:
+    i, p, w = snakemake.input, snakemake.params, snakemake.wildcards
     manifest, meta, ctx = read_json(i.llamacpp), read_json(i.metadata), int(w.ctx)
     row = pd.read_csv(i.budget).set_index("ctx").loc[ctx]
     n = variant_n(meta, int(row.n_cpu_moe) if row.status == "ok" else None)
     device = device_setup(p.device["kind"], p.device["name"], parse_size(p.device["vram"], "device.vram"), manifest)
-    records = run_variant(w.variant, meta, n, model_name=w.model, model_path=i.model[0], model_files=meta["files"],
-                          ctx=ctx, settings=BenchSettings(**p.settings), device=device, manifest=manifest,
-                          log_path=Path(snakemake.log[0]), workdir=Path.cwd())  # noqa: F821
+    records = run_variant(
+        w.variant,
+        meta,
+        n,
+        float(row.budget_bytes),
+        model_name=w.model,
+        model_path=i.model[0],
+        model_files=meta["files"],
+        ctx=ctx,
+        settings=BenchSettings(**p.settings),
+        device=device,
+        manifest=manifest,
+        log_path=Path(snakemake.log[0]),
+        workdir=Path.cwd(),
+    )
     log.info("%s at n=%d: placement %s", w.variant, n, "matches" if records[0]["placement_match"] else "DIFFERS")
-    write_jsonl(snakemake.output[0], records)  # noqa: F821
+    write_jsonl(snakemake.output[0], records)
