@@ -12,6 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 PACKAGES = ("slurm-wlm", "munge")
+# The jobstep plugin strips SLURM_* variables (SLURM_CONF too) before its nested srun, so the config
+# must also sit where srun looks by default. Only a file carrying this marker is ever replaced.
+SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
+MARKER = "# written by moeplace's test cluster\n"
 
 
 def ensure_installed() -> None:
@@ -49,6 +53,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 ReturnToService=2
 MpiDefault=none
+MinJobAge=600
 SlurmctldTimeout=30
 SlurmdTimeout=30
 NodeName={host} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN
@@ -69,7 +74,11 @@ def one_node_cluster(root: Path) -> Iterator[dict[str, str]]:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     conf = root / "slurm.conf"
-    conf.write_text(_config(root, host, cpus, memory_mb))
+    conf.write_text(MARKER + _config(root, host, cpus, memory_mb))
+    if SYSTEM_CONF.exists() and not SYSTEM_CONF.read_text().startswith(MARKER):
+        raise RuntimeError(f"{SYSTEM_CONF} belongs to a real SLURM installation; not starting a test cluster here")
+    SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
+    SYSTEM_CONF.write_text(conf.read_text())
     env = {**os.environ, "SLURM_CONF": str(conf)}
     daemon_log = (root / "daemons.log").open("a")
     procs = [
@@ -127,3 +136,4 @@ def one_node_cluster(root: Path) -> Iterator[dict[str, str]]:
             except subprocess.TimeoutExpired:
                 proc.kill()
         daemon_log.close()
+        SYSTEM_CONF.unlink(missing_ok=True)

@@ -34,7 +34,16 @@ def test_pipeline_runs_through_slurm_like_at_home(tmp_path):
     for rule in profile["set-resources"].values():  # the test node has no GPU and 2 cores
         rule.pop("gpu", None)
         rule["cpus_per_task"] = 1
-    profile.update(jobs=1, **{"latency-wait": 5})
+    # No accounting database here: job states come from squeue, which keeps finished jobs for MinJobAge.
+    profile.update(
+        jobs=1,
+        **{
+            "latency-wait": 5,
+            "slurm-status-command": "squeue",
+            "slurm-no-account": True,
+            "slurm-init-seconds-before-status-checks": 5,
+        },
+    )
     (cluster / "profiles/slurm/config.v9+.yaml").write_text(yaml.safe_dump(profile))
     with one_node_cluster(tmp_path / "slurm") as env:
         run = subprocess.run(

@@ -16,9 +16,12 @@ pytestmark = pytest.mark.llamacpp
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 
 
+TARGETS = ("results/tables/measured.csv", "results/tables/compare.csv")
+
+
 def planned_jobs(wd, *args) -> dict[str, int]:
-    """Rule -> job count of a dry run."""
-    out = snakemake(wd, "-n", *args)
+    """Rule -> job count of a dry run for the measured tables."""
+    out = snakemake(wd, "-n", *args, *TARGETS)
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout + out.stderr
     if "Nothing to be done" in text:
@@ -36,12 +39,15 @@ def test_default_pipeline_makes_the_32k_figure_from_real_runs(tmp_path):
     budget = pd.read_csv(wd / "results/tables/budget/tiny-qwen3moe.csv").set_index("ctx")
     n_min = budget.loc[32768, "n_cpu_moe"]
     measured = pd.read_csv(wd / "results/tables/measured/ctx32768.csv")
-    tg = measured[measured.test == "tg"].set_index("n_cpu_moe")
+    tg = measured[(measured.test == "tg") & (measured.model == "tiny-qwen3moe")].set_index("n_cpu_moe")
     assert tg.index.tolist() == [n_min - 2, n_min - 1, *range(n_min, 9)]
     assert (tg.loc[n_min:, "status"] == "ok").all()  # the budget's minimum really fits
     assert tg.loc[n_min - 2, "status"] == "oom"  # two layers fewer really does not
     assert (tg.loc[tg.status == "ok", "avg_ts"] > 0).all()
     assert tg.device.str.contains("emulated device").all()
+    # The sliding-window twin's KV cache barely grows with context: everything fits at 32K.
+    swa = measured[(measured.test == "tg") & (measured.model == "tiny-gpt-oss")]
+    assert swa.n_cpu_moe.min() == 0 and (swa.status == "ok").all()
     kv = pd.read_csv(wd / "results/tables/kv_check/ctx32768.csv")
     assert len(kv) and kv.within_1pct.all()
     record = json.loads((wd / f"results/bench/tiny-qwen3moe/ctx32768/ncmoe{n_min}.jsonl").read_text().splitlines()[0])
@@ -56,7 +62,7 @@ def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
     commit = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam"]
     subprocess.run(["git", "add", "-A"], cwd=wd, check=True)
     subprocess.run([*commit, "one"], cwd=wd, check=True)
-    run = snakemake(wd)
+    run = snakemake(wd, *TARGETS, "results/figures/ncmoe_1k.png")
     assert run.returncode == 0, run.stderr[-4000:]
     assert planned_jobs(wd) == {}  # a finished run reruns nothing
     (wd / "notes.txt").write_text("a new commit")
@@ -66,13 +72,16 @@ def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
     cfg["contexts"] = [1024, 2048]
     (wd / "config/config.yaml").write_text(yaml.safe_dump(cfg))
     plan = planned_jobs(wd)
-    assert plan["bench"] == 2  # only the new context's benchmarks
-    cfg["contexts"] = [1024]
+    assert plan["bench"] == 4  # only the new context's benchmarks (2 models x 2 n)
+    assert snakemake(wd, *TARGETS).returncode == 0
     cfg["bench"]["repetitions"] = 2
     (wd / "config/config.yaml").write_text(yaml.safe_dump(cfg))
-    assert planned_jobs(wd)["bench"] == 2  # repetitions changed: the benchmarks rerun
+    assert planned_jobs(wd)["bench"] == 8  # repetitions changed: every benchmark reruns
     report = subprocess.run(
-        [SNAKEMAKE, "--cores", "1", "--report", "results/report.html"], cwd=wd, capture_output=True, text=True
+        [SNAKEMAKE, "--cores", "1", "--report", "results/report.html", *TARGETS, "results/figures/ncmoe_1k.png"],
+        cwd=wd,
+        capture_output=True,
+        text=True,
     )
     assert report.returncode == 0, report.stderr[-2000:]
     assert "ncmoe_1k.png" in (wd / "results/report.html").read_text(errors="replace")

@@ -64,6 +64,28 @@ if config["bench"]["n_cpu_moe"] != "auto":
                 stop(
                     f"config bench.n_cpu_moe: {outside} exceed {name}'s {n_layer} layers; use values 0..{n_layer}."
                 )
+def remove_stale_locks():
+    """Locks left by a run that was killed (SIGKILL, power loss) would block the README command;
+    they are removed when no Snakemake process is alive in this directory."""
+    import shutil
+
+    locks = Path(".snakemake/locks")
+    if not locks.is_dir() or not any(locks.iterdir()):
+        return
+    here = os.getcwd()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) in (os.getpid(), os.getppid()):
+            continue
+        try:
+            alive = b"snakemake" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            if alive and os.readlink(f"/proc/{pid}/cwd") == here:
+                return
+        except OSError:
+            continue
+    shutil.rmtree(locks)
+
+
+remove_stale_locks()
 for folder in ("results", "logs", "resources"):
     if Path(folder).exists() and not os.access(folder, os.W_OK):
         stop(
@@ -164,21 +186,13 @@ def sweep_values(model, ctx):
     import pandas as pd
     from moeplace.bench import auto_sweep
 
-    budget_csv = checkpoints.budget.get(model=model).output[0]
+    if config["bench"]["n_cpu_moe"] != "auto":  # checked against the layer count at start-up
+        return sorted(set(config["bench"]["n_cpu_moe"]))
+    rows = pd.read_csv(checkpoints.budget.get(model=model).output[0]).query("ctx == @ctx")
+    if rows.empty:  # a dry run against a budget table from before this context was added
+        return []
     with open(f"results/metadata/{model}.json") as f:
         n_layer = json.load(f)["n_layer"]
-    if config["bench"]["n_cpu_moe"] != "auto":
-        outside = sorted(n for n in set(config["bench"]["n_cpu_moe"]) if n > n_layer)
-        if outside:
-            stop(
-                f"config bench.n_cpu_moe: {outside} exceed {model}'s {n_layer} layers; use values 0..{n_layer}."
-            )
-        return sorted(set(config["bench"]["n_cpu_moe"]))
-    rows = pd.read_csv(budget_csv).query("ctx == @ctx")
-    if (
-        rows.empty
-    ):  # a dry run against a budget table from before this context was added
-        return []
     row = rows.iloc[0]
     return auto_sweep(int(row.n_cpu_moe) if row.status == "ok" else None, n_layer)
 

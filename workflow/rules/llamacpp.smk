@@ -5,7 +5,6 @@ rule llamacpp:
         "logs/llamacpp/llamacpp.log",
     conda:
         "../../environment.yml"
-    threads: workflow.cores
     params:
         llamacpp=config["llamacpp"],
     script:
