@@ -12,6 +12,15 @@ from gguf import GGUFWriter
 from moeplace.gguf_file import tensor_nbytes
 
 ROOT = Path(__file__).resolve().parents[1]
+# The seed's Qwen3-Coder-30B-A3B at Q4_K_M on its 16 GB card (seed 000 §5.3, §5.7).
+SEED_CONSTANTS = {
+    "layers": 48,
+    "expert": "17.41GB",
+    "non_expert": "0.89GB",
+    "kv_bytes_per_token": 98304,
+    "n_expert": 128,
+    "n_expert_used": 8,
+}
 
 
 def write_gguf(

@@ -24,3 +24,12 @@ def manifest() -> dict:
 def rpc_servers() -> int:
     """How many emulated-device servers are running (a job must never leave one behind)."""
     return len(subprocess.run(["pgrep", "-f", "ggml-rpc-server -H 127.0.0.1"], capture_output=True).stdout.split())
+
+
+def tiny_twin(folder: Path, spec: Path = ROOT / "config/models/tiny-qwen3moe.yaml") -> Path:
+    """A random-weight Q4_K_M twin made with the pinned llama-quantize."""
+    from moeplace.twin import load_spec, make_twin
+
+    return make_twin(
+        load_spec(spec), folder / f"{spec.stem}.gguf", "random", "Q4_K_M", 0, manifest(), folder / "quantize.log"
+    )

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from llamacpp_helpers import manifest, rpc_servers
+from llamacpp_helpers import manifest, rpc_servers, tiny_twin
 
 from moeplace.aggregate import kv_check_table
 from moeplace.bench import BenchSettings, DeviceSetup, run_bench
 from moeplace.metadata import inspect_model
-from moeplace.twin import load_spec, make_twin
+from moeplace.twin import load_spec
 
 pytestmark = pytest.mark.llamacpp
 SPECS = {
@@ -26,12 +26,7 @@ QUICK = BenchSettings(prompt=16, gen=4, repetitions=1, threads=2, timeout_s=300)
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("twins")
-    return {
-        arch: make_twin(
-            load_spec(spec), folder / f"{arch}.gguf", "random", "Q4_K_M", 0, manifest(), folder / "quantize.log"
-        )
-        for arch, spec in SPECS.items()
-    }
+    return {arch: tiny_twin(folder, spec) for arch, spec in SPECS.items()}
 
 
 def bench(path: Path, tmp_path: Path, ctx: int, cap: int, n: int = 0, settings: BenchSettings = QUICK) -> list[dict]:

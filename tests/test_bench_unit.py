@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+from conftest import SEED_CONSTANTS
 
 from moeplace.aggregate import compare_table, knee, measured_table
 from moeplace.bench import auto_sweep, classify_failure, parse_log
@@ -47,20 +48,7 @@ def test_failures_are_classified():
 
 
 def test_knee_of_the_seed_prediction():
-    table = predict_table(
-        from_constants(
-            "seed",
-            {
-                "layers": 48,
-                "expert": "17.41GB",
-                "non_expert": "0.89GB",
-                "kv_bytes_per_token": 98304,
-                "n_expert": 128,
-                "n_expert_used": 8,
-            },
-        ),
-        Bandwidths(640, 57.6),
-    )
+    table = predict_table(from_constants("seed", SEED_CONSTANTS), Bandwidths(640, 57.6))
     feasible = table[table.n_cpu_moe >= 18]
     assert knee(feasible.n_cpu_moe.tolist(), feasible.tok_s.tolist()) == 30  # checked by hand: 1 - x - y peaks there
     assert knee([0, 1], [2.0, 1.0]) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, write_gguf
+from conftest import ROOT, SEED_CONSTANTS, write_gguf
 from gguf import GGMLQuantizationType as Q
 
 from moeplace.budget import DOES_NOT_FIT, Device, budget_table
@@ -16,14 +16,6 @@ from moeplace.predict import Bandwidths, predict_table
 from moeplace.twin import load_spec, write_twin
 from moeplace.units import GB, parse_size
 
-SEED_CONSTANTS = {
-    "layers": 48,
-    "expert": "17.41GB",
-    "non_expert": "0.89GB",
-    "kv_bytes_per_token": 98304,
-    "n_expert": 128,
-    "n_expert_used": 8,
-}
 SEED_TOK_S = {0: 323, 8: 168, 16: 113, 18: 105, 24: 86, 32: 69, 48: 49}
 
 

@@ -69,21 +69,12 @@ def test_delta_interval_is_welch():
 
 @pytest.mark.llamacpp
 def test_every_variant_is_placed_as_intended_by_llamacpp(tmp_path):
-    from llamacpp_helpers import manifest
+    from llamacpp_helpers import manifest, tiny_twin
 
     from moeplace.bench import BenchSettings, DeviceSetup
     from moeplace.placement import VARIANTS
-    from moeplace.twin import make_twin
 
-    path = make_twin(
-        load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"),
-        tmp_path / "m.gguf",
-        "random",
-        "Q4_K_M",
-        0,
-        manifest(),
-        tmp_path / "q.log",
-    )
+    path = tiny_twin(tmp_path)
     meta = inspect_model(path)
     for variant in VARIANTS:
         records = run_variant(

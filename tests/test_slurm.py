@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 
 import pandas as pd
 import pytest
@@ -23,12 +24,17 @@ TARGET = "results/figures/ncmoe_1k.png"
 STABLE = ["model", "ctx", "n_cpu_moe", "variant", "test", "status", "samples", "device", "threads", "repetitions"]
 
 
-def test_pipeline_runs_through_slurm_like_at_home(tmp_path):
+@pytest.fixture(scope="module")
+def cluster_env(tmp_path_factory):
     ensure_installed()
-    local = workflow_copy(tmp_path / "local", CFG)
-    assert snakemake(local, TARGET).returncode == 0
+    root = tmp_path_factory.mktemp("slurm")
+    with one_node_cluster(root) as env:
+        yield env, root
 
-    cluster = workflow_copy(tmp_path / "cluster", CFG)
+
+def cluster_copy(dest, cfg):
+    """A workflow copy whose SLURM profile fits the one CPU-only test node."""
+    cluster = workflow_copy(dest, cfg)
     profile = yaml.safe_load((ROOT / "profiles/slurm/config.v9+.yaml").read_text())
     profile["default-resources"]["slurm_partition"] = "main"
     for rule in profile["set-resources"].values():  # the test node has no GPU and 2 cores
@@ -45,18 +51,26 @@ def test_pipeline_runs_through_slurm_like_at_home(tmp_path):
         },
     )
     (cluster / "profiles/slurm/config.v9+.yaml").write_text(yaml.safe_dump(profile))
-    with one_node_cluster(tmp_path / "slurm") as env:
-        run = subprocess.run(
-            [SNAKEMAKE, "--workflow-profile", "profiles/slurm", TARGET],
-            cwd=cluster,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=3000,
-        )
-        assert run.returncode == 0, run.stderr[-4000:]
-        submitted = re.findall(r"sched: Allocate JobId=\d+", (tmp_path / "slurm/slurmctld.log").read_text())
-        completed = (tmp_path / "slurm/jobcomp.log").read_text()
+    return cluster
+
+
+def on_cluster(cluster, env, *, wait: bool = True):
+    cmd = [SNAKEMAKE, "--workflow-profile", "profiles/slurm", TARGET]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=cluster, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.run(cmd, cwd=cluster, env=env, capture_output=True, text=True, timeout=3000)
+
+
+def test_pipeline_runs_through_slurm_like_at_home(tmp_path, cluster_env):
+    env, root = cluster_env
+    local = workflow_copy(tmp_path / "local", CFG)
+    assert snakemake(local, TARGET).returncode == 0
+    cluster = cluster_copy(tmp_path / "cluster", CFG)
+    before = len(re.findall(r"sched: Allocate JobId=\d+", (root / "slurmctld.log").read_text()))
+    run = on_cluster(cluster, env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    submitted = re.findall(r"sched: Allocate JobId=\d+", (root / "slurmctld.log").read_text())[before:]
+    completed = (root / "jobcomp.log").read_text()
     # llamacpp, twin and three bench jobs went through the cluster; the cheap rules stayed local.
     assert len(submitted) >= 5, submitted
     assert completed.count("JobState=COMPLETED") >= 5
@@ -64,3 +78,31 @@ def test_pipeline_runs_through_slurm_like_at_home(tmp_path):
     there = pd.read_csv(cluster / "results/tables/measured/ctx1024.csv")[STABLE]
     assert here.equals(there)
     assert (cluster / TARGET).exists()
+
+
+def test_a_job_killed_by_slurm_leaves_nothing_and_reruns(tmp_path, cluster_env):
+    env, _ = cluster_env
+    cfg = {**CFG, "bench": {**CFG["bench"], "repetitions": 5, "n_cpu_moe": [0, 8]}}
+    cluster = cluster_copy(tmp_path / "cluster", cfg)
+    proc = on_cluster(cluster, env, wait=False)
+    deadline = time.monotonic() + 600
+    killed = None
+    while killed is None and time.monotonic() < deadline and proc.poll() is None:
+        queue = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i %k"], env=env, capture_output=True, text=True)
+        for line in queue.stdout.splitlines():
+            job, comment = line.split(" ", 1)
+            if "bench" in comment:
+                time.sleep(3)  # into the measurement
+                subprocess.run(["scancel", job], env=env, check=True)
+                killed = comment
+                break
+        time.sleep(0.5)
+    assert killed, "no bench job was seen running"
+    proc.wait(timeout=1200)
+    assert proc.returncode != 0  # the cancelled job failed the run (the others went on: keep-going)
+    assert not list((cluster / "results").rglob("*.tmp")), "a partial output survived"
+    outputs = list((cluster / "results/bench").rglob("*.jsonl"))
+    assert len(outputs) == 1  # the job SLURM killed left nothing; the other finished
+    rerun = on_cluster(cluster, env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert len(list((cluster / "results/bench").rglob("*.jsonl"))) == 2

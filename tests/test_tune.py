@@ -41,23 +41,14 @@ def test_a_collapse_next_to_a_feasible_neighbour_is_a_silent_spill():
 def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     """On the emulated capped device: every n probed vs the tuner's search from the budget's prediction."""
     from conftest import ROOT
-    from llamacpp_helpers import manifest
+    from llamacpp_helpers import manifest, tiny_twin
 
     from moeplace.bench import DeviceSetup, run_bench
     from moeplace.budget import Device, plan
     from moeplace.metadata import inspect_model
     from moeplace.tune import PROBE_TOKENS, probe_settings, tune
-    from moeplace.twin import load_spec, make_twin
 
-    path = make_twin(
-        load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"),
-        tmp_path / "m.gguf",
-        "random",
-        "Q4_K_M",
-        0,
-        manifest(),
-        tmp_path / "q.log",
-    )
+    path = tiny_twin(tmp_path)
     meta = inspect_model(path)
     ctx, cap = 8192, 50 * 10**6  # holds the 8K context and about half the experts
     device = DeviceSetup("emulated", "test device", cap)

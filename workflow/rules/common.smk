@@ -6,6 +6,7 @@ from moeplace.config import validate_config
 from moeplace.errors import MoeplaceError
 from moeplace.gguf_file import shard_paths
 from moeplace.kvcache import CACHE_TYPES
+from moeplace.outputs import remove_stale_locks
 from moeplace.placement import VARIANTS
 
 
@@ -64,28 +65,7 @@ if config["bench"]["n_cpu_moe"] != "auto":
                 stop(
                     f"config bench.n_cpu_moe: {outside} exceed {name}'s {n_layer} layers; use values 0..{n_layer}."
                 )
-def remove_stale_locks():
-    """Locks left by a run that was killed (SIGKILL, power loss) would block the README command;
-    they are removed when no Snakemake process is alive in this directory."""
-    import shutil
-
-    locks = Path(".snakemake/locks")
-    if not locks.is_dir() or not any(locks.iterdir()):
-        return
-    here = os.getcwd()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) in (os.getpid(), os.getppid()):
-            continue
-        try:
-            alive = b"snakemake" in Path(f"/proc/{pid}/cmdline").read_bytes()
-            if alive and os.readlink(f"/proc/{pid}/cwd") == here:
-                return
-        except OSError:
-            continue
-    shutil.rmtree(locks)
-
-
-remove_stale_locks()
+remove_stale_locks(Path.cwd())
 for folder in ("results", "logs", "resources"):
     if Path(folder).exists() and not os.access(folder, os.W_OK):
         stop(
