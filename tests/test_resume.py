@@ -17,6 +17,7 @@ from workflow_helpers import SNAKEMAKE, snakemake, workflow_copy
 pytestmark = pytest.mark.llamacpp
 CFG = {
     **yaml.safe_load((ROOT / "config/config.yaml").read_text()),
+    "models": {"tiny-qwen3moe": {"twin": "config/models/tiny-qwen3moe.yaml"}},
     "contexts": [4096],
     "bench": {"prompt": 64, "gen": 16, "repetitions": 3, "n_cpu_moe": [0, 2, 4, 6, 8]},
 }
@@ -42,6 +43,9 @@ def test_sigkill_mid_sweep_then_rerun(tmp_path):
     while time.monotonic() < deadline and len(list(bench_dir.glob("*.jsonl"))) < 2:
         assert proc.poll() is None, "snakemake ended before the kill"
         time.sleep(0.2)
+    # A job is finished once Snakemake has recorded it, a moment after its output appears; each
+    # job here runs for seconds, so this lands the kill in the middle of the next one.
+    time.sleep(1.0)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     done = {p.name: p.stat().st_mtime_ns for p in bench_dir.glob("*.jsonl")}

@@ -166,10 +166,16 @@ def sweep_values(model, ctx):
     import pandas as pd
     from moeplace.bench import auto_sweep
 
-    if config["bench"]["n_cpu_moe"] != "auto":  # checked against the layer count at start-up
+    if (
+        config["bench"]["n_cpu_moe"] != "auto"
+    ):  # checked against the layer count at start-up
         return sorted(set(config["bench"]["n_cpu_moe"]))
-    rows = pd.read_csv(checkpoints.budget.get(model=model).output[0]).query("ctx == @ctx")
-    if rows.empty:  # a dry run against a budget table from before this context was added
+    rows = pd.read_csv(checkpoints.budget.get(model=model).output[0]).query(
+        "ctx == @ctx"
+    )
+    if (
+        rows.empty
+    ):  # a dry run against a budget table from before this context was added
         return []
     with open(f"results/metadata/{model}.json") as f:
         n_layer = json.load(f)["n_layer"]
