@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -266,7 +266,7 @@ def run_bench(
     with (
         rpc_device(manifest, device.cap_bytes, settings.threads, log_path)
         if device.kind == "emulated"
-        else _no_device() as rpc
+        else nullcontext() as rpc
     ):
         cmd = bench_command(manifest, model_path, depth, n_cpu_moe, settings, rpc, overrides)
         log.info("$ %s", " ".join(cmd))
@@ -356,11 +356,6 @@ def run_bench(
             )
     log.info("n_cpu_moe=%d ctx=%d: %s", n_cpu_moe, ctx, ", ".join(f"{r['test']} {r['status']}" for r in records))
     return records
-
-
-@contextmanager
-def _no_device() -> Iterator[None]:
-    yield None
 
 
 def auto_sweep(n_min: int | None, n_layer: int, points_above: int = 6) -> list[int]:
