@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 
@@ -66,14 +65,13 @@ def test_pipeline_runs_through_slurm_like_at_home(tmp_path, cluster_env):
     local = workflow_copy(tmp_path / "local", CFG)
     assert snakemake(local, TARGET).returncode == 0
     cluster = cluster_copy(tmp_path / "cluster", CFG)
-    before = len(re.findall(r"sched: Allocate JobId=\d+", (root / "slurmctld.log").read_text()))
+    jobcomp = root / "jobcomp.log"  # one line per finished job, however the scheduler started it
+    before = jobcomp.read_text().count("\n") if jobcomp.exists() else 0
     run = on_cluster(cluster, env)
     assert run.returncode == 0, run.stderr[-4000:]
-    submitted = re.findall(r"sched: Allocate JobId=\d+", (root / "slurmctld.log").read_text())[before:]
-    completed = (root / "jobcomp.log").read_text()
+    finished = jobcomp.read_text().splitlines()[before:]
     # llamacpp, twin and three bench jobs went through the cluster; the cheap rules stayed local.
-    assert len(submitted) >= 5, submitted
-    assert completed.count("JobState=COMPLETED") >= 5
+    assert sum("JobState=COMPLETED" in line for line in finished) >= 5, finished
     here = pd.read_csv(local / "results/tables/measured/ctx1024.csv")[STABLE]
     there = pd.read_csv(cluster / "results/tables/measured/ctx1024.csv")[STABLE]
     assert here.equals(there)
