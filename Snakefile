@@ -17,6 +17,7 @@ include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/tune.smk"
 include: "workflow/rules/placement.smk"
+include: "workflow/rules/ceilings.smk"
 
 
 report: "workflow/report/workflow.rst"

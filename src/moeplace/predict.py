@@ -1,8 +1,10 @@
 """Stage 'predict': decode speed for every --n-cpu-moe value from exact per-layer bytes (seed 000 §5.3).
 
-t_token(n) = V(n)/BW_vram + D(n)/BW_ddr, where D(n) is the active (top-k of E) share of the
-expert bytes of the first n layers, read from host RAM, and V(n) is everything else read per
-token: all non-expert bytes plus the active share of the resident layers' experts.
+t_token(n) = V(n)/BW_vram + D(n)/BW_ddr + S(n)/BW_disk, where D(n) is the active (top-k of E)
+share of the expert bytes of the first n layers, read from host RAM, V(n) is everything else read
+per token: all non-expert bytes plus the active share of the resident layers' experts, and S(n)
+is the part of D(n) that does not fit in the host RAM given (host.ram) and is paged from disk
+(seed 004). Without host.ram, S is 0.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from .errors import MoeplaceError
 from .units import GB
 
 
@@ -24,6 +27,8 @@ class Bandwidths:
     measured_vram_gbps: float | None = None
     measured_ddr_gbps: float | None = None
     eta: float | None = None
+    disk_gbps: float | None = None
+    ram_bytes: int | None = None  # host RAM for the CPU-side experts; None: they always fit
 
     @property
     def has_correction(self) -> bool:
@@ -44,8 +49,31 @@ def read_bytes(meta: dict[str, Any], n_cpu_moe: int) -> tuple[float, float]:
     return d, v
 
 
-def token_seconds(d: float, v: float, vram_gbps: float, ddr_gbps: float) -> float:
-    return v / (vram_gbps * GB) + d / (ddr_gbps * GB)
+def bytes_per_token(meta: dict[str, Any]) -> float:
+    """Weight bytes one decode step reads: every non-expert tensor but the embedding table (one row is
+    gathered, unless it doubles as the output matrix), plus the top-k of E share of the experts."""
+    embd = meta["global_bytes"].get("token_embd", 0) if meta["global_bytes"].get("output", 0) else 0
+    return meta["non_expert_bytes"] - embd + active_fraction(meta) * meta["expert_bytes"]
+
+
+def disk_share(meta: dict[str, Any], n_cpu_moe: int, ram_bytes: int | None) -> float:
+    """The fraction of the CPU-side experts that is not resident in `ram_bytes` (experts are read uniformly)."""
+    cpu_experts = sum(layer["expert_bytes"] for layer in meta["layers"][: max(n_cpu_moe, 0)])
+    if ram_bytes is None or cpu_experts <= ram_bytes:
+        return 0.0
+    return 1 - max(ram_bytes, 0) / cpu_experts
+
+
+def token_seconds(
+    d: float, v: float, vram_gbps: float, ddr_gbps: float, s: float = 0.0, disk_gbps: float | None = None
+) -> float:
+    """V from the device, D from RAM, S from disk (S is a part of the CPU side's reads)."""
+    t = v / (vram_gbps * GB) + (d - s) / (ddr_gbps * GB)
+    if s:
+        if not disk_gbps:
+            raise MoeplaceError("host.ram is smaller than the CPU-side experts: set host.bw_disk_gbps or measure it.")
+        t += s / (disk_gbps * GB)
+    return t
 
 
 def predict_table(meta: dict[str, Any], bw: Bandwidths) -> pd.DataFrame:
@@ -53,17 +81,19 @@ def predict_table(meta: dict[str, Any], bw: Bandwidths) -> pd.DataFrame:
     rows = []
     for n in range(meta["n_layer"] + 1):
         d, v = read_bytes(meta, n)
-        t = token_seconds(d, v, bw.vram_gbps, bw.ddr_gbps)
+        s = d * disk_share(meta, n, bw.ram_bytes)
+        t = token_seconds(d, v, bw.vram_gbps, bw.ddr_gbps, s, bw.disk_gbps)
         row = {
             "n_cpu_moe": n,
             "d_gb": d / GB,
             "v_gb": v / GB,
+            "s_gb": s / GB,
             "t_token_ms": t * 1e3,
             "tok_s": 1 / t,
         }
         if bw.has_correction:
-            t_c = token_seconds(d, v, bw.measured_vram_gbps or bw.vram_gbps, bw.measured_ddr_gbps or bw.ddr_gbps)
-            row["tok_s_corrected"] = (bw.eta or 1.0) / t_c
+            vram, ddr = bw.measured_vram_gbps or bw.vram_gbps, bw.measured_ddr_gbps or bw.ddr_gbps
+            row["tok_s_corrected"] = (bw.eta or 1.0) / token_seconds(d, v, vram, ddr, s, bw.disk_gbps)
         row["dense_tok_s"] = dense_tok_s
         row["moe_vs_dense"] = row["tok_s"] / dense_tok_s
         rows.append(row)
@@ -72,4 +102,18 @@ def predict_table(meta: dict[str, Any], bw: Bandwidths) -> pd.DataFrame:
 
 def predicted_tok_s(meta: dict[str, Any], bw: Bandwidths, n_cpu_moe: int) -> float:
     d, v = read_bytes(meta, n_cpu_moe)
-    return 1 / token_seconds(d, v, bw.vram_gbps, bw.ddr_gbps)
+    s = d * disk_share(meta, n_cpu_moe, bw.ram_bytes)
+    return 1 / token_seconds(d, v, bw.vram_gbps, bw.ddr_gbps, s, bw.disk_gbps)
+
+
+def ram_tier_tok_s(meta: dict[str, Any], weight_ram_bytes: int | None, ddr_gbps: float, disk_gbps: float) -> float:
+    """CPU-only decode with `weight_ram_bytes` of page cache for the weights (None: all of them).
+
+    Non-expert tensors are read every token, so they stay resident (or are locked); the experts
+    share what is left and miss uniformly: S = the active expert bytes times the missing share.
+    """
+    per_token = bytes_per_token(meta)
+    spare = None if weight_ram_bytes is None else weight_ram_bytes - meta["non_expert_bytes"]
+    missing = 0.0 if spare is None or meta["expert_bytes"] <= spare else 1 - max(spare, 0) / meta["expert_bytes"]
+    s = active_fraction(meta) * meta["expert_bytes"] * missing
+    return 1 / token_seconds(per_token, 0.0, 1.0, ddr_gbps, s, disk_gbps)

@@ -24,7 +24,7 @@ from .gguf_file import tensor_nbytes
 from .outputs import atomic_path
 
 Q = GGMLQuantizationType
-ARCHITECTURES = ("qwen3moe", "deepseek2", "gpt-oss")
+ARCHITECTURES = ("qwen3moe", "qwen3", "deepseek2", "gpt-oss")  # qwen3: dense, for the compute ceiling
 
 
 @dataclass
@@ -97,7 +97,7 @@ def _tensors(s: TwinSpec) -> list[tuple[str, tuple[int, ...]]]:
     for il in range(s.n_layer):
         b = f"blk.{il}."
         layer: list[tuple[str, tuple[int, ...]]] = [("attn_norm.weight", (E,))]
-        if s.architecture == "qwen3moe":
+        if s.architecture in ("qwen3moe", "qwen3"):
             hd = s.head_dim
             layer += [
                 ("attn_q.weight", (E, hd * s.n_head)),
@@ -107,9 +107,15 @@ def _tensors(s: TwinSpec) -> list[tuple[str, tuple[int, ...]]]:
                 ("attn_q_norm.weight", (hd,)),
                 ("attn_k_norm.weight", (hd,)),
                 ("ffn_norm.weight", (E,)),
-                ("ffn_gate_inp.weight", (E, X)),
-                *experts,
             ]
+            if s.architecture == "qwen3moe":
+                layer += [("ffn_gate_inp.weight", (E, X)), *experts]
+            else:
+                layer += [
+                    ("ffn_gate.weight", (E, s.n_ff)),
+                    ("ffn_up.weight", (E, s.n_ff)),
+                    ("ffn_down.weight", (s.n_ff, E)),
+                ]
         elif s.architecture == "deepseek2":
             k_mla = s.qk_nope_head_dim + s.qk_rope_head_dim
             layer += [
@@ -173,9 +179,10 @@ def _metadata(w: GGUFWriter, s: TwinSpec) -> None:
     w.add_uint32(f"{a}.attention.head_count", s.n_head)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_float32(f"{a}.rope.freq_base", s.rope_freq_base)
-    w.add_uint32(f"{a}.expert_count", s.n_expert)
-    w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
-    w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff_exp)
+    if s.n_expert:
+        w.add_uint32(f"{a}.expert_count", s.n_expert)
+        w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
+        w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff_exp)
     if a == "deepseek2":
         w.add_uint32(f"{a}.attention.head_count_kv", 1)
         w.add_uint32(f"{a}.attention.key_length", s.kv_lora_rank + s.qk_rope_head_dim)
@@ -298,6 +305,22 @@ def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int
     return out
 
 
+def quantize(llamacpp: dict[str, Any], f16: str | Path, out: str | Path, quant: str, log_file: str | Path) -> Path:
+    """llama-quantize an F16 twin to `quant` (its real recipe), written atomically."""
+    from .llamacpp import require_binary
+
+    out = Path(out)
+    with atomic_path(out) as tmp, open(log_file, "a") as log:
+        rc = subprocess.run(
+            [str(require_binary(llamacpp, "llama-quantize")), str(f16), str(tmp), quant],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        ).returncode
+        if rc != 0:
+            raise MoeplaceError(f"llama-quantize could not make a {quant} file from {f16} (exit {rc}); see {log_file}.")
+    return out
+
+
 def make_twin(
     spec: TwinSpec,
     out: str | Path,
@@ -310,20 +333,10 @@ def make_twin(
     """A twin as the pipeline needs it: sparse (weights none) or random F16 quantized by llama-quantize."""
     if weights == "none":
         return write_twin(spec, out, "none")
-    from .llamacpp import require_binary
-
     assert llamacpp is not None
-    quantize = require_binary(llamacpp, "llama-quantize")
     out = Path(out)
-    with atomic_path(out.with_name(out.name + ".f16")) as f16, atomic_path(out) as tmp:
+    with atomic_path(out.with_name(out.name + ".f16")) as f16:
         write_twin(spec, f16, "random", seed)
-        with open(log_file, "a") as log:
-            rc = subprocess.run(
-                [str(quantize), str(f16), str(tmp), quant], stdout=log, stderr=subprocess.STDOUT
-            ).returncode
-        if rc != 0:
-            raise MoeplaceError(
-                f"llama-quantize could not make a {quant} twin of {spec.name} (exit {rc}); see {log_file}."
-            )
+        quantize(llamacpp, f16, out, quant, log_file)
         f16.unlink()
     return out

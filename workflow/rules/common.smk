@@ -8,6 +8,7 @@ from moeplace.gguf_file import shard_paths
 from moeplace.kvcache import CACHE_TYPES
 from moeplace.outputs import remove_stale_locks
 from moeplace.placement import VARIANTS
+from moeplace.units import parse_size
 
 
 def stop(message):
@@ -87,28 +88,52 @@ def model_config(model):
     return config["models"][model]
 
 
-def get_model_gguf(wildcards):
+def model_files(model):
     """The GGUF file(s) a model is read from: the user's file (all shards) or its twin."""
-    m = model_config(wildcards.model)
+    m = model_config(model)
     if "gguf" in m:
         try:
             return [str(p) for p in shard_paths(Path(m["gguf"]))]
         except MoeplaceError as e:
-            stop(f"config models.{wildcards.model}.gguf: {e}")
+            stop(f"config models.{model}.gguf: {e}")
     if "twin" in m:
-        return [f"resources/models/{wildcards.model}.gguf"]
+        return [f"resources/models/{model}.gguf"]
     return []
 
 
+def get_model_gguf(wildcards):
+    return model_files(wildcards.model)
+
+
 def get_bandwidths():
+    """The configured bandwidths; the predict stage fills unset measured ones from ceilings.csv."""
     measured = config["measured"]
+    host = config["host"]
     return {
         "vram_gbps": config["device"]["bw_vram_gbps"],
-        "ddr_gbps": config["host"]["bw_ddr_gbps"],
+        "ddr_gbps": host["bw_ddr_gbps"],
         "measured_vram_gbps": measured.get("bw_vram_gbps"),
         "measured_ddr_gbps": measured.get("bw_ddr_gbps"),
         "eta": measured.get("eta"),
+        "disk_gbps": measured.get("bw_disk_gbps") or host.get("bw_disk_gbps"),
+        "ram_bytes": parse_size(host["ram"], "host.ram") if "ram" in host else None,
     }
+
+
+def get_predict_inputs(wildcards):
+    inputs = {"metadata": f"results/metadata/{wildcards.model}.json"}
+    if CEILINGS:
+        inputs["ceilings"] = "results/tables/ceilings.csv"
+    return inputs
+
+
+def get_ceilings_inputs(wildcards):
+    """Every benchmarked model's file and metadata, named per model."""
+    inputs = {}
+    for model in WEIGHT_MODELS:
+        inputs[f"model_{model}"] = model_files(model)
+        inputs[f"metadata_{model}"] = f"results/metadata/{model}.json"
+    return inputs
 
 
 def get_final_outputs():
@@ -125,6 +150,8 @@ def get_final_outputs():
         outputs += expand("results/figures/ncmoe_{label}.png", label=LABELS)
         outputs += ["results/tables/matrix.csv", "results/figures/matrix.png"]
         outputs += expand("results/figures/variants_{label}.png", label=LABELS)
+    if CEILINGS:
+        outputs.append("results/tables/ceilings.csv")
     return outputs
 
 
@@ -143,6 +170,11 @@ def context_label(ctx):
 
 LABELS = {context_label(c): c for c in config["contexts"]}
 BENCH_MODELS = [m for m in MODELS if "constants" not in model_config(m)]
+# Models whose weights llama.cpp can run: real files and random twins (not header-only twins).
+WEIGHT_MODELS = [
+    m for m in BENCH_MODELS if "gguf" in model_config(m) or model_config(m)["weights"] == "random"
+]
+CEILINGS = bool(config["ceilings"]["enabled"] and WEIGHT_MODELS)
 
 
 def get_bench_settings():

@@ -1,6 +1,6 @@
 rule predict:
     input:
-        metadata="results/metadata/{model}.json",
+        unpack(get_predict_inputs),
     output:
         "results/tables/predicted/{model}.csv",
     log:

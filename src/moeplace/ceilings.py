@@ -1,0 +1,227 @@
+"""Stage 'ceilings': what this host can do at most, measured (seed 004's hardware ceilings).
+
+- RAM read bandwidth with 1..T threads (native/membw.c), the ceiling of every CPU-side read;
+- the disk's sequential and random read throughput with O_DIRECT over the model file itself
+  (its own size class, never the whole disk), the ceiling once weights are paged from disk;
+- decode speed of a dense model (every weight read every token) and of each MoE model, all on
+  the CPU: tok/s x bytes read per token = effective GB/s. Compared with the RAM ceiling and the
+  1 -> T thread scaling it says whether decode is bandwidth- or compute-bound here;
+- on a GPU build, the dense model's decode fully on the device: a lower bound of its bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import random
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .bench import DeviceSetup, host_facts
+from .errors import MoeplaceError
+from .llamacpp import build_native, require_binary
+from .predict import bytes_per_token
+from .units import GB
+
+log = logging.getLogger("moeplace")
+
+# Decode is bandwidth-bound when it reaches this share of the RAM ceiling; compute-bound when it
+# stays below but more threads speed it up; otherwise per-token fixed costs (graph, thread sync)
+# set its pace, as for models so small that a token's weights are read in well under a millisecond.
+BANDWIDTH_BOUND_FRACTION = 0.8
+SCALING_FLOOR = 1.2
+COLUMNS = [
+    "ceiling",
+    "subject",
+    "threads",
+    "value",
+    "unit",
+    "effective_gbps",
+    "fraction_of_ram_read",
+    "thread_scaling",
+    "bound",
+    "detail",
+]
+
+
+def ram_read_gbps(log_file: Path, threads: int, nbytes: int, seconds: float) -> float:
+    tool = build_native("membw", log_file, shared=False)
+    out = subprocess.run(
+        [str(tool), str(threads), str(nbytes), str(seconds)], capture_output=True, text=True, timeout=seconds + 120
+    )
+    if out.returncode != 0:
+        raise MoeplaceError(f"the RAM bandwidth probe failed: {out.stderr.strip() or out.returncode}")
+    fields = dict(item.split("=", 1) for item in out.stdout.split())
+    return float(fields["gbps"])
+
+
+def disk_read_mbps(path: Path, *, block: int, random_order: bool, seconds: float, seed: int = 0) -> float | None:
+    """O_DIRECT reads of `path` in `block`-byte blocks for about `seconds`; None where O_DIRECT is refused."""
+    size = path.stat().st_size
+    blocks = size // block
+    if blocks == 0:
+        raise MoeplaceError(f"{path} is smaller than one {block}-byte block; cannot time reads of it.")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return None  # e.g. tmpfs, some overlay file systems
+    buffer = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT wants
+    order = random.Random(seed)
+    done = 0
+    try:
+        start = time.monotonic()
+        while True:
+            for i in range(blocks):
+                offset = (order.randrange(blocks) if random_order else i) * block
+                try:
+                    done += os.preadv(fd, [buffer], offset)
+                except OSError:
+                    return None  # this file system accepts O_DIRECT opens but not the reads
+                if time.monotonic() - start >= seconds:
+                    return done / (time.monotonic() - start) / 1e6
+    finally:
+        os.close(fd)
+        buffer.close()
+
+
+def decode_tok_s(
+    manifest: dict[str, Any], model: Path, threads: int, gen: int, repetitions: int, on_device: bool, log_file: Path
+) -> float:
+    """Decode speed (llama-bench tg) with every layer on the CPU, or all on the device."""
+    cmd = [str(require_binary(manifest, "llama-bench")), "-m", str(model), "-p", "0", "-n", str(gen)]
+    cmd += ["-r", str(repetitions), "-t", str(threads), "-ngl", "99" if on_device else "0", "-o", "jsonl"]
+    log.info("$ %s", " ".join(cmd))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    with log_file.open("a") as f:
+        f.write(out.stderr)
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not rows:
+        raise MoeplaceError(f"llama-bench could not decode {model.name} (exit {out.returncode}); see {log_file}.")
+    return float(rows[0]["avg_ts"])
+
+
+def bound(fraction: float, scaling: float | None) -> str:
+    """The verdict at the most threads; with one thread only, compute and overhead are not told apart."""
+    if fraction >= BANDWIDTH_BOUND_FRACTION:
+        return "bandwidth"
+    if scaling is None:
+        return "compute or overhead"
+    return "compute" if scaling >= SCALING_FLOOR else "overhead"
+
+
+def _decode_rows(
+    kind: str, name: str, speeds: dict[int, float], per_token: float, ram: dict[int, float], detail: str
+) -> list[dict[str, Any]]:
+    most = max(speeds)
+    scaling = speeds[most] / speeds[1] if most > 1 else None
+    verdict = bound(speeds[most] * per_token / GB / ram[most], scaling)
+    rows = []
+    for t, tok_s in speeds.items():
+        effective = tok_s * per_token / GB
+        rows.append(
+            {
+                "ceiling": kind,
+                "subject": name,
+                "threads": t,
+                "value": tok_s,
+                "unit": "tok/s",
+                "effective_gbps": effective,
+                "fraction_of_ram_read": effective / ram[t],
+                "thread_scaling": tok_s / speeds[1],
+                "bound": verdict,
+                "detail": f"{detail}; {per_token / 1e6:.1f} MB read per token",
+            }
+        )
+    return rows
+
+
+def measure_ceilings(
+    *,
+    manifest: dict[str, Any],
+    dense: tuple[Path, dict[str, Any]],
+    models: dict[str, tuple[Path, dict[str, Any]]],
+    device: DeviceSetup,
+    threads: int,
+    ram_bytes: int,
+    seconds: float,
+    random_block: int,
+    gen: int,
+    repetitions: int,
+    log_file: Path,
+) -> pd.DataFrame:
+    thread_counts = list(range(1, threads + 1))
+    ram = {t: ram_read_gbps(log_file, t, ram_bytes, seconds) for t in thread_counts}
+    log.info("RAM read GB/s by threads: %s", ram)
+    rows: list[dict[str, Any]] = [
+        {
+            "ceiling": "ram_read",
+            "subject": "host RAM",
+            "threads": t,
+            "value": gbps,
+            "unit": "GB/s",
+            "detail": f"membw: {t} thread(s) summing {ram_bytes / 2**20:.0f} MiB for {seconds:g} s",
+        }
+        for t, gbps in ram.items()
+    ]
+    disk_file = max((path for path, _ in models.values()), key=lambda p: p.stat().st_size, default=dense[0])
+    for name, block, random_order in (("disk_seq_read", 2**20, False), ("disk_random_read", random_block, True)):
+        mbps = disk_read_mbps(disk_file, block=block, random_order=random_order, seconds=seconds)
+        order = "random" if random_order else "sequential"
+        rows.append(
+            {
+                "ceiling": name,
+                "subject": str(disk_file),
+                "value": mbps,
+                "unit": "MB/s",
+                "detail": f"O_DIRECT {order} {block // 1024} KiB reads of the model file "
+                f"({disk_file.stat().st_size / 1e6:.0f} MB)"
+                + ("" if mbps is not None else "; this file system refuses O_DIRECT, not measured"),
+            }
+        )
+    dense_path, dense_meta = dense
+    per_token = bytes_per_token(dense_meta)
+    speeds = {t: decode_tok_s(manifest, dense_path, t, gen, repetitions, False, log_file) for t in thread_counts}
+    rows += _decode_rows("dense_decode", dense_meta["name"], speeds, per_token, ram, "dense model, all on the CPU")
+    for name, (path, meta) in models.items():
+        speeds = {t: decode_tok_s(manifest, path, t, gen, repetitions, False, log_file) for t in thread_counts}
+        rows += _decode_rows("moe_decode", name, speeds, bytes_per_token(meta), ram, "MoE model, all on the CPU")
+    if device.kind == "gpu":
+        tok_s = decode_tok_s(manifest, dense_path, threads, gen, repetitions, True, log_file)
+        rows.append(
+            {
+                "ceiling": "device_decode",
+                "subject": device.label,
+                "threads": threads,
+                "value": tok_s,
+                "unit": "tok/s",
+                "effective_gbps": tok_s * per_token / GB,
+                "detail": "dense model all on the device: its effective GB/s is a lower bound of the card's bandwidth",
+            }
+        )
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table["host"] = host_facts()["host"]
+    return table
+
+
+def measured_bandwidths(ceilings: pd.DataFrame) -> dict[str, float]:
+    """What the corrected prediction uses: the RAM ceiling at the most threads, the device's when
+    measured (a GPU), else the RAM's (the emulated device's memory is this host's RAM), the disk's."""
+    ram = ceilings[ceilings.ceiling == "ram_read"].sort_values("threads")
+    out: dict[str, float] = {}
+    if not ram.empty:
+        out["bw_ddr_gbps"] = float(ram.value.iloc[-1])
+    device = ceilings[ceilings.ceiling == "device_decode"]
+    if not device.empty:
+        out["bw_vram_gbps"] = float(device.effective_gbps.iloc[0])
+    elif "bw_ddr_gbps" in out:
+        out["bw_vram_gbps"] = out["bw_ddr_gbps"]
+    disk = ceilings[ceilings.ceiling == "disk_random_read"].value.dropna()
+    if not disk.empty:
+        out["bw_disk_gbps"] = float(disk.iloc[0]) / 1e3
+    return out

@@ -1,0 +1,67 @@
+"""Measured ceilings and the disk term of the prediction (seed 004)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from conftest import SEED_CONSTANTS
+
+from moeplace.ceilings import bound, disk_read_mbps, measured_bandwidths, ram_read_gbps
+from moeplace.metadata import from_constants
+from moeplace.predict import Bandwidths, bytes_per_token, predict_table, ram_tier_tok_s
+from moeplace.units import GB
+
+SEED = from_constants("seed", SEED_CONSTANTS)
+
+
+def test_boundness_verdicts():
+    assert bound(0.9, 1.0) == "bandwidth"  # at the RAM ceiling, whatever the scaling
+    assert bound(0.55, 1.7) == "compute"  # seed 004's 2-core box: half the ceiling, cores help
+    assert bound(0.4, 0.95) == "overhead"  # neither: fixed per-token costs
+    assert bound(0.5, None) == "compute or overhead"
+
+
+def test_measured_bandwidths_fill_the_corrected_column():
+    table = pd.DataFrame(
+        [
+            {"ceiling": "ram_read", "threads": 1, "value": 12.0},
+            {"ceiling": "ram_read", "threads": 2, "value": 20.0},
+            {"ceiling": "disk_random_read", "threads": None, "value": 150.0},
+        ]
+    )
+    # No GPU measured: the emulated device's memory is host RAM.
+    assert measured_bandwidths(table) == {"bw_ddr_gbps": 20.0, "bw_vram_gbps": 20.0, "bw_disk_gbps": 0.15}
+    gpu = pd.concat([table, pd.DataFrame([{"ceiling": "device_decode", "effective_gbps": 500.0}])])
+    assert measured_bandwidths(gpu)["bw_vram_gbps"] == 500.0
+
+
+def test_disk_term_pages_what_ram_cannot_hold():
+    # 8 GB of RAM for the CPU-side experts; at n=48 they are 17.41 GB: 54% is read from disk.
+    bw = Bandwidths(640, 57.6, disk_gbps=0.15, ram_bytes=8 * GB)
+    table = predict_table(SEED, bw).set_index("n_cpu_moe")
+    d = 17.41 * 8 / 128
+    missing = 1 - 8 / 17.41
+    assert table.loc[48, "s_gb"] == pytest.approx(d * missing, rel=1e-6)
+    expected = 1 / (0.89 / 640 + d * (1 - missing) / 57.6 + d * missing / 0.15)
+    assert table.loc[48, "tok_s"] == pytest.approx(expected, rel=1e-6)
+    assert table.loc[12, "s_gb"] == 0  # 12 layers' experts (4.35 GB) fit in 8 GB
+    assert (predict_table(SEED, Bandwidths(640, 57.6)).s_gb == 0).all()
+
+
+def test_ram_tier_prediction():
+    per_token = bytes_per_token(SEED)
+    assert per_token == pytest.approx(0.89e9 + 17.41e9 / 16)
+    assert ram_tier_tok_s(SEED, None, 20, 0.15) == pytest.approx(20e9 / per_token)
+    # Half the experts resident: half the active expert bytes come from disk.
+    half = int(0.89e9 + 17.41e9 / 2)
+    s = 17.41e9 / 16 / 2
+    assert ram_tier_tok_s(SEED, half, 20, 0.15) == pytest.approx(1 / ((per_token - s) / 20e9 + s / 0.15e9))
+
+
+def test_ram_probe_and_disk_reads(tmp_path):
+    assert ram_read_gbps(tmp_path / "probe.log", 1, 64 * 2**20, 0.2) > 0.5
+    f = tmp_path / "file.bin"
+    f.write_bytes(b"\1" * (4 * 2**20))
+    for random_order in (False, True):
+        mbps = disk_read_mbps(f, block=2**17, random_order=random_order, seconds=0.1)
+        assert mbps is None or mbps > 1  # None: this file system refuses O_DIRECT
