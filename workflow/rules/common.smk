@@ -79,6 +79,7 @@ wildcard_constraints:
     ctx=r"\d+",
     variant="|".join(VARIANTS),
     kv="|".join(CACHE_TYPES),
+    quant="[A-Za-z0-9_]+",
 
 
 MODELS = list(config["models"])
@@ -152,6 +153,9 @@ def get_final_outputs():
         outputs += expand("results/figures/variants_{label}.png", label=LABELS)
     if CEILINGS:
         outputs.append("results/tables/ceilings.csv")
+    if ROUTING_MODELS:
+        outputs.append("results/tables/routing.csv")
+        outputs += expand("results/figures/routing_{model}.png", model=ROUTING_MODELS)
     return outputs
 
 
@@ -160,6 +164,7 @@ def get_twin_inputs(wildcards):
     inputs = {"spec": m["twin"]}
     if m["weights"] == "random":
         inputs["llamacpp"] = "resources/llamacpp/llamacpp.json"
+        inputs["f16"] = f"resources/f16/{wildcards.model}.gguf"
     return inputs
 
 
@@ -172,9 +177,19 @@ LABELS = {context_label(c): c for c in config["contexts"]}
 BENCH_MODELS = [m for m in MODELS if "constants" not in model_config(m)]
 # Models whose weights llama.cpp can run: real files and random twins (not header-only twins).
 WEIGHT_MODELS = [
-    m for m in BENCH_MODELS if "gguf" in model_config(m) or model_config(m)["weights"] == "random"
+    m
+    for m in BENCH_MODELS
+    if "gguf" in model_config(m) or model_config(m)["weights"] == "random"
 ]
 CEILINGS = bool(config["ceilings"]["enabled"] and WEIGHT_MODELS)
+ROUTING_MODELS = WEIGHT_MODELS if config["routing"]["enabled"] else []
+
+
+def get_tools_manifest():
+    """The build our own tools link against: the pinned one (a user's bin_dir has no libraries)."""
+    if config["llamacpp"]["bin_dir"]:
+        return "resources/llamacpp/pinned.json"
+    return "resources/llamacpp/llamacpp.json"
 
 
 def get_bench_settings():

@@ -9,3 +9,13 @@ rule llamacpp:
         llamacpp=config["llamacpp"],
     script:
         "../scripts/llamacpp.py"
+
+
+# Our own tools (the routing tracer) link against the pinned source, whatever build benchmarks run on.
+use rule llamacpp as llamacpp_pinned with:
+    output:
+        "resources/llamacpp/pinned.json",
+    log:
+        "logs/llamacpp/pinned.log",
+    params:
+        llamacpp={**config["llamacpp"], "bin_dir": None},

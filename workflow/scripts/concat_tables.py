@@ -1,11 +1,11 @@
-"""Stage 'aggregate' (all contexts): the per-context tables -> results/tables/{measured,compare,kv_check}.csv."""
+"""Concatenate per-part tables: each named output is the rows of the input of the same name."""
 
 import pandas as pd
 
 from moeplace.outputs import stage, write_csv
 
 with stage(snakemake.log[0]) as log:
-    for name in ("measured", "compare", "kv_check"):
+    for name in snakemake.output.keys():
         parts = [pd.read_csv(path) for path in snakemake.input[name]]
         table = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else parts[0]
         write_csv(snakemake.output[name], table)

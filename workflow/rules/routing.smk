@@ -1,0 +1,41 @@
+rule routing:
+    input:
+        model=get_model_gguf,
+        llamacpp=get_tools_manifest(),
+        prompt=config["routing"]["prompt"],
+    output:
+        trace="results/routing/{model}.npz",
+        table="results/tables/routing/{model}.csv",
+        figure=report(
+            "results/figures/routing_{model}.png",
+            caption="../report/routing.rst",
+            category="Routing",
+        ),
+    log:
+        "logs/routing/{model}.log",
+    conda:
+        "../../environment.yml"
+    threads: config["bench"]["threads"]
+    params:
+        gen=config["routing"]["gen"],
+        timeout_s=config["routing"]["timeout_s"],
+        twin=lambda wildcards: "twin" in model_config(wildcards.model),
+    script:
+        "../scripts/routing.py"
+
+
+rule routing_table:
+    input:
+        routing=expand("results/tables/routing/{model}.csv", model=ROUTING_MODELS),
+    output:
+        routing=report(
+            "results/tables/routing.csv",
+            caption="../report/routing_table.rst",
+            category="Routing",
+        ),
+    log:
+        "logs/routing/all.log",
+    conda:
+        "../../environment.yml"
+    script:
+        "../scripts/concat_tables.py"

@@ -1,0 +1,26 @@
+"""Stage 'routing': per-token top-k expert ids from llama.cpp's graph -> npz, per-layer table, figure."""
+
+from pathlib import Path
+
+from moeplace.outputs import read_json, stage, write_csv
+from moeplace.routing import plot_routing, routing_table, save_trace, trace_routing
+
+with stage(snakemake.log[0]) as log:
+    i, o, p, w = snakemake.input, snakemake.output, snakemake.params, snakemake.wildcards
+    trace = trace_routing(
+        read_json(i.llamacpp),
+        i.model[0],
+        Path(i.prompt).read_text(),
+        p.gen,
+        snakemake.threads,
+        Path(snakemake.log[0]),
+        p.timeout_s,
+    )
+    table = routing_table(trace).assign(model=w.model)
+    log.info("routed %d tokens through %d layers", trace.ids.shape[0], len(trace.layers))
+    title = f"Expert routing of {w.model}"
+    if p.twin:
+        title += " (random-weight twin: not the trained model's routing)"
+    save_trace(trace, o.trace)
+    write_csv(o.table, table)
+    plot_routing(trace, table, o.figure, title)
