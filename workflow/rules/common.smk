@@ -6,6 +6,7 @@ from moeplace.config import validate_config
 from moeplace.errors import MoeplaceError
 from moeplace.gguf_file import shard_paths
 from moeplace.kvcache import CACHE_TYPES
+from moeplace.llamacpp import LAYOUT as LLAMACPP_CACHE_LAYOUT
 from moeplace.outputs import remove_stale_locks
 from moeplace.placement import VARIANTS
 from moeplace.units import parse_size

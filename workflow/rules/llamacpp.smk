@@ -7,6 +7,7 @@ rule llamacpp:
         "../../environment.yml"
     params:
         llamacpp=config["llamacpp"],
+        cache_layout=LLAMACPP_CACHE_LAYOUT,  # a new layout of the cached build makes a new manifest
     script:
         "../scripts/llamacpp.py"
 
