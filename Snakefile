@@ -19,6 +19,8 @@ include: "workflow/rules/tune.smk"
 include: "workflow/rules/placement.smk"
 include: "workflow/rules/ceilings.smk"
 include: "workflow/rules/routing.smk"
+include: "workflow/rules/ram_tier.smk"
+include: "workflow/rules/quants.smk"
 
 
 report: "workflow/report/workflow.rst"
@@ -37,6 +39,7 @@ localrules:
     placement,
     figure_variants,
     routing_table,
+    ram_tier_table,
 
 
 rule all:

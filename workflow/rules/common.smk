@@ -154,6 +154,14 @@ def get_final_outputs():
         outputs += expand("results/figures/variants_{label}.png", label=LABELS)
     if CEILINGS:
         outputs.append("results/tables/ceilings.csv")
+    if RAM_TIER_MODELS:
+        outputs.append("results/tables/ram_tier.csv")
+        outputs += expand("results/figures/ram_tier_{model}.png", model=RAM_TIER_MODELS)
+    if QUANTS:
+        outputs += [
+            "results/tables/quants.csv",
+            f"results/figures/quants_{QUANTS_MODEL}.png",
+        ]
     if ROUTING_MODELS:
         outputs.append("results/tables/routing.csv")
         outputs += expand("results/figures/routing_{model}.png", model=ROUTING_MODELS)
@@ -184,6 +192,33 @@ WEIGHT_MODELS = [
 ]
 CEILINGS = bool(config["ceilings"]["enabled"] and WEIGHT_MODELS)
 ROUTING_MODELS = WEIGHT_MODELS if config["routing"]["enabled"] else []
+RAM_TIER_MODELS = (
+    [m for m in WEIGHT_MODELS if m in (config["ram_tier"]["models"] or WEIGHT_MODELS)]
+    if config["ram_tier"]["enabled"]
+    else []
+)
+for name in config["ram_tier"]["models"] or []:
+    if name not in WEIGHT_MODELS:
+        stop(
+            f"config ram_tier.models: {name} is not a model with weights in models; use one of {', '.join(WEIGHT_MODELS)}."
+        )
+RANDOM_TWINS = [
+    m for m in WEIGHT_MODELS if "twin" in model_config(m)
+]  # their F16 can be quantized to any type
+QUANTS_MODEL = config["quants"]["model"] or next(iter(RANDOM_TWINS), None)
+if config["quants"]["model"] and QUANTS_MODEL not in RANDOM_TWINS:
+    stop(
+        f"config quants.model: {QUANTS_MODEL} is not a random-weight twin in models; the quant comparison "
+        "quantizes a twin's F16 weights, so name one of: "
+        + (", ".join(RANDOM_TWINS) or "(none configured)")
+        + "."
+    )
+QUANTS = bool(config["quants"]["enabled"] and QUANTS_MODEL)
+
+
+def get_ram_tier_inputs(wildcards):
+    """The measured ceilings, for the predicted column (RAM and disk bandwidth)."""
+    return {"ceilings": "results/tables/ceilings.csv"} if CEILINGS else {}
 
 
 def get_tools_manifest():

@@ -1,0 +1,81 @@
+"""Stage 'quants': one model at several quant types, bytes per token against decode speed (seed 004, finding 4).
+
+Every type is quantized from the same F16 twin. Bytes are exact (tensor sizes x top-k/E); speeds
+come from the RAM-tier runner with plenty of RAM and under one cap. Ratios are against the first
+type: if decode were purely bytes-bound, tok_s_ratio would equal bytes_ratio.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .predict import active_fraction, bytes_per_token
+from .units import GB
+
+
+def quant_row(quant: str, meta: dict[str, Any], records: list[dict[str, Any]], cap_pct: int) -> dict[str, Any]:
+    def ok(cap: int | None) -> dict[str, Any] | None:
+        return next((r for r in records if r.get("cap_pct") == cap and r["status"] == "ok"), None)
+
+    free, capped = ok(None), ok(cap_pct)
+    problems = sorted({f"{r['status']}: {r.get('error', '')}"[:300] for r in records if r["status"] != "ok"})
+    return {
+        "quant": quant,
+        "file_gb": sum(f["size"] for f in meta["files"]) / GB,
+        "expert_mb_per_token": active_fraction(meta) * meta["expert_bytes"] / 1e6,
+        "active_mb_per_token": bytes_per_token(meta) / 1e6,
+        "tok_s": free["tok_s"] if free else None,
+        "faults_per_token": free["faults_per_token"] if free else None,
+        "cap_pct": cap_pct,
+        "tok_s_capped": capped["tok_s"] if capped else None,
+        "faults_per_token_capped": capped["faults_per_token"] if capped else None,
+        "problems": " | ".join(problems),
+    }
+
+
+def quants_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The rows with their ratios to the first (reference) type."""
+    table = pd.DataFrame(rows)
+    ref = table.iloc[0]
+    table["bytes_ratio"] = ref.active_mb_per_token / table.active_mb_per_token
+    for column in ("tok_s", "tok_s_capped"):
+        table[f"{column}_ratio"] = pd.to_numeric(table[column]) / ref[column] if pd.notna(ref[column]) else None
+    table["faults_ratio_capped"] = pd.to_numeric(table.faults_per_token_capped) / ref.faults_per_token_capped
+    return table
+
+
+def plot_quants(table: pd.DataFrame, path: str | Path, title: str) -> None:
+    """Bytes read per token next to decode speed, per quant type, with and without the RAM cap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .outputs import atomic_path
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    x = range(len(table))
+    left.bar(x, table.active_mb_per_token, color="tab:gray", label="all weights read per token")
+    left.bar(x, table.expert_mb_per_token, color="tab:purple", label="of which routed experts")
+    left.set(xticks=list(x), xticklabels=table.quant, ylabel="MB read per token", title="Bytes per token")
+    left.legend(loc="upper right", fontsize=8)
+    width = 0.38
+    cap = int(table.cap_pct.iloc[0])
+    right.bar([i - width / 2 for i in x], table.tok_s.astype(float), width, label="plenty of RAM")
+    right.bar([i + width / 2 for i in x], table.tok_s_capped.astype(float), width, label=f"RAM capped at {cap}%")
+    labels = [
+        f"{row.quant}\nbytes /{row.bytes_ratio:.2f}, speed x{row.tok_s_ratio:.2f}, capped x{row.tok_s_capped_ratio:.2f}"
+        for row in table.itertuples()
+    ]
+    right.set_yscale("log")
+    right.set(xticks=list(x), ylabel="decode speed (tok/s, log scale)", title="Decode on the CPU")
+    right.set_xticklabels(labels, fontsize=8)
+    right.legend(loc="upper right", fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=130, format="png")
+    plt.close(fig)

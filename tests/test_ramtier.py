@@ -1,0 +1,330 @@
+"""The RAM tier: ranges, the pagelock shim, memory cgroups, readahead control, and a real capped sweep."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from moeplace import ramtier
+from moeplace.llamacpp import build_native
+from moeplace.metadata import inspect_model
+from moeplace.ramtier import (
+    PAGE,
+    cgroup_support,
+    merge_ranges,
+    non_expert_ranges,
+    parse_shim,
+    plot_ram_tier,
+    ram_tier_table,
+    readahead_control,
+    run_capped,
+    run_ram_tier,
+    shim_env,
+)
+
+CGROUPS = cgroup_support()
+needs_cgroups = pytest.mark.skipif(CGROUPS is not None, reason=f"no usable memory cgroup: {CGROUPS}")
+needs_cc = pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler for the pagelock shim")
+
+
+def our_cgroups() -> list[Path]:
+    site = ramtier._find_site()
+    assert not isinstance(site, str)
+    return sorted(site.path.glob(f"{ramtier.CGROUP_PREFIX}{os.getpid()}-*"))
+
+
+# --- ranges -----------------------------------------------------------------------------------
+
+
+def test_merge_ranges_rounds_to_pages_and_merges_overlaps_and_neighbours():
+    spans = [(5000, 100), (0, 1), (4096, 10), (3 * 4096 + 1, 4096), (10 * 4096, 0)]
+    assert merge_ranges(spans, page=4096) == [(0, 2 * 4096), (3 * 4096, 2 * 4096)]
+    # Exactly touching spans merge; a gap does not.
+    assert merge_ranges([(0, 10), (10, 5), (20, 5)], page=1) == [(0, 15), (20, 5)]
+    # Clipped to the (page-rounded) end of the file.
+    assert merge_ranges([(8000, 10_000)], page=4096, limit=9000) == [(4096, 2 * 4096)]
+
+
+def test_non_expert_ranges_hold_every_non_expert_byte_and_no_expert_page(small_moe):
+    meta = inspect_model(small_moe)
+    ((path, exact),) = non_expert_ranges(small_moe, page=1)
+    assert path == small_moe
+    assert sum(n for _, n in exact) == meta["non_expert_bytes"]
+    from gguf import GGUFReader
+
+    experts = [
+        (int(t.data_offset), int(t.n_bytes)) for t in GGUFReader(small_moe).tensors if ramtier.is_expert_tensor(t.name)
+    ]
+    assert len(experts) == 2 * 3
+    (_, paged), *_ = non_expert_ranges(small_moe)
+    for off, n in paged:
+        assert off % PAGE == 0 and n % PAGE == 0
+        for e_off, e_n in experts:  # only pages shared with a neighbour at a tensor's edge
+            inner_lo, inner_hi = -(-e_off // PAGE) * PAGE, (e_off + e_n) // PAGE * PAGE
+            assert off + n <= inner_lo or off >= inner_hi
+
+
+def test_shim_variables_and_its_report_line():
+    env = shim_env([(Path("/m/a.gguf"), [(0, 4096), (8192, 4096)]), (Path("/m/b.gguf"), [])], "random")
+    assert env == {
+        "MOEPLACE_MADVISE": "random",
+        "MOEPLACE_PAGELOCK_FILE": "/m/a.gguf",
+        "MOEPLACE_PAGELOCK_RANGES": "0:4096,8192:4096",
+        "MOEPLACE_PAGELOCK_FILE_1": "/m/b.gguf",
+        "MOEPLACE_PAGELOCK_RANGES_1": "",
+    }
+    stderr = (
+        "load...\npagelock: locked 8192 bytes in 2 ranges (madvise=random) of /m/a.gguf\n"
+        "pagelock: mlock of 4096 bytes at file offset 0 of /m/b.gguf failed: Cannot allocate memory\n"
+        "pagelock: locked 0 bytes in 0 ranges (madvise=random) of /m/b.gguf\n"
+    )
+    shim = parse_shim(stderr)
+    assert shim["mapped"] == 2 and shim["locked_bytes"] == 8192 and shim["locked_ranges"] == 2
+    assert shim["madvise"] == ["random"]
+    assert shim["problems"] == [
+        "pagelock: mlock of 4096 bytes at file offset 0 of /m/b.gguf failed: Cannot allocate memory"
+    ]
+
+
+@needs_cc
+def test_the_shim_locks_only_the_given_ranges_of_the_model_file(tmp_path):
+    shim = build_native("pagelock", tmp_path / "build.log", shared=True)
+    model = tmp_path / "model.bin"
+    model.write_bytes(os.urandom(64 * PAGE))
+    other = tmp_path / "other.bin"
+    other.write_bytes(os.urandom(8 * PAGE))
+    script = (
+        "import mmap\n"
+        "for p in [%r, %r]:\n"
+        "    f = open(p, 'rb'); m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmLck')][0])\n"
+    ) % (str(other), str(model))
+    env = {
+        **os.environ,
+        "LD_PRELOAD": str(shim),
+        **shim_env([(model, [(PAGE + 1, 10), (PAGE, PAGE), (10 * PAGE, 3 * PAGE), (63 * PAGE, 10 * PAGE)])], "random"),
+    }
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert f"pagelock: locked {5 * PAGE} bytes in 3 ranges (madvise=random) of {model}" in out.stderr
+    assert out.stderr.count("pagelock: locked") == 1  # the other file is not touched
+    assert int(out.stdout) * 1024 == 5 * PAGE
+    env["MOEPLACE_PAGELOCK_RANGES"] = "12:x"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert "MOEPLACE_PAGELOCK_RANGES is malformed" in out.stderr
+    assert "pagelock: locked 0 bytes in 0 ranges (madvise=random)" in out.stderr
+
+
+# --- table and figure -------------------------------------------------------------------------
+
+
+def synthetic_records() -> list[dict]:
+    base = {"model": "m", "readahead": "128 KB (device vda)", "error": ""}
+    return [
+        {**base, "cap_pct": None, "cap_bytes": None, "lock": "none", "tok_s": 25.0, "faults_per_token": 0.0,
+         "locked_bytes": 0, "status": "ok"},
+        {**base, "cap_pct": 50, "cap_bytes": 2_500_000_000, "lock": "none", "tok_s": 10.0,
+         "faults_per_token": 300.0, "locked_bytes": 0, "status": "ok"},
+        {**base, "cap_pct": 50, "cap_bytes": 2_500_000_000, "lock": "non_expert", "tok_s": 12.5,
+         "faults_per_token": 120.0, "locked_bytes": 300_000_000, "status": "ok"},
+        {**base, "cap_pct": 25, "cap_bytes": 1_250_000_000, "lock": "non_expert", "tok_s": None,
+         "faults_per_token": None, "locked_bytes": None, "status": "oom", "error": "killed"},
+        {**base, "cap_pct": 25, "cap_bytes": 1_250_000_000, "lock": "none", "tok_s": 3.0,
+         "faults_per_token": 900.0, "locked_bytes": 0, "status": "ok"},
+    ]  # fmt: skip
+
+
+def test_table_has_one_row_per_cap_and_lock_uncapped_first():
+    table = ram_tier_table(synthetic_records())
+    assert list(table.columns) == ramtier.TABLE_COLUMNS
+    assert table.cap_pct.isna().tolist() == [True, False, False, False, False]
+    assert table.cap_pct.tolist()[1:] == [50, 50, 25, 25]
+    assert table.lock.tolist() == ["none", "none", "non_expert", "none", "non_expert"]
+    row = table[(table.cap_pct == 50) & (table.lock == "non_expert")].iloc[0]
+    assert row.cap_gb == pytest.approx(2.5) and row.locked_mb == pytest.approx(300) and row.tok_s == 12.5
+    assert table[table.status == "oom"].tok_s.isna().all()
+
+
+def test_the_predicted_column_pages_the_missing_experts_from_disk(small_moe):
+    meta = inspect_model(small_moe)
+    table = ramtier.predicted_column(ram_tier_table(synthetic_records()), meta, 10.0, 0.1)
+    by_cap = table.groupby(table.cap_pct.fillna(100)).tok_s_predicted.first()
+    assert by_cap[100] > by_cap[50] > by_cap[25] > 0
+    assert ramtier.predicted_column(ram_tier_table(synthetic_records()), meta, None, None).tok_s_predicted.isna().all()
+    no_disk = ramtier.predicted_column(ram_tier_table(synthetic_records()), meta, 10.0, None)
+    assert no_disk.tok_s_predicted.notna().tolist() == [True, False, False, False, False]  # only uncapped
+
+
+def test_figure_is_written(tmp_path):
+    out = tmp_path / "ramtier.png"
+    plot_ram_tier(ram_tier_table(synthetic_records()), out, "m: decode under a RAM cap")
+    assert out.stat().st_size > 10_000
+
+
+# --- cgroups, skipping ------------------------------------------------------------------------
+
+
+def fake_proc(tmp_path: Path, cgroup: str, mounts: list[str]) -> Path:
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "cgroup").write_text(cgroup)
+    (proc / "mountinfo").write_text(
+        "".join(f"{30 + i} 1 0:{30 + i} {line}\n" for i, line in enumerate(["/ /proc rw - proc proc rw", *mounts]))
+    )
+    return proc
+
+
+def v2_tree(tmp_path: Path, controllers: str, subtree: str) -> Path:
+    leaf = tmp_path / "unified" / "job.scope"
+    leaf.mkdir(parents=True)
+    (leaf / "cgroup.controllers").write_text(controllers + "\n")
+    (leaf / "cgroup.subtree_control").write_text(subtree + "\n")
+    return leaf
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "v2", "expected"),
+    [
+        ("", None, "no memory cgroup"),
+        ("4:memory:/job\n0::/\n", None, "no mount of the memory hierarchy"),
+        ("0::/job.scope\n", ("cpu io", ""), "not available in"),
+        ("0::/job.scope\n", ("cpu io memory", "cpu"), "not enabled for children"),
+    ],
+)
+def test_unusable_cgroups_give_a_reason_saying_what_to_do(tmp_path, monkeypatch, cgroup, v2, expected):
+    mounts = []
+    if v2:
+        v2_tree(tmp_path, *v2)
+        mounts.append(f"/ {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw")
+    monkeypatch.setattr(ramtier, "PROC_SELF", fake_proc(tmp_path, cgroup, mounts))
+    reason = cgroup_support()
+    assert reason and expected in reason
+    assert "\n" not in reason
+
+
+def test_a_delegated_v2_cgroup_is_usable(tmp_path, monkeypatch):
+    leaf = v2_tree(tmp_path, "cpu memory", "memory")
+    proc = fake_proc(tmp_path, "0::/job.scope\n", [f"/ {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw"])
+    monkeypatch.setattr(ramtier, "PROC_SELF", proc)
+    assert cgroup_support() is None
+    assert ramtier._find_site() == ramtier.CgroupSite(2, leaf)
+    assert [p.name.split("-")[2] for p in leaf.glob("moeplace-*")] == ["probe"]  # (a real cgroupfs removes it)
+
+
+def test_without_cgroups_the_tier_is_one_skipped_row(tmp_path, monkeypatch, small_moe):
+    monkeypatch.setattr(ramtier, "cgroup_support", lambda: "no memory cgroup: test")
+    records = run_ram_tier(
+        model_name="small",
+        model_path=str(small_moe),
+        meta=inspect_model(small_moe),
+        manifest={},
+        caps_pct=[50],
+        readahead_kb=128,
+        lock_modes=["none", "non_expert"],
+        gen=(8, 24),
+        threads=2,
+        timeout_s=10,
+        log_path=tmp_path / "ramtier.log",
+        workdir=ROOT,
+    )
+    assert [(r["status"], r["error"]) for r in records] == [("skipped", "no memory cgroup: test")]
+    table = ram_tier_table(records)
+    assert table.status.tolist() == ["skipped"]
+    plot_ram_tier(table, tmp_path / "skipped.png", "skipped")
+
+
+@needs_cgroups
+def test_a_capped_run_is_oom_killed_and_a_hanging_one_times_out_and_the_cgroups_go(tmp_path):
+    hog = [sys.executable, "-c", "import time; x = bytearray(b'x' * 400 * 2**20); time.sleep(0.2)"]
+    run = run_capped(hog, dict(os.environ), 64 * 2**20, timeout_s=60)
+    assert ramtier.classify(run, capped=True)[0] == "oom"
+    assert run.cgroup_peak_bytes is None or run.cgroup_peak_bytes <= 64 * 2**20
+    run = run_capped(hog, dict(os.environ), None, timeout_s=60)
+    assert run.returncode == 0 and run.anon_peak_bytes > 400 * 2**20
+    run = run_capped(["sleep", "30"], dict(os.environ), None, timeout_s=0.5)
+    assert ramtier.classify(run, capped=False)[0] == "timeout" and run.wall_s < 10
+    assert our_cgroups() == []
+
+
+def test_readahead_is_set_and_always_restored(tmp_path, monkeypatch):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"x")
+    st = os.stat(model)
+    disk = tmp_path / "devices" / "vdq"
+    (disk / "queue").mkdir(parents=True)
+    (disk / "queue" / "read_ahead_kb").write_text("8192\n")
+    part = disk / "vdq1"
+    part.mkdir()
+    (part / "partition").write_text("1\n")
+    block = tmp_path / "dev-block"
+    block.mkdir()
+    (block / f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}").symlink_to(part)
+    monkeypatch.setattr(ramtier, "SYS_DEV_BLOCK", block)
+    ra_file = disk / "queue" / "read_ahead_kb"
+    with readahead_control([model], 128) as ra:
+        assert (ra.description, ra.kb, ra.madvise) == ("128 KB (device vdq)", 128, "none")
+        assert ra_file.read_text() == "128"
+    assert ra_file.read_text() == "8192"
+    with pytest.raises(RuntimeError), readahead_control([model], 256):
+        assert ra_file.read_text() == "256"
+        raise RuntimeError("a failed sweep")
+    assert ra_file.read_text() == "8192"
+    with readahead_control([model], None) as ra:
+        assert ra.description == "device default 8192 KB (device vdq)" and ra.madvise == "none"
+    monkeypatch.setattr(ramtier, "SYS_DEV_BLOCK", tmp_path / "nowhere")
+    with readahead_control([model], 128) as ra:
+        assert (ra.description, ra.madvise) == ("madvise random", "random")
+        assert ra.note.startswith("read_ahead_kb not settable") and "not a block device" in ra.note
+
+
+# --- a real capped sweep ----------------------------------------------------------------------
+
+
+@pytest.mark.llamacpp
+@needs_cgroups
+def test_a_capped_sweep_on_the_tiny_twin(tmp_path):
+    from llamacpp_helpers import manifest, tiny_twin
+
+    model = tiny_twin(tmp_path)
+    meta = inspect_model(model)
+    device = ramtier.block_device(model)
+    before = device.read_ahead.read_text() if isinstance(device, ramtier.BlockDevice) else None
+    records = run_ram_tier(
+        model_name="tiny",
+        model_path=str(model),
+        meta=meta,
+        manifest=manifest(),
+        caps_pct=[50],
+        readahead_kb=128,
+        lock_modes=["none", "non_expert"],
+        gen=(8, 24),
+        threads=2,
+        timeout_s=120,
+        log_path=tmp_path / "ramtier.log",
+        workdir=ROOT,
+        slack_bytes=4 * 2**20,  # the tiny model is 33 MB: the default 32 MiB slack would leave it uncapped
+    )
+    assert [(r["cap_pct"], r["lock"]) for r in records] == [(None, "none"), (50, "none"), (50, "non_expert")]
+    assert all(r["status"] in ("ok", "oom") for r in records), [r["error"] for r in records]
+    ref, *capped = records
+    assert ref["status"] == "ok" and ref["tok_s"] > 0 and abs(ref["faults_per_token"]) < 1
+    assert ref["anon_peak_bytes"] > 0 and ref["evict_left_bytes"] == 0
+    non_expert = sum(n for _, ranges in non_expert_ranges(model) for _, n in ranges)
+    assert meta["non_expert_bytes"] <= non_expert < meta["non_expert_bytes"] + 2 * PAGE * (4 + 4 * meta["n_layer"])
+    for r in capped:
+        assert r["cap_bytes"] == r["anon_peak_bytes"] + 4 * 2**20 + round(0.5 * r["model_bytes"])
+        if r["status"] == "ok":
+            assert r["faults_per_token"] > 0 and r["tok_s"] > 0
+            assert r["locked_bytes"] == (non_expert if r["lock"] == "non_expert" else 0)
+            assert r["cgroup_peak_bytes"] <= r["cap_bytes"]
+    if isinstance(device, ramtier.BlockDevice):
+        assert device.read_ahead.read_text() == before
+    assert our_cgroups() == []
+    table = ram_tier_table(records)
+    assert len(table) == 3
+    plot_ram_tier(table, tmp_path / "ramtier.png", "tiny-qwen3moe under a RAM cap")

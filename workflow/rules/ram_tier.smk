@@ -1,0 +1,43 @@
+rule ram_tier:
+    input:
+        unpack(get_ram_tier_inputs),
+        model=get_model_gguf,
+        metadata="results/metadata/{model}.json",
+        llamacpp="resources/llamacpp/llamacpp.json",
+    output:
+        records="results/ram_tier/{model}.jsonl",
+        table="results/tables/ram_tier/{model}.csv",
+        figure=report(
+            "results/figures/ram_tier_{model}.png",
+            caption="../report/ram_tier.rst",
+            category="RAM tier",
+        ),
+    log:
+        "logs/ram_tier/{model}.log",
+    conda:
+        "../../environment.yml"
+    threads: config["bench"]["threads"]
+    resources:
+        bench_device=1,
+    params:
+        ram_tier=config["ram_tier"],
+        threads=config["bench"]["threads"],
+    script:
+        "../scripts/ram_tier.py"
+
+
+rule ram_tier_table:
+    input:
+        ram_tier=expand("results/tables/ram_tier/{model}.csv", model=RAM_TIER_MODELS),
+    output:
+        ram_tier=report(
+            "results/tables/ram_tier.csv",
+            caption="../report/ram_tier_table.rst",
+            category="RAM tier",
+        ),
+    log:
+        "logs/ram_tier/all.log",
+    conda:
+        "../../environment.yml"
+    script:
+        "../scripts/concat_tables.py"

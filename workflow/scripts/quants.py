@@ -1,0 +1,38 @@
+"""Stage 'quants': one twin at several quant types -> records JSONL, quants.csv, figure."""
+
+from pathlib import Path
+
+from moeplace.metadata import inspect_model
+from moeplace.outputs import read_json, stage, write_csv, write_jsonl
+from moeplace.quants import plot_quants, quant_row, quants_table
+from moeplace.ramtier import run_ram_tier
+from moeplace.units import parse_size
+
+with stage(snakemake.log[0]) as log:
+    i, o, p = snakemake.input, snakemake.output, snakemake.params
+    manifest, r = read_json(i.llamacpp), p.ram_tier
+    rows, all_records = [], []
+    for quant, path in zip(p.types, i.quants):
+        meta = inspect_model(path)
+        records = run_ram_tier(
+            model_name=f"{p.model} {quant}",
+            model_path=path,
+            meta=meta,
+            manifest=manifest,
+            caps_pct=[p.cap_pct],
+            readahead_kb=r["readahead_kb"],
+            lock_modes=["none"],
+            gen=tuple(r["gen"]),
+            threads=p.threads,
+            timeout_s=r["timeout_s"],
+            slack_bytes=parse_size(r["slack"], "ram_tier.slack"),
+            log_path=Path(snakemake.log[0]),
+            workdir=Path.cwd(),
+        )
+        all_records += [{**rec, "quant": quant} for rec in records]
+        rows.append(quant_row(quant, meta, records, p.cap_pct))
+    table = quants_table(rows).assign(model=p.model)
+    log.info("quant comparison:\n%s", table.to_string())
+    write_jsonl(o.records, all_records)
+    write_csv(o.table, table)
+    plot_quants(table, o.figure, f"{p.model}: quant types, bytes per token vs decode speed (CPU)")

@@ -1,0 +1,38 @@
+"""Stage 'ram_tier': CPU decode under RAM caps -> records JSONL, table (with the disk-term prediction), figure."""
+
+from pathlib import Path
+
+import pandas as pd
+
+from moeplace.ceilings import measured_bandwidths
+from moeplace.outputs import read_json, stage, write_csv, write_jsonl
+from moeplace.ramtier import plot_ram_tier, predicted_column, ram_tier_table, run_ram_tier
+from moeplace.units import parse_size
+
+with stage(snakemake.log[0]) as log:
+    i, o, p, w = snakemake.input, snakemake.output, snakemake.params, snakemake.wildcards
+    meta = read_json(i.metadata)
+    r = p.ram_tier
+    records = run_ram_tier(
+        model_name=w.model,
+        model_path=i.model[0],
+        meta=meta,
+        manifest=read_json(i.llamacpp),
+        caps_pct=r["caps_pct"],
+        readahead_kb=r["readahead_kb"],
+        lock_modes=r["lock_modes"],
+        gen=tuple(r["gen"]),
+        threads=p.threads,
+        timeout_s=r["timeout_s"],
+        slack_bytes=parse_size(r["slack"], "ram_tier.slack"),
+        log_path=Path(snakemake.log[0]),
+        workdir=Path.cwd(),
+    )
+    table = ram_tier_table(records)
+    if "ceilings" in i.keys():
+        bw = measured_bandwidths(pd.read_csv(i.ceilings))
+        table = predicted_column(table, meta, bw.get("bw_ddr_gbps"), bw.get("bw_disk_gbps"))
+    log.info("RAM tier of %s:\n%s", w.model, table.to_string())
+    write_jsonl(o.records, records)
+    write_csv(o.table, table)
+    plot_ram_tier(table, o.figure, f"{w.model}: decode on the CPU with RAM smaller than the model")
