@@ -56,7 +56,12 @@ def test_default_pipeline_makes_the_32k_figure_from_real_runs(tmp_path):
 
 
 def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
-    cfg = {**DEFAULT, "contexts": [1024], "bench": {"prompt": 32, "gen": 8, "repetitions": 1, "n_cpu_moe": [0, 8]}}
+    cfg = {
+        **DEFAULT,
+        "contexts": [1024],
+        "bench": {"prompt": 32, "gen": 8, "repetitions": 1, "n_cpu_moe": [0, 8]},
+        "ceilings": {"enabled": False},
+    }
     wd = workflow_copy(tmp_path, cfg)
     subprocess.run(["git", "init", "-q"], cwd=wd, check=True)
     commit = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam"]

@@ -11,8 +11,8 @@ tg average of the G2 run.
 
 The cap is anon_peak + slack + pct% of the model's file bytes, where anon_peak is the
 anonymous memory (RssAnon, sampled) of an uncapped run of the same command: what cannot be
-evicted, KV cache and compute buffers included, plus a slack (default 32 MiB) for the binary,
-libraries, page tables and kernel memory. Every part is recorded, and so is what the uncapped run
+evicted, KV cache and compute buffers included, plus a slack (default 4 MiB) for page tables,
+kernel memory and library pages not yet cached. Every part is recorded, and so is what the uncapped run
 had charged besides its anonymous memory and the model (other_charged_bytes), which gives the
 share of the model the cap really leaves room for (model_room_pct).
 
@@ -65,7 +65,7 @@ log = logging.getLogger("moeplace")
 
 PAGE = mmap.PAGESIZE
 MIB = 2**20
-DEFAULT_SLACK_BYTES = 32 * MIB
+DEFAULT_SLACK_BYTES = 4 * MIB
 LOCK_MODES = ("none", "non_expert")
 # Where the kernel describes this process and the block devices (tests point these elsewhere).
 PROC_SELF = Path("/proc/self")

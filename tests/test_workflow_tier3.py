@@ -1,0 +1,96 @@
+"""The third tier through the real Snakefile: ceilings, routing, RAM smaller than the model, quant types."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from conftest import ROOT
+from workflow_helpers import snakemake, workflow_copy
+
+from moeplace.metadata import inspect_model
+from moeplace.predict import bytes_per_token, read_bytes
+from moeplace.ramtier import cgroup_support, non_expert_ranges
+from moeplace.units import GB
+
+pytestmark = pytest.mark.llamacpp
+CFG = {
+    **yaml.safe_load((ROOT / "config/config.yaml").read_text()),
+    "models": {"tiny-qwen3moe": {"twin": "config/models/tiny-qwen3moe.yaml"}},
+    "contexts": [1024],
+    "routing": {"gen": 16},
+    "ram_tier": {"caps_pct": [100, 25]},
+}
+TARGETS = [
+    "results/tables/ceilings.csv",
+    "results/tables/predicted/tiny-qwen3moe.csv",
+    "results/tables/routing.csv",
+    "results/figures/routing_tiny-qwen3moe.png",
+    "results/tables/ram_tier.csv",
+    "results/figures/ram_tier_tiny-qwen3moe.png",
+    "results/tables/quants.csv",
+    "results/figures/quants_tiny-qwen3moe.png",
+]
+
+
+@pytest.fixture(scope="module")
+def wd(tmp_path_factory):
+    wd = workflow_copy(tmp_path_factory.mktemp("tier3"), CFG)
+    run = snakemake(wd, *TARGETS)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return wd
+
+
+def test_ceilings_feed_the_corrected_prediction(wd):
+    ceilings = pd.read_csv(wd / "results/tables/ceilings.csv")
+    ram = ceilings[ceilings.ceiling == "ram_read"].set_index("threads").value
+    assert ram.index.tolist() == [1, 2] and (ram > 1).all()  # GB/s
+    assert set(ceilings.ceiling) >= {"disk_seq_read", "disk_random_read", "dense_decode", "moe_decode"}
+    decode = ceilings[ceilings.ceiling.str.endswith("decode")]
+    assert (decode.value > 0).all() and decode.bound.isin(["bandwidth", "compute", "overhead"]).all()
+    # effective GB/s is tok/s times the exact bytes one token reads
+    meta = inspect_model(wd / "resources/models/tiny-qwen3moe.gguf")
+    moe = decode[decode.subject == "tiny-qwen3moe"]
+    assert moe.effective_gbps.tolist() == pytest.approx((moe.value * bytes_per_token(meta) / GB).tolist())
+    # No GPU: the emulated device's memory is host RAM, so both terms use the 2-thread RAM ceiling.
+    predicted = pd.read_csv(wd / "results/tables/predicted/tiny-qwen3moe.csv").set_index("n_cpu_moe")
+    d, v = read_bytes(meta, 4)
+    assert predicted.loc[4, "tok_s_corrected"] == pytest.approx(ram[2] * GB / (d + v), rel=1e-6)
+
+
+def test_routing_trace_and_table(wd):
+    ids = np.load(wd / "results/routing/tiny-qwen3moe.npz")["ids"]
+    assert ids.shape[1:] == (8, 4) and ids.min() >= 0 and ids.max() < 32
+    assert all(len(set(row)) == 4 for row in ids.reshape(-1, 4))  # top-k ids are distinct
+    table = pd.read_csv(wd / "results/tables/routing.csv")
+    assert table.layer.tolist() == list(range(8)) and (table.tokens == ids.shape[0]).all()
+    assert (table.overlap_uniform == 4 / 32).all() and (table.experts_80pct_uniform == 26).all()
+    assert ((table.distinct_experts >= table.experts_80pct) & (table.distinct_experts <= 32)).all()
+
+
+def test_ram_tier_pages_from_disk_below_the_model(wd):
+    table = pd.read_csv(wd / "results/tables/ram_tier.csv")
+    if cgroup_support():
+        assert (table.status == "skipped").all()
+        return
+    assert (table.status == "ok").all(), table.error.tolist()
+    free = table[table.cap_pct.isna()].iloc[0]
+    quarter = table[table.cap_pct == 25]
+    assert free.faults_per_token < 1  # the whole model stays in RAM
+    assert (quarter.faults_per_token > 10).all() and (quarter.tok_s < free.tok_s).all()
+    locked = sum(n for _, ranges in non_expert_ranges(wd / "resources/models/tiny-qwen3moe.gguf") for _, n in ranges)
+    assert table[table.lock == "non_expert"].locked_mb.tolist() == pytest.approx([locked / 1e6] * 2)
+    assert table.readahead.str.startswith("128 KB").all() or table.readahead.eq("madvise random").all()
+
+
+def test_quant_table_gives_exact_bytes_and_both_speeds(wd):
+    table = pd.read_csv(wd / "results/tables/quants.csv").set_index("quant")
+    q4, q2 = (inspect_model(wd / f"resources/quants/tiny-qwen3moe/{q}.gguf") for q in ("Q4_K_M", "Q2_K"))
+    assert table.loc["Q2_K", "bytes_ratio"] == pytest.approx(bytes_per_token(q4) / bytes_per_token(q2))
+    assert table.loc["Q4_K_M", "file_gb"] > table.loc["Q2_K", "file_gb"]
+    if not cgroup_support():
+        assert (table.tok_s > 0).all() and (table.tok_s_capped > 0).all()
+        assert table.loc["Q2_K", "tok_s_ratio"] == pytest.approx(
+            table.loc["Q2_K", "tok_s"] / table.loc["Q4_K_M", "tok_s"]
+        )
