@@ -192,3 +192,15 @@ def test_budget_counts_real_per_layer_bytes():
         layer["expert_bytes"] = size
     table = budget_table(meta, Device(5 * GB, 0), Bandwidths(640, 57.6), [1])
     assert table.resident_layers[0] == 3 and table.n_cpu_moe[0] == 1
+
+
+def test_random_twin_f16_is_the_same_bytes_for_the_same_seed(tmp_path):
+    """Quant types of one twin are made from one F16: the same spec and seed write the same file."""
+    spec = load_spec(ROOT / "config/models/tiny-qwen3moe.yaml")
+    a, b, c = (write_twin(spec, tmp_path / f"{n}.gguf", "random", seed) for n, seed in (("a", 0), ("b", 0), ("c", 1)))
+    assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+
+
+def test_dense_twin_is_reported_dense(tmp_path):
+    meta = inspect_model(write_twin(load_spec(ROOT / "config/models/qwen3-1.7b.yaml"), tmp_path / "dense.gguf"))
+    assert meta["n_expert"] == 0 and meta["expert_bytes"] == 0 and meta["n_layer"] == 28

@@ -2,7 +2,7 @@ rule ceilings:
     input:
         unpack(get_ceilings_inputs),
         llamacpp="resources/llamacpp/llamacpp.json",
-        dense_spec=config["ceilings"]["dense_twin"],
+        dense="resources/ceilings/dense.gguf",
     output:
         report(
             "results/tables/ceilings.csv",
@@ -25,3 +25,21 @@ rule ceilings:
         random_kib=config["ram_tier"]["readahead_kb"] or 4,
     script:
         "../scripts/ceilings.py"
+
+
+rule dense_twin:
+    input:
+        spec=config["ceilings"]["dense_twin"],
+        llamacpp="resources/llamacpp/llamacpp.json",
+    output:
+        "resources/ceilings/dense.gguf",
+    log:
+        "logs/ceilings/dense_twin.log",
+    conda:
+        "../../environment.yml"
+    params:
+        weights="random",
+        quant=lambda wildcards, input: load_spec(input.spec).ftype,
+        seed=0,
+    script:
+        "../scripts/twin.py"

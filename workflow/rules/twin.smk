@@ -1,19 +1,3 @@
-rule twin_f16:
-    input:
-        spec=lambda wildcards: model_config(wildcards.model)["twin"],
-    output:
-        # Kept only until every quantization of it exists; remade (same seed, same bytes) when needed.
-        temp("resources/f16/{model}.gguf"),
-    log:
-        "logs/twin/{model}.f16.log",
-    conda:
-        "../../environment.yml"
-    params:
-        seed=lambda wildcards: model_config(wildcards.model)["seed"],
-    script:
-        "../scripts/twin_f16.py"
-
-
 rule twin:
     input:
         unpack(get_twin_inputs),
@@ -26,13 +10,15 @@ rule twin:
     params:
         weights=lambda wildcards: model_config(wildcards.model)["weights"],
         quant=lambda wildcards: model_config(wildcards.model)["quant"],
+        seed=lambda wildcards: model_config(wildcards.model)["seed"],
     script:
         "../scripts/twin.py"
 
 
+# The quant comparison: the same random F16 weights (same spec and seed give the same bytes) at another type.
 rule quant_twin:
     input:
-        f16="resources/f16/{model}.gguf",
+        spec=lambda wildcards: model_config(wildcards.model)["twin"],
         llamacpp="resources/llamacpp/llamacpp.json",
     output:
         "resources/quants/{model}/{quant}.gguf",
@@ -40,5 +26,7 @@ rule quant_twin:
         "logs/twin/{model}.{quant}.log",
     conda:
         "../../environment.yml"
+    params:
+        seed=lambda wildcards: model_config(wildcards.model)["seed"],
     script:
         "../scripts/quant_twin.py"

@@ -1,9 +1,9 @@
-"""Stage 'twin' (quant comparison): the model's F16 twin -> resources/quants/{model}/{quant}.gguf."""
+"""Stage 'twin' (quant comparison): spec -> resources/quants/{model}/{quant}.gguf from the model's F16 weights."""
 
 from moeplace.outputs import read_json, stage
-from moeplace.twin import quantize
+from moeplace.twin import load_spec, make_twin
 
 with stage(snakemake.log[0]) as log:
-    w = snakemake.wildcards
-    quantize(read_json(snakemake.input.llamacpp), snakemake.input.f16, snakemake.output[0], w.quant, snakemake.log[0])
-    log.info("quantized %s to %s", w.model, w.quant)
+    w, i, seed = snakemake.wildcards, snakemake.input, snakemake.params.seed
+    make_twin(load_spec(i.spec), snakemake.output[0], "random", w.quant, seed, read_json(i.llamacpp), snakemake.log[0])
+    log.info("quantized the F16 twin of %s (seed %d) to %s", w.model, seed, w.quant)

@@ -1,13 +1,11 @@
-"""Stage 'twin': architecture spec -> resources/models/{model}.gguf (sparse, or the F16 twin quantized)."""
+"""Stage 'twin': architecture spec -> resources/models/{model}.gguf (sparse, or random and quantized)."""
 
 from moeplace.outputs import read_json, stage
-from moeplace.twin import load_spec, quantize, write_twin
+from moeplace.twin import load_spec, make_twin
 
 with stage(snakemake.log[0]) as log:
-    i, p = snakemake.input, snakemake.params
-    spec = load_spec(i.spec)
-    if p.weights == "random":
-        quantize(read_json(i.llamacpp), i.f16, snakemake.output[0], p.quant, snakemake.log[0])
-    else:
-        write_twin(spec, snakemake.output[0], "none")
+    p = snakemake.params
+    llamacpp = read_json(snakemake.input.llamacpp) if p.weights == "random" else None
+    spec = load_spec(snakemake.input.spec)
+    make_twin(spec, snakemake.output[0], p.weights, p.quant, p.seed, llamacpp, snakemake.log[0])
     log.info("wrote %s twin of %s (%s weights)", p.quant if p.weights == "random" else spec.ftype, spec.name, p.weights)
