@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .bench import _die_with_parent
 from .errors import MoeplaceError
 from .llamacpp import build_tool
 from .outputs import atomic_path
@@ -159,7 +160,14 @@ def trace_routing(
             err.write(f"$ {' '.join(cmd)}\n")
             err.flush()
             try:
-                rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=timeout_s).returncode
+                rc = subprocess.run(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=err,
+                    stderr=err,
+                    timeout=timeout_s,
+                    preexec_fn=_die_with_parent,
+                ).returncode
             except subprocess.TimeoutExpired:
                 raise MoeplaceError(
                     f"tracing expert routing of {model_path} took over {timeout_s:g} s; see {log_file}."

@@ -12,11 +12,14 @@ rule llamacpp:
         "../scripts/llamacpp.py"
 
 
-# Our own tools (the routing tracer) link against the pinned source, whatever build benchmarks run on.
-use rule llamacpp as llamacpp_pinned with:
+# Our own tools (the routing tracer) link against a CPU-only pinned build, whatever build the
+# benchmarks run on: routing does not depend on the backend, and a GPU backend's static library
+# would need the vendor's runtime libraries at link time.
+use rule llamacpp as llamacpp_tools with:
     output:
-        "resources/llamacpp/pinned.json",
+        "resources/llamacpp/tools.json",
     log:
-        "logs/llamacpp/pinned.log",
+        "logs/llamacpp/tools.log",
     params:
-        llamacpp={**config["llamacpp"], "bin_dir": None},
+        llamacpp={**config["llamacpp"], "bin_dir": None, "cmake_options": []},
+        cache_layout=LLAMACPP_CACHE_LAYOUT,

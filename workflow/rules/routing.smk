@@ -16,6 +16,8 @@ rule routing:
     conda:
         "../../environment.yml"
     threads: config["bench"]["threads"]
+    resources:
+        bench_device=1,  # not a measurement, but it would disturb one running beside it
     params:
         gen=config["routing"]["gen"],
         timeout_s=config["routing"]["timeout_s"],
