@@ -34,6 +34,10 @@ def test_defaults_are_filled():
         (lambda c: c["models"].update({"../escape": {"gguf": "x.gguf"}}), "models"),
         (lambda c: c["models"]["qwen3-coder-30b-a3b-twin"].update(gguf="x.gguf"), "models.qwen3-coder-30b-a3b-twin"),
         (lambda c: c["device"].update(bw_vram_gbps=0), "device.bw_vram_gbps"),
+        (lambda c: c["host"].update(ram="8GB"), "host.ram needs host.bw_disk_gbps"),
+        (lambda c: c.update(ram_tier={"caps_pct": [0]}), "ram_tier.caps_pct.0"),
+        (lambda c: c.update(ram_tier={"lock_modes": ["all"]}), "ram_tier.lock_modes.0"),
+        (lambda c: c.update(quants={"types": ["Q4_K_M"]}), "quants.types"),
     ],
 )
 def test_bad_values_name_the_field(change, field):

@@ -42,6 +42,12 @@ def _message(error: jsonschema.ValidationError) -> str:
     if error.validator == "pattern":
         hint = error.schema.get("description", "")
         return f"{where}: {error.instance!r} is not valid" + (f"; expected {hint}" if hint else "")
+    if error.validator == "dependentRequired":
+        needed = next(
+            k for k, v in error.validator_value.items() if k in error.instance and set(v) - set(error.instance)
+        )
+        missing = ", ".join(f"{where}.{m}" for m in error.validator_value[needed] if m not in error.instance)
+        return f"{where}.{needed} needs {missing} as well"
     if error.validator == "propertyNames":
         return f"{where}: model name {error.instance!r} may use only letters, digits, '.', '_' and '-'"
     return f"{where}: {error.message}"

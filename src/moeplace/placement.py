@@ -302,12 +302,10 @@ def optimal_placement(meta: dict[str, Any], budget_bytes: float, max_units: int 
 
 def placement_tok_s(meta: dict[str, Any], host: set[str], vram_gbps: float, ddr_gbps: float) -> float:
     """Predicted decode tok/s with these expert tensors in host RAM (seed 000 §5.3, per tensor)."""
-    from .predict import active_fraction, token_seconds
+    from .predict import active_fraction, bytes_per_token, token_seconds
 
-    frac = active_fraction(meta)
-    host_bytes = tensor_bytes(meta, host)
-    d = frac * host_bytes
-    v = meta["non_expert_bytes"] + frac * (meta["expert_bytes"] - host_bytes)
+    d = active_fraction(meta) * tensor_bytes(meta, host)
+    v = bytes_per_token(meta) - d
     return 1 / token_seconds(d, v, vram_gbps, ddr_gbps)
 
 

@@ -29,14 +29,23 @@ class Bandwidths:
     eta: float | None = None
     disk_gbps: float | None = None
     ram_bytes: int | None = None  # host RAM for the CPU-side experts; None: they always fit
+    measured_disk_gbps: float | None = None
 
     @property
     def has_correction(self) -> bool:
-        return any(x is not None for x in (self.measured_vram_gbps, self.measured_ddr_gbps, self.eta))
+        measured = (self.measured_vram_gbps, self.measured_ddr_gbps, self.measured_disk_gbps, self.eta)
+        return any(x is not None for x in measured)
 
 
 def active_fraction(meta: dict[str, Any]) -> float:
     return meta["n_expert_used"] / meta["n_expert"] if meta["n_expert"] else 1.0
+
+
+def unread_bytes(meta: dict[str, Any]) -> int:
+    """Non-expert bytes a decode step does not read: the embedding table, of which one row is gathered
+    (unless it doubles as the output matrix, which is read whole)."""
+    globals_ = meta["global_bytes"]
+    return globals_.get("token_embd", 0) if globals_.get("output", 0) else 0
 
 
 def read_bytes(meta: dict[str, Any], n_cpu_moe: int) -> tuple[float, float]:
@@ -45,15 +54,13 @@ def read_bytes(meta: dict[str, Any], n_cpu_moe: int) -> tuple[float, float]:
     expert = [layer["expert_bytes"] for layer in meta["layers"]]
     frac = active_fraction(meta)
     d = frac * sum(expert[:n])
-    v = meta["non_expert_bytes"] + frac * sum(expert[n:])
+    v = meta["non_expert_bytes"] - unread_bytes(meta) + frac * sum(expert[n:])
     return d, v
 
 
 def bytes_per_token(meta: dict[str, Any]) -> float:
-    """Weight bytes one decode step reads: every non-expert tensor but the embedding table (one row is
-    gathered, unless it doubles as the output matrix), plus the top-k of E share of the experts."""
-    embd = meta["global_bytes"].get("token_embd", 0) if meta["global_bytes"].get("output", 0) else 0
-    return meta["non_expert_bytes"] - embd + active_fraction(meta) * meta["expert_bytes"]
+    """Weight bytes one decode step reads, wherever they live: D + V."""
+    return meta["non_expert_bytes"] - unread_bytes(meta) + active_fraction(meta) * meta["expert_bytes"]
 
 
 def disk_share(meta: dict[str, Any], n_cpu_moe: int, ram_bytes: int | None) -> float:
@@ -93,7 +100,8 @@ def predict_table(meta: dict[str, Any], bw: Bandwidths) -> pd.DataFrame:
         }
         if bw.has_correction:
             vram, ddr = bw.measured_vram_gbps or bw.vram_gbps, bw.measured_ddr_gbps or bw.ddr_gbps
-            row["tok_s_corrected"] = (bw.eta or 1.0) / token_seconds(d, v, vram, ddr, s, bw.disk_gbps)
+            disk = bw.measured_disk_gbps or bw.disk_gbps
+            row["tok_s_corrected"] = (bw.eta or 1.0) / token_seconds(d, v, vram, ddr, s, disk)
         row["dense_tok_s"] = dense_tok_s
         row["moe_vs_dense"] = row["tok_s"] / dense_tok_s
         rows.append(row)
@@ -113,7 +121,8 @@ def ram_tier_tok_s(meta: dict[str, Any], weight_ram_bytes: int | None, ddr_gbps:
     share what is left and miss uniformly: S = the active expert bytes times the missing share.
     """
     per_token = bytes_per_token(meta)
-    spare = None if weight_ram_bytes is None else weight_ram_bytes - meta["non_expert_bytes"]
+    hot = meta["non_expert_bytes"] - unread_bytes(meta)
+    spare = None if weight_ram_bytes is None else weight_ram_bytes - hot
     missing = 0.0 if spare is None or meta["expert_bytes"] <= spare else 1 - max(spare, 0) / meta["expert_bytes"]
     s = active_fraction(meta) * meta["expert_bytes"] * missing
     return 1 / token_seconds(per_token, 0.0, 1.0, ddr_gbps, s, disk_gbps)

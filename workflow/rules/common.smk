@@ -9,6 +9,7 @@ from moeplace.kvcache import CACHE_TYPES
 from moeplace.llamacpp import LAYOUT as LLAMACPP_CACHE_LAYOUT
 from moeplace.outputs import remove_stale_locks
 from moeplace.placement import VARIANTS
+from moeplace.twin import load_spec
 from moeplace.units import parse_size
 
 
@@ -117,7 +118,8 @@ def get_bandwidths():
         "measured_vram_gbps": measured.get("bw_vram_gbps"),
         "measured_ddr_gbps": measured.get("bw_ddr_gbps"),
         "eta": measured.get("eta"),
-        "disk_gbps": measured.get("bw_disk_gbps") or host.get("bw_disk_gbps"),
+        "disk_gbps": host.get("bw_disk_gbps"),
+        "measured_disk_gbps": measured.get("bw_disk_gbps"),
         "ram_bytes": parse_size(host["ram"], "host.ram") if "ram" in host else None,
     }
 
@@ -173,7 +175,6 @@ def get_twin_inputs(wildcards):
     inputs = {"spec": m["twin"]}
     if m["weights"] == "random":
         inputs["llamacpp"] = "resources/llamacpp/llamacpp.json"
-        inputs["f16"] = f"resources/f16/{wildcards.model}.gguf"
     return inputs
 
 
@@ -222,9 +223,9 @@ def get_ram_tier_inputs(wildcards):
 
 
 def get_tools_manifest():
-    """The build our own tools link against: the pinned one (a user's bin_dir has no libraries)."""
-    if config["llamacpp"]["bin_dir"]:
-        return "resources/llamacpp/pinned.json"
+    """The build our own tools link against: the plain pinned one (see rule llamacpp_tools)."""
+    if config["llamacpp"]["bin_dir"] or config["llamacpp"]["cmake_options"]:
+        return "resources/llamacpp/tools.json"
     return "resources/llamacpp/llamacpp.json"
 
 
