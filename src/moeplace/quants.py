@@ -1,8 +1,11 @@
 """Stage 'quants': one model at several quant types, bytes per token against decode speed (seed 004, finding 4).
 
 Every type is quantized from the same F16 twin. Bytes are exact (tensor sizes x top-k/E); speeds
-come from the RAM-tier runner with plenty of RAM and under one cap. Ratios are against the first
-type: if decode were purely bytes-bound, tok_s_ratio would equal bytes_ratio.
+come from the RAM-tier runner with plenty of RAM and under one cap. Ratios compare each type with
+the first, in the seed's directions: bytes_ratio and faults_ratio_capped are first / this (how many
+times fewer), the tok/s ratios this / first (how many times faster). If decode were purely
+bytes-bound, tok_s_ratio would equal bytes_ratio. Speeds a machine could not measure (no memory
+cgroup, a failed run) are empty, and so are their ratios.
 """
 
 from __future__ import annotations
@@ -39,12 +42,18 @@ def quant_row(quant: str, meta: dict[str, Any], records: list[dict[str, Any]], c
 def quants_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The rows with their ratios to the first (reference) type."""
     table = pd.DataFrame(rows)
+    for column in ("tok_s", "faults_per_token", "tok_s_capped", "faults_per_token_capped"):
+        table[column] = pd.to_numeric(table[column], errors="coerce").astype(float)
     ref = table.iloc[0]
     table["bytes_ratio"] = ref.active_mb_per_token / table.active_mb_per_token
-    for column in ("tok_s", "tok_s_capped"):
-        table[f"{column}_ratio"] = pd.to_numeric(table[column]) / ref[column] if pd.notna(ref[column]) else None
-    table["faults_ratio_capped"] = pd.to_numeric(table.faults_per_token_capped) / ref.faults_per_token_capped
+    table["tok_s_ratio"] = table.tok_s / ref.tok_s
+    table["tok_s_capped_ratio"] = table.tok_s_capped / ref.tok_s_capped
+    table["faults_ratio_capped"] = ref.faults_per_token_capped / table.faults_per_token_capped
     return table
+
+
+def _ratio(value: float) -> str:
+    return "n/a" if pd.isna(value) else f"{value:.2f}"
 
 
 def plot_quants(table: pd.DataFrame, path: str | Path, title: str) -> None:
@@ -64,14 +73,16 @@ def plot_quants(table: pd.DataFrame, path: str | Path, title: str) -> None:
     left.legend(loc="upper right", fontsize=8)
     width = 0.38
     cap = int(table.cap_pct.iloc[0])
-    right.bar([i - width / 2 for i in x], table.tok_s.astype(float), width, label="plenty of RAM")
-    right.bar([i + width / 2 for i in x], table.tok_s_capped.astype(float), width, label=f"RAM capped at {cap}%")
+    right.bar([i - width / 2 for i in x], table.tok_s.fillna(0), width, label="plenty of RAM")
+    right.bar([i + width / 2 for i in x], table.tok_s_capped.fillna(0), width, label=f"RAM capped at {cap}%")
     labels = [
-        f"{row.quant}\nbytes /{row.bytes_ratio:.2f}, speed x{row.tok_s_ratio:.2f}, capped x{row.tok_s_capped_ratio:.2f}"
+        f"{row.quant}\nbytes /{row.bytes_ratio:.2f}, speed x{_ratio(row.tok_s_ratio)}, "
+        f"capped x{_ratio(row.tok_s_capped_ratio)}"
         for row in table.itertuples()
     ]
-    right.set_yscale("log")
-    right.set(xticks=list(x), ylabel="decode speed (tok/s, log scale)", title="Decode on the CPU")
+    if (table.tok_s.fillna(0) > 0).any():  # a speed spans decades once the cap pages from disk
+        right.set_yscale("log")
+    right.set(xticks=list(x), ylabel="decode speed (tok/s)", title="Decode on the CPU")
     right.set_xticklabels(labels, fontsize=8)
     right.legend(loc="upper right", fontsize=8)
     fig.suptitle(title)
