@@ -71,17 +71,18 @@ def test_routing_trace_and_table(wd):
 
 def test_ram_tier_pages_from_disk_below_the_model(wd):
     table = pd.read_csv(wd / "results/tables/ram_tier.csv")
+    free = table[table.cap_pct.isna()].iloc[0]
+    assert free.status == "ok" and free.tok_s > 0  # plenty of RAM needs no cgroup
     if cgroup_support():
-        assert (table.status == "skipped").all()
+        assert (table[table.cap_pct.notna()].status == "skipped").all()
         return
     assert (table.status == "ok").all(), table.error.tolist()
-    free = table[table.cap_pct.isna()].iloc[0]
     quarter = table[table.cap_pct == 25]
     assert free.faults_per_token < 1  # the whole model stays in RAM
     assert (quarter.faults_per_token > 10).all() and (quarter.tok_s < free.tok_s).all()
     locked = sum(n for _, ranges in non_expert_ranges(wd / "resources/models/tiny-qwen3moe.gguf") for _, n in ranges)
     assert table[table.lock == "non_expert"].locked_mb.tolist() == pytest.approx([locked / 1e6] * 2)
-    assert table.readahead.str.startswith("128 KB").all() or table.readahead.eq("madvise random").all()
+    assert table.readahead.str.startswith("128 KiB").all() or table.readahead.eq("madvise random").all()
 
 
 def test_quant_table_gives_exact_bytes_and_both_speeds(wd):
@@ -89,8 +90,9 @@ def test_quant_table_gives_exact_bytes_and_both_speeds(wd):
     q4, q2 = (inspect_model(wd / f"resources/quants/tiny-qwen3moe/{q}.gguf") for q in ("Q4_K_M", "Q2_K"))
     assert table.loc["Q2_K", "bytes_ratio"] == pytest.approx(bytes_per_token(q4) / bytes_per_token(q2))
     assert table.loc["Q4_K_M", "file_gb"] > table.loc["Q2_K", "file_gb"]
+    assert (table.tok_s > 0).all()
     if not cgroup_support():
-        assert (table.tok_s > 0).all() and (table.tok_s_capped > 0).all()
+        assert (table.tok_s_capped > 0).all()
         assert table.loc["Q2_K", "tok_s_ratio"] == pytest.approx(
             table.loc["Q2_K", "tok_s"] / table.loc["Q4_K_M", "tok_s"]
         )

@@ -79,7 +79,7 @@ def device_setup(kind: str, name: str, vram_bytes: int, manifest: dict[str, Any]
     return DeviceSetup("emulated", label, vram_bytes)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In a child: its own process group (so a timeout can kill it whole), and SIGKILL when the job dies."""
     os.setsid()
     PR_SET_PDEATHSIG = 1
@@ -104,7 +104,7 @@ def rpc_device(manifest: dict[str, Any], cap_bytes: int, threads: int, log_path:
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
     try:
         deadline = time.monotonic() + 30
@@ -271,7 +271,7 @@ def run_bench(
         cmd = bench_command(manifest, model_path, depth, n_cpu_moe, settings, rpc, overrides)
         log.info("$ %s", " ".join(cmd))
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent
         )
         try:
             stdout, stderr = proc.communicate(timeout=settings.timeout_s)

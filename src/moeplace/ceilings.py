@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from .bench import DeviceSetup, _die_with_parent, host_facts
+from .bench import DeviceSetup, die_with_parent, host_facts
 from .errors import MoeplaceError
 from .llamacpp import build_native, require_binary
 from .predict import bytes_per_token
@@ -55,7 +55,7 @@ COLUMNS = [
 def _run(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     """A probe that dies with its job and ends with one line if it hangs."""
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, preexec_fn=_die_with_parent)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, preexec_fn=die_with_parent)
     except subprocess.TimeoutExpired:
         raise MoeplaceError(
             f"{Path(cmd[0]).name} ran past {timeout_s:g} s and was stopped; the host is overloaded or hung."

@@ -5,9 +5,11 @@ file-backed: repacked weights are anonymous memory and a cap would OOM-kill them
 process inside a memory cgroup made for it (cgroup v1 memory.limit_in_bytes or v2 memory.max)
 under our own, removed afterwards. Before every run the model's pages are evicted from the page
 cache: a cached page stays charged to whoever touched it first, so pages left over from an
-earlier run would escape the cap. Two generation lengths G1 < G2 give major faults per token
-((F(G2) - F(G1)) / (G2 - G1), loading excluded) from the child's rusage; tok/s is llama-bench's
-tg average of the G2 run.
+earlier run would escape the cap. Two generation lengths G1 < G2 give, with loading excluded,
+major faults per token ((F(G2) - F(G1)) / (G2 - G1), from the child's rusage) and tok_s_marginal
+((G2 - G1) / (wall(G2) - wall(G1)), whole-process wall times). tok_s is llama-bench's tg average
+of the G2 run: it includes the faults of the first tokens that bring the evicted weights in
+(--no-warmup), so tok_s_marginal is the steady decode speed.
 
 The cap is anon_peak + slack + pct% of the model's file bytes, where anon_peak is the
 anonymous memory (RssAnon, sampled) of an uncapped run of the same command: what cannot be
@@ -16,14 +18,16 @@ kernel memory and library pages not yet cached. Every part is recorded, and so i
 had charged besides its anonymous memory and the model (other_charged_bytes), which gives the
 share of the model the cap really leaves room for (model_room_pct).
 
-Where no memory cgroup can be made (not root, cgroup v2 without a delegated memory controller),
-the sweep is one row with status 'skipped' and the reason (cgroup_support() says it up front).
+Where no memory cgroup can be made (not root, cgroup v2 without a delegated memory controller;
+cgroup_support() says it up front), the uncapped reference still runs, as a plain process (no
+cgroup peak, so no model_room_pct), and every capped row has status 'skipped' and the reason.
 
-Disk readahead decides what one fault costs (with the 8 MB default each fault reads megabytes
-and a capped run collapses); it is an explicit parameter: read_ahead_kb of the device behind
-the model (set when writable, always restored), or MADV_RANDOM on the mapping via the pagelock
-shim where it cannot be set. Note that llama.cpp calls posix_fadvise(SEQUENTIAL) on the model
-file, which doubles the window the kernel uses for that file.
+Disk readahead decides what one fault costs (with an 8192 KiB read_ahead_kb each fault reads
+megabytes and a capped run collapses); it is an explicit parameter: read_ahead_kb of the device
+behind the model (set when writable, always restored), or MADV_RANDOM on the mapping via the
+pagelock shim where it cannot be set. llama.cpp calls posix_fadvise(SEQUENTIAL) on the model
+file, which doubles the window the kernel reads around a fault in that file: the records'
+readahead_effective_kib (0 with MADV_RANDOM: no read-around).
 
 Locking: llama.cpp's --mlock is all-or-nothing; lock mode "non_expert" mlocks only the byte
 ranges of the non-expert tensors inside llama.cpp's mapping (the pagelock shim), so the page
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import json
 import logging
 import math
@@ -46,20 +51,25 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+from gguf import GGUFReader
+from matplotlib.figure import Figure  # no pyplot: no backend or global figure state
 
-from .bench import _die_with_parent, _tail, host_facts, pipeline_revision
+from .bench import _tail, die_with_parent, host_facts, pipeline_revision
 from .errors import MoeplaceError
 from .gguf_file import shard_paths
 from .llamacpp import build_native, require_binary
 from .metadata import tensor_role
+from .outputs import atomic_path
+from .predict import ram_tier_tok_s
 
 log = logging.getLogger("moeplace")
 
@@ -74,8 +84,10 @@ DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 CGROUP_PREFIX = "moeplace-ramtier-"
 
 _LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
-_SHIM_LINE = re.compile(r"^pagelock: locked (\d+) bytes in (\d+) ranges \(madvise=(\w+)\)", re.MULTILINE)
+_SHIM_LINE = re.compile(r"^pagelock: locked (\d+) bytes in \d+ ranges", re.MULTILINE)
 _SHIM_PROBLEM = re.compile(r"^pagelock: (?!locked \d+ bytes).*$", re.MULTILINE)
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,10 +145,8 @@ def _probe(site: CgroupSite) -> str | None:
             f"cannot set {site.limit_file} in a child of {site.path} ({e.strerror}); the memory controller is unusable"
         )
     finally:
-        try:
+        with suppress(OSError):
             probe.rmdir()
-        except OSError:
-            pass
     return None
 
 
@@ -189,45 +199,33 @@ def _find_site() -> CgroupSite | str:
     return "no memory cgroup: neither a cgroup v1 memory hierarchy nor cgroup v2 is in use (/proc/self/cgroup)"
 
 
-def cgroup_support() -> str | None:
-    """None when capped memory cgroups can be made here, else a one-line reason saying what to do."""
+def cgroup_site() -> CgroupSite | str:
+    """Our memory cgroup, checked by making a capped child (stale children of killed jobs removed first),
+    or a one-line reason saying what to do."""
     site = _find_site()
     if isinstance(site, str):
         return site
-    return _probe(site)
+    _remove_stale(site)
+    return _probe(site) or site
+
+
+def cgroup_support() -> str | None:
+    """None when capped memory cgroups can be made here, else a one-line reason saying what to do."""
+    site = cgroup_site()
+    return site if isinstance(site, str) else None
 
 
 @dataclass
 class MemoryCgroup:
-    """A child memory cgroup with a limit (None: unlimited, for accounting only)."""
-
     path: Path
     version: int
-    limit_bytes: int | None
-
-    def join(self) -> None:
-        """Move the calling process in (in a child, before exec)."""
-        (self.path / "cgroup.procs").write_text(str(os.getpid()))
-
-    def pids(self) -> list[int]:
-        try:
-            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-        except OSError:
-            return []
-
-    def _stat(self, name: str) -> dict[str, int]:
-        out = {}
-        try:
-            for line in (self.path / name).read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if value.strip().isdigit():
-                    out[key] = int(value)
-        except OSError:
-            pass
-        return out
 
     def oom_kills(self) -> int:
-        return self._stat("memory.oom_control" if self.version == 1 else "memory.events").get("oom_kill", 0)
+        try:
+            text = (self.path / ("memory.oom_control" if self.version == 1 else "memory.events")).read_text()
+        except OSError:
+            return 0
+        return int(m[1]) if (m := re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)) else 0
 
     def peak_bytes(self) -> int | None:
         try:
@@ -235,11 +233,8 @@ class MemoryCgroup:
         except (OSError, ValueError):
             return None
 
-    def describe(self) -> str:
-        return f"cgroup v{self.version} {self.path.parent}"
 
-
-_serial = 0
+_serial = itertools.count(1)
 
 
 def _remove_stale(site: CgroupSite) -> None:
@@ -247,60 +242,47 @@ def _remove_stale(site: CgroupSite) -> None:
     for child in site.path.glob(f"{CGROUP_PREFIX}*"):
         m = re.match(rf"{CGROUP_PREFIX}(?:probe-)?(\d+)-", child.name)
         if m and not Path(f"/proc/{m[1]}").exists():
-            try:
+            with suppress(OSError):
                 child.rmdir()
-            except OSError:
-                pass
 
 
 @contextmanager
-def memory_cgroup(limit_bytes: int | None) -> Iterator[MemoryCgroup]:
-    """A memory cgroup under our own with the given limit; its processes are killed and it is removed after."""
-    global _serial
-    site = _find_site()
-    if isinstance(site, str):
-        raise MoeplaceError(f"cannot make a memory cgroup: {site}.")
-    _remove_stale(site)
-    _serial += 1
-    path = site.path / f"{CGROUP_PREFIX}{os.getpid()}-{_serial}"
+def memory_cgroup(site: CgroupSite, limit_bytes: int | None) -> Iterator[MemoryCgroup]:
+    """A child of `site` limited to `limit_bytes` (None: unlimited, for accounting only); removed after."""
+    path = site.path / f"{CGROUP_PREFIX}{os.getpid()}-{next(_serial)}"
     try:
         path.mkdir()
     except OSError as e:
         raise MoeplaceError(f"cannot create the memory cgroup {path} ({e.strerror}).") from None
-    cg = MemoryCgroup(path, site.version, limit_bytes)
+    cg = MemoryCgroup(path, site.version)
     try:
-        limit = str(limit_bytes) if limit_bytes is not None else ("-1" if site.version == 1 else "max")
-        try:
-            (path / site.limit_file).write_text(limit)
+        if limit_bytes is not None:  # a new cgroup starts unlimited
+            try:
+                (path / site.limit_file).write_text(str(limit_bytes))
+            except OSError as e:
+                raise MoeplaceError(f"cannot set {site.limit_file}={limit_bytes} on {path} ({e.strerror}).") from None
             # Swap would let anonymous memory leave the cap instead of being OOM-killed.
             swap = path / ("memory.memsw.limit_in_bytes" if site.version == 1 else "memory.swap.max")
-            if swap.exists() and limit_bytes is not None:
+            if swap.exists():
                 try:
-                    swap.write_text(limit if site.version == 1 else "0")
+                    swap.write_text(str(limit_bytes) if site.version == 1 else "0")
                 except OSError:
                     log.warning("could not cap swap in %s; no swap is assumed", path)
-        except OSError as e:
-            raise MoeplaceError(f"cannot set {site.limit_file}={limit} on {path} ({e.strerror}).") from None
         yield cg
     finally:
         _remove_cgroup(cg)
 
 
 def _remove_cgroup(cg: MemoryCgroup) -> None:
+    """run_capped has killed and reaped the process group; kill what left it, then rmdir, which fails with
+    EBUSY until the kernel has let go of the dead processes."""
+    pids = []
+    with suppress(OSError):
+        pids = (cg.path / "cgroup.procs").read_text().split()
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while (pids := cg.pids()) and time.monotonic() < deadline:
-        kill = cg.path / "cgroup.kill"
-        if kill.exists():
-            try:
-                kill.write_text("1")
-            except OSError:
-                pass
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
     while True:
         try:
             cg.path.rmdir()
@@ -318,40 +300,21 @@ def _remove_cgroup(cg: MemoryCgroup) -> None:
 # page cache and readahead
 
 
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    return libc
-
-
 def cached_bytes(paths: Sequence[str | Path]) -> int:
     """How many bytes of these files are in the page cache now (mincore over a fresh mapping)."""
-    libc = _libc()
     total = 0
-    chunk = 1 << 30
     for p in paths:
         size = os.path.getsize(p)
         if size == 0:
             continue
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-            if addr in (None, ctypes.c_void_p(-1).value):
-                raise OSError(ctypes.get_errno(), f"mmap of {p} failed")
-            try:
-                for start in range(0, size, chunk):
-                    length = min(chunk, size - start)
-                    vec = (ctypes.c_ubyte * ((length + PAGE - 1) // PAGE))()
-                    if libc.mincore(ctypes.c_void_p(addr + start), length, vec) != 0:
-                        raise OSError(ctypes.get_errno(), f"mincore on {p} failed")
-                    total += sum(b & 1 for b in bytes(vec)) * PAGE
-            finally:
-                libc.munmap(ctypes.c_void_p(addr), size)
-        finally:
-            os.close(fd)
+        vec = np.zeros(-(-size // PAGE), np.uint8)
+        with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            view = np.frombuffer(m, np.uint8)  # only for the mapping's address
+            rc = _LIBC.mincore(view.ctypes.data, size, vec.ctypes.data)
+            del view  # the mapping cannot be closed while a view of it exists
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), f"mincore on {p} failed")
+        total += int(np.count_nonzero(vec & 1)) * PAGE
     return total
 
 
@@ -362,25 +325,18 @@ def evict_page_cache(paths: Sequence[str | Path]) -> tuple[str, int]:
     dropped); if pages remain and we may, the global drop_caches as well.
     """
     for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        with open(p, "rb") as f:
+            with suppress(OSError):
+                os.fsync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     method = "posix_fadvise DONTNEED"
     left = cached_bytes(paths)
     if left and os.access(DROP_CACHES, os.W_OK):
         os.sync()
-        try:
+        with suppress(OSError):
             DROP_CACHES.write_text("1")
             method += " + drop_caches"
             left = cached_bytes(paths)
-        except OSError:
-            pass
     return method, left
 
 
@@ -408,18 +364,27 @@ def block_device(path: str | Path) -> BlockDevice | str:
 
 @dataclass
 class Readahead:
-    """What the runs use: a description for the records and whether the shim must advise MADV_RANDOM."""
+    """What the runs use: a label for the records, the read_ahead_kb in force (None: unknown, or MADV_RANDOM)
+    and whether the shim must advise MADV_RANDOM."""
 
     description: str
-    kb: int | None
+    kib: int | None
     madvise: str  # "random" or "none"
     note: str = ""  # why the fallback, or what is unknown
     restore: list[tuple[Path, str]] = field(default_factory=list)
 
+    @property
+    def effective_kib(self) -> int | None:
+        """The window read around a fault in llama.cpp's mapping: its posix_fadvise(SEQUENTIAL) doubles the
+        file's read_ahead_kb; MADV_RANDOM turns read-around off (0)."""
+        if self.madvise == "random":
+            return 0
+        return None if self.kib is None else 2 * self.kib
+
 
 @contextmanager
 def readahead_control(paths: Sequence[str | Path], kb: int | None) -> Iterator[Readahead]:
-    """kb None: leave the devices' readahead as it is. Else set read_ahead_kb on the devices behind
+    """kb None: leave the devices' readahead as it is. Else set read_ahead_kb (KiB) on the devices behind
     `paths` (restored afterwards, whatever happens), or where that cannot be done fall back to
     MADV_RANDOM on the mapping (no read-around at all)."""
     found = [block_device(p) for p in paths]
@@ -427,14 +392,14 @@ def readahead_control(paths: Sequence[str | Path], kb: int | None) -> Iterator[R
     problems = [d for d in found if isinstance(d, str)]
     names = ", ".join(d.name for d in devices)
     if kb is None:
-        current = sorted({d.read_ahead.read_text().strip() for d in devices})
+        current = sorted({int(d.read_ahead.read_text()) for d in devices})
         if devices and not problems:
-            ra = Readahead(f"device default {'/'.join(current)} KB (device {names})", None, "none")
+            values = "/".join(map(str, current))
+            yield Readahead(f"device default {values} KiB (device {names})", max(current), "none")
         else:
-            ra = Readahead("device default", None, "none", note=problems[0])
-        yield ra
+            yield Readahead("device default", None, "none", note=problems[0])
         return
-    ra = Readahead(f"{kb} KB (device {names})", kb, "none")
+    ra = Readahead(f"{kb} KiB (device {names})", kb, "none")
     try:
         if problems:
             raise OSError(problems[0])
@@ -451,7 +416,7 @@ def readahead_control(paths: Sequence[str | Path], kb: int | None) -> Iterator[R
         _restore(ra)
         why = e.args[0] if len(e.args) == 1 else e
         ra = Readahead("madvise random", None, "random", note=f"read_ahead_kb not settable: {why}")
-        log.warning("readahead: madvise random instead of %d KB (%s)", kb, ra.note)
+        log.warning("readahead: madvise random instead of %d KiB (%s)", kb, ra.note)
     try:
         yield ra
     finally:
@@ -464,7 +429,7 @@ def _restore(ra: Readahead) -> None:
         try:
             path.write_text(old)
         except OSError as e:
-            log.error("could not restore %s to %s KB (%s); set it by hand", path, old, e.strerror)
+            log.error("could not restore %s to %s KiB (%s); set it by hand", path, old, e.strerror)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,7 +438,7 @@ def _restore(ra: Readahead) -> None:
 
 def merge_ranges(spans: Sequence[tuple[int, int]], page: int = PAGE, limit: int | None = None) -> list[tuple[int, int]]:
     """(offset, length) spans rounded out to whole pages, clipped to `limit` (rounded up), merged where
-    they overlap or touch; sorted."""
+    they overlap or touch; sorted. The pagelock shim relies on this: it only clips them to the mapping."""
     end_cap = None if limit is None else -(-limit // page) * page
     rounded = []
     for off, length in spans:
@@ -500,8 +465,6 @@ def is_expert_tensor(name: str) -> bool:
 
 def non_expert_ranges(model_path: str | Path, page: int = PAGE) -> list[tuple[Path, list[tuple[int, int]]]]:
     """Per model file (all shards): the page-rounded, merged file ranges holding non-expert tensor data."""
-    from gguf import GGUFReader
-
     out = []
     for shard in shard_paths(Path(model_path)):
         reader = GGUFReader(shard, "r")
@@ -521,43 +484,22 @@ def shim_env(targets: Sequence[tuple[Path, list[tuple[int, int]]]], madvise: str
 
 
 def parse_shim(stderr: str) -> dict[str, Any]:
-    lines = _SHIM_LINE.findall(stderr)
-    return {
-        "mapped": len(lines),
-        "locked_bytes": sum(int(n) for n, _, _ in lines),
-        "locked_ranges": sum(int(m) for _, m, _ in lines),
-        "madvise": sorted({a for _, _, a in lines}),
-        "problems": _SHIM_PROBLEM.findall(stderr),
-    }
+    """How many model mappings the shim saw, the bytes it locked in them, and its complaints (any one of which,
+    a failed mlock or madvise, spoils the run)."""
+    locked = _SHIM_LINE.findall(stderr)
+    return {"mapped": len(locked), "locked_bytes": sum(map(int, locked)), "problems": _SHIM_PROBLEM.findall(stderr)}
 
 
 # ---------------------------------------------------------------------------------------------
 # one run
 
 
+# Decode only, once, no warmup (the G1 and G2 runs load alike), on the CPU, weights left in the file mapping.
+_BENCH_ARGS = "-p 0 -r 1 --no-warmup -ngl 0 --repack 0 -lm mmap -o jsonl".split()
+
+
 def ram_tier_command(manifest: dict[str, Any], model: str, gen: int, threads: int) -> list[str]:
-    return [
-        str(require_binary(manifest, "llama-bench")),
-        "-m",
-        model,
-        "-p",
-        "0",
-        "-n",
-        str(gen),
-        "-r",
-        "1",
-        "--no-warmup",
-        "-ngl",
-        "0",
-        "-t",
-        str(threads),
-        "--repack",
-        "0",
-        "-lm",
-        "mmap",
-        "-o",
-        "jsonl",
-    ]
+    return [str(require_binary(manifest, "llama-bench")), "-m", model, "-n", str(gen), "-t", str(threads), *_BENCH_ARGS]
 
 
 def _check_flags(manifest: dict[str, Any]) -> None:
@@ -579,51 +521,52 @@ class RunResult:
     wall_s: float
     majflt: int | None
     anon_peak_bytes: int
-    file_rss_peak_bytes: int
-    cgroup_peak_bytes: int | None
+    cgroup_peak_bytes: int | None  # None without a cgroup
     oom_kills: int
     stdout: str
     stderr: str
     start_error: str = ""
 
 
-def _proc_status(pid: int) -> tuple[int, int] | None:
-    """(RssAnon, RssFile) of a live process in bytes."""
+def _rss_anon(pid: int) -> int | None:
+    """RssAnon of a live process in bytes."""
     try:
-        text = Path(f"/proc/{pid}/status").read_text()
+        m = re.search(r"^RssAnon:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
     except OSError:
         return None
-    values = dict(re.findall(r"^(RssAnon|RssFile):\s+(\d+) kB", text, re.MULTILINE))
-    if len(values) < 2:
-        return None
-    return int(values["RssAnon"]) * 1024, int(values["RssFile"]) * 1024
+    return int(m[1]) * 1024 if m else None
 
 
-def _child_setup(cg: MemoryCgroup) -> None:
+def _child_setup(cg: MemoryCgroup | None) -> None:
     """In the child before exec: own process group and death with the parent, into the cgroup, memlock."""
-    _die_with_parent()
-    try:
-        cg.join()
-    except OSError as e:
-        os.write(2, f"moeplace: cannot join the memory cgroup {cg.path}: {e.strerror}\n".encode())
-        raise
-    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    try:
-        if os.geteuid() == 0:
-            resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-        else:
-            resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
-    except (OSError, ValueError):
-        pass
+    die_with_parent()
+    if cg is not None:
+        try:
+            (cg.path / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError as e:
+            os.write(2, f"moeplace: cannot join the memory cgroup {cg.path}: {e.strerror}\n".encode())
+            raise
+    limit = resource.RLIM_INFINITY if os.geteuid() == 0 else resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    with suppress(OSError, ValueError):
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (limit, limit))
 
 
 def run_capped(
-    cmd: list[str], env: dict[str, str], limit_bytes: int | None, timeout_s: float, max_poll_s: float = 0.05
+    cmd: list[str],
+    env: dict[str, str],
+    limit_bytes: int | None,
+    timeout_s: float,
+    site: CgroupSite | None = None,
+    max_poll_s: float = 0.05,
 ) -> RunResult:
-    """Run `cmd` as a fresh process in its own memory cgroup: rusage major faults, wall time, and the peaks
-    of RssAnon/RssFile (sampled from /proc/<pid>/status) and of the cgroup's charge."""
+    """Run `cmd` as a fresh process: rusage major faults, wall time, the peak of RssAnon (sampled from
+    /proc/<pid>/status) and, in its own memory cgroup under `site` limited to `limit_bytes` (None:
+    unlimited), the cgroup's peak charge and OOM kills. Without a site it runs in no cgroup of ours,
+    which only an uncapped run can."""
+    if site is None and limit_bytes is not None:
+        raise MoeplaceError("a memory cap needs a memory cgroup")
     with (
-        memory_cgroup(limit_bytes) as cg,
+        memory_cgroup(site, limit_bytes) if site else nullcontext() as cg,
         tempfile.TemporaryFile("w+") as out,
         tempfile.TemporaryFile("w+") as err,
     ):
@@ -632,8 +575,8 @@ def run_capped(
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, preexec_fn=lambda: _child_setup(cg))
         except (OSError, subprocess.SubprocessError) as e:
             err.seek(0)
-            return RunResult(None, False, 0.0, None, 0, 0, None, 0, "", err.read(), start_error=str(e))
-        anon = file = 0
+            return RunResult(None, False, 0.0, None, 0, None, 0, "", err.read(), start_error=str(e))
+        anon = 0
         timed_out = False
         kill_at = math.inf
         status = 0
@@ -644,8 +587,7 @@ def run_capped(
                 if pid:
                     rusage = usage
                     break
-                if (sample := _proc_status(proc.pid)) is not None:
-                    anon, file = max(anon, sample[0]), max(file, sample[1])
+                anon = max(anon, _rss_anon(proc.pid) or 0)
                 if time.monotonic() - t0 > timeout_s and not timed_out:
                     timed_out = True
                     _kill_group(proc.pid, signal.SIGTERM)
@@ -668,19 +610,16 @@ def run_capped(
             wall_s=wall,
             majflt=rusage.ru_majflt,
             anon_peak_bytes=anon,
-            file_rss_peak_bytes=file,
-            cgroup_peak_bytes=cg.peak_bytes(),
-            oom_kills=cg.oom_kills(),
+            cgroup_peak_bytes=cg.peak_bytes() if cg else None,
+            oom_kills=cg.oom_kills() if cg else 0,
             stdout=out.read(),
             stderr=err.read(),
         )
 
 
 def _kill_group(pid: int, sig: int) -> None:
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _tg_result(stdout: str) -> dict[str, Any] | None:
@@ -737,12 +676,13 @@ def _sigterm_raises() -> Iterator[None]:
 
 def _measure(
     *,
-    cmd_for: Any,
+    cmd_for: Callable[[int], list[str]],
     gen: tuple[int, int],
     env: dict[str, str],
     files: list[str],
+    site: CgroupSite | None,
     cap_bytes: int | None,
-    expect_locked: int | None,
+    expect_locked: int,
     model_bytes: int,
     timeout_s: float,
     log_path: Path,
@@ -763,7 +703,7 @@ def _measure(
             break
         cmd = cmd_for(g)
         log.info("$ %s  (cap %s)", " ".join(cmd), "none" if cap_bytes is None else f"{cap_bytes} bytes")
-        run = run_capped(cmd, env, cap_bytes, timeout_s)
+        run = run_capped(cmd, env, cap_bytes, timeout_s, site)
         runs.append(run)
         with log_path.open("a") as f:
             f.write(f"$ {' '.join(cmd)}  # cap {cap_bytes}\n{run.stderr}\n")
@@ -771,12 +711,13 @@ def _measure(
         shim = parse_shim(run.stderr)
         if status == "ok" and shim["mapped"] == 0:
             status, error = "error", "the pagelock shim never saw the model file mapped (was it loaded with mmap?)"
-        if status == "ok" and expect_locked is not None and shim["locked_bytes"] != expect_locked:
+        if status == "ok" and (shim["locked_bytes"] != expect_locked or shim["problems"]):
             status = "error"
             error = f"locked {shim['locked_bytes']} of {expect_locked} bytes: " + " | ".join(shim["problems"])
         if status != "ok":
             error = f"{error}: {_tail(run.stderr)}" if run.stderr.strip() else error
             break
+    peaks = [r.cgroup_peak_bytes for r in runs if r.cgroup_peak_bytes is not None]
     row: dict[str, Any] = {
         "status": status,
         "error": error,
@@ -784,31 +725,21 @@ def _measure(
         "evict_left_bytes": max((e[1] for e in evicts), default=None),
         "majflt": [r.majflt for r in runs],
         "wall_s": [round(r.wall_s, 3) for r in runs],
-        "run_anon_peak_bytes": max((r.anon_peak_bytes for r in runs), default=None),
-        "file_rss_peak_bytes": max((r.file_rss_peak_bytes for r in runs), default=None),
-        "cgroup_peak_bytes": max((r.cgroup_peak_bytes or 0 for r in runs), default=None),
+        "anon_peak_bytes": max((r.anon_peak_bytes for r in runs), default=None),
+        "cgroup_peak_bytes": max(peaks, default=None),
         "oom_kills": sum(r.oom_kills for r in runs),
         "locked_bytes": shim.get("locked_bytes"),
-        "locked_ranges": shim.get("locked_ranges"),
-        "shim_madvise": ",".join(shim.get("madvise", [])) or None,
         "faults_per_token": None,
         "tok_s": None,
-        "tok_s_short": None,
-        "s_per_token_wall": None,
+        "tok_s_marginal": None,
     }
     if status == "ok":
-        short, long_ = (_tg_result(r.stdout) for r in runs)
-        assert short is not None and long_ is not None
-        g1, g2 = gen
-        row["faults_per_token"] = (runs[1].majflt - runs[0].majflt) / (g2 - g1)
-        row["tok_s"] = float(long_["avg_ts"])
-        row["tok_s_short"] = float(short["avg_ts"])
-        row["s_per_token_wall"] = (runs[1].wall_s - runs[0].wall_s) / (g2 - g1)
+        (g1, g2), (short, long_) = gen, runs
+        row["faults_per_token"] = (long_.majflt - short.majflt) / (g2 - g1)
+        row["tok_s"] = float(_tg_result(long_.stdout)["avg_ts"])  # type: ignore[index]
+        if long_.wall_s > short.wall_s:  # else too noisy to say
+            row["tok_s_marginal"] = (g2 - g1) / (long_.wall_s - short.wall_s)
     return row
-
-
-def _skipped(base: dict[str, Any], reason: str) -> list[dict[str, Any]]:
-    return [{**base, "cap_pct": None, "lock": "none", "status": "skipped", "error": reason}]
 
 
 def run_ram_tier(
@@ -829,8 +760,9 @@ def run_ram_tier(
 ) -> list[dict[str, Any]]:
     """An uncapped reference run, then every cap (percent of the model's file bytes) x lock mode.
 
-    One record per row, failed ones included (status oom/crash/timeout/error and the stderr tail);
-    where no memory cgroup can be made, a single row with status 'skipped' and the reason.
+    One record per row, failed ones included (status oom/crash/timeout/error and the stderr tail).
+    Where no memory cgroup can be made, the capped rows have status 'skipped' and the reason; where
+    the reference fails, a single 'error' row (cap_pct and lock None) stands for all of them.
     """
     g1, g2 = gen
     if not 0 < g1 < g2:
@@ -841,119 +773,106 @@ def run_ram_tier(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     files = [str(f["path"]) for f in meta["files"]] or [str(p) for p in shard_paths(Path(model_path))]
     model_bytes = sum(os.path.getsize(f) for f in files)
-    base: dict[str, Any] = {
-        "model": model_name,
-        "model_bytes": model_bytes,
-        "non_expert_bytes": meta.get("non_expert_bytes"),
-        "expert_bytes": meta.get("expert_bytes"),
-        "gen": list(gen),
-        "threads": threads,
-        "load_mode": "mmap",
-        "repack": False,
-        "slack_bytes": slack_bytes,
-        "llamacpp_version": manifest.get("version"),
-        "llamacpp_commit": manifest.get("build_commit"),
-        "llamacpp_build": manifest.get("build_number"),
-        "model_files": meta["files"],
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **host_facts(),
-        **pipeline_revision(workdir),
-    }
-    reason = cgroup_support()
-    if reason:
-        log.warning("RAM tier skipped: %s", reason)
-        return _skipped(base, reason)
+    site = cgroup_site()
+    skip = site if isinstance(site, str) else None
+    if skip:
+        log.warning("RAM tier: only the uncapped reference runs, the caps are skipped: %s", skip)
+    cg_site = None if skip else site
     _check_flags(manifest)
     shim = build_native("pagelock", log_path, shared=True)
     targets = non_expert_ranges(model_path)
     expect = sum(n for _, ranges in targets for _, n in ranges)
     no_ranges = [(path, []) for path, _ in targets]
-    site = _find_site()
-    assert not isinstance(site, str)
 
     def cmd_for(g: int) -> list[str]:
         return ram_tier_command(manifest, model_path, g, threads)
 
     records: list[dict[str, Any]] = []
     with _sigterm_raises(), readahead_control(files, readahead_kb) as ra:
-        common = {
-            **base,
+        common: dict[str, Any] = {
+            "model": model_name,
+            "model_bytes": model_bytes,
+            "non_expert_bytes": meta.get("non_expert_bytes"),
+            "expert_bytes": meta.get("expert_bytes"),
+            "gen": list(gen),
+            "threads": threads,
+            "load_mode": "mmap",
+            "repack": False,
+            "slack_bytes": slack_bytes,
+            "llamacpp_version": manifest.get("version"),
+            "llamacpp_commit": manifest.get("build_commit"),
+            "llamacpp_build": manifest.get("build_number"),
+            "model_files": meta["files"],
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **host_facts(),
+            **pipeline_revision(workdir),
             "readahead": ra.description,
-            "readahead_kb": ra.kb,
+            "readahead_kb": ra.kib,
+            "readahead_effective_kib": ra.effective_kib,
             "readahead_note": ra.note,
             "madvise": ra.madvise,
-            "cgroup": f"cgroup v{site.version} under {site.path}",
+            "cgroup": f"cgroup v{cg_site.version} under {cg_site.path}" if cg_site else None,
             "command": cmd_for(g2),
         }
 
-        def env_for(lock: str) -> dict[str, str]:
-            preload = " ".join(filter(None, [str(shim), os.environ.get("LD_PRELOAD", "")]))
+        def measure(cap_pct: int | None, lock: str, cap: dict[str, Any]) -> dict[str, Any]:
             lock_targets = targets if lock == "non_expert" else no_ranges
-            return {**os.environ, "LD_PRELOAD": preload, **shim_env(lock_targets, ra.madvise)}
-
-        def measure(cap_pct: int | None, lock: str, ref: dict[str, Any] | None) -> dict[str, Any]:
-            parts: dict[str, Any] = {"cap_bytes": None, "cap_model_bytes": None, "model_room_pct": None}
-            if cap_pct is not None and ref is not None:
-                share = round(cap_pct / 100 * model_bytes)
-                cap = ref["run_anon_peak_bytes"] + slack_bytes + share
-                # What the model's pages can really have: the cap less what the reference run charged besides them.
-                room = cap - ref["run_anon_peak_bytes"] - ref["other_charged_bytes"]
-                parts = {"cap_bytes": cap, "cap_model_bytes": share, "model_room_pct": 100 * room / model_bytes}
+            preload = " ".join(filter(None, [str(shim), os.environ.get("LD_PRELOAD", "")]))
             row = _measure(
                 cmd_for=cmd_for,
                 gen=gen,
-                env=env_for(lock),
+                env={**os.environ, "LD_PRELOAD": preload, **shim_env(lock_targets, ra.madvise)},
                 files=files,
-                cap_bytes=parts["cap_bytes"],
+                site=cg_site,
+                cap_bytes=cap.get("cap_bytes"),
                 expect_locked=expect if lock == "non_expert" else 0,
                 model_bytes=model_bytes,
                 timeout_s=timeout_s,
                 log_path=log_path,
             )
-            anon_ref = (ref or row)["run_anon_peak_bytes"]
-            other = None
-            if ref is None and row["status"] == "ok" and row["cgroup_peak_bytes"]:
-                # Charged to the uncapped run besides its anonymous memory and the (fully mapped) model.
-                other = max(0, row["cgroup_peak_bytes"] - row["run_anon_peak_bytes"] - model_bytes)
-            record = {
-                **common,
-                "cap_pct": cap_pct,
-                **parts,
-                "anon_peak_bytes": anon_ref,
-                "other_charged_bytes": other if ref is None else ref["other_charged_bytes"],
-                "lock": lock,
-                "lock_expected_bytes": expect if lock == "non_expert" else 0,
-                **row,
-            }
+            record = {**common, "cap_pct": cap_pct, "lock": lock, **row, **cap}
+            record["lock_expected_bytes"] = expect if lock == "non_expert" else 0
             log.info(
-                "ram tier %s cap %s lock %s: %s %s tok/s, %s faults/token",
+                "ram tier %s cap %s lock %s: %s, %s tok/s (%s marginal), %s faults/token",
                 model_name,
                 "none" if cap_pct is None else f"{cap_pct}%",
                 lock,
                 record["status"],
                 record["tok_s"],
+                record["tok_s_marginal"],
                 record["faults_per_token"],
             )
             return record
 
-        reference = measure(None, "none", None)
-        records.append(reference)
+        ref = measure(None, "none", {})
+        anon = ref["anon_peak_bytes"]
+        other = None
+        if ref["status"] == "ok" and ref["cgroup_peak_bytes"]:
+            # Charged to the uncapped run besides its anonymous memory and the (fully mapped) model.
+            other = max(0, ref["cgroup_peak_bytes"] - anon - model_bytes)
+        ref["other_charged_bytes"] = other
+        records.append(ref)
+        if ref["status"] != "ok":
+            caps = ", ".join(f"{p}%" for p in caps_pct)
+            why = f"the uncapped reference run failed ({ref['status']}), so no cap ({caps}) could be sized or run"
+            records.append({**common, "cap_pct": None, "lock": None, "status": "error", "error": why})
+            return records
         for pct in caps_pct:
             for lock in lock_modes:
-                if reference["status"] != "ok":
-                    records.append(
-                        {
-                            **common,
-                            "cap_pct": pct,
-                            "cap_bytes": None,
-                            "lock": lock,
-                            "status": "error",
-                            "error": "the uncapped reference run failed, so no cap could be sized: "
-                            + reference["error"],
-                        }
-                    )
+                if skip:
+                    records.append({**common, "cap_pct": pct, "lock": lock, "status": "skipped", "error": skip})
                     continue
-                records.append(measure(pct, lock, reference))
+                share = round(pct / 100 * model_bytes)
+                cap = anon + slack_bytes + share
+                cap_parts = {
+                    "cap_bytes": cap,
+                    "cap_model_bytes": share,
+                    # What the model's pages can really have: the cap less what the reference run charged besides.
+                    "model_room_pct": None if other is None else 100 * (cap - anon - other) / model_bytes,
+                    "anon_peak_bytes": anon,  # the reference's, which sized the cap
+                    "other_charged_bytes": other,
+                }
+                records.append(measure(pct, lock, cap_parts))
     return records
 
 
@@ -965,140 +884,104 @@ TABLE_COLUMNS = [
     "model",
     "cap_pct",
     "cap_gb",
+    "model_room_pct",
     "lock",
     "tok_s",
+    "tok_s_marginal",
     "faults_per_token",
     "locked_mb",
     "readahead",
+    "readahead_effective_kib",
     "status",
     "error",
 ]
+_NUMERIC = ["cap_pct", "cap_gb", "model_room_pct", "tok_s", "tok_s_marginal", "faults_per_token", "locked_mb"]
 
 
 def ram_tier_table(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per model x readahead x cap x lock mode; the uncapped reference (cap_pct NaN) first."""
-    rows = []
-    for r in records:
-        cap = r.get("cap_bytes")
-        locked = r.get("locked_bytes")
-        rows.append(
+    """One row per record, in run_ram_tier's order: the uncapped reference (cap_pct NaN) first."""
+    table = pd.DataFrame(
+        [
             {
-                "model": r.get("model"),
-                "cap_pct": r.get("cap_pct"),
-                "cap_gb": cap / 1e9 if cap is not None else None,
-                "lock": r.get("lock", "none"),
-                "tok_s": r.get("tok_s"),
-                "faults_per_token": r.get("faults_per_token"),
-                "locked_mb": locked / 1e6 if locked is not None else None,
-                "readahead": r.get("readahead"),
-                "status": r.get("status"),
+                **{c: r.get(c) for c in TABLE_COLUMNS},
+                "cap_gb": None if r.get("cap_bytes") is None else r["cap_bytes"] / 1e9,
+                "locked_mb": None if r.get("locked_bytes") is None else r["locked_bytes"] / 1e6,
                 "error": r.get("error") or "",
             }
-        )
-    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
-    for column in ("cap_pct", "cap_gb", "tok_s", "faults_per_token", "locked_mb"):
-        table[column] = pd.to_numeric(table[column], errors="coerce").astype(float)
-    table["uncapped"] = table.cap_pct.isna()
-    table["lock_order"] = table.lock.map({m: i for i, m in enumerate(LOCK_MODES)}).fillna(len(LOCK_MODES))
-    table = table.sort_values(
-        ["model", "readahead", "uncapped", "cap_pct", "lock_order"],
-        ascending=[True, True, False, False, True],
-        kind="stable",
+            for r in records
+        ],
+        columns=TABLE_COLUMNS,
     )
-    return table.drop(columns=["uncapped", "lock_order"]).reset_index(drop=True)
+    table[_NUMERIC] = table[_NUMERIC].apply(pd.to_numeric, errors="coerce").astype(float)
+    table["readahead_effective_kib"] = pd.to_numeric(table.readahead_effective_kib, errors="coerce").astype("Int64")
+    return table
 
 
 def predicted_column(
     table: pd.DataFrame, meta: dict[str, Any], ddr_gbps: float | None, disk_gbps: float | None
 ) -> pd.DataFrame:
-    """The table with tok_s_predicted: predict.ram_tier_tok_s with cap_pct% of the model's file bytes as the
-    weights' page cache (all of it uncapped); NaN where a bandwidth it needs is unknown."""
-    from .predict import ram_tier_tok_s
-
+    """The table with tok_s_predicted: predict.ram_tier_tok_s with the share of the model's file bytes the
+    cap left it (model_room_pct where known, else cap_pct) as the weights' page cache (all of it uncapped);
+    NaN where a bandwidth it needs is unknown."""
     model_bytes = sum(f["size"] for f in meta.get("files") or []) or meta["total_bytes"]
 
-    def one(cap_pct: float) -> float:
+    def one(cap_pct: float, room_pct: float) -> float:
+        pct = room_pct if pd.notna(room_pct) else cap_pct
         if not ddr_gbps:
             return math.nan
-        weight_ram = None if pd.isna(cap_pct) else round(cap_pct / 100 * model_bytes)
+        weight_ram = None if pd.isna(pct) else round(max(pct, 0) / 100 * model_bytes)
         try:
             return ram_tier_tok_s(meta, weight_ram, ddr_gbps, disk_gbps)  # type: ignore[arg-type]
         except MoeplaceError:  # pages from disk, but no disk bandwidth
             return math.nan
 
-    return table.assign(tok_s_predicted=[one(c) for c in table.cap_pct])
+    return table.assign(tok_s_predicted=[one(c, r) for c, r in zip(table.cap_pct, table.model_room_pct)])
 
 
 def plot_ram_tier(table: pd.DataFrame, path: str | Path, title: str) -> None:
-    """Decode tok/s and major faults per token against the RAM cap: one line per lock mode (colour) and
-    model x readahead (line style), the uncapped run as a dotted reference, failed rows marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .outputs import atomic_path
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 6.2))
-    colors = {"none": "tab:blue", "non_expert": "tab:orange"}
+    """Decode tok/s and major faults per token against the RAM cap (one model, one readahead), side by
+    side: one line per lock mode, the uncapped run as a dotted reference, the prediction where the table
+    has it; rows that did not run are marked with their status and listed under the panels."""
+    fig = Figure(figsize=(12, 5.5))
+    axes = fig.subplots(1, 2)
+    ref = table[table.cap_pct.isna() & (table.status == "ok")]
+    capped = table[table.cap_pct.notna()]
     labels = {"none": "no locking", "non_expert": "non-expert tensors mlock'ed"}
-    styles = ["o-", "s--", "^-.", "d:"]
-    shown = table[table.status != "skipped"]
-    series = list(shown.groupby(["model", "readahead"], dropna=False).groups)
-    skipped = table[table.status == "skipped"]
     for ax, column, ylabel in (
-        (axes[0], "tok_s", "decode speed (tg), tokens/s"),
+        (axes[0], "tok_s", "decode speed (llama-bench tg), tokens/s"),
         (axes[1], "faults_per_token", "major page faults per generated token"),
     ):
-        for k, (model, readahead) in enumerate(series):
-            t = shown[(shown.model == model) & (shown.readahead == readahead)]
-            prefix = ", ".join(
-                str(v)
-                for v, n in ((model, shown.model.nunique()), (f"readahead {readahead}", shown.readahead.nunique()))
-                if n > 1
-            )
-            prefix = f"{prefix}: " if prefix else ""
-            ref = t[t.cap_pct.isna() & (t.status == "ok")]
-            if len(ref):
-                value = float(ref[column].iloc[0])
-                ax.axhline(value, color="tab:gray", ls=styles[k % len(styles)][1:], lw=1, alpha=0.8,
-                           label=f"{prefix}no cap ({value:.3g} tok/s)" if column == "tok_s" else None)  # fmt: skip
-            capped = t[t.cap_pct.notna()]
-            if column == "tok_s" and "tok_s_predicted" in t and t.tok_s_predicted.notna().any():
-                p = capped.drop_duplicates("cap_pct").sort_values("cap_pct")
-                ax.plot(p.cap_pct, p.tok_s_predicted, "x" + styles[k % len(styles)][1:], color="black", lw=1,
-                        label=f"{prefix}predicted (RAM + disk bandwidth)")  # fmt: skip
-            for lock in sorted(capped.lock.unique(), key=lambda m: (LOCK_MODES + (m,)).index(m)):
-                c = capped[capped.lock == lock].sort_values("cap_pct")
-                ok = c[c.status == "ok"]
-                ax.plot(ok.cap_pct, ok[column], styles[k % len(styles)], color=colors.get(lock, "tab:green"),
-                        label=f"{prefix}{labels.get(lock, lock)}")  # fmt: skip
-                for r in c[c.status != "ok"].itertuples():
-                    ax.annotate(str(r.status).upper(), (r.cap_pct, 0), xytext=(0, 4 + 10 * k),
-                                textcoords="offset points", ha="center", fontsize=8, color="tab:red",
-                                xycoords=("data", "axes fraction"))  # fmt: skip
-        ax.set_xlabel("RAM cap: % of the model's file bytes, on top of anon peak + slack")
-        ax.set_ylabel(ylabel)
-        values = pd.to_numeric(shown[column], errors="coerce")
+        if len(ref):
+            value = float(ref[column].iloc[0])
+            ax.axhline(value, color="tab:gray", ls=":", label=f"no cap ({value:.3g})")
+        if column == "tok_s" and "tok_s_predicted" in capped and capped.tok_s_predicted.notna().any():
+            p = capped.drop_duplicates("cap_pct").sort_values("cap_pct")
+            ax.plot(p.cap_pct, p.tok_s_predicted, "x--", color="black", lw=1, label="predicted (RAM + disk bandwidth)")
+        for k, lock in enumerate(m for m in LOCK_MODES if m in set(capped.lock)):
+            c = capped[capped.lock == lock].sort_values("cap_pct")
+            ok = c[c.status == "ok"]
+            ax.plot(ok.cap_pct, ok[column], "o-", color=f"C{k}", label=labels[lock] if len(ok) else None)
+            for r in c[c.status != "ok"].itertuples():
+                ax.annotate(str(r.status).upper(), (r.cap_pct, 0), xytext=(0, 4 + 10 * k), textcoords="offset points",
+                            xycoords=("data", "axes fraction"), ha="center", fontsize=8, color="tab:red")  # fmt: skip
+        values = pd.concat([ref[column], capped[column]]).dropna()
         positive = values[values > 0]
         if column == "tok_s" and len(positive) and positive.max() / positive.min() > 30:
             ax.set_yscale("log")  # speeds under a cap can be orders of magnitude apart
         else:
             ax.set_ylim(bottom=0)
-        caps = shown.cap_pct.dropna()
-        if len(caps):
-            ax.set_xlim(max(caps.max() + 5, 105), min(caps.min() - 5, 0))  # less RAM to the right
+        if len(capped):
+            ax.set_xlim(max(capped.cap_pct.max() + 5, 105), min(capped.cap_pct.min() - 5, 0))  # less RAM to the right
+        ax.set_xlabel("RAM cap: % of the model's file bytes, on top of anon peak + slack")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, which="both")
-        if len(skipped):
-            ax.text(0.5, 0.5, "skipped: " + str(skipped.error.iloc[0]), transform=ax.transAxes, ha="center",
-                    va="center", fontsize=8, wrap=True)  # fmt: skip
-    handles, names = axes[0].get_legend_handles_labels()  # the same lines in both panels: one legend
-    rows = -(-len(names) // 2)
-    if handles:
-        fig.legend(handles, names, loc="lower center", ncol=2, fontsize=8, frameon=False)
-    readahead = "; ".join(sorted(set(shown.readahead.dropna())))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    notes = sorted({f"{r.status}: {str(r.error)[:150]}" for r in table[table.status != "ok"].itertuples()})[:4]
+    for i, note in enumerate(notes):
+        fig.text(0.01, 0.01 + 0.03 * i, note, fontsize=7, color="tab:red")
+    readahead = "; ".join(sorted(set(table.readahead.dropna())))
     fig.suptitle(f"{title}\nreadahead: {readahead}" if readahead else title, fontsize=10)
-    fig.tight_layout(rect=(0, min(0.45, 0.035 * rows + 0.01), 1, 1))
+    fig.tight_layout(rect=(0, 0.03 * len(notes), 1, 1))
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=130, format="png")
-    plt.close(fig)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .bench import _die_with_parent
+from .bench import die_with_parent
 from .errors import MoeplaceError
 from .llamacpp import build_tool
 from .outputs import atomic_path
@@ -166,7 +166,7 @@ def trace_routing(
                     stdout=err,
                     stderr=err,
                     timeout=timeout_s,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 ).returncode
             except subprocess.TimeoutExpired:
                 raise MoeplaceError(

@@ -6,8 +6,8 @@
  * MOEPLACE_PAGELOCK_FILE, or MOEPLACE_PAGELOCK_FILE_1, _2, ... for the shards of a split model)
  * is made as asked, and then
  *   - the file ranges in MOEPLACE_PAGELOCK_RANGES (_1, _2, ...) = "off:len,off:len,..." (decimal
- *     file offsets) are mlock'ed inside the mapping, each rounded out to whole pages, clipped to
- *     the mapping, overlaps counted once;
+ *     file offsets, whole pages, sorted and not overlapping: ramtier.merge_ranges makes them so)
+ *     are mlock'ed where they lie inside the mapping;
  *   - with MOEPLACE_MADVISE=random, the whole mapping gets MADV_RANDOM (no read-around on faults).
  * One line per model mapping tells the runner what was done:
  *   pagelock: locked N bytes in M ranges (madvise=random|none) of PATH
@@ -48,18 +48,13 @@ static int madvise_random;
 static void *(*real_mmap)(void *, size_t, int, int, int, off_t);
 static void *(*real_mmap64)(void *, size_t, int, int, int, off64_t);
 
-static int by_offset(const void *a, const void *b) {
-    const struct range *x = a, *y = b;
-    return x->off < y->off ? -1 : x->off > y->off;
-}
-
 static const char *env_name(char *buf, size_t size, const char *base, int i) {
     if (i == 0) return base;
     snprintf(buf, size, "%s_%d", base, i);
     return buf;
 }
 
-/* "off:len,off:len,..." -> sorted ranges; 0 on success, -1 (with a message) when malformed. */
+/* "off:len,off:len,..." -> ranges; 0 on success, -1 (with a message) when malformed. */
 static int parse_ranges(const char *name, const char *text, struct target *t) {
     size_t cap = 1;
     for (const char *p = text; *p; p++) cap += *p == ',';
@@ -77,7 +72,6 @@ static int parse_ranges(const char *name, const char *text, struct target *t) {
         p = *end ? end + 1 : end;
         if (len) t->ranges[t->n_ranges++] = (struct range){off, len};
     }
-    qsort(t->ranges, t->n_ranges, sizeof *t->ranges, by_offset);
     return 0;
 bad:
     fprintf(stderr, "pagelock: %s is malformed near '%.40s' (expected off:len,off:len,...); locking nothing\n", name,
@@ -114,24 +108,19 @@ __attribute__((constructor)) static void pagelock_init(void) {
     }
 }
 
-static void act(void *addr, size_t length, off_t offset, const struct target *t, off_t file_size) {
+static void act(void *addr, size_t length, off_t offset, const struct target *t) {
     const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    const uint64_t map_lo = (uint64_t)offset;
-    uint64_t map_hi = (uint64_t)offset + ((length + page - 1) & ~(page - 1));
-    const uint64_t file_hi = ((uint64_t)file_size + page - 1) & ~(page - 1);
-    if (map_hi > file_hi) map_hi = file_hi; /* pages past the end of the file are not there to lock */
-    uint64_t locked = 0, done = map_lo;     /* file offset up to which pages are already locked */
+    const uint64_t map_lo = (uint64_t)offset, map_hi = map_lo + ((length + page - 1) & ~(page - 1));
+    uint64_t locked = 0;
     size_t n_locked = 0;
     for (size_t i = 0; i < t->n_ranges; i++) {
-        uint64_t lo = t->ranges[i].off & ~(page - 1);
-        uint64_t hi = (t->ranges[i].off + t->ranges[i].len + page - 1) & ~(page - 1);
-        if (lo < done) lo = done;
+        uint64_t lo = t->ranges[i].off, hi = t->ranges[i].off + t->ranges[i].len;
+        if (lo < map_lo) lo = map_lo;
         if (hi > map_hi) hi = map_hi;
         if (hi <= lo) continue;
         if (mlock((char *)addr + (lo - map_lo), hi - lo) == 0) {
             locked += hi - lo;
             n_locked++;
-            done = hi;
         } else {
             int err = errno;
             struct rlimit rl;
@@ -164,7 +153,7 @@ static void *after_map(void *addr, size_t length, int flags, int fd, off_t offse
     for (int i = 0; i < n_targets; i++) {
         if (targets[i].dev == st.st_dev && targets[i].ino == st.st_ino) {
             int saved = errno;
-            act(addr, length, offset, &targets[i], st.st_size);
+            act(addr, length, offset, &targets[i]);
             errno = saved;
             break;
         }
