@@ -62,13 +62,17 @@ def _run(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
         ) from None
 
 
-def ram_read_gbps(log_file: Path, threads: int, nbytes: int, seconds: float) -> float:
+def ram_read_gbps(log_file: Path, threads: int, nbytes: int, seconds: float, trials: int = 3) -> float:
+    """The best of a few probes: a ceiling, and on a shared host the others are its neighbours' noise."""
     tool = build_native("membw", log_file, shared=False)
-    out = _run([str(tool), str(threads), str(nbytes), str(seconds)], seconds + 120)
-    if out.returncode != 0:
-        raise MoeplaceError(f"the RAM bandwidth probe failed: {out.stderr.strip() or out.returncode}")
-    fields = dict(item.split("=", 1) for item in out.stdout.split())
-    return float(fields["gbps"])
+    best = 0.0
+    for _ in range(trials):
+        out = _run([str(tool), str(threads), str(nbytes), str(seconds / trials)], seconds + 120)
+        if out.returncode != 0:
+            raise MoeplaceError(f"the RAM bandwidth probe failed: {out.stderr.strip() or out.returncode}")
+        fields = dict(item.split("=", 1) for item in out.stdout.split())
+        best = max(best, float(fields["gbps"]))
+    return best
 
 
 def disk_read_mbps(path: Path, *, block: int, random_order: bool, seconds: float, seed: int = 0) -> float | None:
@@ -182,7 +186,7 @@ def measure_ceilings(
             "threads": t,
             "value": gbps,
             "unit": "GB/s",
-            "detail": f"membw: {t} thread(s) summing {ram_bytes / 2**20:.0f} MiB for {seconds:g} s",
+            "detail": f"membw: {t} thread(s) summing {ram_bytes / 2**20:.0f} MiB, best of 3 over {seconds:g} s",
         }
         for t, gbps in ram.items()
     ]
