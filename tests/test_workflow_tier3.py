@@ -11,7 +11,7 @@ from workflow_helpers import snakemake, workflow_copy
 
 from moeplace.metadata import inspect_model
 from moeplace.predict import bytes_per_token, read_bytes
-from moeplace.ramtier import cgroup_support, non_expert_ranges
+from moeplace.ram_tier import cgroup_support, non_expert_ranges
 from moeplace.units import GB
 
 pytestmark = pytest.mark.llamacpp

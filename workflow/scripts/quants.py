@@ -5,7 +5,7 @@ from pathlib import Path
 from moeplace.metadata import inspect_model
 from moeplace.outputs import read_json, stage, write_csv, write_jsonl
 from moeplace.quants import plot_quants, quant_row, quants_table
-from moeplace.ramtier import run_ram_tier
+from moeplace.ram_tier import run_ram_tier
 from moeplace.units import parse_size
 
 with stage(snakemake.log[0]) as log:

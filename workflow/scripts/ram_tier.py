@@ -6,7 +6,7 @@ import pandas as pd
 
 from moeplace.ceilings import measured_bandwidths
 from moeplace.outputs import read_json, stage, write_csv, write_jsonl
-from moeplace.ramtier import plot_ram_tier, predicted_column, ram_tier_table, run_ram_tier
+from moeplace.ram_tier import plot_ram_tier, predicted_column, ram_tier_table, run_ram_tier
 from moeplace.units import parse_size
 
 with stage(snakemake.log[0]) as log:

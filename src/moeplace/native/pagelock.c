@@ -6,7 +6,7 @@
  * MOEPLACE_PAGELOCK_FILE, or MOEPLACE_PAGELOCK_FILE_1, _2, ... for the shards of a split model)
  * is made as asked, and then
  *   - the file ranges in MOEPLACE_PAGELOCK_RANGES (_1, _2, ...) = "off:len,off:len,..." (decimal
- *     file offsets, whole pages, sorted and not overlapping: ramtier.merge_ranges makes them so)
+ *     file offsets, whole pages, sorted and not overlapping: ram_tier.merge_ranges makes them so)
  *     are mlock'ed where they lie inside the mapping;
  *   - with MOEPLACE_MADVISE=random, the whole mapping gets MADV_RANDOM (no read-around on faults).
  * One line per model mapping tells the runner what was done:

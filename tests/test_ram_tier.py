@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
-from moeplace import ramtier
+from moeplace import ram_tier
 from moeplace.errors import MoeplaceError
 from moeplace.llamacpp import build_native
 from moeplace.metadata import inspect_model
-from moeplace.ramtier import (
+from moeplace.ram_tier import (
     PAGE,
     cached_bytes,
     cgroup_support,
@@ -37,9 +37,9 @@ needs_cc = pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler for 
 
 
 def our_cgroups() -> list[Path]:
-    site = ramtier.cgroup_site()
+    site = ram_tier.cgroup_site()
     assert not isinstance(site, str)
-    return sorted(site.path.glob(f"{ramtier.CGROUP_PREFIX}{os.getpid()}-*"))
+    return sorted(site.path.glob(f"{ram_tier.CGROUP_PREFIX}{os.getpid()}-*"))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def sweep(tmp_path: Path, model: Path, **kw) -> list[dict]:
         meta=inspect_model(model),
         manifest=manifest(),
         threads=2,
-        log_path=tmp_path / "ramtier.log",
+        log_path=tmp_path / "ram_tier.log",
         workdir=ROOT,
         **{**args, **kw},
     )
@@ -85,7 +85,7 @@ def test_non_expert_ranges_hold_every_non_expert_byte_and_no_expert_page(small_m
     from gguf import GGUFReader
 
     experts = [
-        (int(t.data_offset), int(t.n_bytes)) for t in GGUFReader(small_moe).tensors if ramtier.is_expert_tensor(t.name)
+        (int(t.data_offset), int(t.n_bytes)) for t in GGUFReader(small_moe).tensors if ram_tier.is_expert_tensor(t.name)
     ]
     assert len(experts) == 2 * 3
     (_, paged), *_ = non_expert_ranges(small_moe)
@@ -168,7 +168,7 @@ def synthetic_records() -> list[dict]:
 
 def test_table_has_one_row_per_record_in_order():
     table = ram_tier_table(synthetic_records())
-    assert list(table.columns) == ramtier.TABLE_COLUMNS
+    assert list(table.columns) == ram_tier.TABLE_COLUMNS
     assert table.cap_pct.isna().tolist() == [True, False, False, False, False]
     assert table.cap_pct.tolist()[1:] == [50, 50, 25, 25]
     assert table.lock.tolist() == ["none", "none", "non_expert", "none", "non_expert"]
@@ -182,25 +182,25 @@ def test_table_has_one_row_per_record_in_order():
 
 def test_the_predicted_column_pages_the_missing_experts_from_disk(small_moe):
     meta = inspect_model(small_moe)
-    table = ramtier.predicted_column(ram_tier_table(synthetic_records()), meta, 10.0, 0.1)
+    table = ram_tier.predicted_column(ram_tier_table(synthetic_records()), meta, 10.0, 0.1)
     by_cap = table.groupby(table.cap_pct.fillna(100)).tok_s_predicted.first()
     assert by_cap[100] > by_cap[50] > by_cap[25] > 0
-    assert ramtier.predicted_column(ram_tier_table(synthetic_records()), meta, None, None).tok_s_predicted.isna().all()
-    no_disk = ramtier.predicted_column(ram_tier_table(synthetic_records()), meta, 10.0, None)
+    assert ram_tier.predicted_column(ram_tier_table(synthetic_records()), meta, None, None).tok_s_predicted.isna().all()
+    no_disk = ram_tier.predicted_column(ram_tier_table(synthetic_records()), meta, 10.0, None)
     assert no_disk.tok_s_predicted.notna().tolist() == [True, False, False, False, False]  # only uncapped
 
 
 def test_the_prediction_uses_the_room_the_cap_really_left_for_the_model(small_moe):
     meta = inspect_model(small_moe)
     records = [{**r, "model_room_pct": None} for r in synthetic_records()]
-    by_cap = ramtier.predicted_column(ram_tier_table(records), meta, 10.0, 0.1).tok_s_predicted
+    by_cap = ram_tier.predicted_column(ram_tier_table(records), meta, 10.0, 0.1).tok_s_predicted
     roomy = [{**r, "model_room_pct": 25.0 if r["cap_pct"] == 50 else r["model_room_pct"]} for r in records]
-    by_room = ramtier.predicted_column(ram_tier_table(roomy), meta, 10.0, 0.1).tok_s_predicted
+    by_room = ram_tier.predicted_column(ram_tier_table(roomy), meta, 10.0, 0.1).tok_s_predicted
     assert by_room[1] == by_room[2] == by_cap[3] < by_cap[1]
 
 
 def test_figure_is_written(tmp_path):
-    out = tmp_path / "ramtier.png"
+    out = tmp_path / "ram_tier.png"
     plot_ram_tier(ram_tier_table(synthetic_records()), out, "m: decode under a RAM cap")
     assert out.stat().st_size > 10_000
 
@@ -240,7 +240,7 @@ def test_unusable_cgroups_give_a_reason_saying_what_to_do(tmp_path, monkeypatch,
     if v2:
         v2_tree(tmp_path, *v2)
         mounts.append(f"/ {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw")
-    monkeypatch.setattr(ramtier, "PROC_SELF", fake_proc(tmp_path, cgroup, mounts))
+    monkeypatch.setattr(ram_tier, "PROC_SELF", fake_proc(tmp_path, cgroup, mounts))
     reason = cgroup_support()
     assert reason and expected in reason
     assert "\n" not in reason
@@ -249,14 +249,14 @@ def test_unusable_cgroups_give_a_reason_saying_what_to_do(tmp_path, monkeypatch,
 def test_a_delegated_v2_cgroup_is_usable(tmp_path, monkeypatch):
     leaf = v2_tree(tmp_path, "cpu memory", "memory")
     proc = fake_proc(tmp_path, "0::/job.scope\n", [f"/ {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw"])
-    monkeypatch.setattr(ramtier, "PROC_SELF", proc)
-    assert ramtier.cgroup_site() == ramtier.CgroupSite(2, leaf)
+    monkeypatch.setattr(ram_tier, "PROC_SELF", proc)
+    assert ram_tier.cgroup_site() == ram_tier.CgroupSite(2, leaf)
     assert [p.name.split("-")[2] for p in leaf.glob("moeplace-*")] == ["probe"]  # (a real cgroupfs removes it)
 
 
 @pytest.mark.llamacpp
 def test_without_cgroups_the_uncapped_reference_still_runs_and_the_caps_are_skipped(tmp_path, monkeypatch, twin):
-    monkeypatch.setattr(ramtier, "cgroup_site", lambda: "no memory cgroup: test")
+    monkeypatch.setattr(ram_tier, "cgroup_site", lambda: "no memory cgroup: test")
     records = sweep(tmp_path, twin, caps_pct=[50, 25], lock_modes=["none", "non_expert"])
     assert [(r["cap_pct"], r["lock"], r["status"]) for r in records] == [
         (None, "none", "ok"),
@@ -287,22 +287,22 @@ def test_a_failed_reference_gives_one_error_row_for_all_the_caps(tmp_path, twin)
 
 @needs_cgroups
 def test_a_capped_run_is_oom_killed_and_a_hanging_one_times_out_and_the_cgroups_go(tmp_path):
-    site = ramtier.cgroup_site()
+    site = ram_tier.cgroup_site()
     hog = [sys.executable, "-c", "import time; x = bytearray(b'x' * 400 * 2**20); time.sleep(0.2)"]
     run = run_capped(hog, dict(os.environ), 64 * 2**20, timeout_s=60, site=site)
-    assert ramtier.classify(run, capped=True)[0] == "oom"
+    assert ram_tier.classify(run, capped=True)[0] == "oom"
     assert run.cgroup_peak_bytes is None or run.cgroup_peak_bytes <= 64 * 2**20
     run = run_capped(hog, dict(os.environ), None, timeout_s=60, site=site)
     assert run.returncode == 0 and run.anon_peak_bytes > 400 * 2**20 and run.cgroup_peak_bytes > 400 * 2**20
     run = run_capped(["sleep", "30"], dict(os.environ), None, timeout_s=0.5, site=site)
-    assert ramtier.classify(run, capped=False)[0] == "timeout" and run.wall_s < 10
+    assert ram_tier.classify(run, capped=False)[0] == "timeout" and run.wall_s < 10
     assert our_cgroups() == []
 
 
 def test_an_uncapped_run_needs_no_cgroup(tmp_path):
     hog = [sys.executable, "-c", "import time; x = bytearray(b'x' * 100 * 2**20); time.sleep(0.2)"]
     run = run_capped(hog, dict(os.environ), None, timeout_s=60)
-    assert ramtier.classify(run, capped=False) == ("error", "llama-bench printed no tg result")  # but it ran
+    assert ram_tier.classify(run, capped=False) == ("error", "llama-bench printed no tg result")  # but it ran
     assert run.returncode == 0 and run.anon_peak_bytes > 100 * 2**20
     assert run.cgroup_peak_bytes is None and run.oom_kills == 0 and run.majflt is not None
     with pytest.raises(MoeplaceError, match="needs a memory cgroup"):
@@ -330,7 +330,7 @@ def test_readahead_is_set_and_always_restored(tmp_path, monkeypatch):
     block = tmp_path / "dev-block"
     block.mkdir()
     (block / f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}").symlink_to(part)
-    monkeypatch.setattr(ramtier, "SYS_DEV_BLOCK", block)
+    monkeypatch.setattr(ram_tier, "SYS_DEV_BLOCK", block)
     ra_file = disk / "queue" / "read_ahead_kb"
     with readahead_control([model], 128) as ra:
         assert (ra.description, ra.kib, ra.effective_kib, ra.madvise) == ("128 KiB (device vdq)", 128, 256, "none")
@@ -343,7 +343,7 @@ def test_readahead_is_set_and_always_restored(tmp_path, monkeypatch):
     with readahead_control([model], None) as ra:
         assert ra.description == "device default 8192 KiB (device vdq)" and ra.madvise == "none"
         assert ra.effective_kib == 2 * 8192  # llama.cpp's posix_fadvise(SEQUENTIAL) doubles it
-    monkeypatch.setattr(ramtier, "SYS_DEV_BLOCK", tmp_path / "nowhere")
+    monkeypatch.setattr(ram_tier, "SYS_DEV_BLOCK", tmp_path / "nowhere")
     with readahead_control([model], 128) as ra:
         assert (ra.description, ra.madvise, ra.effective_kib) == ("madvise random", "random", 0)
         assert ra.note.startswith("read_ahead_kb not settable") and "not a block device" in ra.note
@@ -356,8 +356,8 @@ def test_readahead_is_set_and_always_restored(tmp_path, monkeypatch):
 @needs_cgroups
 def test_a_capped_sweep_on_the_tiny_twin(tmp_path, twin):
     meta = inspect_model(twin)
-    device = ramtier.block_device(twin)
-    before = device.read_ahead.read_text() if isinstance(device, ramtier.BlockDevice) else None
+    device = ram_tier.block_device(twin)
+    before = device.read_ahead.read_text() if isinstance(device, ram_tier.BlockDevice) else None
     # The tiny model is 33 MB: a slack of 32 MiB would leave it uncapped (the default is 4 MiB; said here).
     records = sweep(tmp_path, twin, slack_bytes=4 * 2**20)
     assert [(r["cap_pct"], r["lock"]) for r in records] == [(None, "none"), (50, "none"), (50, "non_expert")]
@@ -379,9 +379,9 @@ def test_a_capped_sweep_on_the_tiny_twin(tmp_path, twin):
             assert r["faults_per_token"] > 0 and r["tok_s"] > 0
             assert r["locked_bytes"] == (non_expert if r["lock"] == "non_expert" else 0)
             assert r["cgroup_peak_bytes"] <= r["cap_bytes"]
-    if isinstance(device, ramtier.BlockDevice):
+    if isinstance(device, ram_tier.BlockDevice):
         assert device.read_ahead.read_text() == before
     assert our_cgroups() == []
     table = ram_tier_table(records)
     assert len(table) == 3 and table.model_room_pct.notna().tolist() == [False, True, True]
-    plot_ram_tier(table, tmp_path / "ramtier.png", "tiny-qwen3moe under a RAM cap")
+    plot_ram_tier(table, tmp_path / "ram_tier.png", "tiny-qwen3moe under a RAM cap")

@@ -1,4 +1,4 @@
-"""Stage 'ramtier': decode speed when RAM is smaller than the model (mmap'd weights under a memory cap).
+"""Stage 'ram_tier': decode speed when RAM is smaller than the model (mmap'd weights under a memory cap).
 
 Each measurement is llama-bench decode (`-p 0 -n G`, weights mmap'd, `--repack 0` so they stay
 file-backed: repacked weights are anonymous memory and a cap would OOM-kill them) in a fresh
