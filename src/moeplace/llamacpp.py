@@ -175,20 +175,30 @@ def _keep_dev_files(source: Path, build_dir: Path, dest: Path) -> None:
             shutil.copy2(header, include_dir / header.name)
 
 
+def _compile_once(out: Path, compiler: str, package: str, args: list[str], log_file: Path) -> Path:
+    """Compile `out` with `compiler args -o <temp>` unless it is already cached; it appears whole or not at all."""
+    if out.exists():
+        return out
+    path = shutil.which(compiler)
+    if not path:
+        raise MoeplaceError(f"compiling {out.name} needs {compiler}; install {package} (apt-get install {package}).")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        _run([path, "-O2", "-o", str(tmp), *args], log_file)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
 def build_native(name: str, log_file: Path, *, shared: bool) -> Path:
     """Compile our native helper native/<name>.c (a preload shim or a small tool) once per source version."""
     source = NATIVE_SOURCES / f"{name}.c"
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
     out = cache_root() / "native" / (f"libmoeplace-{name}-{digest}.so" if shared else f"moeplace-{name}-{digest}")
-    if not out.exists():
-        if not shutil.which("cc"):
-            raise MoeplaceError(f"compiling {source.name} needs a C compiler; install gcc (apt-get install gcc).")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        kind = ["-shared", "-fPIC"] if shared else []
-        _run(["cc", "-O2", *kind, "-o", str(tmp), str(source), "-ldl", "-lpthread"], log_file)
-        tmp.replace(out)
-    return out
+    kind = ["-shared", "-fPIC"] if shared else []
+    return _compile_once(out, "cc", "gcc", [*kind, str(source), "-ldl", "-lpthread"], log_file)
 
 
 def build_tool(name: str, manifest: dict[str, Any], log_file: Path) -> Path:
@@ -207,36 +217,8 @@ def build_tool(name: str, manifest: dict[str, Any], log_file: Path) -> Path:
         )
     digest = hashlib.sha256(source.read_bytes() + root.name.encode()).hexdigest()[:12]
     out = cache_root() / "native" / f"moeplace-{name}-{digest}"
-    if not out.exists():
-        cxx = shutil.which("c++")
-        if not cxx:
-            raise MoeplaceError(f"compiling {source.name} needs a C++ compiler; install g++ (apt-get install g++).")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        try:
-            _run(
-                [
-                    cxx,
-                    "-O2",
-                    "-std=c++17",
-                    f"-I{include_dir}",
-                    "-o",
-                    str(tmp),
-                    str(source),
-                    "-Wl,--start-group",
-                    *map(str, libs),
-                    "-Wl,--end-group",
-                    "-lgomp",
-                    "-lpthread",
-                    "-ldl",
-                    "-lm",
-                ],
-                log_file,
-            )
-            tmp.replace(out)
-        finally:
-            tmp.unlink(missing_ok=True)
-    return out
+    args = ["-std=c++17", f"-I{include_dir}", str(source), "-Wl,--start-group", *map(str, libs), "-Wl,--end-group"]
+    return _compile_once(out, "c++", "g++", [*args, "-lgomp", "-lpthread", "-ldl", "-lm"], log_file)
 
 
 def version_info(bin_dir: Path) -> dict[str, Any]:
