@@ -70,6 +70,7 @@ from .llamacpp import build_native, require_binary
 from .metadata import tensor_role
 from .outputs import atomic_path
 from .predict import ram_tier_tok_s
+from .units import parse_size
 
 log = logging.getLogger("moeplace")
 
@@ -740,6 +741,16 @@ def _measure(
         if long_.wall_s > short.wall_s:  # else too noisy to say
             row["tok_s_marginal"] = (g2 - g1) / (long_.wall_s - short.wall_s)
     return row
+
+
+def settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config's ram_tier section as run_ram_tier's sweep keywords (the quant comparison runs the same sweep)."""
+    return {
+        "readahead_kb": cfg["readahead_kb"],
+        "gen": tuple(cfg["gen"]),
+        "timeout_s": cfg["timeout_s"],
+        "slack_bytes": parse_size(cfg["slack"], "ram_tier.slack"),
+    }
 
 
 def run_ram_tier(

@@ -5,12 +5,11 @@ from pathlib import Path
 from moeplace.metadata import inspect_model
 from moeplace.outputs import read_json, stage, write_csv, write_jsonl
 from moeplace.quants import plot_quants, quant_row, quants_table
-from moeplace.ram_tier import run_ram_tier
-from moeplace.units import parse_size
+from moeplace.ram_tier import run_ram_tier, settings
 
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params
-    manifest, r = read_json(i.llamacpp), p.ram_tier
+    manifest = read_json(i.llamacpp)
     rows, all_records = [], []
     for quant, path in zip(p.types, i.quants):
         meta = inspect_model(path)
@@ -20,12 +19,9 @@ with stage(snakemake.log[0]) as log:
             meta=meta,
             manifest=manifest,
             caps_pct=[p.cap_pct],
-            readahead_kb=r["readahead_kb"],
             lock_modes=["none"],
-            gen=tuple(r["gen"]),
             threads=p.threads,
-            timeout_s=r["timeout_s"],
-            slack_bytes=parse_size(r["slack"], "ram_tier.slack"),
+            **settings(p.ram_tier),
             log_path=Path(snakemake.log[0]),
             workdir=Path.cwd(),
         )

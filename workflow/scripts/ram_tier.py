@@ -6,8 +6,7 @@ import pandas as pd
 
 from moeplace.ceilings import measured_bandwidths
 from moeplace.outputs import read_json, stage, write_csv, write_jsonl
-from moeplace.ram_tier import plot_ram_tier, predicted_column, ram_tier_table, run_ram_tier
-from moeplace.units import parse_size
+from moeplace.ram_tier import plot_ram_tier, predicted_column, ram_tier_table, run_ram_tier, settings
 
 with stage(snakemake.log[0]) as log:
     i, o, p, w = snakemake.input, snakemake.output, snakemake.params, snakemake.wildcards
@@ -19,12 +18,9 @@ with stage(snakemake.log[0]) as log:
         meta=meta,
         manifest=read_json(i.llamacpp),
         caps_pct=r["caps_pct"],
-        readahead_kb=r["readahead_kb"],
         lock_modes=r["lock_modes"],
-        gen=tuple(r["gen"]),
         threads=p.threads,
-        timeout_s=r["timeout_s"],
-        slack_bytes=parse_size(r["slack"], "ram_tier.slack"),
+        **settings(r),
         log_path=Path(snakemake.log[0]),
         workdir=Path.cwd(),
     )
