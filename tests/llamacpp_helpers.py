@@ -10,7 +10,7 @@ import yaml
 from conftest import ROOT
 
 from moeplace.config import validate_config
-from moeplace.llamacpp import provision
+from moeplace.runtime.llamacpp import provision
 
 
 @cache

@@ -10,8 +10,10 @@ from conftest import ROOT
 from llamacpp_helpers import manifest, rpc_servers, tiny_twin
 
 from moeplace.aggregate import kv_check_table
-from moeplace.bench import BenchSettings, DeviceSetup, run_bench
+from moeplace.bench import run_bench
+from moeplace.config import BenchSettings
 from moeplace.metadata import inspect_model
+from moeplace.runtime.device import DeviceSetup
 from moeplace.twin import load_spec
 
 pytestmark = pytest.mark.llamacpp

@@ -6,9 +6,10 @@ import pandas as pd
 from conftest import SEED_CONSTANTS
 
 from moeplace.aggregate import compare_table, knee, measured_table
-from moeplace.bench import auto_sweep, classify_failure, parse_log
+from moeplace.bench import auto_sweep, parse_log
 from moeplace.metadata import from_constants
 from moeplace.predict import Bandwidths, predict_table
+from moeplace.runtime.process import Finished, classify
 
 LOG = """\
 llama_context: n_ctx                 = 33280
@@ -36,15 +37,19 @@ def test_parse_log_sums_kv_buffers_per_context_and_lists_placements():
     assert parsed["overridden_tensors"] == ["blk.0.ffn_down_exps.weight", "blk.0.ffn_up_exps.weight"]
 
 
+def finished(returncode: int | None, stderr: str = "", timed_out: bool = False) -> Finished:
+    return Finished("llama-bench", returncode, timed_out, 1.0, 0, 0, "", stderr)
+
+
 def test_failures_are_classified():
-    assert classify_failure(1, "devcap: out of device memory: refusing 1 bytes", False)[0] == "oom"
-    assert (
-        classify_failure(1, "ggml_backend_cuda_buffer_type_alloc_buffer: cudaMalloc failed: out of memory", False)[0]
-        == "oom"
-    )
-    assert classify_failure(-9, "", False) == ("crash", "killed by SIGKILL")
-    assert classify_failure(None, "", True)[0] == "timeout"
-    assert classify_failure(1, "main: error: failed to load model", False)[0] == "error"
+    assert classify(finished(1, "devcap: out of device memory: refusing 1 bytes"))[0] == "oom"
+    cuda = "ggml_backend_cuda_buffer_type_alloc_buffer: cudaMalloc failed: out of memory"
+    assert classify(finished(1, cuda))[0] == "oom"
+    assert classify(finished(-9)) == ("crash", "killed by SIGKILL")
+    assert classify(finished(None, timed_out=True))[0] == "timeout"
+    assert classify(finished(1, "main: error: failed to load model")) == ("error", "llama-bench exited with code 1")
+    assert classify(finished(0)) == ("ok", "")
+    assert classify(finished(None, "", False), oom_kills=1, capped=True)[0] == "oom"
 
 
 def test_knee_of_the_seed_prediction():

@@ -11,8 +11,8 @@ import yaml
 from conftest import ROOT
 from workflow_helpers import snakemake, workflow_copy
 
-from moeplace import llamacpp
 from moeplace.errors import MoeplaceError
+from moeplace.runtime import llamacpp
 
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 
@@ -67,5 +67,5 @@ def test_n_values_beyond_the_layers(tmp_path, small_moe):
     one_line_stop(
         workflow_copy(tmp_path, cfg),
         "bench.n_cpu_moe: [5] exceed small's 2 layers",
-        "results/tables/measured/ctx1024.csv",
+        "results/tables/measured/1k.csv",
     )

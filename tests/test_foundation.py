@@ -177,7 +177,6 @@ def test_budget_reproduces_seed_minimum_n():
     table = budget_table(
         from_constants("seed", SEED_CONSTANTS),
         Device(16 * GB, GB),
-        Bandwidths(640, 57.6),
         [8192, 32768, 65536, 200_000],
     )
     assert table.n_cpu_moe.tolist()[:3] == [12, 18, 27]
@@ -190,7 +189,7 @@ def test_budget_counts_real_per_layer_bytes():
     meta = from_constants("m", {**SEED_CONSTANTS, "layers": 4, "expert": "4GB"})
     for layer, size in zip(meta["layers"], [4e9, 1e9, 1e9, 1e9]):  # a heavy first layer
         layer["expert_bytes"] = size
-    table = budget_table(meta, Device(5 * GB, 0), Bandwidths(640, 57.6), [1])
+    table = budget_table(meta, Device(5 * GB, 0), [1])
     assert table.resident_layers[0] == 3 and table.n_cpu_moe[0] == 1
 
 

@@ -71,8 +71,9 @@ def test_delta_interval_is_welch():
 def test_every_variant_is_placed_as_intended_by_llamacpp(tmp_path):
     from llamacpp_helpers import manifest, tiny_twin
 
-    from moeplace.bench import BenchSettings, DeviceSetup
+    from moeplace.config import BenchSettings
     from moeplace.placement import VARIANTS
+    from moeplace.runtime.device import DeviceSetup
 
     path = tiny_twin(tmp_path)
     meta = inspect_model(path)

@@ -13,23 +13,15 @@ import pytest
 from conftest import ROOT
 
 from moeplace import ram_tier
+from moeplace.config import RamTierSettings
 from moeplace.errors import MoeplaceError
-from moeplace.llamacpp import build_native
 from moeplace.metadata import inspect_model
-from moeplace.ram_tier import (
-    PAGE,
-    cached_bytes,
-    cgroup_support,
-    merge_ranges,
-    non_expert_ranges,
-    parse_shim,
-    plot_ram_tier,
-    ram_tier_table,
-    readahead_control,
-    run_capped,
-    run_ram_tier,
-    shim_env,
-)
+from moeplace.ram_tier import classify_run, non_expert_ranges, plot_ram_tier, ram_tier_table, run_capped, run_ram_tier
+from moeplace.runtime import cgroup, pagecache
+from moeplace.runtime.cgroup import cgroup_support
+from moeplace.runtime.native import build_native
+from moeplace.runtime.pagecache import PAGE, cached_bytes, readahead_control
+from moeplace.runtime.pagelock import merge_ranges, parse_shim, shim_env
 
 CGROUPS = cgroup_support()
 needs_cgroups = pytest.mark.skipif(CGROUPS is not None, reason=f"no usable memory cgroup: {CGROUPS}")
@@ -37,9 +29,9 @@ needs_cc = pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler for 
 
 
 def our_cgroups() -> list[Path]:
-    site = ram_tier.cgroup_site()
+    site = cgroup.cgroup_site()
     assert not isinstance(site, str)
-    return sorted(site.path.glob(f"{ram_tier.CGROUP_PREFIX}{os.getpid()}-*"))
+    return sorted(site.path.glob(f"{cgroup.CGROUP_PREFIX}{os.getpid()}-*"))
 
 
 @pytest.fixture(scope="module")
@@ -52,16 +44,15 @@ def twin(tmp_path_factory):
 def sweep(tmp_path: Path, model: Path, **kw) -> list[dict]:
     from llamacpp_helpers import manifest
 
-    args = dict(caps_pct=[50], readahead_kb=128, lock_modes=["none", "non_expert"], gen=(8, 24), timeout_s=120)
+    args = dict(caps_pct=(50,), readahead_kb=128, lock_modes=("none", "non_expert"), gen=(8, 24), timeout_s=120)
     return run_ram_tier(
         model_name="tiny",
         model_path=str(model),
         meta=inspect_model(model),
         manifest=manifest(),
-        threads=2,
+        settings=RamTierSettings(**{"slack_bytes": 4 * 2**20, "threads": 2, **args, **kw}),
         log_path=tmp_path / "ram_tier.log",
         workdir=ROOT,
-        **{**args, **kw},
     )
 
 
@@ -227,7 +218,7 @@ def v2_tree(tmp_path: Path, controllers: str, subtree: str) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("cgroup", "v2", "expected"),
+    ("membership", "v2", "expected"),
     [
         ("", None, "no memory cgroup"),
         ("4:memory:/job\n0::/\n", None, "no mount of the memory hierarchy"),
@@ -235,12 +226,12 @@ def v2_tree(tmp_path: Path, controllers: str, subtree: str) -> Path:
         ("0::/job.scope\n", ("cpu io memory", "cpu"), "not enabled for children"),
     ],
 )
-def test_unusable_cgroups_give_a_reason_saying_what_to_do(tmp_path, monkeypatch, cgroup, v2, expected):
+def test_unusable_cgroups_give_a_reason_saying_what_to_do(tmp_path, monkeypatch, membership, v2, expected):
     mounts = []
     if v2:
         v2_tree(tmp_path, *v2)
         mounts.append(f"/ {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw")
-    monkeypatch.setattr(ram_tier, "PROC_SELF", fake_proc(tmp_path, cgroup, mounts))
+    monkeypatch.setattr(cgroup, "PROC_SELF", fake_proc(tmp_path, membership, mounts))
     reason = cgroup_support()
     assert reason and expected in reason
     assert "\n" not in reason
@@ -249,15 +240,15 @@ def test_unusable_cgroups_give_a_reason_saying_what_to_do(tmp_path, monkeypatch,
 def test_a_delegated_v2_cgroup_is_usable(tmp_path, monkeypatch):
     leaf = v2_tree(tmp_path, "cpu memory", "memory")
     proc = fake_proc(tmp_path, "0::/job.scope\n", [f"/ {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw"])
-    monkeypatch.setattr(ram_tier, "PROC_SELF", proc)
-    assert ram_tier.cgroup_site() == ram_tier.CgroupSite(2, leaf)
+    monkeypatch.setattr(cgroup, "PROC_SELF", proc)
+    assert cgroup.cgroup_site() == cgroup.CgroupSite(2, leaf)
     assert [p.name.split("-")[2] for p in leaf.glob("moeplace-*")] == ["probe"]  # (a real cgroupfs removes it)
 
 
 @pytest.mark.llamacpp
 def test_without_cgroups_the_uncapped_reference_still_runs_and_the_caps_are_skipped(tmp_path, monkeypatch, twin):
     monkeypatch.setattr(ram_tier, "cgroup_site", lambda: "no memory cgroup: test")
-    records = sweep(tmp_path, twin, caps_pct=[50, 25], lock_modes=["none", "non_expert"])
+    records = sweep(tmp_path, twin, caps_pct=(50, 25), lock_modes=("none", "non_expert"))
     assert [(r["cap_pct"], r["lock"], r["status"]) for r in records] == [
         (None, "none", "ok"),
         (50, "none", "skipped"),
@@ -276,7 +267,7 @@ def test_without_cgroups_the_uncapped_reference_still_runs_and_the_caps_are_skip
 
 @pytest.mark.llamacpp
 def test_a_failed_reference_gives_one_error_row_for_all_the_caps(tmp_path, twin):
-    records = sweep(tmp_path, twin, caps_pct=[50, 25], timeout_s=0.01)
+    records = sweep(tmp_path, twin, caps_pct=(50, 25), timeout_s=0.01)
     assert [(r["cap_pct"], r["lock"], r["status"]) for r in records] == [
         (None, "none", "timeout"),
         (None, None, "error"),
@@ -287,24 +278,25 @@ def test_a_failed_reference_gives_one_error_row_for_all_the_caps(tmp_path, twin)
 
 @needs_cgroups
 def test_a_capped_run_is_oom_killed_and_a_hanging_one_times_out_and_the_cgroups_go(tmp_path):
-    site = ram_tier.cgroup_site()
+    site = cgroup.cgroup_site()
     hog = [sys.executable, "-c", "import time; x = bytearray(b'x' * 400 * 2**20); time.sleep(0.2)"]
     run = run_capped(hog, dict(os.environ), 64 * 2**20, timeout_s=60, site=site)
-    assert ram_tier.classify(run, capped=True)[0] == "oom"
+    assert classify_run(run, capped=True)[0] == "oom"
     assert run.cgroup_peak_bytes is None or run.cgroup_peak_bytes <= 64 * 2**20
     run = run_capped(hog, dict(os.environ), None, timeout_s=60, site=site)
-    assert run.returncode == 0 and run.anon_peak_bytes > 400 * 2**20 and run.cgroup_peak_bytes > 400 * 2**20
+    assert run.result.returncode == 0 and run.result.anon_peak_bytes > 400 * 2**20
+    assert run.cgroup_peak_bytes > 400 * 2**20
     run = run_capped(["sleep", "30"], dict(os.environ), None, timeout_s=0.5, site=site)
-    assert ram_tier.classify(run, capped=False)[0] == "timeout" and run.wall_s < 10
+    assert classify_run(run, capped=False)[0] == "timeout" and run.result.wall_s < 10
     assert our_cgroups() == []
 
 
 def test_an_uncapped_run_needs_no_cgroup(tmp_path):
     hog = [sys.executable, "-c", "import time; x = bytearray(b'x' * 100 * 2**20); time.sleep(0.2)"]
     run = run_capped(hog, dict(os.environ), None, timeout_s=60)
-    assert ram_tier.classify(run, capped=False) == ("error", "llama-bench printed no tg result")  # but it ran
-    assert run.returncode == 0 and run.anon_peak_bytes > 100 * 2**20
-    assert run.cgroup_peak_bytes is None and run.oom_kills == 0 and run.majflt is not None
+    assert classify_run(run, capped=False) == ("error", "llama-bench printed no tg result")  # but it ran
+    assert run.result.returncode == 0 and run.result.anon_peak_bytes > 100 * 2**20
+    assert run.cgroup_peak_bytes is None and run.oom_kills == 0 and run.result.majflt is not None
     with pytest.raises(MoeplaceError, match="needs a memory cgroup"):
         run_capped(hog, dict(os.environ), 64 * 2**20, timeout_s=60)
 
@@ -330,7 +322,7 @@ def test_readahead_is_set_and_always_restored(tmp_path, monkeypatch):
     block = tmp_path / "dev-block"
     block.mkdir()
     (block / f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}").symlink_to(part)
-    monkeypatch.setattr(ram_tier, "SYS_DEV_BLOCK", block)
+    monkeypatch.setattr(pagecache, "SYS_DEV_BLOCK", block)
     ra_file = disk / "queue" / "read_ahead_kb"
     with readahead_control([model], 128) as ra:
         assert (ra.description, ra.kib, ra.effective_kib, ra.madvise) == ("128 KiB (device vdq)", 128, 256, "none")
@@ -343,7 +335,7 @@ def test_readahead_is_set_and_always_restored(tmp_path, monkeypatch):
     with readahead_control([model], None) as ra:
         assert ra.description == "device default 8192 KiB (device vdq)" and ra.madvise == "none"
         assert ra.effective_kib == 2 * 8192  # llama.cpp's posix_fadvise(SEQUENTIAL) doubles it
-    monkeypatch.setattr(ram_tier, "SYS_DEV_BLOCK", tmp_path / "nowhere")
+    monkeypatch.setattr(pagecache, "SYS_DEV_BLOCK", tmp_path / "nowhere")
     with readahead_control([model], 128) as ra:
         assert (ra.description, ra.madvise, ra.effective_kib) == ("madvise random", "random", 0)
         assert ra.note.startswith("read_ahead_kb not settable") and "not a block device" in ra.note
@@ -356,8 +348,8 @@ def test_readahead_is_set_and_always_restored(tmp_path, monkeypatch):
 @needs_cgroups
 def test_a_capped_sweep_on_the_tiny_twin(tmp_path, twin):
     meta = inspect_model(twin)
-    device = ram_tier.block_device(twin)
-    before = device.read_ahead.read_text() if isinstance(device, ram_tier.BlockDevice) else None
+    device = pagecache.block_device(twin)
+    before = device.read_ahead.read_text() if isinstance(device, pagecache.BlockDevice) else None
     # The tiny model is 33 MB: a slack of 32 MiB would leave it uncapped (the default is 4 MiB; said here).
     records = sweep(tmp_path, twin, slack_bytes=4 * 2**20)
     assert [(r["cap_pct"], r["lock"]) for r in records] == [(None, "none"), (50, "none"), (50, "non_expert")]
@@ -379,7 +371,7 @@ def test_a_capped_sweep_on_the_tiny_twin(tmp_path, twin):
             assert r["faults_per_token"] > 0 and r["tok_s"] > 0
             assert r["locked_bytes"] == (non_expert if r["lock"] == "non_expert" else 0)
             assert r["cgroup_peak_bytes"] <= r["cap_bytes"]
-    if isinstance(device, ram_tier.BlockDevice):
+    if isinstance(device, pagecache.BlockDevice):
         assert device.read_ahead.read_text() == before
     assert our_cgroups() == []
     table = ram_tier_table(records)

@@ -32,7 +32,7 @@ def stable(path) -> pd.DataFrame:
 def test_sigkill_mid_sweep_then_rerun(tmp_path):
     servers_before = rpc_servers()
     wd = workflow_copy(tmp_path / "killed", CFG)
-    bench_dir = wd / "results/bench/tiny-qwen3moe/ctx4096"
+    bench_dir = wd / "results/bench/tiny-qwen3moe/4k"
     proc = subprocess.Popen(
         [SNAKEMAKE, "--cores", "1", "results/figures/ncmoe_4k.png"],
         cwd=wd,
@@ -65,8 +65,8 @@ def test_sigkill_mid_sweep_then_rerun(tmp_path):
     clean = workflow_copy(tmp_path / "clean", CFG)
     assert snakemake(clean, "results/figures/ncmoe_4k.png").returncode == 0
     resumed, fresh = (
-        stable(wd / "results/tables/measured/ctx4096.csv"),
-        stable(clean / "results/tables/measured/ctx4096.csv"),
+        stable(wd / "results/tables/measured/4k.csv"),
+        stable(clean / "results/tables/measured/4k.csv"),
     )
     assert resumed.drop(columns=["pipeline_commit", "pipeline_dirty"]).equals(
         fresh.drop(columns=["pipeline_commit", "pipeline_dirty"])

@@ -73,8 +73,8 @@ def test_pipeline_runs_through_slurm_like_at_home(tmp_path, cluster_env):
     finished = jobcomp.read_text().splitlines()[before:]
     # llamacpp, twin and three bench jobs went through the cluster; the cheap rules stayed local.
     assert sum("JobState=COMPLETED" in line for line in finished) >= 5, finished
-    here = pd.read_csv(local / "results/tables/measured/ctx1024.csv")[STABLE]
-    there = pd.read_csv(cluster / "results/tables/measured/ctx1024.csv")[STABLE]
+    here = pd.read_csv(local / "results/tables/measured/1k.csv")[STABLE]
+    there = pd.read_csv(cluster / "results/tables/measured/1k.csv")[STABLE]
     assert here.equals(there)
     assert (cluster / TARGET).exists()
 

@@ -43,9 +43,10 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     from conftest import ROOT
     from llamacpp_helpers import manifest, tiny_twin
 
-    from moeplace.bench import DeviceSetup, run_bench
+    from moeplace.bench import run_bench
     from moeplace.budget import Device, plan
     from moeplace.metadata import inspect_model
+    from moeplace.runtime.device import DeviceSetup
     from moeplace.tune import PROBE_TOKENS, probe_settings, tune
 
     path = tiny_twin(tmp_path)

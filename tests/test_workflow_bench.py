@@ -38,7 +38,7 @@ def test_default_pipeline_makes_the_32k_figure_from_real_runs(tmp_path):
     assert (wd / "results/figures/ncmoe_32k_pp.png").stat().st_size > 20_000
     budget = pd.read_csv(wd / "results/tables/budget/tiny-qwen3moe.csv").set_index("ctx")
     n_min = budget.loc[32768, "n_cpu_moe"]
-    measured = pd.read_csv(wd / "results/tables/measured/ctx32768.csv")
+    measured = pd.read_csv(wd / "results/tables/measured/32k.csv")
     tg = measured[(measured.test == "tg") & (measured.model == "tiny-qwen3moe")].set_index("n_cpu_moe")
     assert tg.index.tolist() == [n_min - 2, n_min - 1, *range(n_min, 9)]
     assert (tg.loc[n_min:, "status"] == "ok").all()  # the budget's minimum really fits
@@ -48,9 +48,9 @@ def test_default_pipeline_makes_the_32k_figure_from_real_runs(tmp_path):
     # The sliding-window twin's KV cache barely grows with context: everything fits at 32K.
     swa = measured[(measured.test == "tg") & (measured.model == "tiny-gpt-oss")]
     assert swa.n_cpu_moe.min() == 0 and (swa.status == "ok").all()
-    kv = pd.read_csv(wd / "results/tables/kv_check/ctx32768.csv")
+    kv = pd.read_csv(wd / "results/tables/kv_check/32k.csv")
     assert len(kv) and kv.within_1pct.all()
-    record = json.loads((wd / f"results/bench/tiny-qwen3moe/ctx32768/ncmoe{n_min}.jsonl").read_text().splitlines()[0])
+    record = json.loads((wd / f"results/bench/tiny-qwen3moe/32k/ncmoe{n_min}.jsonl").read_text().splitlines()[0])
     for key in ("pipeline_commit", "llamacpp_version", "model_files", "host", "cpu", "device", "started"):
         assert record[key] not in (None, "")
 
@@ -74,6 +74,11 @@ def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
     subprocess.run(["git", "add", "-A"], cwd=wd, check=True)
     subprocess.run([*commit, "two"], cwd=wd, check=True)
     assert planned_jobs(wd) == {}  # the commit is recorded, not a rerun trigger
+    cfg["device"]["bw_vram_gbps"] = 2 * cfg["device"]["bw_vram_gbps"]
+    (wd / "config/config.yaml").write_text(yaml.safe_dump(cfg))
+    plan = planned_jobs(wd)  # a bandwidth re-predicts; nothing is measured again, the budget stays
+    assert plan["predict"] == 2 and plan["aggregate_context"] == 1
+    assert not {"bench", "variant", "tune", "ceilings", "budget", "metadata", "twin"} & set(plan), plan
     cfg["contexts"] = [1024, 2048]
     (wd / "config/config.yaml").write_text(yaml.safe_dump(cfg))
     plan = planned_jobs(wd)

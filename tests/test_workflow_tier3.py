@@ -11,7 +11,8 @@ from workflow_helpers import snakemake, workflow_copy
 
 from moeplace.metadata import inspect_model
 from moeplace.predict import bytes_per_token, read_bytes
-from moeplace.ram_tier import cgroup_support, non_expert_ranges
+from moeplace.ram_tier import non_expert_ranges
+from moeplace.runtime.cgroup import cgroup_support
 from moeplace.units import GB
 
 pytestmark = pytest.mark.llamacpp

@@ -12,7 +12,6 @@ from typing import Any
 import pandas as pd
 
 from .kvcache import kv_bytes
-from .predict import Bandwidths, predicted_tok_s
 from .units import GB
 
 FITS = "ok"
@@ -63,14 +62,14 @@ def does_not_fit_message(p: dict[str, Any], vram_bytes: int) -> str:
 
 
 def budget_table(
-    meta: dict[str, Any], device: Device, bw: Bandwidths, contexts: list[int], type_k: str = "f16", type_v: str = "f16"
+    meta: dict[str, Any], device: Device, contexts: list[int], type_k: str = "f16", type_v: str = "f16"
 ) -> pd.DataFrame:
+    """Memory only (speeds are the predict stage's): a new bandwidth never reruns what depends on the budget."""
     rows = []
     for ctx in contexts:
         p = plan(meta, device, ctx, type_k, type_v)
         p["kv_gb"] = p["kv_bytes"] / GB
         p["budget_gb"] = p["budget_bytes"] / GB
-        p["predicted_tok_s"] = predicted_tok_s(meta, bw, p["n_cpu_moe"]) if p["n_cpu_moe"] is not None else None
         rows.append(p)
     columns = [
         "ctx",
@@ -78,7 +77,6 @@ def budget_table(
         "budget_gb",
         "resident_layers",
         "n_cpu_moe",
-        "predicted_tok_s",
         "status",
         "kv_bytes",
         "budget_bytes",

@@ -18,17 +18,20 @@ import logging
 import mmap
 import os
 import random
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from .bench import DeviceSetup, die_with_parent, host_facts
+from .config import CeilingsSettings
 from .errors import MoeplaceError
-from .llamacpp import build_native, require_binary
 from .predict import bytes_per_token
+from .runtime.device import DeviceSetup
+from .runtime.llamacpp import require_binary
+from .runtime.native import build_native
+from .runtime.process import run_checked
+from .runtime.provenance import host_facts
 from .units import GB
 
 log = logging.getLogger("moeplace")
@@ -52,24 +55,13 @@ COLUMNS = [
 ]
 
 
-def _run(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """A probe that dies with its job and ends with one line if it hangs."""
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, preexec_fn=die_with_parent)
-    except subprocess.TimeoutExpired:
-        raise MoeplaceError(
-            f"{Path(cmd[0]).name} ran past {timeout_s:g} s and was stopped; the host is overloaded or hung."
-        ) from None
-
-
 def ram_read_gbps(log_file: Path, threads: int, nbytes: int, seconds: float, trials: int = 3) -> float:
     """The best of a few probes: a ceiling, and on a shared host the others are its neighbours' noise."""
     tool = build_native("membw", log_file, shared=False)
     best = 0.0
     for _ in range(trials):
-        out = _run([str(tool), str(threads), str(nbytes), str(seconds / trials)], seconds + 120)
-        if out.returncode != 0:
-            raise MoeplaceError(f"the RAM bandwidth probe failed: {out.stderr.strip() or out.returncode}")
+        cmd = [str(tool), str(threads), str(nbytes), str(seconds / trials)]
+        out = run_checked(cmd, "the RAM bandwidth probe", log_file, timeout_s=seconds + 120)
         fields = dict(item.split("=", 1) for item in out.stdout.split())
         best = max(best, float(fields["gbps"]))
     return best
@@ -117,13 +109,10 @@ def decode_tok_s(
     """Decode speed (llama-bench tg) with every layer on the CPU, or all on the device."""
     cmd = [str(require_binary(manifest, "llama-bench")), "-m", str(model), "-p", "0", "-n", str(gen)]
     cmd += ["-r", str(repetitions), "-t", str(threads), "-ngl", "99" if on_device else "0", "-o", "jsonl"]
-    log.info("$ %s", " ".join(cmd))
-    out = _run(cmd, timeout_s)
-    with log_file.open("a") as f:
-        f.write(out.stderr)
+    out = run_checked(cmd, f"decoding {model.name} with llama-bench", log_file, timeout_s=timeout_s)
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not rows:
-        raise MoeplaceError(f"llama-bench could not decode {model.name} (exit {out.returncode}); see {log_file}.")
+    if not rows:
+        raise MoeplaceError(f"llama-bench printed no result decoding {model.name}; see {log_file}.")
     return float(rows[0]["avg_ts"])
 
 
@@ -168,14 +157,11 @@ def measure_ceilings(
     dense: tuple[Path, dict[str, Any]],
     models: dict[str, tuple[Path, dict[str, Any]]],
     device: DeviceSetup,
-    threads: int,
-    ram_bytes: int,
-    seconds: float,
-    random_block: int,
-    gen: int,
-    repetitions: int,
+    settings: CeilingsSettings,
     log_file: Path,
 ) -> pd.DataFrame:
+    threads, seconds, gen, repetitions = settings.threads, settings.seconds, settings.gen, settings.repetitions
+    ram_bytes, random_block = settings.ram_probe_bytes, settings.random_block_bytes
     thread_counts = list(range(1, threads + 1))
     ram = {t: ram_read_gbps(log_file, t, ram_bytes, seconds) for t in thread_counts}
     log.info("RAM read GB/s by threads: %s", ram)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from typing import Any
 
 from . import budget as budget_mod
+from . import commands
 from .errors import MoeplaceError
 from .kvcache import CACHE_TYPES
 from .metadata import from_constants, inspect_model
@@ -67,14 +67,6 @@ def cmd_inspect(args: argparse.Namespace) -> None:
         _print_inspect(meta)
 
 
-def server_command(model: str, ctx: int, n_cpu_moe: int, type_k: str, type_v: str) -> str:
-    cmd = ["llama-server", "-m", model, "-c", str(ctx), "-ngl", "99", "--n-cpu-moe", str(n_cpu_moe)]
-    if type_k != "f16" or type_v != "f16":
-        # A quantized V cache needs flash attention in llama.cpp.
-        cmd += ["--cache-type-k", type_k, "--cache-type-v", type_v, "-fa", "on"]
-    return shlex.join(cmd)
-
-
 def _print_optimal(meta: dict[str, Any], p: dict[str, Any], args: argparse.Namespace) -> None:
     from .placement import expert_tensors, optimal_placement, ot_value, placement_tok_s
 
@@ -89,12 +81,8 @@ def _print_optimal(meta: dict[str, Any], p: dict[str, Any], args: argparse.Names
         f"  optimal placement: {len(host)} expert tensors on the host, {speed:.1f} tok/s predicted "
         f"(--n-cpu-moe {p['n_cpu_moe']}: {base:.1f}):"
     )
-    print(
-        "  "
-        + server_command(args.model, p["ctx"], 0, args.cache_type_k, args.cache_type_v).replace(" --n-cpu-moe 0", "")
-        + " -ot "
-        + shlex.quote(ot_value(host, separator=","))
-    )
+    overrides = ot_value(host, separator=",")
+    print("  " + commands.llama_server(args.model, p["ctx"], 0, args.cache_type_k, args.cache_type_v, overrides))
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
@@ -145,7 +133,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
         )
         if args.model:
-            print("  " + server_command(args.model, p["ctx"], p["n_cpu_moe"], args.cache_type_k, args.cache_type_v))
+            line = commands.llama_server(args.model, p["ctx"], p["n_cpu_moe"], args.cache_type_k, args.cache_type_v)
+            print("  " + line)
         if args.placement == "optimal":
             _print_optimal(meta, p, args)
     return status
@@ -161,43 +150,34 @@ def cmd_twin(args: argparse.Namespace) -> None:
 def cmd_tune(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .bench import device_setup
-    from .llamacpp import PINNED, provision
+    from .config import DeviceTarget, TuneSettings
     from .outputs import append_csv_row
-    from .tune import command_lines, tune, tune_record
+    from .runtime.llamacpp import PINNED, provision
+    from .tune import tune_model
 
     meta = inspect_model(args.model)
-    vram = parse_size(args.vram, "--vram")
-    plan = budget_mod.plan(
-        meta,
-        budget_mod.Device(vram, parse_size(args.overhead, "--overhead")),
-        args.ctx,
-        args.cache_type_k,
-        args.cache_type_v,
-    )
-    predicted = plan["n_cpu_moe"] if plan["n_cpu_moe"] is not None else meta["n_layer"]
     log_path = Path(args.log)
     manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
-    device = device_setup(args.device, "", vram, manifest)
-    print(f"predicted minimum --n-cpu-moe at {args.ctx} tokens: {predicted}; probing on {device.label}")
-    result = tune(
-        args.model,
-        args.ctx,
-        device,
-        manifest,
-        meta["n_layer"],
-        predicted,
-        log_path,
-        Path.cwd(),
-        args.margin,
-        args.threads,
+    print(f"probing {meta['name']} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
+    result, record = tune_model(
+        model_name=meta["name"],
+        model_path=args.model,
+        meta=meta,
+        ctx=args.ctx,
         type_k=args.cache_type_k,
         type_v=args.cache_type_v,
+        target=DeviceTarget(args.device, "", parse_size(args.vram, "--vram")),
+        memory=budget_mod.Device(parse_size(args.vram, "--vram"), parse_size(args.overhead, "--overhead")),
+        settings=TuneSettings(args.margin, 3600, args.threads),
+        manifest=manifest,
+        log_path=log_path,
+        workdir=Path.cwd(),
     )
+    print(f"predicted minimum --n-cpu-moe: {result.predicted_n}; probed on {record['device']}")
     for p in result.probes:
         print(f"  load {p.n_cpu_moe:>3}: {p.status}" + (f", {p.tg_tok_s:.2f} tok/s" if p.tg_tok_s else ""))
     if args.record:
-        append_csv_row(args.record, tune_record(meta["name"], args.ctx, result, device.label, args.margin))
+        append_csv_row(args.record, record)
     if result.chosen_n is None:
         print(
             f"moeplace: context {args.ctx} does not run even with every expert in host RAM; "
@@ -209,10 +189,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"{result.loads} loads; lowest feasible n = {result.lowest_n}, chosen n = {result.chosen_n} "
         f"(margin {args.margin}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens"
     )
-    for line in command_lines(
-        args.model, args.ctx, result.chosen_n, args.cache_type_k, args.cache_type_v, device.kind == "emulated"
-    ).values():
-        print("  " + line)
+    note = "  # add --rpc HOST:PORT for the emulated device" if record["device_kind"] == "emulated" else ""
+    kv = (args.cache_type_k, args.cache_type_v)
+    print("  " + commands.llama_server(args.model, args.ctx, result.chosen_n, *kv) + note)
+    print("  " + commands.llama_bench(args.model, args.ctx, result.chosen_n, *kv) + note)
     return 0
 
 

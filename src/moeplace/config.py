@@ -1,8 +1,10 @@
-"""Config validation against workflow/schemas/config.schema.yaml, with defaults, in one clear line."""
+"""The pipeline's config: validated against workflow/schemas/config.schema.yaml (defaults filled, one clear
+line naming a bad field), then parsed once into typed settings."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 
 from .errors import MoeplaceError
+from .units import Context, parse_size
 
 
 def _with_defaults(cls: type) -> type:
@@ -61,3 +64,131 @@ def validate_config(config: dict[str, Any], schema_path: str | Path) -> dict[str
         error = jsonschema.exceptions.best_match(errors)
         raise MoeplaceError(f"config: {_message(error)}.")
     return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed settings: the validated config parsed once (sizes to bytes, sections to what each job needs).
+# Rules pass these as plain dicts (`params(...)`): Snakemake compares params by value to decide reruns,
+# so a job reruns when, and only when, a value it depends on changes.
+
+
+@dataclass(frozen=True)
+class DeviceTarget:
+    """What a measuring job runs on: the device kind, its label and its memory (the emulated device's cap)."""
+
+    kind: str  # auto, gpu or emulated
+    name: str
+    vram_bytes: int
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    prompt: int
+    gen: int
+    repetitions: int
+    threads: int
+    timeout_s: float
+    type_k: str = "f16"
+    type_v: str = "f16"
+    noisy_cv: float = 0.05
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    margin: int
+    timeout_s: float
+    threads: int
+
+
+@dataclass(frozen=True)
+class CeilingsSettings:
+    ram_probe_bytes: int
+    seconds: float
+    gen: int
+    repetitions: int
+    threads: int
+    random_block_bytes: int  # random disk reads of the size a page fault reads under the RAM tier's readahead
+
+
+@dataclass(frozen=True)
+class RamTierSettings:
+    """One RAM-tier sweep (the quant comparison runs the same sweep at its own caps)."""
+
+    caps_pct: tuple[int, ...]
+    lock_modes: tuple[str, ...]
+    readahead_kb: int | None
+    gen: tuple[int, int]
+    timeout_s: float
+    slack_bytes: int
+    threads: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    contexts: tuple[Context, ...]
+    device: DeviceTarget
+    memory: Any  # budget.Device: the card's bytes and what the budget keeps out of the expert room
+    bandwidths: Any  # predict.Bandwidths
+    bench: BenchSettings
+    tune: TuneSettings
+    ceilings: CeilingsSettings
+    ram_tier: RamTierSettings
+
+
+def params(value: Any) -> dict[str, Any]:
+    """A settings value as a rule's params (plain values: Snakemake cannot compare dataclasses)."""
+    return asdict(value)
+
+
+def parse_settings(config: dict[str, Any]) -> Settings:
+    """The validated config (defaults filled) as typed values; MoeplaceError names a bad field."""
+    from .budget import Device
+    from .predict import Bandwidths
+
+    dev, host, measured, bench = config["device"], config["host"], config["measured"], config["bench"]
+    threads = bench["threads"]
+    vram = parse_size(dev["vram"], "config device.vram")
+    ram_tier = config["ram_tier"]
+    return Settings(
+        contexts=tuple(Context(c) for c in config["contexts"]),
+        device=DeviceTarget(dev["kind"], dev["name"], vram),
+        memory=Device(vram, parse_size(dev["overhead"], "config device.overhead")),
+        bandwidths=Bandwidths(
+            vram_gbps=dev["bw_vram_gbps"],
+            ddr_gbps=host["bw_ddr_gbps"],
+            measured_vram_gbps=measured.get("bw_vram_gbps"),
+            measured_ddr_gbps=measured.get("bw_ddr_gbps"),
+            eta=measured.get("eta"),
+            disk_gbps=host.get("bw_disk_gbps"),
+            measured_disk_gbps=measured.get("bw_disk_gbps"),
+            ram_bytes=parse_size(host["ram"], "config host.ram") if "ram" in host else None,
+        ),
+        bench=BenchSettings(
+            prompt=bench["prompt"],
+            gen=bench["gen"],
+            repetitions=bench["repetitions"],
+            threads=threads,
+            timeout_s=bench["timeout_s"],
+            type_k=config["cache_type_k"],
+            type_v=config["cache_type_v"],
+            noisy_cv=bench["noisy_cv"],
+        ),
+        tune=TuneSettings(config["tune"]["margin"], config["tune"]["timeout_s"], threads),
+        ceilings=CeilingsSettings(
+            ram_probe_bytes=parse_size(config["ceilings"]["ram_probe"], "config ceilings.ram_probe"),
+            seconds=config["ceilings"]["seconds"],
+            gen=config["ceilings"]["gen"],
+            repetitions=config["ceilings"]["repetitions"],
+            threads=threads,
+            random_block_bytes=(ram_tier["readahead_kb"] or 4) * 1024,
+        ),
+        ram_tier=RamTierSettings(
+            caps_pct=tuple(ram_tier["caps_pct"]),
+            lock_modes=tuple(ram_tier["lock_modes"]),
+            readahead_kb=ram_tier["readahead_kb"],
+            gen=(ram_tier["gen"][0], ram_tier["gen"][1]),
+            timeout_s=ram_tier["timeout_s"],
+            slack_bytes=parse_size(ram_tier["slack"], "config ram_tier.slack"),
+            threads=threads,
+        ),
+    )

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .outputs import atomic_path  # noqa: E402
+from .units import Context  # noqa: E402
 
 FAILED = ("oom", "crash", "timeout", "error")
 
@@ -97,11 +98,11 @@ def ncmoe_figure(
         ax.set_ylim(bottom=0)
         ax.set_xlabel("--n-cpu-moe (layers whose experts stay in host RAM)")
         ax.set_ylabel(f"{'decode (tg)' if test == 'tg' else 'prefill (pp)'} speed, tokens/s")
-        ax.set_title(f"{model}, context {ctx:,} tokens\n{device}", fontsize=9)
+        ax.set_title(f"{model}, {Context(ctx)} context ({ctx:,} tokens)\n{device}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     fig.suptitle(
-        f"{'Decode' if test == 'tg' else 'Prefill'} speed vs expert offload at {ctx // 1024}K context", fontsize=12
+        f"{'Decode' if test == 'tg' else 'Prefill'} speed vs expert offload at {Context(ctx)} context", fontsize=12
     )
     fig.tight_layout()
     with atomic_path(out) as tmp:
@@ -135,7 +136,7 @@ def matrix_figure(matrix: pd.DataFrame, out: str | Path) -> None:
                 color="black" if light else "white",
                 fontsize=10,
             )
-        ax.set_xticks(range(len(contexts)), [f"{c:,}" for c in contexts])
+        ax.set_xticks(range(len(contexts)), [f"{Context(int(c))} context" for c in contexts])
         ax.set_yticks(range(len(models)), models)
         ax.set_xlabel("context length, tokens")
         ax.set_title(title, fontsize=10)
@@ -171,7 +172,8 @@ def variants_figure(variants: pd.DataFrame, ctx: int, out: str | Path) -> None:
         ax.set_title(f"{'Decode' if test == 'tg' else 'Prefill'}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Expert placements at equal host-resident bytes, {ctx:,}-token context", fontsize=11)
+    title = f"Expert placements at equal host-resident bytes, {Context(ctx)} context ({ctx:,} tokens)"
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=130, format="png")

@@ -11,7 +11,7 @@ import hashlib
 import mmap
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ class TensorInfo:
     type_name: str
     n_bytes: int
     offset: int  # relative to the data section of its file
+    shard: int = 0  # index of that file among the model's shards
 
 
 @dataclass
@@ -63,6 +64,11 @@ class GGUFHeader:
     tensors: list[TensorInfo]
     file_sizes: list[int] = field(default_factory=list)
     header_sha256: list[str] = field(default_factory=list)
+    data_starts: list[int] = field(default_factory=list)  # where each shard's data section begins
+
+    def file_range(self, t: TensorInfo) -> tuple[Path, int, int]:
+        """(file, absolute offset, bytes) of one tensor's data."""
+        return self.paths[t.shard], self.data_starts[t.shard] + t.offset, t.n_bytes
 
     @property
     def architecture(self) -> str:
@@ -175,7 +181,7 @@ def tensor_nbytes(type_name: str, shape: tuple[int, ...]) -> int:
     return shape[0] // block * type_size * rows
 
 
-def _read_one(path: Path) -> tuple[dict[str, Any], list[TensorInfo], int, str]:
+def _read_one(path: Path) -> tuple[dict[str, Any], list[TensorInfo], int, str, int]:
     try:
         fh = path.open("rb")
     except OSError as e:
@@ -188,7 +194,7 @@ def _read_one(path: Path) -> tuple[dict[str, Any], list[TensorInfo], int, str]:
             return _parse(path, buf, size)
 
 
-def _parse(path: Path, buf: mmap.mmap, size: int) -> tuple[dict[str, Any], list[TensorInfo], int, str]:
+def _parse(path: Path, buf: mmap.mmap, size: int) -> tuple[dict[str, Any], list[TensorInfo], int, str, int]:
     cur = _Cursor(path, buf)
     if bytes(buf[:4]) != GGUF_MAGIC:
         raise MoeplaceError(f"{path}: wrong magic {bytes(buf[:4])!r}; this is not a GGUF file.")
@@ -237,7 +243,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> tuple[dict[str, Any], list[
             raise MoeplaceError(f"{path}: tensor {t.name!r} data offset {t.offset} is not aligned to {alignment}.")
         if data_start + t.offset + t.n_bytes > size:
             raise MoeplaceError(f"{path}: tensor {t.name!r} ends past the end of the file; the download is incomplete.")
-    return metadata, tensors, size, header_sha
+    return metadata, tensors, size, header_sha, data_start
 
 
 def shard_paths(path: Path) -> list[Path]:
@@ -259,7 +265,7 @@ def read_header(path: str | Path) -> GGUFHeader:
     header = GGUFHeader(paths=paths, metadata={}, tensors=[])
     names: set[str] = set()
     for no, shard in enumerate(paths, start=1):
-        metadata, tensors, size, sha = _read_one(shard)
+        metadata, tensors, size, sha, data_start = _read_one(shard)
         if len(paths) > 1:
             count = metadata.get("split.count")
             if count != len(paths) or metadata.get("split.no") != no - 1:
@@ -273,8 +279,9 @@ def read_header(path: str | Path) -> GGUFHeader:
             if t.name in names:
                 raise MoeplaceError(f"{shard}: tensor {t.name!r} also appears in another shard.")
             names.add(t.name)
-        header.tensors.extend(tensors)
+        header.tensors.extend(replace(t, shard=no - 1) for t in tensors)
         header.file_sizes.append(size)
+        header.data_starts.append(data_start)
         header.header_sha256.append(sha)
     expected = header.metadata.get("split.tensors.count")
     if len(paths) > 1 and expected is not None and expected != len(header.tensors):

@@ -75,3 +75,15 @@ def kv_bytes_per_token(meta: dict[str, Any], type_k: str = "f16", type_v: str = 
         for layer in meta["layers"]
         if layer["has_kv"] and not layer["swa"]
     )
+
+
+def needs_flash_attn(type_v: str) -> bool:
+    """llama.cpp refuses a quantized V cache without flash attention (a quantized K cache runs without)."""
+    return type_v not in ("f16", "bf16", "f32")
+
+
+def cache_args(type_k: str, type_v: str) -> list[str]:
+    """llama.cpp's KV cache flags for these types (none for the default f16)."""
+    if (type_k, type_v) == ("f16", "f16"):
+        return []
+    return ["--cache-type-k", type_k, "--cache-type-v", type_v, *(["-fa", "on"] if needs_flash_attn(type_v) else [])]

@@ -196,19 +196,14 @@ def variant_n(meta: dict[str, Any], budget_n: int | None) -> int:
 
 def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float, **bench_args: Any) -> list[dict]:
     """One variant's llama-bench run, with its placement checked against llama.cpp's load log."""
-    from contextlib import nullcontext
-
-    from .bench import rpc_device, run_bench
+    from .bench import run_bench
     from .gguf_file import read_header
+    from .runtime.device import attached
 
     sizes = {t.name: t.n_bytes for t in read_header(bench_args["model_path"]).tensors}
     if variant == "fit_params":
         device, manifest = bench_args["device"], bench_args["manifest"]
-        with (
-            rpc_device(manifest, device.cap_bytes, 1, bench_args["log_path"])
-            if device.kind == "emulated"
-            else nullcontext()
-        ) as rpc:
+        with attached(device, manifest, 1, bench_args["log_path"]) as rpc:
             overrides = fit_params_overrides(
                 manifest, bench_args["model_path"], bench_args["ctx"], rpc, bench_args["log_path"]
             )
@@ -312,19 +307,14 @@ def placement_tok_s(meta: dict[str, Any], host: set[str], vram_gbps: float, ddr_
 def fit_params_overrides(manifest: dict[str, Any], model: str, ctx: int, rpc: str | None, log_path: Any) -> str | None:
     """llama.cpp's own placement for this device (llama-fit-params, no margin), as a llama-bench -ot value."""
     import shlex
-    import subprocess
 
-    from .errors import MoeplaceError
-    from .llamacpp import require_binary
+    from .runtime.llamacpp import require_binary
+    from .runtime.process import run_checked
 
     cmd = [str(require_binary(manifest, "llama-fit-params")), "-m", model, "-c", str(ctx), "-fitt", "0"]
     if rpc:
         cmd += ["--rpc", rpc]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    with open(log_path, "a") as log:
-        log.write(out.stderr)
-    if out.returncode != 0:
-        raise MoeplaceError(f"llama-fit-params found no placement for {model} at {ctx} tokens; see {log_path}.")
+    out = run_checked(cmd, f"llama-fit-params placing {model} at {ctx} tokens", log_path, timeout_s=600)
     args = shlex.split(out.stdout.strip().splitlines()[-1])
     # fit-params joins patterns with ',' (llama-server's separator); llama-bench wants ';'.
     return args[args.index("-ot") + 1].replace(",", ";") if "-ot" in args else None

@@ -108,12 +108,6 @@ def predict_table(meta: dict[str, Any], bw: Bandwidths) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def predicted_tok_s(meta: dict[str, Any], bw: Bandwidths, n_cpu_moe: int) -> float:
-    d, v = read_bytes(meta, n_cpu_moe)
-    s = d * disk_share(meta, n_cpu_moe, bw.ram_bytes)
-    return 1 / token_seconds(d, v, bw.vram_gbps, bw.ddr_gbps, s, bw.disk_gbps)
-
-
 def ram_tier_tok_s(meta: dict[str, Any], weight_ram_bytes: int | None, ddr_gbps: float, disk_gbps: float) -> float:
     """CPU-only decode with `weight_ram_bytes` of page cache for the weights (None: all of them).
 

@@ -10,7 +10,6 @@ experts), each beside what uniform-random routing would give.
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from fractions import Fraction
@@ -20,10 +19,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .bench import die_with_parent
 from .errors import MoeplaceError
-from .llamacpp import build_tool
 from .outputs import atomic_path
+from .runtime.native import build_tool
+from .runtime.process import run
 
 TOOL = "routing"
 FORMAT = "moeplace-routing 1"
@@ -156,22 +155,10 @@ def trace_routing(
             str(out_file),
             *(["--verify"] if verify else []),
         ]
-        with log_file.open("a") as err:
-            err.write(f"$ {' '.join(cmd)}\n")
-            err.flush()
-            try:
-                rc = subprocess.run(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=err,
-                    stderr=err,
-                    timeout=timeout_s,
-                    preexec_fn=die_with_parent,
-                ).returncode
-            except subprocess.TimeoutExpired:
-                raise MoeplaceError(
-                    f"tracing expert routing of {model_path} took over {timeout_s:g} s; see {log_file}."
-                ) from None
+        result = run(cmd, timeout_s=timeout_s, log_path=log_file, stream_to_log=True)
+        if result.timed_out:
+            raise MoeplaceError(f"tracing expert routing of {model_path} took over {timeout_s:g} s; see {log_file}.")
+        rc = result.returncode
         if rc != 0:
             lines = log_file.read_text(errors="replace").splitlines()
             reason = next((ln for ln in reversed(lines) if "moeplace-routing: error:" in ln), None)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .bench import BenchSettings
+from .config import BenchSettings, DeviceTarget, TuneSettings
 
 log = logging.getLogger("moeplace")
 
@@ -100,37 +100,13 @@ def search(
     return result
 
 
-def command_lines(model: str, ctx: int, n: int, type_k: str, type_v: str, rpc: bool) -> dict[str, str]:
-    import shlex
-
-    extra = ["-ctk", type_k, "-ctv", type_v, "-fa", "on"] if (type_k, type_v) != ("f16", "f16") else []
-    server = ["llama-server", "-m", model, "-c", str(ctx), "-ngl", "99", "--n-cpu-moe", str(n), *extra]
-    bench = [
-        "llama-bench",
-        "-m",
-        model,
-        "-d",
-        str(ctx),
-        "-p",
-        "512",
-        "-n",
-        "128",
-        "-ngl",
-        "99",
-        "-ncmoe",
-        str(n),
-        "-r",
-        "5",
-        *extra,
-    ]
-    note = "  # add --rpc HOST:PORT for the emulated device" if rpc else ""
-    return {"llama_server": shlex.join(server) + note, "llama_bench": shlex.join(bench) + note}
-
-
-def tune_record(model: str, ctx: int, result: TuneResult, device: str, margin: int) -> dict[str, Any]:
+def tune_record(
+    model: str, ctx: int, result: TuneResult, device: str, margin: int, type_k: str, type_v: str
+) -> dict[str, Any]:
     return {
         "model": model,
         "ctx": ctx,
+        "cache_type": type_k if type_k == type_v else f"{type_k}/{type_v}",
         "device": device,
         "predicted_n": result.predicted_n,
         "lowest_feasible_n": result.lowest_n,
@@ -185,6 +161,49 @@ def tune(
         return record["status"], record["avg_ts"]
 
     return search(predicted_n, n_layer, run, margin, 0.0 if device.kind == "emulated" else SPILL_RATIO)
+
+
+def tune_model(
+    *,
+    model_name: str,
+    model_path: str,
+    meta: dict[str, Any],
+    ctx: int,
+    type_k: str,
+    type_v: str,
+    target: DeviceTarget,
+    memory: Any,
+    settings: TuneSettings,
+    manifest: dict[str, Any],
+    log_path: Any,
+    workdir: Any,
+) -> tuple[TuneResult, dict[str, Any]]:
+    """The tuner for one model, context and KV cache type, from the budget's prediction: the result and its
+    record (what the pipeline's tune stage writes and `moeplace tune` prints)."""
+    from .budget import plan
+    from .runtime.device import device_setup
+
+    predicted = plan(meta, memory, ctx, type_k, type_v)["n_cpu_moe"]
+    device = device_setup(target, manifest)
+    log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", ctx, predicted, device.label)
+    start = meta["n_layer"] if predicted is None else predicted
+    result = tune(
+        model_path,
+        ctx,
+        device,
+        manifest,
+        meta["n_layer"],
+        start,
+        log_path,
+        workdir,
+        settings.margin,
+        settings.threads,
+        settings.timeout_s,
+        type_k,
+        type_v,
+    )
+    record = tune_record(model_name, ctx, result, device.label, settings.margin, type_k, type_v)
+    return result, {**record, "device_kind": device.kind}
 
 
 def matrix_table(tune: Any) -> Any:

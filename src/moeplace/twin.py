@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -307,17 +306,13 @@ def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int
 
 def quantize(llamacpp: dict[str, Any], f16: str | Path, out: str | Path, quant: str, log_file: str | Path) -> Path:
     """llama-quantize an F16 twin to `quant` (its real recipe), written atomically."""
-    from .llamacpp import require_binary
+    from .runtime.llamacpp import require_binary
+    from .runtime.process import run_checked
 
     out = Path(out)
-    with atomic_path(out) as tmp, open(log_file, "a") as log:
-        rc = subprocess.run(
-            [str(require_binary(llamacpp, "llama-quantize")), str(f16), str(tmp), quant],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        ).returncode
-        if rc != 0:
-            raise MoeplaceError(f"llama-quantize could not make a {quant} file from {f16} (exit {rc}); see {log_file}.")
+    with atomic_path(out) as tmp:
+        cmd = [str(require_binary(llamacpp, "llama-quantize")), str(f16), str(tmp), quant]
+        run_checked(cmd, f"llama-quantize making a {quant} file from {f16}", log_file, stream_to_log=True)
     return out
 
 

@@ -1,8 +1,10 @@
-"""Byte sizes as people write them: GB is 10^9 (as the seed and card vendors use), GiB 2^30."""
+"""Sizes and context lengths as people write them: GB is 10^9 (as the seed and card vendors use), GiB 2^30;
+a 32768-token context is "32k"."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from .errors import MoeplaceError
 
@@ -34,3 +36,23 @@ def parse_size(text: str | int | float, what: str = "size") -> int:
 
 def gb(n_bytes: float) -> float:
     return n_bytes / GB
+
+
+@dataclass(frozen=True, order=True)
+class Context:
+    """A context length in tokens, and its one label for paths, tables and titles: 32768 -> '32k';
+    a length that is not a whole number of KiB tokens keeps its number ('1000')."""
+
+    tokens: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.tokens // 1024}k" if self.tokens % 1024 == 0 else str(self.tokens)
+
+    @classmethod
+    def parse(cls, label: str) -> Context:
+        """The inverse of label: '32k' -> Context(32768), '1000' -> Context(1000)."""
+        return cls(int(label[:-1]) * 1024 if label.endswith("k") else int(label))
+
+    def __str__(self) -> str:
+        return self.label

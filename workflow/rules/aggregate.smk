@@ -1,15 +1,15 @@
 rule aggregate_context:
     input:
         bench=get_context_bench,
-        metadata=expand("results/metadata/{model}.json", model=BENCH_MODELS),
-        predicted=expand("results/tables/predicted/{model}.csv", model=BENCH_MODELS),
-        budget=expand("results/tables/budget/{model}.csv", model=BENCH_MODELS),
+        metadata=expand(rules.metadata.output[0], model=BENCH_MODELS),
+        predicted=expand(rules.predict.output[0], model=BENCH_MODELS),
+        budget=expand(rules.budget.output[0], model=BENCH_MODELS),
     output:
-        measured="results/tables/measured/ctx{ctx}.csv",
-        compare="results/tables/compare/ctx{ctx}.csv",
-        kv_check="results/tables/kv_check/ctx{ctx}.csv",
+        measured="results/tables/measured/{ctx}.csv",
+        compare="results/tables/compare/{ctx}.csv",
+        kv_check="results/tables/kv_check/{ctx}.csv",
     log:
-        "logs/aggregate/ctx{ctx}.log",
+        "logs/aggregate/{ctx}.log",
     conda:
         "../../environment.yml"
     params:
@@ -20,9 +20,9 @@ rule aggregate_context:
 
 rule aggregate:
     input:
-        measured=expand("results/tables/measured/ctx{ctx}.csv", ctx=config["contexts"]),
-        compare=expand("results/tables/compare/ctx{ctx}.csv", ctx=config["contexts"]),
-        kv_check=expand("results/tables/kv_check/ctx{ctx}.csv", ctx=config["contexts"]),
+        measured=expand(rules.aggregate_context.output.measured, ctx=CONTEXTS),
+        compare=expand(rules.aggregate_context.output.compare, ctx=CONTEXTS),
+        kv_check=expand(rules.aggregate_context.output.kv_check, ctx=CONTEXTS),
     output:
         measured=report(
             "results/tables/measured.csv",

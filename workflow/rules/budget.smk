@@ -1,6 +1,6 @@
 checkpoint budget:
     input:
-        metadata="results/metadata/{model}.json",
+        metadata=rules.metadata.output[0],
     output:
         "results/tables/budget/{model}.csv",
     log:
@@ -8,10 +8,9 @@ checkpoint budget:
     conda:
         "../../environment.yml"
     params:
-        device=config["device"],
-        contexts=config["contexts"],
+        memory=params(SETTINGS.memory),
+        contexts=[c.tokens for c in SETTINGS.contexts],
         cache_type_k=config["cache_type_k"],
         cache_type_v=config["cache_type_v"],
-        bandwidths=get_bandwidths(),
     script:
         "../scripts/budget.py"

@@ -1,16 +1,16 @@
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from moeplace.config import validate_config
+from moeplace.config import params, parse_settings, validate_config
 from moeplace.errors import MoeplaceError
 from moeplace.gguf_file import shard_paths
 from moeplace.kvcache import CACHE_TYPES
-from moeplace.llamacpp import LAYOUT as LLAMACPP_CACHE_LAYOUT
 from moeplace.outputs import remove_stale_locks
 from moeplace.placement import VARIANTS
+from moeplace.runtime.llamacpp import LAYOUT as LLAMACPP_CACHE_LAYOUT
 from moeplace.twin import load_spec
-from moeplace.units import parse_size
 
 
 def stop(message):
@@ -20,8 +20,11 @@ def stop(message):
 
 try:
     validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
+    SETTINGS = parse_settings(config)
 except MoeplaceError as e:
     stop(e)
+# Each context's one label ("32k"), used in every path, table name and title.
+CONTEXTS = {c.label: c for c in SETTINGS.contexts}
 for name, m in config["models"].items():
     for key in ("gguf", "twin"):
         if key in m and not Path(m[key]).exists():
@@ -78,7 +81,7 @@ for folder in ("results", "logs", "resources"):
 
 wildcard_constraints:
     model="[A-Za-z0-9][A-Za-z0-9._-]*",
-    ctx=r"\d+",
+    ctx="|".join(CONTEXTS),
     variant="|".join(VARIANTS),
     kv="|".join(CACHE_TYPES),
     quant="[A-Za-z0-9_]+",
@@ -100,7 +103,7 @@ def model_files(model):
         except MoeplaceError as e:
             stop(f"config models.{model}.gguf: {e}")
     if "twin" in m:
-        return [f"resources/models/{model}.gguf"]
+        return [rules.twin.output[0].format(model=model)]
     return []
 
 
@@ -108,26 +111,19 @@ def get_model_gguf(wildcards):
     return model_files(wildcards.model)
 
 
-def get_bandwidths():
-    """The configured bandwidths; the predict stage fills unset measured ones from ceilings.csv."""
-    measured = config["measured"]
-    host = config["host"]
-    return {
-        "vram_gbps": config["device"]["bw_vram_gbps"],
-        "ddr_gbps": host["bw_ddr_gbps"],
-        "measured_vram_gbps": measured.get("bw_vram_gbps"),
-        "measured_ddr_gbps": measured.get("bw_ddr_gbps"),
-        "eta": measured.get("eta"),
-        "disk_gbps": host.get("bw_disk_gbps"),
-        "measured_disk_gbps": measured.get("bw_disk_gbps"),
-        "ram_bytes": parse_size(host["ram"], "host.ram") if "ram" in host else None,
-    }
+def metadata_path(model):
+    return rules.metadata.output[0].format(model=model)
+
+
+def ctx_tokens(wildcards):
+    """The context of a job, in tokens, from its {ctx} label."""
+    return CONTEXTS[wildcards.ctx].tokens
 
 
 def get_predict_inputs(wildcards):
-    inputs = {"metadata": f"results/metadata/{wildcards.model}.json"}
+    inputs = {"metadata": metadata_path(wildcards.model)}
     if CEILINGS:
-        inputs["ceilings"] = "results/tables/ceilings.csv"
+        inputs["ceilings"] = rules.ceilings.output[0]
     return inputs
 
 
@@ -136,37 +132,41 @@ def get_ceilings_inputs(wildcards):
     inputs = {}
     for model in WEIGHT_MODELS:
         inputs[f"model_{model}"] = model_files(model)
-        inputs[f"metadata_{model}"] = f"results/metadata/{model}.json"
+        inputs[f"metadata_{model}"] = metadata_path(model)
     return inputs
 
 
 def get_final_outputs():
-    outputs = expand(
-        [
-            "results/metadata/{model}.json",
-            "results/tables/predicted/{model}.csv",
-            "results/tables/budget/{model}.csv",
-        ],
-        model=MODELS,
-    )
+    outputs = [
+        path.format(model=m)
+        for m in MODELS
+        for path in (
+            rules.metadata.output[0],
+            rules.predict.output[0],
+            rules.budget.output[0],
+        )
+    ]
     if BENCH_MODELS:
-        outputs += ["results/tables/measured.csv", "results/tables/compare.csv"]
-        outputs += expand("results/figures/ncmoe_{label}.png", label=LABELS)
-        outputs += ["results/tables/matrix.csv", "results/figures/matrix.png"]
-        outputs += expand("results/figures/variants_{label}.png", label=LABELS)
-    if CEILINGS:
-        outputs.append("results/tables/ceilings.csv")
-    if RAM_TIER_MODELS:
-        outputs.append("results/tables/ram_tier.csv")
-        outputs += expand("results/figures/ram_tier_{model}.png", model=RAM_TIER_MODELS)
-    if QUANTS:
+        outputs += [rules.aggregate.output.measured, rules.aggregate.output.compare]
         outputs += [
-            "results/tables/quants.csv",
-            f"results/figures/quants_{QUANTS_MODEL}.png",
+            rules.figure_ncmoe.output.tg.format(ctx=label) for label in CONTEXTS
         ]
+        outputs += [rules.matrix.output.matrix, rules.matrix.output.figure]
+        outputs += [
+            rules.figure_variants.output[0].format(ctx=label) for label in CONTEXTS
+        ]
+    if CEILINGS:
+        outputs.append(rules.ceilings.output[0])
+    if RAM_TIER_MODELS:
+        outputs.append(rules.ram_tier_table.output.ram_tier)
+        outputs += [
+            rules.ram_tier.output.figure.format(model=m) for m in RAM_TIER_MODELS
+        ]
+    if QUANTS:
+        outputs += [rules.quants.output.table, rules.quants.output.figure]
     if ROUTING_MODELS:
-        outputs.append("results/tables/routing.csv")
-        outputs += expand("results/figures/routing_{model}.png", model=ROUTING_MODELS)
+        outputs.append(rules.routing_table.output.routing)
+        outputs += [rules.routing.output.figure.format(model=m) for m in ROUTING_MODELS]
     return outputs
 
 
@@ -174,16 +174,10 @@ def get_twin_inputs(wildcards):
     m = model_config(wildcards.model)
     inputs = {"spec": m["twin"]}
     if m["weights"] == "random":
-        inputs["llamacpp"] = "resources/llamacpp/llamacpp.json"
+        inputs["llamacpp"] = rules.llamacpp.output[0]
     return inputs
 
 
-def context_label(ctx):
-    """32768 -> '32k' (figure names); contexts that are not whole KiB keep their number."""
-    return f"{ctx // 1024}k" if ctx % 1024 == 0 else str(ctx)
-
-
-LABELS = {context_label(c): c for c in config["contexts"]}
 BENCH_MODELS = [m for m in MODELS if "constants" not in model_config(m)]
 # Models whose weights llama.cpp can run: real files and random twins (not header-only twins).
 WEIGHT_MODELS = [
@@ -219,28 +213,14 @@ QUANTS = bool(config["quants"]["enabled"] and QUANTS_MODEL)
 
 def get_ram_tier_inputs(wildcards):
     """The measured ceilings, for the predicted column (RAM and disk bandwidth)."""
-    return {"ceilings": "results/tables/ceilings.csv"} if CEILINGS else {}
+    return {"ceilings": rules.ceilings.output[0]} if CEILINGS else {}
 
 
 def get_tools_manifest():
     """The build our own tools link against: the plain pinned one (see rule llamacpp_tools)."""
     if config["llamacpp"]["bin_dir"] or config["llamacpp"]["cmake_options"]:
-        return "resources/llamacpp/tools.json"
-    return "resources/llamacpp/llamacpp.json"
-
-
-def get_bench_settings():
-    b = config["bench"]
-    return {
-        "prompt": b["prompt"],
-        "gen": b["gen"],
-        "repetitions": b["repetitions"],
-        "threads": b["threads"],
-        "timeout_s": b["timeout_s"],
-        "noisy_cv": b["noisy_cv"],
-        "type_k": config["cache_type_k"],
-        "type_v": config["cache_type_v"],
-    }
+        return rules.llamacpp_tools.output[0]
+    return rules.llamacpp.output[0]
 
 
 def sweep_values(model, ctx):
@@ -254,27 +234,22 @@ def sweep_values(model, ctx):
         config["bench"]["n_cpu_moe"] != "auto"
     ):  # checked against the layer count at start-up
         return sorted(set(config["bench"]["n_cpu_moe"]))
-    rows = pd.read_csv(checkpoints.budget.get(model=model).output[0]).query(
-        "ctx == @ctx"
-    )
+    budget = pd.read_csv(checkpoints.budget.get(model=model).output[0])
+    rows = budget[budget.ctx == ctx.tokens]
     if (
         rows.empty
     ):  # a dry run against a budget table from before this context was added
         return []
-    with open(f"results/metadata/{model}.json") as f:
+    with open(metadata_path(model)) as f:
         n_layer = json.load(f)["n_layer"]
     row = rows.iloc[0]
     return auto_sweep(int(row.n_cpu_moe) if row.status == "ok" else None, n_layer)
 
 
 def get_context_bench(wildcards):
-    ctx = (
-        LABELS.get(wildcards.label)
-        if hasattr(wildcards, "label")
-        else int(wildcards.ctx)
-    )
+    """Every benchmark record file of one context."""
     return [
-        f"results/bench/{model}/ctx{ctx}/ncmoe{n}.jsonl"
+        rules.bench.output[0].format(model=model, ctx=wildcards.ctx, n=n)
         for model in BENCH_MODELS
-        for n in sweep_values(model, ctx)
+        for n in sweep_values(model, CONTEXTS[wildcards.ctx])
     ]

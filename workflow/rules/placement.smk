@@ -1,21 +1,22 @@
 rule variant:
     input:
         model=get_model_gguf,
-        metadata="results/metadata/{model}.json",
-        budget="results/tables/budget/{model}.csv",
-        llamacpp="resources/llamacpp/llamacpp.json",
+        metadata=rules.metadata.output[0],
+        budget=rules.budget.output[0],
+        llamacpp=rules.llamacpp.output[0],
     output:
-        "results/variants/{model}/ctx{ctx}/{variant}.jsonl",
+        "results/variants/{model}/{ctx}/{variant}.jsonl",
     log:
-        "logs/variants/{model}/ctx{ctx}/{variant}.log",
+        "logs/variants/{model}/{ctx}/{variant}.log",
     conda:
         "../../environment.yml"
     threads: config["bench"]["threads"]
     resources:
         bench_device=1,
     params:
-        settings=get_bench_settings(),
-        device=config["device"],
+        settings=params(SETTINGS.bench),
+        device=params(SETTINGS.device),
+        ctx=ctx_tokens,
     script:
         "../scripts/variant.py"
 
@@ -23,15 +24,16 @@ rule variant:
 rule placement:
     input:
         expand(
-            "results/variants/{model}/ctx{{ctx}}/{variant}.jsonl",
+            rules.variant.output[0],
             model=BENCH_MODELS,
             variant=VARIANTS,
+            allow_missing=True,
         ),
     output:
-        variants="results/tables/variants/ctx{ctx}.csv",
-        check="results/tables/placement_check/ctx{ctx}.csv",
+        variants="results/tables/variants/{ctx}.csv",
+        check="results/tables/placement_check/{ctx}.csv",
     log:
-        "logs/placement/ctx{ctx}.log",
+        "logs/placement/{ctx}.log",
     conda:
         "../../environment.yml"
     script:
@@ -40,18 +42,18 @@ rule placement:
 
 rule figure_variants:
     input:
-        variants=lambda wildcards: f"results/tables/variants/ctx{LABELS[wildcards.label]}.csv",
+        variants=rules.placement.output.variants,
     output:
         report(
-            "results/figures/variants_{label}.png",
+            "results/figures/variants_{ctx}.png",
             caption="../report/variants.rst",
             category="Figures",
         ),
     log:
-        "logs/figures/variants_{label}.log",
+        "logs/figures/variants_{ctx}.log",
     conda:
         "../../environment.yml"
     params:
-        ctx=lambda wildcards: LABELS[wildcards.label],
+        ctx=ctx_tokens,
     script:
         "../scripts/figure_variants.py"

@@ -8,6 +8,6 @@ rule predict:
     conda:
         "../../environment.yml"
     params:
-        bandwidths=get_bandwidths(),
+        bandwidths=params(SETTINGS.bandwidths),
     script:
         "../scripts/predict.py"

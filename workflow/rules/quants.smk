@@ -5,7 +5,7 @@ rule quants:
             model=QUANTS_MODEL,
             quant=config["quants"]["types"],
         ),
-        llamacpp="resources/llamacpp/llamacpp.json",
+        llamacpp=rules.llamacpp.output[0],
     output:
         records=f"results/quants/{QUANTS_MODEL}.jsonl",
         table=report(
@@ -29,7 +29,13 @@ rule quants:
         model=QUANTS_MODEL,
         types=config["quants"]["types"],
         cap_pct=config["quants"]["cap_pct"],
-        ram_tier=config["ram_tier"],
-        threads=config["bench"]["threads"],
+        # the RAM tier's sweep: plenty of RAM, and this one cap without locking
+        settings=params(
+            replace(
+                SETTINGS.ram_tier,
+                caps_pct=(config["quants"]["cap_pct"],),
+                lock_modes=("none",),
+            )
+        ),
     script:
         "../scripts/quants.py"

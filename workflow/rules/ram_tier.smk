@@ -2,8 +2,8 @@ rule ram_tier:
     input:
         unpack(get_ram_tier_inputs),
         model=get_model_gguf,
-        metadata="results/metadata/{model}.json",
-        llamacpp="resources/llamacpp/llamacpp.json",
+        metadata=rules.metadata.output[0],
+        llamacpp=rules.llamacpp.output[0],
     output:
         records="results/ram_tier/{model}.jsonl",
         table="results/tables/ram_tier/{model}.csv",
@@ -20,15 +20,14 @@ rule ram_tier:
     resources:
         bench_device=1,
     params:
-        ram_tier=config["ram_tier"],
-        threads=config["bench"]["threads"],
+        settings=params(SETTINGS.ram_tier),
     script:
         "../scripts/ram_tier.py"
 
 
 rule ram_tier_table:
     input:
-        ram_tier=expand("results/tables/ram_tier/{model}.csv", model=RAM_TIER_MODELS),
+        ram_tier=expand(rules.ram_tier.output.table, model=RAM_TIER_MODELS),
     output:
         ram_tier=report(
             "results/tables/ram_tier.csv",

@@ -28,7 +28,7 @@ rule routing:
 
 rule routing_table:
     input:
-        routing=expand("results/tables/routing/{model}.csv", model=ROUTING_MODELS),
+        routing=expand(rules.routing.output.table, model=ROUTING_MODELS),
     output:
         routing=report(
             "results/tables/routing.csv",

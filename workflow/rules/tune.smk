@@ -1,23 +1,22 @@
 rule tune:
     input:
         model=get_model_gguf,
-        metadata="results/metadata/{model}.json",
-        llamacpp="resources/llamacpp/llamacpp.json",
+        metadata=rules.metadata.output[0],
+        llamacpp=rules.llamacpp.output[0],
     output:
-        "results/tune/{model}/ctx{ctx}_kv{kv}.json",
+        "results/tune/{model}/{ctx}_kv{kv}.json",
     log:
-        "logs/tune/{model}/ctx{ctx}_kv{kv}.log",
+        "logs/tune/{model}/{ctx}_kv{kv}.log",
     conda:
         "../../environment.yml"
     threads: config["bench"]["threads"]
     resources:
         bench_device=1,
     params:
-        device=config["device"],
-        tune=config["tune"],
-        threads=config["bench"]["threads"],
-        cache_type_k=config["cache_type_k"],
-        cache_type_v=config["cache_type_v"],
+        device=params(SETTINGS.device),
+        memory=params(SETTINGS.memory),
+        tune=params(SETTINGS.tune),
+        ctx=ctx_tokens,
     script:
         "../scripts/tune.py"
 
@@ -25,9 +24,9 @@ rule tune:
 rule matrix:
     input:
         tune=expand(
-            "results/tune/{model}/ctx{ctx}_kv{kv}.json",
+            rules.tune.output[0],
             model=BENCH_MODELS,
-            ctx=config["contexts"],
+            ctx=CONTEXTS,
             kv=config["tune"]["cache_types"],
         ),
     output:

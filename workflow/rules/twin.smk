@@ -19,7 +19,7 @@ rule twin:
 rule quant_twin:
     input:
         spec=lambda wildcards: model_config(wildcards.model)["twin"],
-        llamacpp="resources/llamacpp/llamacpp.json",
+        llamacpp=rules.llamacpp.output[0],
     output:
         "resources/quants/{model}/{quant}.gguf",
     log:

@@ -2,14 +2,11 @@
 
 from moeplace.budget import Device, budget_table
 from moeplace.outputs import read_json, stage, write_csv
-from moeplace.predict import Bandwidths
-from moeplace.units import parse_size
 
 with stage(snakemake.log[0]) as log:
     p = snakemake.params
     meta = read_json(snakemake.input.metadata)
-    device = Device(parse_size(p.device["vram"], "device.vram"), parse_size(p.device["overhead"], "device.overhead"))
-    table = budget_table(meta, device, Bandwidths(**p.bandwidths), p.contexts, p.cache_type_k, p.cache_type_v)
+    table = budget_table(meta, Device(**p.memory), p.contexts, p.cache_type_k, p.cache_type_v)
     for row in table.itertuples():
         log.info("ctx %d: %s, n_cpu_moe %s", row.ctx, row.status, row.n_cpu_moe)
     write_csv(snakemake.output[0], table)

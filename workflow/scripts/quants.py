@@ -2,10 +2,11 @@
 
 from pathlib import Path
 
+from moeplace.config import RamTierSettings
 from moeplace.metadata import inspect_model
 from moeplace.outputs import read_json, stage, write_csv, write_jsonl
 from moeplace.quants import plot_quants, quant_row, quants_table
-from moeplace.ram_tier import run_ram_tier, settings
+from moeplace.ram_tier import run_ram_tier
 
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params
@@ -18,10 +19,7 @@ with stage(snakemake.log[0]) as log:
             model_path=path,
             meta=meta,
             manifest=manifest,
-            caps_pct=[p.cap_pct],
-            lock_modes=["none"],
-            threads=p.threads,
-            **settings(p.ram_tier),
+            settings=RamTierSettings(**p.settings),
             log_path=Path(snakemake.log[0]),
             workdir=Path.cwd(),
         )

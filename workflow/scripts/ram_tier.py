@@ -5,22 +5,19 @@ from pathlib import Path
 import pandas as pd
 
 from moeplace.ceilings import measured_bandwidths
+from moeplace.config import RamTierSettings
 from moeplace.outputs import read_json, stage, write_csv, write_jsonl
-from moeplace.ram_tier import plot_ram_tier, predicted_column, ram_tier_table, run_ram_tier, settings
+from moeplace.ram_tier import plot_ram_tier, predicted_column, ram_tier_table, run_ram_tier
 
 with stage(snakemake.log[0]) as log:
     i, o, p, w = snakemake.input, snakemake.output, snakemake.params, snakemake.wildcards
     meta = read_json(i.metadata)
-    r = p.ram_tier
     records = run_ram_tier(
         model_name=w.model,
         model_path=i.model[0],
         meta=meta,
         manifest=read_json(i.llamacpp),
-        caps_pct=r["caps_pct"],
-        lock_modes=r["lock_modes"],
-        threads=p.threads,
-        **settings(r),
+        settings=RamTierSettings(**p.settings),
         log_path=Path(snakemake.log[0]),
         workdir=Path.cwd(),
     )

