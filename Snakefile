@@ -13,14 +13,15 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/llamacpp.smk"
 include: "workflow/rules/twin.smk"
 include: "workflow/rules/metadata.smk"
+include: "workflow/rules/ceilings.smk"
 include: "workflow/rules/predict.smk"
 include: "workflow/rules/budget.smk"
 include: "workflow/rules/bench.smk"
+include: "workflow/rules/placement.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/tune.smk"
-include: "workflow/rules/placement.smk"
-include: "workflow/rules/ceilings.smk"
 include: "workflow/rules/routing.smk"
 include: "workflow/rules/ram_tier.smk"
 include: "workflow/rules/quants.smk"
@@ -37,6 +38,9 @@ localrules:
     budget,
     aggregate_context,
     aggregate,
+    precision,
+    calibrate,
+    fidelity,
     figure_ncmoe,
     matrix,
     placement,

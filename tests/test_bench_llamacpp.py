@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,20 @@ def test_twin_recipe_is_llama_quantizes_own_choice(tmp_path):
     total = re.search(r"quant size\s+=\s+([\d.]+) MiB", out.stdout + out.stderr)
     twin = write_twin(spec, tmp_path / "q4.gguf")
     assert sum(t.n_bytes for t in read_header(twin).tensors) / 2**20 == pytest.approx(float(total[1]), abs=0.01)
+
+
+def test_auto_repetitions_stop_at_the_precision_target_or_the_most_allowed(twins, tmp_path):
+    """Adaptive repetitions: an easy target is met with the minimum, an impossible one stops at the maximum;
+    every record keeps its samples, count and interval; the device and llama-bench get disjoint CPUs."""
+    import os
+
+    auto = BenchSettings(prompt=16, gen=4, repetitions=3, threads=2, timeout_s=300, max_repetitions=6)
+    easy = bench(twins["qwen3moe"], tmp_path, ctx=1024, cap=2**30, settings=replace(auto, precision=0.9))
+    assert all(r["repetitions"] == 3 and r["target_reached"] and r["batches"] == 1 for r in easy), easy
+    hard = bench(twins["qwen3moe"], tmp_path, ctx=1024, cap=2**30, settings=replace(auto, precision=1e-6))
+    for r in hard:
+        assert r["status"] == "ok" and r["repetitions"] == len(r["samples_ts"]) == 6
+        assert r["target_reached"] is False and r["batches"] >= 2 and r["ci95_halfwidth_pct"] > 1e-4
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert not set(hard[0]["bench_cpus"]) & set(hard[0]["device_cpus"])
+        assert hard[0]["threads"] == len(hard[0]["bench_cpus"])

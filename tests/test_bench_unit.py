@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pandas as pd
-from conftest import SEED_CONSTANTS
+from conftest import ROOT, SEED_CONSTANTS
 
 from moeplace.aggregate import compare_table, knee, measured_table
 from moeplace.bench import auto_sweep, parse_log
-from moeplace.metadata import from_constants
+from moeplace.metadata import from_constants, inspect_model
 from moeplace.predict import Bandwidths, predict_table
 from moeplace.runtime.process import Finished, classify
 
@@ -77,18 +77,31 @@ def _record(n, test, status, ts):
     }
 
 
-def test_compare_joins_prediction_and_measurement_with_eta():
-    meta = from_constants(
-        "m",
-        {"layers": 4, "expert": "4GB", "non_expert": "1GB", "kv_bytes_per_token": 1, "n_expert": 8, "n_expert_used": 2},
-    )
-    predicted = predict_table(meta, Bandwidths(100, 10))
+def test_compare_predicts_each_point_from_the_others(tmp_path):
+    """compare/{ctx}.csv: every measured point beside a prediction fitted without it (leave-one-out)."""
+    from moeplace.speed import Run, features, prior
+    from moeplace.twin import load_spec, write_twin
+
+    meta = inspect_model(write_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), tmp_path / "t.gguf", "none"))
+    truth = {"tg": {"layers": 1e-4, "device_gb": 0.05, "host_gb": 0.2, "kv_gb": 0.3},
+             "pp": {"layers": 2e-5, "link_gb": 0.02, "kv_gb": 0.01}}  # fmt: skip
+
+    def speed(n: int, test: str) -> float:
+        x = features(meta, Run(n, 4096, test, 128 if test == "tg" else 512))
+        return 1 / sum(truth[test].get(k, 0) * v for k, v in x.items())
+
     budget = pd.DataFrame([{"ctx": 4096, "n_cpu_moe": 1, "status": "ok"}])
     records = [_record(0, "tg", "oom", None), _record(0, "pp", "oom", None)]
-    records += [_record(n, t, "ok", predicted.tok_s[n] / 2) for n in (1, 2, 3, 4) for t in ("pp", "tg")]
+    records += [_record(n, t, "ok", speed(n, t)) for n in (1, 2, 4, 6, 8) for t in ("pp", "tg")]
+    for r in records:
+        r |= {"n_depth": 4096, "n_gen": 128 if r["test"] == "tg" else 0, "n_prompt": 512 if r["test"] == "pp" else 0}
     measured = measured_table(records)
-    assert measured.model_size.tolist() == [10] * 10
-    compare = compare_table(measured, {"m": predicted}, {"m": budget})
-    assert compare.set_index("n_cpu_moe").loc[0, "status"] == "oom"
-    assert compare.eta.dropna().round(6).unique().tolist() == [0.5]
-    assert compare.eta_median.iloc[0] == 0.5 and compare.budget_min_n.iloc[0] == 1
+    assert measured.model_size.tolist() == [10] * 12
+    compare = compare_table(measured, records, {"m": meta}, {"m": budget}, prior(Bandwidths(20, 20))).set_index(
+        "n_cpu_moe"
+    )
+    assert compare.loc[0, "tg_status"] == "oom" and pd.isna(compare.loc[0, "predicted_tg_tok_s"])
+    assert compare.budget_min_n.iloc[0] == 1
+    ok = compare.loc[1:]
+    assert (ok.tg_error_pct.abs() < 1).all() and (ok.pp_error_pct.abs() < 1).all()  # out of sample, yet close
+    assert (ok.predicted_tg_low < ok.predicted_tg_tok_s).all() and (ok.predicted_tg_tok_s < ok.predicted_tg_high).all()

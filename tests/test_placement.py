@@ -9,7 +9,6 @@ from conftest import ROOT
 
 from moeplace.metadata import inspect_model
 from moeplace.placement import (
-    delta_interval,
     expert_tensors,
     int_range_regex,
     ot_value,
@@ -62,6 +61,8 @@ def test_variants_hold_about_the_same_host_bytes(qwen3):
 
 
 def test_delta_interval_is_welch():
+    from moeplace.stats import delta_interval
+
     delta, low, high = delta_interval([10.0, 11.0, 12.0], [8.0, 9.0, 10.0])
     assert delta == 2.0
     assert (low, high) == pytest.approx((2 - 2.776 * (2 / 3) ** 0.5, 2 + 2.776 * (2 / 3) ** 0.5), abs=1e-3)
@@ -94,6 +95,8 @@ def test_every_variant_is_placed_as_intended_by_llamacpp(tmp_path):
             workdir=ROOT,
         )
         assert records[0]["status"] == "ok", records[0]["error"]
+        # every variant but -ncmoe itself is measured interleaved with -ncmoe 4: both sets of samples kept
+        assert bool(records[0].get("baseline_samples_ts")) == (variant != "first_n")
         assert records[0]["placement_match"], (
             variant,
             records[0]["placement_missing"],
@@ -129,11 +132,24 @@ def test_optimal_placement_reduces_to_a_clean_n_when_layers_are_alike():
 
 def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
     from moeplace.budget import Device, plan
-    from moeplace.placement import optimal_placement, placement_tok_s
+    from moeplace.placement import optimal_placement, rank_placements
+    from moeplace.predict import Bandwidths
+    from moeplace.speed import prior
 
-    p = plan(qwen3, Device(16 * 10**9, 10**9), 32768)
+    device = Device(16 * 10**9, 10**9)
+    p = plan(qwen3, device, 32768)
     host = optimal_placement(qwen3, p["budget_bytes"])
     assert tensor_bytes(qwen3, expert_tensors(qwen3, list(range(p["n_cpu_moe"])))) >= tensor_bytes(qwen3, host)
     assert qwen3["expert_bytes"] - tensor_bytes(qwen3, host) <= p["budget_bytes"]  # it fits
-    ncmoe = placement_tok_s(qwen3, expert_tensors(qwen3, list(range(p["n_cpu_moe"]))), 640, 57.6)
-    assert placement_tok_s(qwen3, host, 640, 57.6) > ncmoe
+    ranked = rank_placements(qwen3, device, 32768, prior(Bandwidths(640, 57.6)), "decode", [("f16", "f16")], 512)
+    assert [r["placement"] for r in ranked] == ["optimal", "ncmoe"] and ranked[0]["score"] > ranked[1]["score"]
+    # a quantized KV cache leaves room for more experts on the card: faster still, and ranked first
+    ranked = rank_placements(qwen3, device, 32768, prior(Bandwidths(640, 57.6)), "decode",
+                             [("f16", "f16"), ("q8_0", "q8_0")], 512)  # fmt: skip
+    assert ranked[0]["type_k"] == "q8_0"
+    assert (
+        rank_placements(qwen3, device, 32768, prior(Bandwidths(640, 57.6)), "prefill", [("f16", "f16")], 512)[0][
+            "score"
+        ]
+        is None
+    )  # prefill needs a calibration

@@ -87,6 +87,18 @@ def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
     cfg["bench"]["repetitions"] = 2
     (wd / "config/config.yaml").write_text(yaml.safe_dump(cfg))
     assert planned_jobs(wd)["bench"] == 8  # repetitions changed: every benchmark reruns
+    # The speed model on the pipeline's own runs: calibrated per model, checked out of sample.
+    speed = ["results/calibration/tiny-qwen3moe.json", "results/tables/fidelity.csv", "results/figures/fidelity.png"]
+    run = snakemake(wd, *speed)
+    assert run.returncode == 0, run.stderr[-4000:]
+    calibration = json.loads((wd / speed[0]).read_text())
+    assert {"tg", "pp"} <= set(calibration["tests"])
+    assert calibration["tests"]["tg"]["source"]["layers"] == "fit" and calibration["tests"]["tg"]["runs"] == 4
+    fidelity = pd.read_csv(wd / speed[1])
+    two_point = fidelity[fidelity.fit == "two_point"]
+    assert set(zip(two_point.fit_depth, two_point.depth)) == {(1024, 2048), (2048, 1024)}  # the other depth
+    loo = fidelity[fidelity.fit == "loo"]
+    assert len(loo) == 2 * 2 * 4 and loo.error_pct.notna().all()  # models x tests x (n, depth)
     report = subprocess.run(
         [SNAKEMAKE, "--cores", "1", "--report", "results/report.html", *TARGETS, "results/figures/ncmoe_1k.png"],
         cwd=wd,

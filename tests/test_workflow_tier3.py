@@ -13,6 +13,7 @@ from moeplace.metadata import inspect_model
 from moeplace.predict import bytes_per_token, read_bytes
 from moeplace.ram_tier import non_expert_ranges
 from moeplace.runtime.cgroup import cgroup_support
+from moeplace.speed import FIXED_PER_LAYER_S, kv_read_gb
 from moeplace.units import GB
 
 pytestmark = pytest.mark.llamacpp
@@ -43,7 +44,7 @@ def wd(tmp_path_factory):
     return wd
 
 
-def test_ceilings_feed_the_corrected_prediction(wd):
+def test_ceilings_feed_the_uncalibrated_prediction(wd):
     ceilings = pd.read_csv(wd / "results/tables/ceilings.csv")
     ram = ceilings[ceilings.ceiling == "ram_read"].set_index("threads").value
     assert ram.index.tolist() == [1, 2] and (ram > 1).all()  # GB/s
@@ -57,7 +58,10 @@ def test_ceilings_feed_the_corrected_prediction(wd):
     # No GPU: the emulated device's memory is host RAM, so both terms use the 2-thread RAM ceiling.
     predicted = pd.read_csv(wd / "results/tables/predicted/tiny-qwen3moe.csv").set_index("n_cpu_moe")
     d, v = read_bytes(meta, 4)
-    assert predicted.loc[4, "tok_s_corrected"] == pytest.approx(ram[2] * GB / (d + v), rel=1e-6)
+    seconds = (
+        FIXED_PER_LAYER_S * meta["n_layer"] + (d + v) / (ram[2] * GB) + kv_read_gb(meta, 0.5, "f16", "f16") / ram[2]
+    )
+    assert predicted.loc[4, "tg_tok_s"] == pytest.approx(1 / seconds, rel=1e-6)
 
 
 def test_routing_trace_and_table(wd):

@@ -7,7 +7,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .calibrate import runs_from_records
 from .kvcache import DEFAULT_UBATCH, kv_bytes
+from .speed import SpeedModel, leave_one_out
 
 MEASURED_COLUMNS = [
     "model",
@@ -20,7 +22,13 @@ MEASURED_COLUMNS = [
     "stddev_ts",
     "samples",
     "cv",
+    "ci95_halfwidth_pct",
+    "precision_target",
+    "target_reached",
     "noisy",
+    "contended",
+    "others_running",
+    "batches",
     "device",
     "device_kind",
     "threads",
@@ -80,46 +88,53 @@ def knee(ns: list[int], values: list[float], noise: float = 0.0) -> int | None:
 
 
 def compare_table(
-    measured: pd.DataFrame, predicted: dict[str, pd.DataFrame], budget: dict[str, pd.DataFrame]
+    measured: pd.DataFrame,
+    records: list[dict[str, Any]],
+    metadata: dict[str, dict[str, Any]],
+    budget: dict[str, pd.DataFrame],
+    base: SpeedModel,
 ) -> pd.DataFrame:
-    """Measured tg per (model, ctx, n) beside the prediction; eta = measured / predicted."""
+    """Per (model, ctx, n): the measured tg and pp beside the speed model's out-of-sample prediction of each
+    point (fitted to every other point of the sweep: leave-one-out) with its ~95% interval, and the knees."""
     rows = []
-    tg = measured[(measured.variant == "ncmoe") & (measured.test == "tg")]
-    pp = measured[(measured.variant == "ncmoe") & (measured.test == "pp")].set_index(["model", "ctx", "n_cpu_moe"])
-    for (model, ctx), group in tg.groupby(["model", "ctx"]):
-        pred = predicted[model].set_index("n_cpu_moe")
+    sweep = measured[measured.variant == "ncmoe"]
+    for (model, ctx), group in sweep.groupby(["model", "ctx"]):
+        ok_records = [r for r in records if r["model"] == model and r["ctx"] == ctx and r["variant"] == "ncmoe"]
+        ok_records = [r for r in ok_records if r["status"] == "ok" and r.get("avg_ts")]
+        runs = runs_from_records(metadata[model], ok_records)
+        predicted = {
+            (run.test, run.n_cpu_moe): pred
+            for run, pred in zip(runs, leave_one_out(metadata[model], runs, base))
+            if pred is not None
+        }
         b = budget[model].set_index("ctx").loc[ctx]
-        ok = group[group.status == "ok"]
-        etas = ok.avg_ts.to_numpy() / pred.loc[ok.n_cpu_moe, "tok_s"].to_numpy()
-        eta = float(np.median(etas)) if len(etas) else float("nan")
-        ok_sorted = ok.sort_values("n_cpu_moe")
-        noise = float(ok_sorted.stddev_ts.median()) if len(ok_sorted) else 0.0
-        measured_knee = knee(ok_sorted.n_cpu_moe.tolist(), ok_sorted.avg_ts.tolist(), noise)
-        n_min = b.n_cpu_moe if b.status == "ok" else None
-        feasible = pred[pred.index >= (n_min if n_min is not None else len(pred))]
-        predicted_knee = knee(feasible.index.tolist(), feasible.tok_s.tolist())
-        for r in group.itertuples():
-            p = pred.loc[min(r.n_cpu_moe, pred.index.max())]
-            pp_row = pp.loc[(model, ctx, r.n_cpu_moe)] if (model, ctx, r.n_cpu_moe) in pp.index else None
-            rows.append(
-                {
-                    "model": model,
-                    "ctx": ctx,
-                    "n_cpu_moe": r.n_cpu_moe,
-                    "status": r.status,
-                    "measured_tg_tok_s": r.avg_ts,
-                    "measured_tg_stddev": r.stddev_ts,
-                    "measured_pp_tok_s": None if pp_row is None else pp_row.avg_ts,
-                    "predicted_tok_s": p.tok_s,
-                    "eta": r.avg_ts / p.tok_s if r.status == "ok" else None,
-                    "calibrated_tok_s": eta * p.tok_s,
-                    "eta_median": eta,
-                    "budget_min_n": n_min,
-                    "knee_measured": measured_knee,
-                    "knee_predicted": predicted_knee,
-                    "device": r.device,
+        tg = group[(group.test == "tg")].set_index("n_cpu_moe")
+        pp = group[(group.test == "pp")].set_index("n_cpu_moe")
+        ok = tg[tg.status == "ok"].sort_index()
+        noise = float(ok.stddev_ts.median()) if len(ok) else 0.0
+        measured_knee = knee(ok.index.tolist(), ok.avg_ts.tolist(), noise)
+        for n in sorted(set(tg.index) | set(pp.index)):
+            row: dict[str, Any] = {"model": model, "ctx": ctx, "n_cpu_moe": n}
+            for test, table in (("tg", tg), ("pp", pp)):
+                m = table.loc[n] if n in table.index else None
+                pred = predicted.get((test, n))
+                value = None if m is None or m.status != "ok" else m.avg_ts
+                row |= {
+                    f"{test}_status": None if m is None else m.status,
+                    f"measured_{test}_tok_s": value,
+                    f"measured_{test}_sd": None if value is None else m.stddev_ts,
+                    f"predicted_{test}_tok_s": pred and pred["tok_s"],
+                    f"predicted_{test}_low": pred and pred["low"],
+                    f"predicted_{test}_high": pred and pred["high"],
+                    f"{test}_error_pct": 100 * (pred["tok_s"] - value) / value if pred and value else None,
                 }
-            )
+            row |= {
+                "budget_min_n": b.n_cpu_moe if b.status == "ok" else None,
+                "knee_measured": measured_knee,
+                "noise_tok_s": noise,
+                "device": group.device.iloc[0],
+            }
+            rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -163,3 +178,52 @@ def kv_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[str, 
             "within_1pct",
         ],
     )
+
+
+def precision_table(measured: pd.DataFrame, variants: pd.DataFrame) -> pd.DataFrame:
+    """How precise the means are, per stage, model, context and test: configurations measured, the median
+    CV and 95% CI half-width (% of the mean), the share that reached the precision target, and for the
+    placement variants the median smallest detectable difference from -ncmoe (% of its mean)."""
+    rows = []
+    sweep = measured[(measured.variant == "ncmoe") & (measured.status == "ok")]
+    for (model, ctx, test), g in sweep.groupby(["model", "ctx", "test"]):
+        reached = g.target_reached.dropna()
+        rows.append(
+            {
+                "stage": "bench",
+                "model": model,
+                "ctx": ctx,
+                "test": test,
+                "configurations": len(g),
+                "median_repetitions": float(g.repetitions.median()),
+                "median_cv_pct": 100 * float(g.cv.median()),
+                "median_ci95_halfwidth_pct": float(g.ci95_halfwidth_pct.median()),
+                "reached_target_pct": 100 * float(reached.astype(bool).mean()) if len(reached) else None,
+                "contended": int(g.contended.fillna(False).astype(bool).sum()),
+            }
+        )
+    compared = variants[(variants.status == "ok") & variants.get("mde_pct", pd.Series(dtype=float)).notna()]
+    for (model, ctx, test), g in compared.groupby(["model", "ctx", "test"]):
+        rows.append(
+            {
+                "stage": "variants",
+                "model": model,
+                "ctx": ctx,
+                "test": test,
+                "configurations": len(g),
+                "median_repetitions": float(g.repetitions.median()),
+                "median_ci95_halfwidth_pct": float(
+                    ((g.delta_ci95_high - g.delta_ci95_low) / 2 / g.baseline_ts).median()
+                )
+                * 100,
+                "median_mde_pct": float(g.mde_pct.median()),
+                "max_mde_pct": float(g.mde_pct.max()),
+                "distinguishable": int(g.distinguishable.fillna(False).astype(bool).sum()),
+            }
+        )
+    columns = [
+        "stage", "model", "ctx", "test", "configurations", "median_repetitions", "median_cv_pct",
+        "median_ci95_halfwidth_pct", "reached_target_pct", "median_mde_pct", "max_mde_pct", "contended",
+        "distinguishable",
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)

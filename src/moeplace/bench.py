@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import statistics
+import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .config import BenchSettings
 from .kvcache import cache_args
+from .runtime.cpus import pin, split_cpus, wait_for_quiet
 from .runtime.device import DeviceSetup, attached
 from .runtime.llamacpp import require_binary
 from .runtime.process import classify, run, tail
 from .runtime.provenance import build_facts, host_facts, pipeline_revision
+from .stats import delta_interval, mean_halfwidth, repetitions_for
 
 log = logging.getLogger("moeplace")
 
@@ -39,32 +44,15 @@ def bench_command(
     s: BenchSettings,
     rpc: str | None,
     overrides: str | None = None,
+    repetitions: int | None = None,
+    threads: int | None = None,
 ) -> list[str]:
     cmd = [str(require_binary(manifest, "llama-bench"))]
     if rpc:
         cmd += ["--rpc", rpc]  # before -ot, so RPC buffer types are known when -ot is parsed
-    cmd += [
-        "-m",
-        model,
-        "-d",
-        str(depth),
-        "-p",
-        str(s.prompt),
-        "-n",
-        str(s.gen),
-        "-ngl",
-        "99",
-        "-ncmoe",
-        str(n_cpu_moe),
-        "-t",
-        str(s.threads),
-        "-r",
-        str(s.repetitions),
-        *cache_args(s.type_k, s.type_v),
-        "-o",
-        "jsonl",
-        "-v",
-    ]
+    cmd += ["-m", model, "-d", str(depth), "-p", str(s.prompt), "-n", str(s.gen), "-ngl", "99"]
+    cmd += ["-ncmoe", str(n_cpu_moe), "-t", str(threads or s.threads), "-r", str(repetitions or s.repetitions)]
+    cmd += [*cache_args(s.type_k, s.type_v), "-o", "jsonl", "-v"]
     if overrides:
         cmd += ["-ot", overrides]
     return cmd
@@ -82,6 +70,33 @@ def parse_log(stderr: str) -> dict[str, Any]:
     return {"contexts": contexts, "overridden_tensors": overridden}
 
 
+@dataclass
+class Arm:
+    """One placement being measured: its samples per test, and its first batch's output."""
+
+    n_cpu_moe: int
+    overrides: str | None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    first: dict[str, dict[str, Any]] = field(default_factory=dict)  # llama-bench's JSON per test
+    stderr: str = ""
+    batches: int = 0
+    failure: tuple[str, str, str] | None = None  # status, reason, stderr tail
+
+
+def _precise_enough(samples: dict[str, list[float]], baseline: dict[str, list[float]] | None, precision: float) -> bool:
+    """Every test's 95% CI half-width within `precision`: of the mean, or with a paired baseline, of the
+    difference from it (relative to the baseline's mean)."""
+    for test, values in samples.items():
+        base = (baseline or {}).get(test)
+        if base:
+            _, low, high = delta_interval(values, base)
+            if not (high - low) / 2 <= precision * statistics.fmean(base):
+                return False
+        elif mean_halfwidth(values) > precision:
+            return False
+    return True
+
+
 def run_bench(
     *,
     model_name: str,
@@ -97,22 +112,74 @@ def run_bench(
     variant: str = "ncmoe",
     overrides: str | None = None,
     depth: int | None = None,
+    paired_n_cpu_moe: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run one configuration at context depth `depth` (default: ctx); one record per test, successful or not."""
+    """Run one configuration at context depth `depth` (default: ctx); one record per test, successful or not.
+
+    Repetitions come in batches (one llama-bench process each, its own warm-up first): one batch of
+    `settings.repetitions`, or with adaptive settings more until the mean is precise enough. With
+    `paired_n_cpu_moe` the configuration is compared with that `-ncmoe` run, measured interleaved with
+    it one repetition at a time (A B A B ...), so drift falls on both alike; the records carry both.
+    """
     depth = ctx if depth is None else depth
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     facts = host_facts()
-    with attached(device, manifest, settings.threads, log_path) as rpc:
-        cmd = bench_command(manifest, model_path, depth, n_cpu_moe, settings, rpc, overrides)
-        result = run(cmd, timeout_s=settings.timeout_s, log_path=log_path)
-    parsed = parse_log(result.stderr)
-    results = {}
-    for line in result.stdout.splitlines():
-        if line.startswith("{"):
-            r = json.loads(line)
-            results["pp" if r["n_gen"] == 0 else "tg"] = r
-    status, reason = classify(result)
+    cpus = split_cpus(device.kind == "emulated")
+    threads = min(settings.threads, len(cpus.bench))
+    tests = TESTS if settings.prompt else ("tg",)  # -p 0: a decode-only probe
+    arm = Arm(n_cpu_moe, overrides)
+    baseline = Arm(paired_n_cpu_moe, None) if paired_n_cpu_moe is not None else None
+    arms = [a for a in (baseline, arm) if a is not None]
+    quiet: list[dict[str, Any]] = []
+    reps = 1 if baseline else settings.repetitions
+    t0 = time.monotonic()
+    with attached(device, manifest, cpus, log_path) as rpc:
+        while not arm.failure:
+            for a in arms:
+                quiet.append(wait_for_quiet(settings.quiet_wait_s))
+                cmd = bench_command(manifest, model_path, depth, a.n_cpu_moe, settings, rpc, a.overrides, reps, threads)
+                result = run(cmd, timeout_s=settings.timeout_s, log_path=log_path, before_exec=lambda: pin(cpus.bench))
+                a.batches += 1
+                a.stderr = a.stderr or result.stderr
+                by_test = {}
+                for line in result.stdout.splitlines():
+                    if line.startswith("{"):
+                        r = json.loads(line)
+                        by_test["pp" if r["n_gen"] == 0 else "tg"] = r
+                if not result.ok or set(by_test) != set(tests):
+                    status, reason = classify(result)
+                    if status == "ok":
+                        status, reason = "error", f"llama-bench printed no {'/'.join(set(tests) - set(by_test))} result"
+                    a.failure = (status, reason, tail(result.stderr))
+                    break
+                for test, r in by_test.items():
+                    a.first.setdefault(test, r)
+                    a.samples.setdefault(test, []).extend(r.get("samples_ts") or [r["avg_ts"]])
+            if arm.failure:
+                break
+            if baseline and baseline.failure:  # nothing to pair with: measure this placement alone
+                log.warning(
+                    "the -ncmoe %d baseline failed (%s); measuring unpaired", baseline.n_cpu_moe, baseline.failure[1]
+                )
+                baseline, arms, reps = None, [arm], settings.repetitions
+                continue
+            n = len(arm.samples["tg"])
+            if not settings.adaptive:
+                if not baseline or n >= settings.repetitions:
+                    break
+                continue
+            paired = baseline.samples if baseline else None
+            if n >= settings.repetitions and _precise_enough(arm.samples, paired, settings.precision):
+                break
+            if n >= settings.max_repetitions or time.monotonic() - t0 > settings.time_budget_s:
+                break
+            if not baseline:
+                left = settings.max_repetitions - n
+                wanted = max(repetitions_for(arm.samples[t], settings.precision) for t in tests)
+                reps = min(left, max(1, wanted - n))
+    parsed = parse_log(arm.stderr)
+    contended = any(q["contended"] for q in quiet)
     base = {
         "model": model_name,
         "ctx": ctx,
@@ -122,8 +189,9 @@ def run_bench(
         "n_prompt": settings.prompt,
         "n_gen": settings.gen,
         "n_depth": depth,
-        "repetitions": settings.repetitions,
-        "threads": settings.threads,
+        "threads": threads,
+        "bench_cpus": list(cpus.bench),
+        "device_cpus": list(cpus.device) if cpus.device else None,
         "type_k": settings.type_k,
         "type_v": settings.type_v,
         "device_kind": device.kind,
@@ -133,50 +201,59 @@ def run_bench(
         "model_files": model_files,
         "started": started,
         **facts,
+        "others_running": max((q["others_running"] for q in quiet), default=None),
+        "contended": contended,
         **pipeline_revision(workdir),
         "kv_contexts": parsed["contexts"],
         "cpu_tensors": parsed["overridden_tensors"],
+        "batches": arm.batches,
+        "precision_target": settings.precision if settings.adaptive else None,
+        "paired_n_cpu_moe": paired_n_cpu_moe,
     }
-    records = []
-    for test in TESTS if settings.prompt else ("tg",):  # -p 0: a decode-only probe
-        r = results.get(test)
-        if r is not None:
-            samples = r.get("samples_ts") or []
-            mean = float(r["avg_ts"])
-            cv = statistics.stdev(samples) / mean if len(samples) > 1 and mean else 0.0
-            records.append(
-                {
-                    **base,
-                    "test": test,
-                    "status": "ok",
-                    "avg_ts": mean,
-                    "stddev_ts": float(r["stddev_ts"]),
-                    "samples_ts": samples,
-                    "cv": cv,
-                    "noisy": cv > settings.noisy_cv,
-                    "backends": r.get("backends"),
-                    "gpu_info": r.get("gpu_info"),
-                    "error": "",
-                }
-            )
-        else:
-            records.append(
-                {
-                    **base,
-                    "test": test,
-                    "status": status if status != "ok" else "error",
-                    "avg_ts": None,
-                    "stddev_ts": None,
-                    "samples_ts": [],
-                    "cv": None,
-                    "noisy": None,
-                    "backends": None,
-                    "gpu_info": None,
-                    "error": f"{reason}: {tail(result.stderr)}",
-                }
-            )
+    records = [_record(base, test, arm, baseline, settings, contended) for test in tests]
     log.info("n_cpu_moe=%d ctx=%d: %s", n_cpu_moe, ctx, ", ".join(f"{r['test']} {r['status']}" for r in records))
     return records
+
+
+def _record(
+    base: dict[str, Any], test: str, arm: Arm, baseline: Arm | None, settings: BenchSettings, contended: bool
+) -> dict[str, Any]:
+    samples = arm.samples.get(test) or []
+    if not samples:
+        status, reason, stderr_tail = arm.failure or ("error", "no result", "")
+        return {**base, "test": test, "status": status, "avg_ts": None, "stddev_ts": None, "samples_ts": [],
+                "repetitions": 0, "cv": None, "ci95_halfwidth_pct": None, "target_reached": None, "noisy": None,
+                "backends": None, "gpu_info": None, "error": f"{reason}: {stderr_tail}"}  # fmt: skip
+    mean = statistics.fmean(samples)
+    cv = statistics.stdev(samples) / mean if len(samples) > 1 and mean else 0.0
+    halfwidth = mean_halfwidth(samples)
+    paired = baseline.samples.get(test) if baseline else None
+    first = arm.first[test]
+    record = {
+        **base,
+        "test": test,
+        "status": "ok",
+        "avg_ts": mean,
+        "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+        "samples_ts": samples,
+        "repetitions": len(samples),
+        "cv": cv,
+        "ci95_halfwidth_pct": 100 * halfwidth if math.isfinite(halfwidth) else None,
+        "target_reached": _precise_enough(
+            Arm(arm.n_cpu_moe, None, {test: samples}),
+            baseline and Arm(0, None, {test: paired or []}),
+            settings.precision,
+        )
+        if settings.adaptive
+        else None,  # fmt: skip
+        "noisy": cv > settings.noisy_cv or contended,
+        "backends": first.get("backends"),
+        "gpu_info": first.get("gpu_info"),
+        "error": "" if not arm.failure else f"stopped after {len(samples)} repetitions: {arm.failure[1]}",
+    }
+    if baseline is not None:
+        record["baseline_samples_ts"] = paired or []
+    return record
 
 
 def auto_sweep(n_min: int | None, n_layer: int, points_above: int = 6) -> list[int]:

@@ -15,15 +15,16 @@ from .metadata import from_constants, inspect_model
 from .units import GB, parse_size
 
 
-def _contexts(text: str) -> list[int]:
+def _contexts(text: str, flag: str = "--ctx", allow_zero: bool = False) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise MoeplaceError(
-            f"--ctx: {text!r} is not a comma-separated list of token counts, e.g. 8192,32768."
+            f"{flag}: {text!r} is not a comma-separated list of token counts, e.g. 8192,32768."
         ) from None
-    if not values or any(v <= 0 for v in values):
-        raise MoeplaceError(f"--ctx: {text!r} must list positive token counts, e.g. 8192,32768.")
+    if not values or any(v < (0 if allow_zero else 1) for v in values):
+        what = "token counts of 0 or more" if allow_zero else "positive token counts"
+        raise MoeplaceError(f"{flag}: {text!r} must list {what}, e.g. 8192,32768.")
     return values
 
 
@@ -67,22 +68,28 @@ def cmd_inspect(args: argparse.Namespace) -> None:
         _print_inspect(meta)
 
 
-def _print_optimal(meta: dict[str, Any], p: dict[str, Any], args: argparse.Namespace) -> None:
-    from .placement import expert_tensors, optimal_placement, ot_value, placement_tok_s
+def _print_optimal(meta: dict[str, Any], model: Any, device: Any, ctx: int, args: argparse.Namespace) -> None:
+    """The feasible placements and KV cache types at this context, best first by --objective."""
+    from .placement import ot_value, rank_placements
 
-    host = optimal_placement(meta, p["budget_bytes"])
-    ncmoe = expert_tensors(meta, list(range(p["n_cpu_moe"])))
-    speed = placement_tok_s(meta, host, args.bw_vram_gbps, args.bw_ddr_gbps)
-    base = placement_tok_s(meta, ncmoe, args.bw_vram_gbps, args.bw_ddr_gbps)
-    if host == ncmoe:
-        print(f"  optimal placement: --n-cpu-moe {p['n_cpu_moe']} itself ({speed:.1f} tok/s predicted)")
+    kv_types = list(dict.fromkeys([(args.cache_type_k, args.cache_type_v), ("q8_0", "q8_0")]))
+    ranked = rank_placements(meta, device, ctx, model, args.objective, kv_types, args.ubatch)
+    if not ranked or ranked[0]["score"] is None:
+        why = "prefill needs --calibration" if args.objective != "decode" else "nothing fits"
+        print(f"  placements by {args.objective}: cannot rank ({why}).")
         return
-    print(
-        f"  optimal placement: {len(host)} expert tensors on the host, {speed:.1f} tok/s predicted "
-        f"(--n-cpu-moe {p['n_cpu_moe']}: {base:.1f}):"
-    )
-    overrides = ot_value(host, separator=",")
-    print("  " + commands.llama_server(args.model, p["ctx"], 0, args.cache_type_k, args.cache_type_v, overrides))
+    print(f"  placements by {args.objective} at {ctx} tokens, best first:")
+    for r in ranked:
+        ncmoe = r["placement"] == "ncmoe"
+        what = (
+            f"--n-cpu-moe {r['n_cpu_moe']}" if ncmoe else f"-ot ({len(r['host_tensors'])} expert tensors on the host)"
+        )
+        print(
+            f"    {what}, KV {r['type_k']}/{r['type_v']}: decode {_speed_text(r['tg'])}, prefill {_speed_text(r['pp'])}"
+        )
+    best = ranked[0]
+    overrides = ot_value(set(best["host_tensors"]), separator=",") if best["placement"] != "ncmoe" else None
+    print("  " + commands.llama_server(args.model, ctx, best["n_cpu_moe"], best["type_k"], best["type_v"], overrides))
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
@@ -117,6 +124,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         )
         device = budget_mod.Device(round(args.vram_gb * GB), round(args.overhead_gb * GB))
     plans = [budget_mod.plan(meta, device, ctx, args.cache_type_k, args.cache_type_v) for ctx in contexts]
+    model = _speed_model(args) if args.model else None
+    for p in plans:
+        if model and p["n_cpu_moe"] is not None:
+            p["speed"] = _expected(meta, model, p["n_cpu_moe"], p["ctx"], args)
     if args.json:
         json.dump(plans, sys.stdout, indent=1)
         print()
@@ -135,9 +146,110 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         if args.model:
             line = commands.llama_server(args.model, p["ctx"], p["n_cpu_moe"], args.cache_type_k, args.cache_type_v)
             print("  " + line)
+            print("  expected: " + _describe(p["speed"], p["ctx"]))
         if args.placement == "optimal":
-            _print_optimal(meta, p, args)
+            _print_optimal(meta, model, device, p["ctx"], args)
     return status
+
+
+def _speed_model(args: argparse.Namespace):  # noqa: ANN202
+    """--calibration's fitted model, else the bandwidths' prior (decode only)."""
+    from .predict import Bandwidths
+    from .speed import SpeedModel, prior
+
+    if getattr(args, "calibration", None):
+        try:
+            data = json.loads(open(args.calibration).read())
+        except (OSError, json.JSONDecodeError) as e:
+            raise MoeplaceError(f"--calibration {args.calibration}: cannot read it ({e}).") from None
+        return SpeedModel.from_json(data, f"--calibration {args.calibration}")
+    return prior(Bandwidths(args.bw_vram_gbps, args.bw_ddr_gbps))
+
+
+def _expected(meta: dict[str, Any], model: Any, n: int, depth: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Decode at an empty context and at `depth`, prefill at `depth`: tok/s with ~95% intervals (None: unknown)."""
+    from .speed import Run
+
+    kv = (args.cache_type_k, args.cache_type_v)
+    ubatch = getattr(args, "ubatch", 512)
+    return {
+        "tg_empty": model.predict(meta, Run(n, 0, "tg", 128, ubatch, *kv)),
+        "tg_at_depth": model.predict(meta, Run(n, depth, "tg", 128, ubatch, *kv)),
+        "pp_at_depth": model.predict(meta, Run(n, depth, "pp", 512, ubatch, *kv)),
+    }
+
+
+def _speed_text(p: dict[str, float] | None) -> str:
+    return "unknown" if p is None else f"{p['tok_s']:.1f} tok/s ({p['low']:.1f}-{p['high']:.1f})"
+
+
+def _describe(speed: dict[str, Any], depth: int) -> str:
+    prefill = _speed_text(speed["pp_at_depth"]) if speed["pp_at_depth"] else "unknown without --calibration"
+    return (
+        f"decode {_speed_text(speed['tg_empty'])} at an empty context, {_speed_text(speed['tg_at_depth'])} "
+        f"at {depth} tokens; prefill {prefill}"
+    )
+
+
+def _n_values(text: str, n_layer: int) -> list[int]:
+    """'12', '0,8,16' or '0-48' -> n values within 0..n_layer."""
+    try:
+        values: list[int] = []
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            values += list(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise MoeplaceError(f"--n-cpu-moe: {text!r} is not like 12, 0,8,16 or 0-48.") from None
+    if not values or min(values) < 0 or max(values) > n_layer:
+        raise MoeplaceError(f"--n-cpu-moe: {text!r} must lie within 0-{n_layer} (this model's layers).")
+    return sorted(set(values))
+
+
+def cmd_predict(args: argparse.Namespace) -> None:
+    from .speed import Run
+
+    meta = inspect_model(args.model)
+    model = _speed_model(args)
+    kv = (args.cache_type_k, args.cache_type_v)
+    rows = []
+    for depth in _contexts(args.depth, "--depth", allow_zero=True):
+        for n in _n_values(args.n_cpu_moe or f"0-{meta['n_layer']}", meta["n_layer"]):
+            tg = model.predict(meta, Run(n, depth, "tg", 128, args.ubatch, *kv))
+            pp = model.predict(meta, Run(n, depth, "pp", 512, args.ubatch, *kv))
+            row = {"n_cpu_moe": n, "depth": depth, "ubatch": args.ubatch}
+            for test, pred in (("tg", tg), ("pp", pp)):
+                row |= {f"{test}_tok_s": pred and pred["tok_s"], f"{test}_low": pred and pred["low"],
+                        f"{test}_high": pred and pred["high"]}  # fmt: skip
+            rows.append(row)
+    if args.json:
+        json.dump(rows, sys.stdout, indent=1)
+        print()
+        return
+    print(f"{'n_cpu_moe':>9} {'depth':>7}  {'decode tok/s (95%)':>26}  {'prefill tok/s (95%)':>26}")
+    for r in rows:
+        cells = [
+            "-" if r[f"{t}_tok_s"] is None else f"{r[f'{t}_tok_s']:.1f} ({r[f'{t}_low']:.1f}-{r[f'{t}_high']:.1f})"
+            for t in ("tg", "pp")
+        ]
+        print(f"{r['n_cpu_moe']:>9} {r['depth']:>7}  {cells[0]:>26}  {cells[1]:>26}")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from .calibrate import calibrate, read_runs
+    from .outputs import write_json
+    from .predict import Bandwidths
+    from .speed import UNITS
+
+    meta = inspect_model(args.model)
+    model = calibrate(meta, read_runs(args.runs), Bandwidths(args.bw_vram_gbps, args.bw_ddr_gbps))
+    for test, m in model.tests.items():
+        print(f"{test} ({m.runs} runs, relative spread {100 * m.spread:.1f}%):")
+        for k, v in m.coef.items():
+            se = f" ± {m.se[k]:.3g}" if k in m.se else ""
+            print(f"  {k:>10} = {v:.4g}{se} {UNITS[k]}  ({m.source[k]})")
+    if args.output:
+        write_json(args.output, model.to_json())
+        print(f"wrote {args.output}")
 
 
 def cmd_twin(args: argparse.Namespace) -> None:
@@ -196,6 +308,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _speed_options(parser: argparse.ArgumentParser, calibration: bool = True) -> None:
+    if calibration:
+        parser.add_argument("--calibration", help="a moeplace calibrate JSON: speeds fitted to your runs")
+    parser.add_argument("--bw-vram", "--bw-vram-gbps", dest="bw_vram_gbps", type=float, default=640.0,
+                        help="card memory bandwidth, GB/s, where no calibration says (default 640)")  # fmt: skip
+    parser.add_argument("--bw-ddr", "--bw-ddr-gbps", dest="bw_ddr_gbps", type=float, default=57.6,
+                        help="host RAM bandwidth, GB/s, where no calibration says (default 57.6)")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moeplace", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -213,14 +334,19 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
     rec.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
     rec.add_argument("--json", action="store_true", help="print the plan per context as JSON")
+    rec.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub), for the prefill estimate")
+    rec.add_argument(
+        "--objective",
+        default="decode",
+        help="what --placement optimal ranks by: decode, prefill or mix:W (W = the share of decode tokens)",
+    )
     rec.add_argument(
         "--placement",
         choices=("ncmoe", "optimal"),
         default="ncmoe",
         help="optimal: also the -ot placement keeping the most expert bytes on the card (GGUF mode)",
     )
-    rec.add_argument("--bw-vram-gbps", type=float, default=640.0, help="card bandwidth for predictions (GB/s)")
-    rec.add_argument("--bw-ddr-gbps", type=float, default=57.6, help="host RAM bandwidth for predictions (GB/s)")
+    _speed_options(rec)
     const = rec.add_argument_group("constants mode (the seed's script)")
     const.add_argument("--vram-gb", type=float)
     const.add_argument("--non-expert-gb", type=float)
@@ -244,6 +370,24 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--record", help="append the result to this CSV, e.g. results/tables/tune.csv")
     tu.add_argument("--log", default="moeplace-tune.log", help="llama.cpp's output goes here")
     tu.set_defaults(func=cmd_tune)
+
+    pr = sub.add_parser("predict", help="decode and prefill speed per --n-cpu-moe and context depth")
+    pr.add_argument("model", help="a .gguf file (header only is read)")
+    pr.add_argument("--depth", default="0", help="tokens already in the KV cache (llama-bench -d), e.g. 0,32768")
+    pr.add_argument("--n-cpu-moe", help="n values: 12, 0,8,16 or 0-48 (default: every n)")
+    pr.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub) for prefill")
+    pr.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
+    pr.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
+    pr.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    _speed_options(pr)
+    pr.set_defaults(func=cmd_predict)
+
+    ca = sub.add_parser("calibrate", help="fit the speed model to llama-bench -o jsonl runs of this model")
+    ca.add_argument("model", help="the .gguf file the runs measured")
+    ca.add_argument("runs", nargs="+", help="llama-bench -o jsonl output files (yours, or results/bench/...)")
+    ca.add_argument("-o", "--output", help="write the calibration here (JSON), for --calibration")
+    _speed_options(ca, calibration=False)
+    ca.set_defaults(func=cmd_calibrate)
 
     tw = sub.add_parser("twin", help="write a GGUF with a real architecture's tensor names, shapes and types")
     tw.add_argument("spec", help="architecture spec YAML (see config/models/)")

@@ -83,6 +83,10 @@ class DeviceTarget:
 
 @dataclass(frozen=True)
 class BenchSettings:
+    """One benchmark configuration's llama-bench settings. `repetitions` is exact unless `max_repetitions`
+    is larger: then it is the minimum, and batches are added until the 95% CI half-width of the mean is
+    within `precision` of it, or `max_repetitions` or `time_budget_s` is reached."""
+
     prompt: int
     gen: int
     repetitions: int
@@ -91,6 +95,14 @@ class BenchSettings:
     type_k: str = "f16"
     type_v: str = "f16"
     noisy_cv: float = 0.05
+    max_repetitions: int = 0  # 0: exactly `repetitions`
+    precision: float = 0.05
+    time_budget_s: float = 300
+    quiet_wait_s: float = 0
+
+    @property
+    def adaptive(self) -> bool:
+        return self.max_repetitions > self.repetitions
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,9 @@ class Settings:
     ram_tier: RamTierSettings
 
 
+MIN_AUTO_REPETITIONS = 3  # a mean, a spread and one degree of freedom beyond
+
+
 def params(value: Any) -> dict[str, Any]:
     """A settings value as a rule's params (plain values: Snakemake cannot compare dataclasses)."""
     return asdict(value)
@@ -147,6 +162,7 @@ def parse_settings(config: dict[str, Any]) -> Settings:
 
     dev, host, measured, bench = config["device"], config["host"], config["measured"], config["bench"]
     threads = bench["threads"]
+    auto = bench["repetitions"] == "auto"
     vram = parse_size(dev["vram"], "config device.vram")
     ram_tier = config["ram_tier"]
     return Settings(
@@ -158,7 +174,6 @@ def parse_settings(config: dict[str, Any]) -> Settings:
             ddr_gbps=host["bw_ddr_gbps"],
             measured_vram_gbps=measured.get("bw_vram_gbps"),
             measured_ddr_gbps=measured.get("bw_ddr_gbps"),
-            eta=measured.get("eta"),
             disk_gbps=host.get("bw_disk_gbps"),
             measured_disk_gbps=measured.get("bw_disk_gbps"),
             ram_bytes=parse_size(host["ram"], "config host.ram") if "ram" in host else None,
@@ -166,12 +181,16 @@ def parse_settings(config: dict[str, Any]) -> Settings:
         bench=BenchSettings(
             prompt=bench["prompt"],
             gen=bench["gen"],
-            repetitions=bench["repetitions"],
+            repetitions=MIN_AUTO_REPETITIONS if auto else bench["repetitions"],
             threads=threads,
             timeout_s=bench["timeout_s"],
             type_k=config["cache_type_k"],
             type_v=config["cache_type_v"],
             noisy_cv=bench["noisy_cv"],
+            max_repetitions=bench["max_repetitions"] if auto else 0,
+            precision=bench["precision"],
+            time_budget_s=bench["time_budget_s"],
+            quiet_wait_s=bench["quiet_wait_s"],
         ),
         tune=TuneSettings(config["tune"]["margin"], config["tune"]["timeout_s"], threads),
         ceilings=CeilingsSettings(

@@ -16,17 +16,16 @@ from .units import Context  # noqa: E402
 FAILED = ("oom", "crash", "timeout", "error")
 
 
-def ncmoe_figure(
-    compare: pd.DataFrame,
-    measured: pd.DataFrame,
-    predicted: dict[str, pd.DataFrame],
-    ctx: int,
-    test: str,
-    out: str | Path,
-) -> None:
-    """test 'tg' (decode, with the predictions) or 'pp' (prefill, measured only)."""
-    models = sorted(compare.model.unique()) or sorted(predicted)
-    fig, axes = plt.subplots(1, len(models), figsize=(6.8 * len(models), 5.6), squeeze=False)
+def _reps(repetitions: pd.Series) -> str:
+    low, high = (int(repetitions.min()), int(repetitions.max())) if len(repetitions) else (0, 0)
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
+def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: str, out: str | Path) -> None:
+    """Decode ('tg') or prefill ('pp') speed against --n-cpu-moe, one panel per model: what was measured (mean
+    ± sd) and, on the same axis, the speed model's out-of-sample prediction of each point with its band."""
+    models = sorted(measured.model.unique())
+    fig, axes = plt.subplots(1, max(len(models), 1), figsize=(6.8 * max(len(models), 1), 5.6), squeeze=False)
     for ax, model in zip(axes[0], models):
         c = compare[compare.model == model].sort_values("n_cpu_moe")
         m = measured[(measured.model == model) & (measured.test == test) & (measured.variant == "ncmoe")]
@@ -34,63 +33,27 @@ def ncmoe_figure(
         ok = m[m.status == "ok"]
         failed = m[m.status.isin(FAILED)]
         device = m.device.iloc[0] if len(m) else ""
-        n_max = int(predicted[model].n_cpu_moe.max())
+        n_max = int(m.n_cpu_moe.max()) if len(m) else 0
         if len(failed):
             # Everything below the smallest n that ran is infeasible on this device.
             edge = ok.n_cpu_moe.min() if len(ok) else n_max + 0.5
             ax.axvspan(-0.5, edge - 0.5, color="tab:red", alpha=0.08, label="does not fit (measured OOM)")
             for r in failed.itertuples():
-                ax.annotate(
-                    r.status.upper(),
-                    (r.n_cpu_moe, 0),
-                    xytext=(0, 4),
-                    textcoords="offset points",
-                    ha="center",
-                    fontsize=8,
-                    color="tab:red",
-                    xycoords=("data", "axes fraction"),
-                )
-        ax.errorbar(
-            ok.n_cpu_moe,
-            ok.avg_ts,
-            yerr=ok.stddev_ts,
-            fmt="o-",
-            color="tab:blue",
-            capsize=3,
-            label=f"measured {test} (mean ± sd, {int(ok.repetitions.max()) if len(ok) else 0} reps)",
-        )
-        if test == "tg":
-            p = predicted[model]
-            theory_ax = ax
-            if len(ok) and p.tok_s.max() > 3 * ok.avg_ts.max():
-                # Far above what was measured (e.g. a CPU-bound emulated device): its own axis keeps both readable.
-                theory_ax = ax.twinx()
-                theory_ax.set_ylabel("theoretical prediction, tokens/s", color="tab:gray")
-                theory_ax.set_ylim(0, p.tok_s.max() * 1.1)
-            theory_ax.plot(p.n_cpu_moe, p.tok_s, "--", color="tab:gray")
-            ax.plot(
-                [],
-                [],
-                "--",
-                color="tab:gray",
-                label="predicted (theoretical bandwidth)" + (", right axis" if theory_ax is not ax else ""),
-            )
-            if len(c) and c.eta_median.notna().any():
-                eta = c.eta_median.iloc[0]
-                ax.plot(
-                    p.n_cpu_moe, eta * p.tok_s, ":", color="tab:orange", label=f"calibrated prediction (η = {eta:.2f})"
-                )
-            if len(c) and pd.notna(c.knee_measured.iloc[0]):
-                k = int(c.knee_measured.iloc[0])
-                ax.plot(
-                    [k],
-                    ok.set_index("n_cpu_moe").avg_ts.get(k, float("nan")),
-                    "*",
-                    ms=16,
-                    color="tab:green",
-                    label=f"measured knee (n = {k})",
-                    zorder=5,
-                )
+                ax.annotate(r.status.upper(), (r.n_cpu_moe, 0), xytext=(0, 4), textcoords="offset points",
+                            ha="center", fontsize=8, color="tab:red", xycoords=("data", "axes fraction"))  # fmt: skip
+        ax.errorbar(ok.n_cpu_moe, ok.avg_ts, yerr=ok.stddev_ts, fmt="o", color="tab:blue", capsize=3,
+                    label=f"measured {test} (mean ± sd, {_reps(ok.repetitions)} repetitions)")  # fmt: skip
+        p = c[c[f"predicted_{test}_tok_s"].notna()] if len(c) else c
+        if len(p):
+            err = p[f"{test}_error_pct"].abs().median()
+            ax.plot(p.n_cpu_moe, p[f"predicted_{test}_tok_s"], "-", color="tab:orange",
+                    label=f"speed model, each point fitted without it (median |error| {err:.1f}%)")  # fmt: skip
+            ax.fill_between(p.n_cpu_moe, p[f"predicted_{test}_low"], p[f"predicted_{test}_high"], color="tab:orange",
+                            alpha=0.2, label="~95% prediction interval")  # fmt: skip
+        if test == "tg" and len(c) and pd.notna(c.knee_measured.iloc[0]):
+            k = int(c.knee_measured.iloc[0])
+            y = ok.set_index("n_cpu_moe").avg_ts.get(k, float("nan"))
+            ax.plot([k], [y], "*", ms=16, color="tab:green", label=f"measured knee (n = {k})", zorder=5)
         if len(c) and pd.notna(c.budget_min_n.iloc[0]):
             n_min = int(c.budget_min_n.iloc[0])
             ax.axvline(n_min, color="tab:purple", lw=1.2, label=f"budget minimum (n = {n_min})")
@@ -152,28 +115,42 @@ def matrix_figure(matrix: pd.DataFrame, out: str | Path) -> None:
 
 
 def variants_figure(variants: pd.DataFrame, ctx: int, out: str | Path) -> None:
-    """Bars of decode and prefill speed per placement variant, one group per model."""
+    """Each placement's speed difference from --n-cpu-moe at the same host bytes, in % of --n-cpu-moe's speed,
+    with its 95% interval; one row per variant and model, "not distinguishable" where the interval spans 0."""
     import numpy as np
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    compared = variants[(variants.variant != "first_n") & variants.get("delta_pct", pd.Series(dtype=float)).notna()]
     models = sorted(variants.model.unique())
-    names = list(dict.fromkeys(variants.variant))
-    width = 0.8 / max(len(models), 1)
+    names = [v for v in dict.fromkeys(variants.variant) if v != "first_n"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 1.2 + 0.45 * max(len(names) * len(models), 1)))
+    height = 0.8 / max(len(models), 1)
     for ax, test in zip(axes, ("tg", "pp")):
         for k, model in enumerate(models):
-            v = variants[(variants.model == model) & (variants.test == test)].set_index("variant").reindex(names)
-            x = np.arange(len(names)) + k * width
-            ax.bar(x, v.avg_ts.fillna(0), width, yerr=v.stddev_ts.fillna(0), capsize=3, label=model)
-            for xi, status in zip(x, v.status):
-                if status != "ok":
-                    ax.text(xi, 0, str(status).upper(), ha="center", va="bottom", color="tab:red", fontsize=8)
-        ax.set_xticks(np.arange(len(names)) + width * (len(models) - 1) / 2, names, rotation=15)
-        ax.set_ylabel(f"{'decode (tg)' if test == 'tg' else 'prefill (pp)'} speed, tokens/s")
-        ax.set_title(f"{'Decode' if test == 'tg' else 'Prefill'}", fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
-    title = f"Expert placements at equal host-resident bytes, {Context(ctx)} context ({ctx:,} tokens)"
-    fig.suptitle(title, fontsize=11)
+            v = compared[(compared.model == model) & (compared.test == test)].set_index("variant").reindex(names)
+            y = np.arange(len(names)) + k * height
+            low = 100 * (v.delta_ci95_low / v.baseline_ts)
+            high = 100 * (v.delta_ci95_high / v.baseline_ts)
+            err = np.vstack([(v.delta_pct - low).fillna(0), (high - v.delta_pct).fillna(0)])
+            ax.barh(y, v.delta_pct.fillna(0), height, xerr=err, capsize=3, color=f"C{k}", label=model)
+            for yi, row in zip(y, v.itertuples()):
+                if pd.isna(row.delta_pct):
+                    text = "not measured"
+                elif row.distinguishable:
+                    text = f"{row.delta_pct:+.1f}% (MDE {row.mde_pct:.0f}%)"
+                else:
+                    text = f"not distinguishable (MDE {row.mde_pct:.0f}%)"
+                ax.annotate(text, (0, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(np.arange(len(names)) + height * (len(models) - 1) / 2, names)
+        ax.invert_yaxis()
+        what = "decode (tg)" if test == "tg" else "prefill (pp)"
+        ax.set_xlabel(f"{what} speed vs --n-cpu-moe at equal host bytes, % (95% interval)")
+        ax.set_title("Decode" if test == "tg" else "Prefill", fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    devices = "; ".join(sorted(set(variants.get("device", pd.Series(dtype=str)).dropna())))
+    title = f"Expert placements vs --n-cpu-moe, {Context(ctx)} context ({ctx:,} tokens), measured interleaved"
+    fig.suptitle(f"{title}\n{devices}" if devices else title, fontsize=10)
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=130, format="png")

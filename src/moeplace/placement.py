@@ -136,32 +136,21 @@ def check_placement(intended: set[str], observed_cpu: list[str]) -> dict[str, An
     }
 
 
-def delta_interval(samples: list[float], baseline: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Mean difference (samples - baseline) with its Welch t confidence interval; NaN bounds with <2 samples."""
-    import statistics
-
-    from scipy import stats
-
-    delta = statistics.fmean(samples) - statistics.fmean(baseline)
-    if len(samples) < 2 or len(baseline) < 2:
-        return delta, float("nan"), float("nan")
-    va, vb = statistics.variance(samples) / len(samples), statistics.variance(baseline) / len(baseline)
-    se = (va + vb) ** 0.5
-    if se == 0:
-        return delta, delta, delta
-    dof = (va + vb) ** 2 / (va**2 / (len(samples) - 1) + vb**2 / (len(baseline) - 1))
-    half = stats.t.ppf(0.5 + level / 2, dof) * se
-    return delta, delta - half, delta + half
-
-
 def variants_table(records: list[dict[str, Any]]) -> Any:
-    """Per model, context and test: each variant's tok/s and its difference from --n-cpu-moe at the same bytes."""
+    """Per model, context and test: each variant's tok/s and its difference from --n-cpu-moe at the same bytes,
+    against the -ncmoe runs interleaved with it (paired) where it has them, else the first_n variant's own
+    runs; with the difference's 95% Welch interval and the smallest difference the runs could have detected."""
+    import math
+
     import pandas as pd
+
+    from .stats import delta_interval, min_detectable_effect
 
     rows = []
     by_key = {(r["model"], r["ctx"], r["variant"], r["test"]): r for r in records}
     for (model, ctx, variant, test), r in sorted(by_key.items()):
-        base = by_key.get((model, ctx, "first_n", test))
+        first_n = by_key.get((model, ctx, "first_n", test))
+        baseline = r.get("baseline_samples_ts") or (first_n or {}).get("samples_ts") or []
         row = {
             "model": model,
             "ctx": ctx,
@@ -171,16 +160,23 @@ def variants_table(records: list[dict[str, Any]]) -> Any:
             "host_expert_bytes": r.get("host_expert_bytes"),
             "avg_ts": r["avg_ts"],
             "stddev_ts": r["stddev_ts"],
+            "repetitions": r.get("repetitions"),
+            "paired": bool(r.get("baseline_samples_ts")),
             "overrides": r["overrides"],
             "placement_match": r.get("placement_match"),
+            "device": r.get("device"),
         }
-        if base and variant != "first_n" and r["status"] == base["status"] == "ok":
-            delta, low, high = delta_interval(r["samples_ts"], base["samples_ts"])
+        if variant != "first_n" and r["status"] == "ok" and baseline:
+            delta, low, high = delta_interval(r["samples_ts"], baseline)
+            mean = sum(baseline) / len(baseline)
             row.update(
+                baseline_ts=mean,
                 delta_vs_ncmoe=delta,
+                delta_pct=100 * delta / mean,
                 delta_ci95_low=low,
                 delta_ci95_high=high,
-                within_noise=bool(low <= 0 <= high) if low == low else None,
+                mde_pct=100 * min_detectable_effect(r["samples_ts"], baseline),
+                distinguishable=None if math.isnan(low) else not (low <= 0 <= high),
             )
         rows.append(row)
     return pd.DataFrame(rows)
@@ -198,12 +194,13 @@ def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float,
     """One variant's llama-bench run, with its placement checked against llama.cpp's load log."""
     from .bench import run_bench
     from .gguf_file import read_header
+    from .runtime.cpus import split_cpus
     from .runtime.device import attached
 
     sizes = {t.name: t.n_bytes for t in read_header(bench_args["model_path"]).tensors}
     if variant == "fit_params":
         device, manifest = bench_args["device"], bench_args["manifest"]
-        with attached(device, manifest, 1, bench_args["log_path"]) as rpc:
+        with attached(device, manifest, split_cpus(device.kind == "emulated"), bench_args["log_path"]) as rpc:
             overrides = fit_params_overrides(
                 manifest, bench_args["model_path"], bench_args["ctx"], rpc, bench_args["log_path"]
             )
@@ -214,7 +211,13 @@ def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float,
         else:
             intended = {"first_n": expert_tensors(meta, list(range(n))), **variants(meta, n)}[variant]
         overrides = None if variant == "first_n" else ot_value(intended) or None
-    records = run_bench(n_cpu_moe=n if variant == "first_n" else 0, variant=variant, overrides=overrides, **bench_args)
+    records = run_bench(
+        n_cpu_moe=n if variant == "first_n" else 0,
+        variant=variant,
+        overrides=overrides,
+        paired_n_cpu_moe=None if variant == "first_n" else n,  # -ncmoe n interleaved with it
+        **bench_args,
+    )
     for r in records:
         check = check_placement(intended, r["cpu_tensors"])
         r.update(
@@ -295,13 +298,52 @@ def optimal_placement(meta: dict[str, Any], budget_bytes: float, max_units: int 
     return {name for g in groups for name in g[2]} - resident
 
 
-def placement_tok_s(meta: dict[str, Any], host: set[str], vram_gbps: float, ddr_gbps: float) -> float:
-    """Predicted decode tok/s with these expert tensors in host RAM (seed 000 §5.3, per tensor)."""
-    from .predict import active_fraction, bytes_per_token, token_seconds
+def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, float] | None) -> float | None:
+    """What a placement is ranked by: decode or prefill tok/s, or for mix:W the tokens per second of a workload
+    spending the share W of its tokens in decode and the rest in prefill (None: the model cannot say)."""
+    if objective == "decode":
+        return tg and tg["tok_s"]
+    if objective == "prefill":
+        return pp and pp["tok_s"]
+    weight = float(objective.split(":", 1)[1])
+    if not tg or not pp:
+        return None
+    return 1 / (weight / tg["tok_s"] + (1 - weight) / pp["tok_s"])
 
-    d = active_fraction(meta) * tensor_bytes(meta, host)
-    v = bytes_per_token(meta) - d
-    return 1 / token_seconds(d, v, vram_gbps, ddr_gbps)
+
+def rank_placements(
+    meta: dict[str, Any],
+    device: Any,
+    ctx: int,
+    model: Any,
+    objective: str,
+    cache_types: list[tuple[str, str]],
+    ubatch: int,
+) -> list[dict[str, Any]]:
+    """Every placement that fits at `ctx` for each KV cache type (--n-cpu-moe at the budget's minimum, and the
+    knapsack's -ot placement where it differs), with the speed model's decode and prefill at that depth,
+    best first by `objective` (decode, prefill or mix:W)."""
+    from .budget import plan
+    from .speed import Run
+
+    ranked = []
+    for type_k, type_v in cache_types:
+        p = plan(meta, device, ctx, type_k, type_v)
+        if p["n_cpu_moe"] is None:
+            continue
+        ncmoe = expert_tensors(meta, list(range(p["n_cpu_moe"])))
+        optimal = optimal_placement(meta, p["budget_bytes"])
+        candidates = [("ncmoe", p["n_cpu_moe"], frozenset())]
+        if optimal != ncmoe:
+            candidates.append(("optimal", 0, frozenset(optimal)))
+        for name, n, host in candidates:
+            tg = model.predict(meta, Run(n, ctx, "tg", 128, ubatch, type_k, type_v, host))
+            pp = model.predict(meta, Run(n, ctx, "pp", 512, ubatch, type_k, type_v, host))
+            ranked.append(
+                {"placement": name, "n_cpu_moe": n, "host_tensors": sorted(host), "type_k": type_k, "type_v": type_v,
+                 "ubatch": ubatch, "tg": tg, "pp": pp, "score": objective_score(objective, tg, pp)}
+            )  # fmt: skip
+    return sorted(ranked, key=lambda r: -(r["score"] or 0.0))
 
 
 def fit_params_overrides(manifest: dict[str, Any], model: str, ctx: int, rpc: str | None, log_path: Any) -> str | None:

@@ -20,21 +20,16 @@ from .units import GB
 
 @dataclass(frozen=True)
 class Bandwidths:
-    """Theoretical bandwidths in GB/s, and what the corrected column uses when known."""
+    """Theoretical bandwidths in GB/s, and measured ones (the ceilings stage's, or the config's measured:
+    section) that the speed model's uncalibrated decode column uses where known."""
 
     vram_gbps: float
     ddr_gbps: float
     measured_vram_gbps: float | None = None
     measured_ddr_gbps: float | None = None
-    eta: float | None = None
     disk_gbps: float | None = None
     ram_bytes: int | None = None  # host RAM for the CPU-side experts; None: they always fit
     measured_disk_gbps: float | None = None
-
-    @property
-    def has_correction(self) -> bool:
-        measured = (self.measured_vram_gbps, self.measured_ddr_gbps, self.measured_disk_gbps, self.eta)
-        return any(x is not None for x in measured)
 
 
 def active_fraction(meta: dict[str, Any]) -> float:
@@ -84,6 +79,11 @@ def token_seconds(
 
 
 def predict_table(meta: dict[str, Any], bw: Bandwidths) -> pd.DataFrame:
+    """Seed 000's table (tok_s, from theoretical bandwidths) and the speed model's decode before any calibration
+    (tg_tok_s with its interval: measured bandwidths where known, at an empty context)."""
+    from .speed import Run, prior  # the speed model builds on this module's byte counts
+
+    model = prior(bw)
     dense_tok_s = bw.ddr_gbps * GB / meta["total_bytes"]
     rows = []
     for n in range(meta["n_layer"] + 1):
@@ -98,10 +98,8 @@ def predict_table(meta: dict[str, Any], bw: Bandwidths) -> pd.DataFrame:
             "t_token_ms": t * 1e3,
             "tok_s": 1 / t,
         }
-        if bw.has_correction:
-            vram, ddr = bw.measured_vram_gbps or bw.vram_gbps, bw.measured_ddr_gbps or bw.ddr_gbps
-            disk = bw.measured_disk_gbps or bw.disk_gbps
-            row["tok_s_corrected"] = (bw.eta or 1.0) / token_seconds(d, v, vram, ddr, s, disk)
+        tg = model.predict(meta, Run(n, 0, "tg", 1)) if meta.get("attention") else None
+        row |= {f"tg_{k}": tg and tg[k] for k in ("tok_s", "low", "high")}
         row["dense_tok_s"] = dense_tok_s
         row["moe_vs_dense"] = row["tok_s"] / dense_tok_s
         rows.append(row)

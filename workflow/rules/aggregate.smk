@@ -2,7 +2,6 @@ rule aggregate_context:
     input:
         bench=get_context_bench,
         metadata=expand(rules.metadata.output[0], model=BENCH_MODELS),
-        predicted=expand(rules.predict.output[0], model=BENCH_MODELS),
         budget=expand(rules.budget.output[0], model=BENCH_MODELS),
     output:
         measured="results/tables/measured/{ctx}.csv",
@@ -14,6 +13,7 @@ rule aggregate_context:
         "../../environment.yml"
     params:
         models=BENCH_MODELS,
+        bandwidths=params(SETTINGS.bandwidths),  # priors of what one context's runs cannot tell apart
     script:
         "../scripts/aggregate.py"
 
@@ -45,3 +45,21 @@ rule aggregate:
         "../../environment.yml"
     script:
         "../scripts/concat_tables.py"
+
+
+rule precision:
+    input:
+        measured=rules.aggregate.output.measured,
+        variants=expand(rules.placement.output.variants, ctx=CONTEXTS),
+    output:
+        report(
+            "results/tables/precision.csv",
+            caption="../report/precision.rst",
+            category="Tables",
+        ),
+    log:
+        "logs/aggregate/precision.log",
+    conda:
+        "../../environment.yml"
+    script:
+        "../scripts/precision.py"

@@ -148,6 +148,9 @@ def get_final_outputs():
     ]
     if BENCH_MODELS:
         outputs += [rules.aggregate.output.measured, rules.aggregate.output.compare]
+        outputs.append(rules.precision.output[0])
+        outputs += [rules.calibrate.output[0].format(model=m) for m in BENCH_MODELS]
+        outputs += [rules.fidelity.output.table, rules.fidelity.output.figure]
         outputs += [
             rules.figure_ncmoe.output.tg.format(ctx=label) for label in CONTEXTS
         ]
@@ -246,10 +249,24 @@ def sweep_values(model, ctx):
     return auto_sweep(int(row.n_cpu_moe) if row.status == "ok" else None, n_layer)
 
 
+def bench_files(models, contexts):
+    return [
+        rules.bench.output[0].format(model=model, ctx=label, n=n)
+        for model in models
+        for label in contexts
+        for n in sweep_values(model, CONTEXTS[label])
+    ]
+
+
 def get_context_bench(wildcards):
     """Every benchmark record file of one context."""
-    return [
-        rules.bench.output[0].format(model=model, ctx=wildcards.ctx, n=n)
-        for model in BENCH_MODELS
-        for n in sweep_values(model, CONTEXTS[wildcards.ctx])
-    ]
+    return bench_files(BENCH_MODELS, [wildcards.ctx])
+
+
+def get_model_bench(wildcards):
+    """Every benchmark record file of one model, all contexts."""
+    return bench_files([wildcards.model], CONTEXTS)
+
+
+def get_all_bench(wildcards):
+    return bench_files(BENCH_MODELS, CONTEXTS)

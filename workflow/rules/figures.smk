@@ -2,7 +2,6 @@ rule figure_ncmoe:
     input:
         measured=rules.aggregate_context.output.measured,
         compare=rules.aggregate_context.output.compare,
-        predicted=expand(rules.predict.output[0], model=BENCH_MODELS),
     output:
         tg=report(
             "results/figures/ncmoe_{ctx}.png",
@@ -19,7 +18,6 @@ rule figure_ncmoe:
     conda:
         "../../environment.yml"
     params:
-        models=BENCH_MODELS,
         ctx=ctx_tokens,
     script:
         "../scripts/figures.py"

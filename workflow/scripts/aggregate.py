@@ -1,25 +1,29 @@
-"""Stage 'aggregate' (one context): bench JSONL -> measured, compare and kv_check tables."""
+"""Stage 'aggregate' (one context): bench JSONL -> measured, compare (out-of-sample predictions) and kv_check."""
 
 import pandas as pd
 
 from moeplace.aggregate import compare_table, kv_check_table, measured_table
 from moeplace.outputs import read_json, read_jsonl, stage, write_csv
+from moeplace.predict import Bandwidths
+from moeplace.speed import prior
 
 with stage(snakemake.log[0]) as log:
-    i, o, models = snakemake.input, snakemake.output, snakemake.params.models
+    i, o, p = snakemake.input, snakemake.output, snakemake.params
     records = [r for path in i.bench for r in read_jsonl(path)]
-    metadata = {m: read_json(path) for m, path in zip(models, i.metadata)}
-    predicted = {m: pd.read_csv(path) for m, path in zip(models, i.predicted)}
-    budget = {m: pd.read_csv(path) for m, path in zip(models, i.budget)}
+    metadata = {m: read_json(path) for m, path in zip(p.models, i.metadata)}
+    budget = {m: pd.read_csv(path) for m, path in zip(p.models, i.budget)}
     measured = measured_table(records)
     write_csv(o.measured, measured)
-    write_csv(o.compare, compare_table(measured, predicted, budget))
+    compare = compare_table(measured, records, metadata, budget, prior(Bandwidths(**p.bandwidths)))
+    write_csv(o.compare, compare)
     kv = kv_check_table(records, metadata)
     write_csv(o.kv_check, kv)
     log.info(
-        "%d records (%d ok); KV check: %d of %d within 1%%",
+        "%d records (%d ok); median out-of-sample |error| tg %.1f%%, pp %.1f%%; KV check: %d of %d within 1%%",
         len(measured),
         (measured.status == "ok").sum(),
+        compare.tg_error_pct.abs().median(),
+        compare.pp_error_pct.abs().median(),
         kv.within_1pct.sum(),
         len(kv),
     )

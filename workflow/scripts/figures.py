@@ -1,4 +1,4 @@
-"""Stage 'figures': one context's tables -> results/figures/ncmoe_{label}.png and ncmoe_{label}_pp.png."""
+"""Stage 'figures': one context's tables -> results/figures/ncmoe_{ctx}.png and ncmoe_{ctx}_pp.png."""
 
 import pandas as pd
 
@@ -8,7 +8,6 @@ from moeplace.outputs import stage
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params
     measured, compare = pd.read_csv(i.measured), pd.read_csv(i.compare)
-    predicted = {m: pd.read_csv(path) for m, path in zip(p.models, i.predicted)}
-    ncmoe_figure(compare, measured, predicted, p.ctx, "tg", o.tg)
-    ncmoe_figure(compare, measured, predicted, p.ctx, "pp", o.pp)
+    ncmoe_figure(compare, measured, p.ctx, "tg", o.tg)
+    ncmoe_figure(compare, measured, p.ctx, "pp", o.pp)
     log.info("figures for context %d: %s, %s", p.ctx, o.tg, o.pp)

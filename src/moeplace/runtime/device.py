@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config import DeviceTarget
 from ..errors import MoeplaceError
+from .cpus import CpuSplit, pin
 from .llamacpp import require_binary
 from .process import spawn, stop
 
@@ -50,12 +51,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def rpc_device(manifest: dict[str, Any], cap_bytes: int, threads: int, log_path: Path) -> Iterator[str]:
-    """A capped RPC server on 127.0.0.1 for the duration of one job, always stopped afterwards."""
+def rpc_device(manifest: dict[str, Any], cap_bytes: int, cpus: tuple[int, ...], log_path: Path) -> Iterator[str]:
+    """A capped RPC server on 127.0.0.1, pinned to `cpus` with a thread each, for the duration of one job;
+    always stopped afterwards."""
     server = require_binary(manifest, "ggml-rpc-server")
     port = _free_port()
     env = {**os.environ, "LD_PRELOAD": manifest["devcap"], "MOEPLACE_DEVICE_CAP_BYTES": str(cap_bytes)}
-    proc = spawn([str(server), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)], env=env, log_path=log_path)
+    cmd = [str(server), "-H", "127.0.0.1", "-p", str(port), "-t", str(len(cpus))]
+    proc = spawn(cmd, env=env, log_path=log_path, before_exec=lambda: pin(cpus))
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -72,8 +75,9 @@ def rpc_device(manifest: dict[str, Any], cap_bytes: int, threads: int, log_path:
         stop(proc)
 
 
-def attached(device: DeviceSetup, manifest: dict[str, Any], threads: int, log_path: Path):  # noqa: ANN201
-    """The context a llama.cpp run needs for `device`: the RPC server's address (emulated), or None (a GPU)."""
+def attached(device: DeviceSetup, manifest: dict[str, Any], cpus: CpuSplit, log_path: Path):  # noqa: ANN201
+    """The context a llama.cpp run needs for `device`: the RPC server's address (emulated, on its own CPUs
+    where there are two or more), or None (a GPU)."""
     if device.kind == "emulated":
-        return rpc_device(manifest, device.cap_bytes, threads, log_path)
+        return rpc_device(manifest, device.cap_bytes, cpus.device or cpus.bench, log_path)
     return nullcontext()

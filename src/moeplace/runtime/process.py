@@ -73,6 +73,17 @@ def sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _child(before_exec: Callable[[], None] | None) -> Callable[[], None]:
+    """What a child runs before exec: die_with_parent, then `before_exec` (join a cgroup, pin CPUs)."""
+
+    def setup() -> None:
+        die_with_parent()
+        if before_exec:
+            before_exec()
+
+    return setup
+
+
 def kill_group(pid: int, sig: int) -> None:
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
@@ -114,11 +125,6 @@ def run(
         with log.open("a") as f:
             f.write(f"$ {' '.join(cmd)}\n")
 
-    def child() -> None:
-        die_with_parent()
-        if before_exec:
-            before_exec()
-
     with (
         log.open("a") if stream_to_log and log else tempfile.TemporaryFile("w+") as out,
         tempfile.TemporaryFile("w+") as err,
@@ -132,7 +138,7 @@ def run(
                 stderr=out if stream_to_log else err,
                 env=env,
                 cwd=cwd,
-                preexec_fn=child,
+                preexec_fn=_child(before_exec),
             )
         except (OSError, subprocess.SubprocessError) as e:
             err.seek(0)
@@ -171,11 +177,14 @@ def run(
     return Finished(Path(cmd[0]).name, proc.returncode, timed_out, wall, rusage.ru_majflt, anon, stdout, stderr)
 
 
-def spawn(cmd: list[str], *, env: dict[str, str] | None, log_path: str | Path) -> subprocess.Popen:
+def spawn(
+    cmd: list[str], *, env: dict[str, str] | None, log_path: str | Path, before_exec: Callable[[], None] | None = None
+) -> subprocess.Popen:
     """A service that runs beside a job (the emulated device's server), its output in `log_path`; see stop()."""
+
     with Path(log_path).open("a") as out:
         return subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_child(before_exec)
         )
 
 

@@ -1,0 +1,104 @@
+"""Stage 'fidelity': how well the speed model predicts runs it was not fitted to.
+
+For every model: "two_point" fits each test to the lowest and the highest n measured at one depth (what a
+user with two runs has) and predicts every other (n, depth, test) point; "loo" predicts each point from a
+fit to all the others. Errors are (predicted - measured) / measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .calibrate import runs_from_records
+from .errors import MoeplaceError
+from .speed import SpeedModel, leave_one_out, two_point
+
+COLUMNS = [
+    "model", "ctx", "depth", "test", "n_cpu_moe", "overrides", "measured_tok_s", "predicted_tok_s",
+    "predicted_low", "predicted_high", "error_pct", "fit", "fit_depth",
+]  # fmt: skip
+
+
+def fidelity_table(meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel) -> pd.DataFrame:
+    """One model's out-of-sample predictions: every two-point fit (one per depth) and leave-one-out."""
+    ok = [r for r in records if r.get("status") == "ok" and r.get("avg_ts")]
+    runs = runs_from_records(meta, ok)
+    rows = []
+
+    def row(i: int, pred: dict[str, float] | None, how: str, fit_depth: int | None) -> None:
+        if pred is None:
+            return
+        r, run = ok[i], runs[i]
+        rows.append(
+            {
+                "model": r["model"], "ctx": r["ctx"], "depth": run.depth, "test": run.test,
+                "n_cpu_moe": run.n_cpu_moe, "overrides": r.get("overrides") or "", "measured_tok_s": run.tok_s,
+                "predicted_tok_s": pred["tok_s"], "predicted_low": pred["low"], "predicted_high": pred["high"],
+                "error_pct": 100 * (pred["tok_s"] - run.tok_s) / run.tok_s, "fit": how, "fit_depth": fit_depth,
+            }
+        )  # fmt: skip
+
+    for depth in sorted({r.depth for r in runs}):
+        try:
+            model, used = two_point(meta, runs, depth, base)
+        except MoeplaceError:  # a depth with too few runs has no two-point fit
+            continue
+        for i, run in enumerate(runs):
+            if i not in used:
+                row(i, model.predict(meta, run), "two_point", depth)
+    for i, pred in enumerate(leave_one_out(meta, runs, base)):
+        row(i, pred, "loo", None)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Median and 90th-percentile |error| per fit, test and depth (and over all depths)."""
+    out = []
+    for keys, g in list(table.groupby(["fit", "test", "depth"])) + [
+        ((f, t, "all"), g) for (f, t), g in table.groupby(["fit", "test"])
+    ]:
+        err = g.error_pct.abs()
+        out.append(
+            {"fit": keys[0], "test": keys[1], "depth": keys[2], "points": len(g),
+             "median_abs_error_pct": float(err.median()), "p90_abs_error_pct": float(np.percentile(err, 90))}
+        )  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def fidelity_figure(table: pd.DataFrame, out: str | Path, device: str) -> None:
+    """Predicted against measured tok/s, log-log, y = x; one marker per fit, one colour per test."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .outputs import atomic_path
+
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    markers = {"two_point": "o", "loo": "x"}
+    for (fit, test), g in table.groupby(["fit", "test"]):
+        err = g.error_pct.abs()
+        label = f"{test} {fit.replace('_', '-')}: median |error| {err.median():.1f}%, p90 {np.percentile(err, 90):.1f}%"
+        ax.scatter(g.measured_tok_s, g.predicted_tok_s, marker=markers.get(fit, "."), label=label,
+                   color="C0" if test == "tg" else "C1", alpha=0.7)  # fmt: skip
+    values = pd.concat([table.measured_tok_s, table.predicted_tok_s]).dropna()
+    if len(values):
+        lo, hi = values.min() / 1.3, values.max() * 1.3
+        ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, label="predicted = measured")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured speed, tokens/s")
+    ax.set_ylabel("predicted speed (out of sample), tokens/s")
+    ax.set_title(f"Speed model against runs it was not fitted to\n{device}", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=130, format="png")
+    plt.close(fig)

@@ -1,0 +1,268 @@
+"""The speed model: decode and prefill time per token for any expert placement, context depth and ubatch.
+
+Decode (tg), seconds per generated token:
+    t = t0 * L + V/B_dev + D/B_host + h * hops + s_kv * KV
+Prefill (pp), seconds per prompt token:
+    t = q0 * L + q_host * D + q_link * H/u + q_kv * KV
+where, for a placement P (the routed-expert tensors kept in host RAM):
+  L     the model's layers: a token's fixed cost (kernel launches, synchronisation) is t0 per layer;
+  V, D  bytes one token reads from the device and from host RAM (predict.read_bytes, per tensor for -ot);
+  hops  device<->host transitions per token: 2 per layer with experts on the host (activations out and back);
+  KV    bytes of KV cache one token's attention reads at the run's mean depth (sliding-window layers capped at
+        their window), in GB: its cost is the KV bandwidth plus attention compute per cached token, so
+        s_kv is fitted, not assumed to be 1/B_dev;
+  H/u   the host-resident expert bytes over the ubatch: what llama.cpp copies to the device once per ubatch
+        when it offloads a large batch's host experts (op offload), per prompt token.
+Every coefficient has a unit (seconds per GB, per hop, per token) and a source: "fit" (moeplace calibrate,
+non-negative least squares on llama-bench runs), "datasheet" (the config's or the CLI's bandwidths),
+"ceilings" (this host's measured RAM bandwidth) or "default". A model from datasheets alone predicts decode
+only: prefill is compute-bound, and nothing but a run says how fast this machine computes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from .errors import MoeplaceError
+from .kvcache import DEFAULT_UBATCH, KV_PAD, row_size
+from .predict import Bandwidths, active_fraction, unread_bytes
+from .units import GB
+
+TESTS = ("tg", "pp")
+FEATURES = {
+    "tg": ("layers", "device_gb", "host_gb", "hops", "kv_gb"),
+    "pp": ("layers", "host_gb", "link_gb", "kv_gb"),
+}
+UNITS = {
+    "layers": "s/layer",
+    "device_gb": "s/GB",
+    "host_gb": "s/GB",
+    "hops": "s/hop",
+    "kv_gb": "s/GB",
+    "link_gb": "s/GB",
+}
+# A token's fixed cost before any calibration: kernel launches and synchronisation, per layer. Published
+# --n-cpu-moe sweeps on GPUs imply 2-12 ms per token for ~48-layer models; this is the low end.
+FIXED_PER_LAYER_S = 50e-6
+# Relative spread of a prediction when the fit leaves no residual to measure it by (two runs, two parameters).
+DEFAULT_SPREAD = 0.10
+MIN_SPREAD = 0.01  # no run repeats to better than this
+Z95 = 1.96
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration, measured or to predict: a placement, a depth, a test and its size."""
+
+    n_cpu_moe: int
+    depth: int
+    test: str  # tg or pp
+    n_tokens: int  # generated (tg) or prompt (pp) tokens
+    ubatch: int = DEFAULT_UBATCH
+    type_k: str = "f16"
+    type_v: str = "f16"
+    host_tensors: frozenset[str] = frozenset()  # -ot placements beyond the first n_cpu_moe layers
+    tok_s: float | None = None  # measured
+
+
+def host_set(meta: dict[str, Any], run: Run) -> set[str]:
+    first = {name for layer in meta["layers"][: run.n_cpu_moe] for name in layer["expert_tensors"]}
+    return first | set(run.host_tensors)
+
+
+def kv_read_gb(meta: dict[str, Any], depth: float, type_k: str, type_v: str) -> float:
+    """KV cache bytes one token's attention reads at this depth (GB): every layer with a cache, its cells
+    capped by a sliding window; MLA layers read their latent row."""
+    window = meta["attention"]["sliding_window"] if meta.get("attention") else 0
+    total = 0.0
+    for layer in meta["layers"]:
+        if not layer.get("has_kv"):
+            continue
+        cells = min(depth, window + KV_PAD) if layer.get("swa") and window else depth
+        v = row_size(type_v, layer["v_dim"]) if layer["v_dim"] else 0
+        total += cells * (row_size(type_k, layer["k_dim"]) + v)
+    return total / GB
+
+
+def features(meta: dict[str, Any], run: Run) -> dict[str, float]:
+    """The model's inputs for one run (see the module's docstring); depth is the run's mean KV depth."""
+    host = host_set(meta, run)
+    sizes = {n: b for layer in meta["layers"] for n, b in layer["expert_tensors"].items()}
+    host_bytes = sum(sizes[n] for n in host)
+    frac = active_fraction(meta)
+    d = frac * host_bytes
+    v = meta["non_expert_bytes"] - unread_bytes(meta) + frac * (meta["expert_bytes"] - host_bytes)
+    host_layers = sum(1 for layer in meta["layers"] if host & set(layer["expert_tensors"]))
+    kv = kv_read_gb(meta, run.depth + run.n_tokens / 2, run.type_k, run.type_v)
+    layers = float(meta["n_layer"])
+    if run.test == "tg":
+        return {"layers": layers, "device_gb": v / GB, "host_gb": d / GB, "hops": 2.0 * host_layers, "kv_gb": kv}
+    return {"layers": layers, "host_gb": d / GB, "link_gb": host_bytes / GB / max(run.ubatch, 1), "kv_gb": kv}
+
+
+@dataclass
+class TestModel:
+    """Coefficients of one test (seconds per unit of each feature), with their standard errors and sources."""
+
+    coef: dict[str, float]
+    source: dict[str, str]
+    se: dict[str, float] = field(default_factory=dict)
+    spread: float = DEFAULT_SPREAD  # relative sd of a prediction beyond the parameters' own uncertainty
+    cov: list[list[float]] | None = None  # of the fitted coefficients, in `fitted` order
+    fitted: list[str] = field(default_factory=list)
+    runs: int = 0
+
+    def seconds(self, x: dict[str, float]) -> float:
+        return sum(self.coef.get(k, 0.0) * v for k, v in x.items())
+
+    def relative_sd(self, x: dict[str, float]) -> float:
+        t = self.seconds(x)
+        var = 0.0
+        if self.cov is not None and self.fitted:
+            xv = np.array([x[k] for k in self.fitted])
+            var = float(xv @ np.array(self.cov) @ xv)
+        return math.sqrt(var / t**2 + self.spread**2) if t > 0 else math.inf
+
+
+@dataclass
+class SpeedModel:
+    tests: dict[str, TestModel]
+
+    def predict(self, meta: dict[str, Any], run: Run) -> dict[str, float] | None:
+        """tok/s with its ~95% interval (tok_s / k .. tok_s * k), or None where this model cannot say (prefill
+        before any calibration)."""
+        model = self.tests.get(run.test)
+        if model is None:
+            return None
+        x = features(meta, run)
+        t = model.seconds(x)
+        if t <= 0:
+            return None
+        spread = math.exp(Z95 * model.relative_sd(x))  # multiplicative: speeds are positive and errors relative
+        return {"tok_s": 1 / t, "low": 1 / (t * spread), "high": spread / t}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tests": {k: asdict(v) for k, v in self.tests.items()},
+            "units": UNITS,
+            "model": "see moeplace.speed: t = sum(coef * feature) seconds per token",
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: str = "calibration") -> SpeedModel:
+        try:
+            return cls({k: TestModel(**v) for k, v in data["tests"].items()})
+        except (KeyError, TypeError) as e:
+            raise MoeplaceError(
+                f"{where}: not a moeplace calibration file ({e}); make one with moeplace calibrate."
+            ) from None
+
+
+def prior(bw: Bandwidths) -> SpeedModel:
+    """Decode from bandwidths alone (seed 000's formula, with the KV cache read from the device): measured
+    bandwidths (the ceilings stage's, or the config's measured: section) where known, else the datasheet's."""
+    vram, ddr = bw.measured_vram_gbps or bw.vram_gbps, bw.measured_ddr_gbps or bw.ddr_gbps
+    dev_source = "ceilings" if bw.measured_vram_gbps else "datasheet"
+    host_source = "ceilings" if bw.measured_ddr_gbps else "datasheet"
+    coef = {"layers": FIXED_PER_LAYER_S, "device_gb": 1 / vram, "host_gb": 1 / ddr, "hops": 0.0, "kv_gb": 1 / vram}
+    sources = {"layers": "default", "device_gb": dev_source, "host_gb": host_source, "hops": "default",
+               "kv_gb": dev_source}  # fmt: skip
+    return SpeedModel({"tg": TestModel(coef, sources, spread=0.5)})
+
+
+def _free(test: str, rows: list[dict[str, float]]) -> list[str]:
+    """The coefficients the runs can tell apart: the fixed time per layer and the host term (two n are enough),
+    the KV term with two depths, the hop cost when some placement's hops are not proportional to its host
+    bytes. Prefill's host term is the copy per ubatch (llama.cpp offloads a large batch's host experts to the
+    device); at one ubatch it cannot be told from computing them on the host, so one stands for both."""
+
+    def varies(key: str) -> bool:
+        return len({round(r[key], 12) for r in rows}) > 1
+
+    free = ["layers"]
+    host = "host_gb" if test == "tg" else "link_gb"
+    if varies(host):
+        free.append(host)
+    if varies("kv_gb"):
+        free.append("kv_gb")
+    if test == "tg" and varies("hops"):
+        ratios = [r["hops"] / r["host_gb"] for r in rows if r["host_gb"] > 0]
+        if ratios and max(ratios) > 1.1 * min(ratios):  # else hops are host bytes by another name
+            free.append("hops")
+    return free
+
+
+def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -> SpeedModel:
+    """Calibrate per test by non-negative least squares on time per token: the coefficients the runs can
+    tell apart (see _free) are fitted, the others keep `base`'s (bandwidth priors) or are 0."""
+    tests = {}
+    for test in TESTS:
+        mine = [r for r in runs if r.test == test and r.tok_s and r.tok_s > 0]
+        if len({(r.n_cpu_moe, r.host_tensors, r.depth) for r in mine}) < 2:
+            if base and test in base.tests:
+                tests[test] = base.tests[test]
+            continue
+        rows = [features(meta, r) for r in mine]
+        y = np.array([1 / r.tok_s for r in mine])
+        prior_model = base.tests.get(test) if base else None
+        coef = {k: (prior_model.coef.get(k, 0.0) if prior_model else 0.0) for k in FEATURES[test]}
+        source = {k: (prior_model.source.get(k, "default") if prior_model else "default") for k in FEATURES[test]}
+        free = _free(test, rows)
+        known = np.array([sum(coef[k] * row[k] for k in FEATURES[test] if k not in free) for row in rows])
+        a = np.array([[row[k] for k in free] for row in rows])
+        scale = np.abs(a).max(axis=0)
+        scale[scale == 0] = 1
+        solution, _ = nnls(a / scale, y - known)
+        solution = solution / scale
+        for k, value in zip(free, solution):
+            coef[k], source[k] = float(value), "fit"
+        predicted = known + a @ solution
+        rel = (predicted - y) / y
+        dof = len(y) - len(free)
+        model = TestModel(coef, source, fitted=free, runs=len(y))
+        if dof > 0:
+            sigma2 = float(((predicted - y) ** 2).sum() / dof)
+            cov = sigma2 * np.linalg.pinv(a.T @ a)
+            model.cov = cov.tolist()
+            model.se = {k: float(math.sqrt(max(cov[i, i], 0))) for i, k in enumerate(free)}
+            model.spread = max(MIN_SPREAD, float(statistics.pstdev(rel) * math.sqrt(len(y) / dof)))
+        tests[test] = model
+    if not tests:
+        raise MoeplaceError(
+            "calibration needs at least two successful runs of one test at different placements or depths."
+        )
+    return SpeedModel(tests)
+
+
+def leave_one_out(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None) -> list[dict[str, float] | None]:
+    """Each run predicted by a model fitted to all the others (None where they cannot calibrate its test)."""
+    out = []
+    for i, run in enumerate(runs):
+        others = [r for j, r in enumerate(runs) if j != i]
+        try:
+            model = fit(meta, others, base)
+        except MoeplaceError:
+            out.append(None)
+            continue
+        out.append(model.predict(meta, run))
+    return out
+
+
+def two_point(
+    meta: dict[str, Any], runs: list[Run], depth: int, base: SpeedModel | None
+) -> tuple[SpeedModel, set[int]]:
+    """The model fitted to the lowest and the highest n measured at one depth (per test), and those runs'
+    indices: what a user with two runs has."""
+    chosen: set[int] = set()
+    for test in TESTS:
+        at = [i for i, r in enumerate(runs) if r.test == test and r.depth == depth and not r.host_tensors]
+        if len({runs[i].n_cpu_moe for i in at}) >= 2:
+            chosen.add(min(at, key=lambda i: runs[i].n_cpu_moe))
+            chosen.add(max(at, key=lambda i: runs[i].n_cpu_moe))
+    return fit(meta, [runs[i] for i in sorted(chosen)], base), chosen

@@ -1,0 +1,90 @@
+"""Precision machinery without llama.cpp: intervals, detectable effects, the CPU split, the quiet check,
+and the variants and precision tables built from paired samples."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from moeplace.aggregate import precision_table
+from moeplace.placement import variants_table
+from moeplace.runtime import cpus
+from moeplace.stats import mean_halfwidth, min_detectable_effect, repetitions_for
+
+
+def test_mean_halfwidth_is_the_t_interval_relative_to_the_mean():
+    # mean 10, sd 1, n 3: t(0.975, 2) = 4.303
+    assert mean_halfwidth([9.0, 10.0, 11.0]) == pytest.approx(4.303 / math.sqrt(3) / 10, rel=1e-3)
+    assert mean_halfwidth([5.0]) == math.inf
+
+
+def test_repetitions_for_a_target_grow_with_the_noise():
+    quiet, noisy = [100.0, 101.0, 99.0], [100.0, 110.0, 90.0]
+    assert repetitions_for(quiet, 0.05) == 3  # already there
+    assert repetitions_for(noisy, 0.05) > 10
+    assert repetitions_for([100.0, 100.0, 100.0], 0.05) == 3
+
+
+def test_min_detectable_effect_is_welch_plus_power():
+    a, b = [10.0, 11.0, 12.0, 11.0], [10.0, 11.0, 12.0, 11.0]
+    mde = min_detectable_effect(a, b)
+    se = math.sqrt(2 * (2 / 3) / 4)  # equal variances 2/3, n 4 each: dof 6
+    assert mde == pytest.approx((2.447 + 0.906) * se / 11, rel=1e-3)
+    assert math.isnan(min_detectable_effect([1.0], b))
+
+
+def test_cpus_split_into_disjoint_halves_on_the_emulated_device_only():
+    assert cpus.split_cpus(True, (0, 1)) == cpus.CpuSplit((0,), (1,))
+    assert cpus.split_cpus(True, (0, 1, 2)) == cpus.CpuSplit((0,), (1, 2))
+    assert cpus.split_cpus(True, (3,)) == cpus.CpuSplit((3,), None)  # nothing to split: shared, said so
+    assert cpus.split_cpus(False, (0, 1)) == cpus.CpuSplit((0, 1), None)
+
+
+def test_the_quiet_check_counts_other_runnable_tasks(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(cpus, "PROC_STAT", stat)
+    stat.write_text("cpu 1 2 3\nprocs_running 4\nprocs_blocked 0\n")
+    seen = cpus.wait_for_quiet(0)
+    assert seen == {"others_running": 3.0, "quiet_wait_s": pytest.approx(seen["quiet_wait_s"]), "contended": True}
+    stat.write_text("procs_running 1\n")
+    assert cpus.wait_for_quiet(5)["contended"] is False
+
+
+def record(variant: str, test: str, samples: list[float], baseline: list[float] | None = None) -> dict:
+    r = {"model": "m", "ctx": 4096, "variant": variant, "test": test, "status": "ok", "overrides": "",
+         "avg_ts": sum(samples) / len(samples), "stddev_ts": 0.0, "samples_ts": samples,
+         "repetitions": len(samples), "device": "emulated device"}  # fmt: skip
+    return {**r, "baseline_samples_ts": baseline} if baseline else r
+
+
+def test_variants_table_compares_with_the_interleaved_baseline():
+    records = [
+        record("first_n", "tg", [50.0, 51.0, 49.0]),
+        record("last_n", "tg", [60.0, 61.0, 59.0, 60.0], baseline=[40.0, 41.0, 39.0, 40.0]),  # paired: drifted
+        record("up_down", "tg", [40.0, 41.0, 39.0, 40.0], baseline=[40.5, 39.5, 40.0, 40.0]),
+    ]
+    table = variants_table(records).set_index("variant")
+    assert table.loc["last_n", "paired"] and table.loc["last_n", "baseline_ts"] == 40.0  # not first_n's 50
+    assert table.loc["last_n", "delta_pct"] == pytest.approx(50.0)
+    assert table.loc["last_n", "distinguishable"]
+    assert not table.loc["up_down", "distinguishable"]
+    assert 0 < table.loc["up_down", "mde_pct"] < 10
+    assert pd.isna(table.loc["first_n", "mde_pct"])
+
+
+def test_precision_table_summarises_the_sweep_and_the_variants():
+    measured = pd.DataFrame(
+        {
+            "model": "m", "ctx": 4096, "variant": "ncmoe", "test": "tg", "status": "ok",
+            "n_cpu_moe": [0, 4, 8, 12], "cv": [0.01, 0.02, 0.03, 0.2], "ci95_halfwidth_pct": [1.0, 2.0, 3.0, 20.0],
+            "repetitions": [3, 3, 5, 10], "target_reached": [True, True, True, False], "contended": False,
+        }
+    )  # fmt: skip
+    variants = variants_table([record("up_down", "tg", [40.0, 41.0, 39.0, 40.0], baseline=[40.5, 39.5, 40.0, 40.0])])
+    table = precision_table(measured, variants).set_index("stage")
+    bench = table.loc["bench"]
+    assert bench.configurations == 4 and bench.median_cv_pct == pytest.approx(2.5)
+    assert bench.reached_target_pct == 75.0 and bench.median_repetitions == 4.0
+    assert table.loc["variants", "median_mde_pct"] == pytest.approx(variants.mde_pct.iloc[0])

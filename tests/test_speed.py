@@ -1,0 +1,221 @@
+"""The speed model: its inputs, its calibration, out-of-sample predictions on synthetic runs and on published
+--n-cpu-moe sweeps of real cards (tests/data/published/, sources in SOURCES.md), and the CLI around it."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ROOT
+
+from moeplace.calibrate import runs_from_records
+from moeplace.metadata import inspect_model
+from moeplace.predict import Bandwidths
+from moeplace.speed import (
+    FIXED_PER_LAYER_S,
+    Run,
+    SpeedModel,
+    features,
+    fit,
+    kv_read_gb,
+    leave_one_out,
+    prior,
+    two_point,
+)
+from moeplace.twin import load_spec, write_twin
+from moeplace.units import GB
+
+PUBLISHED = ROOT / "tests/data/published"
+SPECS = {
+    "Qwen3-30B-A3B": ROOT / "config/models/qwen3-coder-30b-a3b.yaml",
+    "Qwen3-Coder-30B-A3B-Instruct": ROOT / "config/models/qwen3-coder-30b-a3b.yaml",
+    "gpt-oss-20b": PUBLISHED / "models/gpt-oss-20b.yaml",
+    "gpt-oss-120b": PUBLISHED / "models/gpt-oss-120b.yaml",
+}
+TRUE = {"layers": 3e-4, "device_gb": 1 / 20, "host_gb": 1 / 8, "hops": 2e-5, "kv_gb": 0.5}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
+    return inspect_model(write_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), path, "none"))
+
+
+def synthetic(meta: dict, depths=(4096, 32768), ns=(0, 2, 4, 6, 8)) -> list[Run]:
+    runs = []
+    for depth in depths:
+        for n in ns:
+            x = features(meta, Run(n, depth, "tg", 128))
+            runs.append(Run(n, depth, "tg", 128, tok_s=1 / sum(TRUE[k] * v for k, v in x.items())))
+    return runs
+
+
+def test_features_count_bytes_hops_and_kv(tiny):
+    x = features(tiny, Run(3, 1000, "tg", 128))
+    assert x["hops"] == 6 and x["layers"] == tiny["n_layer"]
+    host = sum(layer["expert_bytes"] for layer in tiny["layers"][:3])
+    assert x["host_gb"] == pytest.approx(host * tiny["n_expert_used"] / tiny["n_expert"] / GB)
+    assert x["kv_gb"] == pytest.approx(kv_read_gb(tiny, 1064, "f16", "f16"))
+    assert kv_read_gb(tiny, 2000, "q8_0", "q8_0") < kv_read_gb(tiny, 2000, "f16", "f16")
+
+
+def test_calibration_recovers_known_coefficients_and_predicts_left_out_runs(tiny):
+    runs = synthetic(tiny)
+    model = fit(tiny, runs, prior(Bandwidths(20, 20)))
+    tg = model.tests["tg"]
+    assert set(tg.fitted) == {"layers", "host_gb", "kv_gb"}  # hops: proportional to host bytes here
+    assert tg.coef["kv_gb"] == pytest.approx(TRUE["kv_gb"], rel=1e-3)
+    errors = [
+        abs(p["tok_s"] - r.tok_s) / r.tok_s for p, r in zip(leave_one_out(tiny, runs, prior(Bandwidths(20, 20))), runs)
+    ]
+    assert max(errors) < 1e-3
+
+
+def test_two_runs_are_enough_at_their_depth(tiny):
+    runs = synthetic(tiny, depths=(4096,))
+    model, used = two_point(tiny, runs, 4096, prior(Bandwidths(20, 20)))
+    assert sorted(runs[i].n_cpu_moe for i in used) == [0, 8]
+    for r in runs:
+        p = model.predict(tiny, r)
+        # exact but for the hop cost, which two runs cannot tell from host bytes (Q6_K layers make them differ)
+        assert p["tok_s"] == pytest.approx(r.tok_s, rel=5e-3)
+        assert p["low"] < p["tok_s"] < p["high"]
+
+
+def test_prior_is_seed_formula_plus_a_fixed_cost_per_layer(tiny):
+    model = prior(Bandwidths(640, 57.6, measured_ddr_gbps=40.0))
+    x = features(tiny, Run(4, 0, "tg", 1))
+    expected = FIXED_PER_LAYER_S * tiny["n_layer"] + x["device_gb"] / 640 + x["host_gb"] / 40 + x["kv_gb"] / 640
+    assert model.predict(tiny, Run(4, 0, "tg", 1))["tok_s"] == pytest.approx(1 / expected)
+    assert model.tests["tg"].source["host_gb"] == "ceilings" and model.predict(tiny, Run(4, 0, "pp", 512)) is None
+    again = SpeedModel.from_json(json.loads(json.dumps(model.to_json())))
+    assert again.predict(tiny, Run(4, 0, "tg", 1)) == model.predict(tiny, Run(4, 0, "tg", 1))
+
+
+def test_records_of_llama_bench_and_of_the_pipeline_both_calibrate(tiny):
+    overrides = r"blk\.[0-2]\.ffn_(up|down)_exps=CPU"
+    raw = {"n_cpu_moe": 0, "n_depth": 512, "n_prompt": 0, "n_gen": 64, "n_ubatch": 256, "avg_ts": 50.0,
+           "type_k": "q8_0", "type_v": "f16", "tensor_buft_overrides": overrides}  # fmt: skip
+    ours = {"status": "ok", "test": "pp", "n_cpu_moe": 2, "n_depth": 0, "n_prompt": 512, "n_gen": 128,
+            "avg_ts": 900.0, "overrides": ""}  # fmt: skip
+    failed = {**ours, "status": "oom", "avg_ts": None}
+    a, b = runs_from_records(tiny, [raw, ours, failed])
+    assert (a.test, a.depth, a.n_tokens, a.ubatch, a.type_k) == ("tg", 512, 64, 256, "q8_0")
+    assert len(a.host_tensors) == 6 and all("gate" not in t for t in a.host_tensors)
+    assert (b.test, b.n_cpu_moe, b.n_tokens, b.host_tensors) == ("pp", 2, 512, frozenset())
+
+
+def published() -> pd.DataFrame:
+    t = pd.read_csv(PUBLISHED / "sweeps.csv")
+    t = t[t.model.isin(SPECS) & t.n_cpu_moe.notna()].copy()
+    t["n_depth"] = t.n_depth.fillna(0).astype(int)
+    t["ubatch"] = t.ubatch.fillna(512).astype(int)
+    t["size"] = np.where(t.test == "tg", t.n_gen, t.n_prompt)
+    return t[t["size"].notna()]
+
+
+def published_errors(tmp_path: Path) -> pd.DataFrame:
+    """Two-point calibration per published setup, test and depth, predicting the sweep's other points."""
+    metas = {
+        m: inspect_model(write_twin(load_spec(s), tmp_path / f"{i}.gguf", "none"))
+        for i, (m, s) in enumerate(SPECS.items())
+    }
+    rows = []
+    for (setup, model, test, size, ubatch), g in published().groupby(["setup", "model", "test", "size", "ubatch"]):
+        meta = metas[model]
+        g = g.groupby(["n_cpu_moe", "n_depth"], as_index=False).tok_s.mean()  # repeated runs of one point
+        runs = [Run(min(int(r.n_cpu_moe), meta["n_layer"]), r.n_depth, test, int(size), ubatch, tok_s=r.tok_s)
+                for r in g.itertuples()]  # fmt: skip
+        for depth in sorted({r.depth for r in runs}):
+            if len({r.n_cpu_moe for r in runs if r.depth == depth}) < 3:
+                continue
+            model_fit, used = two_point(meta, runs, depth, prior(Bandwidths(500, 50)))
+            for i, r in enumerate(runs):
+                if i not in used:
+                    p = model_fit.predict(meta, r)["tok_s"]
+                    rows.append({"setup": setup, "test": test, "fit_depth": depth, "depth": r.depth,
+                                 "error_pct": 100 * (p - r.tok_s) / r.tok_s})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_published_sweeps_two_runs_predict_the_rest(tmp_path):
+    errors = published_errors(tmp_path)
+    same = errors[errors.depth == errors.fit_depth]
+    assert same.setup.nunique() >= 5 and len(same) >= 40
+    for test in ("tg", "pp"):
+        err = same[same.test == test].error_pct.abs()
+        p90 = np.percentile(err, 90)
+        print(f"published {test}: {len(err)} points, median |error| {err.median():.1f}%, p90 {p90:.1f}%")
+        assert err.median() <= 5.0
+    other = errors[errors.depth != errors.fit_depth].error_pct.abs()
+    print(f"published tg at another depth: {len(other)} points, median |error| {other.median():.1f}%")
+
+
+def test_predict_cli_answers_json_fast_on_a_large_split_header_twin(tmp_path):
+    """`moeplace predict` on a ~100 GB header-only twin: every n at two depths, timed without the process's
+    start-up (a benchmark figure, printed; the test checks the answer)."""
+    from moeplace.twin import TwinSpec
+
+    spec = load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml")
+    big = TwinSpec(**{**spec.__dict__, "name": "big", "n_layer": 94, "n_expert": 256, "n_ff_exp": 1536})
+    path = write_twin(big, tmp_path / "big.gguf", "none")
+    meta = inspect_model(path)
+    assert meta["total_bytes"] > 90 * GB
+    code = ("import time, sys; from moeplace.cli import main; t = time.perf_counter(); "
+            f"main(['predict', {str(path)!r}, '--depth', '0,32768', '--json']); "
+            "print(time.perf_counter() - t, file=sys.stderr)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    rows = json.loads(out.stdout)
+    assert len(rows) == 2 * 95 and {"n_cpu_moe", "depth", "tg_tok_s", "pp_tok_s", "tg_low", "tg_high"} <= set(rows[0])
+    assert rows[0]["pp_tok_s"] is None and rows[0]["tg_tok_s"] > rows[-1]["tg_tok_s"]
+    seconds = float(out.stderr.strip().splitlines()[-1])
+    print(f"moeplace predict on a {meta['total_bytes'] / GB:.0f} GB twin: {seconds:.2f} s")
+    assert math.isfinite(seconds)
+
+
+def test_calibrate_cli_from_llama_bench_jsonl_feeds_predict_and_recommend(tiny, tmp_path):
+    model = tmp_path / "tiny.gguf"
+    write_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), model, "none")
+    truth = {
+        "tg": {"layers": 1e-4, "device_gb": 0.05, "host_gb": 0.2, "kv_gb": 0.3},
+        "pp": {"layers": 2e-5, "link_gb": 0.02},
+    }
+    lines = ["main: llama-bench's own chatter is skipped"]
+    for n in (0, 8):
+        for test, size in (("tg", 128), ("pp", 512)):
+            x = features(tiny, Run(n, 0, test, size))
+            tok_s = 1 / sum(truth[test].get(k, 0) * v for k, v in x.items())
+            gen, prompt = (size, 0) if test == "tg" else (0, size)
+            lines.append(json.dumps({"n_cpu_moe": n, "n_depth": 0, "n_gen": gen, "n_prompt": prompt, "avg_ts": tok_s}))
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "calibration.json"
+    moeplace = [sys.executable, "-m", "moeplace.cli"]
+    done = subprocess.run(
+        [*moeplace, "calibrate", str(model), str(runs), "-o", str(out)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "host_gb" in done.stdout and "(fit)" in done.stdout
+    rows = json.loads(
+        subprocess.run(
+            [*moeplace, "predict", str(model), "--calibration", str(out), "--n-cpu-moe", "4", "--json"],
+            capture_output=True,
+            text=True,
+        ).stdout  # fmt: skip
+    )
+    x = features(tiny, Run(4, 0, "tg", 128))
+    assert rows[0]["tg_tok_s"] == pytest.approx(1 / sum(truth["tg"].get(k, 0) * v for k, v in x.items()), rel=0.02)
+    assert rows[0]["pp_tok_s"] > 0
+    rec = subprocess.run([*moeplace, "recommend", str(model), "--vram", "100MB", "--overhead", "10MB", "--ctx", "4096",
+                          "--calibration", str(out)], capture_output=True, text=True)  # fmt: skip
+    assert "expected: decode" in rec.stdout and "prefill" in rec.stdout and "unknown" not in rec.stdout
+    bad = subprocess.run(
+        [*moeplace, "calibrate", str(model), str(tmp_path / "nope.jsonl")], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith("moeplace: ") and "Traceback" not in bad.stderr
