@@ -86,3 +86,16 @@ def small_moe(tmp_path: Path) -> Path:
         "context_length": 4096,
     }
     return write_gguf(tmp_path / "small.gguf", "qwen3moe", keys, tensors)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's hook
+    """The README's fault matrix, row by row, as this run found it (docs/fault_matrix.py writes the table)."""
+    outcomes = {}
+    for outcome in ("passed", "failed", "skipped", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if "fault" in getattr(report, "keywords", {}) and (report.when == "call" or outcome != "passed"):
+                outcomes[report.nodeid] = outcome
+    if outcomes:
+        terminalreporter.section("fault matrix")
+        for nodeid, outcome in sorted(outcomes.items()):
+            terminalreporter.line(f"{outcome:>7}  {nodeid}")

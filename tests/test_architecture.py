@@ -50,3 +50,8 @@ def test_modules_stay_readable_and_scripts_thin():
     assert max(sizes.values()) < 500, max(sizes.items(), key=lambda kv: kv[1])
     for script in (ROOT / "workflow" / "scripts").glob("*.py"):
         assert len(script.read_text().splitlines()) < 60, script.name
+
+
+def test_readme_fault_matrix_is_generated_from_the_fault_tests():
+    check = subprocess.run([sys.executable, "docs/fault_matrix.py", "--check"], cwd=ROOT, capture_output=True)
+    assert check.returncode == 0, check.stderr.decode()

@@ -59,6 +59,12 @@ def test_kv_model_matches_llamacpp_accounting(arch, twins, tmp_path):
     assert check.within_1pct.all(), check.to_string()
 
 
+@pytest.mark.fault(
+    fault="the card runs out of memory",
+    injected="a device capped below the model (devcap)",
+    sees="status oom in the record and the tables, the OOM shaded in the figure",
+    kept="every other configuration of the sweep; no RPC server left running",
+)
 def test_too_small_a_device_is_a_recorded_oom_and_the_server_is_stopped(twins, tmp_path):
     before = rpc_servers()
     records = bench(twins["qwen3moe"], tmp_path, ctx=4096, cap=8 * 2**20)
@@ -75,6 +81,12 @@ def test_experts_on_the_host_make_a_small_device_fit(twins, tmp_path):
     assert len(records[0]["cpu_tensors"]) == 3 * 8  # gate, up, down of every layer overridden to the host
 
 
+@pytest.mark.fault(
+    fault="llama-bench hangs",
+    injected="a per-run timeout far below the run",
+    sees="status timeout; its process group is killed",
+    kept="the sweep goes on; no llama-bench left running",
+)
 def test_a_hanging_run_becomes_a_timeout_row(twins, tmp_path):
     before = rpc_servers()
     slow = BenchSettings(prompt=512, gen=128, repetitions=5, threads=2, timeout_s=3)
@@ -109,6 +121,12 @@ def run_and_kill(twins, tmp_path, pattern: str, sig: int) -> list[dict]:
     return result[0]
 
 
+@pytest.mark.fault(
+    fault="llama-bench crashes",
+    injected="SIGSEGV sent to llama-bench mid-run",
+    sees="status crash, killed by SIGSEGV, with the stderr tail",
+    kept="the sweep goes on; the device server is stopped",
+)
 def test_a_crash_is_recorded_with_its_signal(twins, tmp_path):
     import signal
 
@@ -119,6 +137,12 @@ def test_a_crash_is_recorded_with_its_signal(twins, tmp_path):
     assert rpc_servers() == before
 
 
+@pytest.mark.fault(
+    fault="the device goes away mid-run",
+    injected="SIGKILL sent to the RPC device server",
+    sees="status crash (the RPC device went away)",
+    kept="the sweep goes on",
+)
 def test_the_device_dying_mid_run_is_recorded(twins, tmp_path):
     import signal
 

@@ -34,7 +34,7 @@ def test_auto_sweep_spans_below_the_minimum_up_to_all_layers():
 def test_parse_log_sums_kv_buffers_per_context_and_lists_placements():
     parsed = parse_log(LOG)
     assert parsed["contexts"] == [{"n_ctx": 33280, "kv_mib": 66.5}, {"n_ctx": 33024, "kv_mib": 64.5}]
-    assert parsed["overridden_tensors"] == ["blk.0.ffn_down_exps.weight", "blk.0.ffn_up_exps.weight"]
+    assert parsed["tensor_buffers"] == {"blk.0.ffn_down_exps.weight": "CPU", "blk.0.ffn_up_exps.weight": "CPU_REPACK"}
 
 
 def finished(returncode: int | None, stderr: str = "", timed_out: bool = False) -> Finished:
@@ -105,3 +105,14 @@ def test_compare_predicts_each_point_from_the_others(tmp_path):
     ok = compare.loc[1:]
     assert (ok.tg_error_pct.abs() < 1).all() and (ok.pp_error_pct.abs() < 1).all()  # out of sample, yet close
     assert (ok.predicted_tg_low < ok.predicted_tg_tok_s).all() and (ok.predicted_tg_tok_s < ok.predicted_tg_high).all()
+
+
+def test_compare_with_too_few_points_to_predict_leaves_them_empty(tmp_path):
+    from moeplace.speed import prior
+    from moeplace.twin import load_spec, write_twin
+
+    meta = inspect_model(write_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), tmp_path / "t.gguf", "none"))
+    records = [_record(n, t, "ok", 100.0 - n) for n in (0, 8) for t in ("pp", "tg")]
+    budget = pd.DataFrame([{"ctx": 4096, "n_cpu_moe": 0, "status": "ok"}])
+    compare = compare_table(measured_table(records), records, {"m": meta}, {"m": budget}, prior(Bandwidths(20, 20)))
+    assert compare.predicted_tg_tok_s.isna().all() and compare.tg_error_pct.abs().isna().all()

@@ -52,6 +52,12 @@ def one_line_stop(wd: Path, needle: str, *targets: str) -> None:
     assert not (wd / "results/bench").exists()
 
 
+@pytest.mark.fault(
+    fault="a model path that does not exist",
+    injected="a config naming a missing GGUF",
+    sees="one line before any job: the field and the path to fix",
+    kept="nothing starts",
+)
 def test_unknown_model_path(tmp_path):
     cfg = {**DEFAULT, "models": {"mine": {"gguf": "models/missing.gguf"}}}
     one_line_stop(workflow_copy(tmp_path, cfg), "models.mine.gguf: models/missing.gguf does not exist")

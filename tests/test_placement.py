@@ -153,3 +153,62 @@ def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
         ]
         is None
     )  # prefill needs a calibration
+
+
+def test_the_check_compares_each_tensors_destination_and_stops_on_a_mismatch():
+    import pandas as pd
+
+    from moeplace.errors import MoeplaceError
+    from moeplace.placement import check_placement, placement_check_table, require_placed_as_asked
+
+    intended = {"blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight"}
+    right = {"blk.0.ffn_up_exps.weight": "CPU_REPACK", "blk.0.ffn_down_exps.weight": "CPU"}
+    assert check_placement(intended, right)["match"]
+    # overridden, but to the device: not where it was asked to go
+    wrong = {**right, "blk.0.ffn_down_exps.weight": "RPC0[127.0.0.1:5000]"}
+    check = check_placement(intended, wrong)
+    assert not check["match"] and check["missing"] == ["blk.0.ffn_down_exps.weight"]
+    base = {"model": "m", "ctx": 4096, "overrides": "x", "host_expert_bytes": 1, "cpu_tensors": []}
+    records = [
+        {**base, "variant": "last_n", "test": t, "status": "oom", "tensor_buffers": wrong, "placement_match": False,
+         "placement_missing": check["missing"], "placement_unexpected": []}
+        for t in ("pp", "tg")
+    ] + [{**base, "variant": "up_down", "test": "tg", "status": "oom", "tensor_buffers": {}, "placement_match": None,
+          "placement_missing": [], "placement_unexpected": []}]  # fmt: skip
+    table = placement_check_table(records)
+    assert table.variant.tolist() == ["last_n"]  # every run with a log, failed ones too; one row per run
+    with pytest.raises(MoeplaceError, match=r"placed 1 variant\(s\) otherwise than asked \(m/last_n at 4096") as e:
+        require_placed_as_asked(table, "logs/placement/4k.log")
+    assert "\n" not in str(e.value)
+    require_placed_as_asked(pd.DataFrame(), "x")  # nothing measured: nothing to stop
+
+
+@pytest.mark.llamacpp
+@pytest.mark.fault(
+    fault="llama.cpp places tensors otherwise than asked",
+    injected="an -ot value one tensor short of the intended placement",
+    sees="the placement stage stops with one line naming the variants",
+    kept="the load log and the per-tensor check in the job log",
+)
+def test_a_wrong_placement_is_caught_from_llamacpps_own_log(tmp_path, monkeypatch):
+    """Ask llama.cpp for one tensor fewer on the host than the variant intends: the check sees it."""
+    from llamacpp_helpers import manifest, tiny_twin
+
+    from moeplace import placement
+    from moeplace.config import BenchSettings
+    from moeplace.errors import MoeplaceError
+    from moeplace.runtime.device import DeviceSetup
+
+    real = placement.ot_value
+    monkeypatch.setattr(placement, "ot_value", lambda host, separator=";": real(set(sorted(host)[1:]), separator))
+    path = tiny_twin(tmp_path)
+    meta = inspect_model(path)
+    records = placement.run_variant(
+        "last_n", meta, 4, 15 * 10**6, model_name="m", model_path=str(path), model_files=meta["files"], ctx=1024,
+        settings=BenchSettings(32, 8, 1, 2, 300), device=DeviceSetup("emulated", "test", 2**30), manifest=manifest(),
+        log_path=tmp_path / "v.log", workdir=ROOT,
+    )  # fmt: skip
+    assert records[0]["status"] == "ok" and not records[0]["placement_match"]
+    assert len(records[0]["placement_missing"]) == 1
+    with pytest.raises(MoeplaceError, match="otherwise than asked"):
+        placement.require_placed_as_asked(placement.placement_check_table(records), "v.log")

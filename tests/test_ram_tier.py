@@ -355,6 +355,8 @@ def test_a_capped_sweep_on_the_tiny_twin(tmp_path, twin):
     assert [(r["cap_pct"], r["lock"]) for r in records] == [(None, "none"), (50, "none"), (50, "non_expert")]
     assert all(r["status"] in ("ok", "oom") for r in records), [r["error"] for r in records]
     ref, *capped = records
+    # a cap of half the model leaves room to decode, paging: a sweep where every capped run died measured nothing
+    assert any(r["status"] == "ok" for r in capped), [r["error"] for r in capped]
     assert ref["status"] == "ok" and ref["tok_s"] > 0 and abs(ref["faults_per_token"]) < 1
     assert ref["anon_peak_bytes"] > 0 and ref["evict_left_bytes"] == 0 and ref["other_charged_bytes"] >= 0
     assert ref["readahead"].startswith("128 KiB (device ") or ref["readahead"] == "madvise random"

@@ -29,6 +29,12 @@ def stable(path) -> pd.DataFrame:
     return pd.read_csv(path).drop(columns=TIMING).sort_values(["n_cpu_moe", "test"], ignore_index=True)
 
 
+@pytest.mark.fault(
+    fault="Snakemake itself is killed",
+    injected="SIGKILL to snakemake a moment after a job finished",
+    sees="the next plain run starts (stale locks cleared) and redoes only what was missing",
+    kept="every finished job; no partial file; tables equal a clean run",
+)
 def test_sigkill_mid_sweep_then_rerun(tmp_path):
     servers_before = rpc_servers()
     wd = workflow_copy(tmp_path / "killed", CFG)

@@ -79,6 +79,12 @@ def test_pipeline_runs_through_slurm_like_at_home(tmp_path, cluster_env):
     assert (cluster / TARGET).exists()
 
 
+@pytest.mark.fault(
+    fault="the cluster kills a job",
+    injected="scancel of a running benchmark job",
+    sees="the job failed; the next invocation reruns it",
+    kept="no partial output; every other job",
+)
 def test_a_job_killed_by_slurm_leaves_nothing_and_reruns(tmp_path, cluster_env):
     env, _ = cluster_env
     cfg = {**CFG, "bench": {**CFG["bench"], "repetitions": 5, "n_cpu_moe": [0, 8]}}

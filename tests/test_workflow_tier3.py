@@ -78,9 +78,9 @@ def test_ram_tier_pages_from_disk_below_the_model(wd):
     table = pd.read_csv(wd / "results/tables/ram_tier.csv")
     free = table[table.cap_pct.isna()].iloc[0]
     assert free.status == "ok" and free.tok_s > 0  # plenty of RAM needs no cgroup
-    if cgroup_support():
+    if reason := cgroup_support():
         assert (table[table.cap_pct.notna()].status == "skipped").all()
-        return
+        pytest.skip(f"the capped runs need a memory cgroup: {reason}")
     assert (table.status == "ok").all(), table.error.tolist()
     quarter = table[table.cap_pct == 25]
     assert free.faults_per_token < 1  # the whole model stays in RAM
@@ -96,8 +96,7 @@ def test_quant_table_gives_exact_bytes_and_both_speeds(wd):
     assert table.loc["Q2_K", "bytes_ratio"] == pytest.approx(bytes_per_token(q4) / bytes_per_token(q2))
     assert table.loc["Q4_K_M", "file_gb"] > table.loc["Q2_K", "file_gb"]
     assert (table.tok_s > 0).all()
-    if not cgroup_support():
-        assert (table.tok_s_capped > 0).all()
-        assert table.loc["Q2_K", "tok_s_ratio"] == pytest.approx(
-            table.loc["Q2_K", "tok_s"] / table.loc["Q4_K_M", "tok_s"]
-        )
+    assert table.loc["Q2_K", "tok_s_ratio"] == pytest.approx(table.loc["Q2_K", "tok_s"] / table.loc["Q4_K_M", "tok_s"])
+    if reason := cgroup_support():
+        pytest.skip(f"the capped comparison needs a memory cgroup: {reason}")
+    assert (table.tok_s_capped > 0).all()

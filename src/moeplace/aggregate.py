@@ -135,7 +135,10 @@ def compare_table(
                 "device": group.device.iloc[0],
             }
             rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    numeric = [c for c in table.columns if c.startswith(("measured_", "predicted_")) or c.endswith("_error_pct")]
+    table[numeric] = table[numeric].apply(pd.to_numeric, errors="coerce").astype(float)  # None: not predictable
+    return table
 
 
 def kv_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[str, Any]]) -> pd.DataFrame:

@@ -59,15 +59,20 @@ def bench_command(
 
 
 def parse_log(stderr: str) -> dict[str, Any]:
-    """llama.cpp's own accounting from a -v log: KV bytes per context created, and placements."""
+    """llama.cpp's own accounting from a -v log: KV bytes per context created, and each overridden tensor's
+    destination buffer (CPU, CPU_REPACK: host RAM; CUDA0, RPC0[...]: a device)."""
     contexts: list[dict[str, float]] = []
     for line in stderr.splitlines():
         if m := _N_CTX.search(line):
             contexts.append({"n_ctx": int(m[1]), "kv_mib": 0.0})
         elif (m := _KV_BUFFER.search(line)) and contexts:
             contexts[-1]["kv_mib"] += float(m[1])
-    overridden = sorted({m[1] for m in _OVERRIDE.finditer(stderr)})
-    return {"contexts": contexts, "overridden_tensors": overridden}
+    buffers = {m[1]: m[2] for m in _OVERRIDE.finditer(stderr)}
+    return {"contexts": contexts, "tensor_buffers": dict(sorted(buffers.items()))}
+
+
+def on_host(buffer: str) -> bool:
+    return buffer.startswith("CPU")
 
 
 @dataclass
@@ -205,7 +210,8 @@ def run_bench(
         "contended": contended,
         **pipeline_revision(workdir),
         "kv_contexts": parsed["contexts"],
-        "cpu_tensors": parsed["overridden_tensors"],
+        "tensor_buffers": parsed["tensor_buffers"],
+        "cpu_tensors": [name for name, buffer in parsed["tensor_buffers"].items() if on_host(buffer)],
         "batches": arm.batches,
         "precision_target": settings.precision if settings.adaptive else None,
         "paired_n_cpu_moe": paired_n_cpu_moe,

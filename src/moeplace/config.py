@@ -4,6 +4,7 @@ line naming a bad field), then parsed once into typed settings."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,53 @@ def _message(error: jsonschema.ValidationError) -> str:
     return f"{where}: {error.message}"
 
 
+_NOT_READ = object()
+_JSON_TYPE = {bool: "boolean", int: "integer", float: "number", type(None): "null"}
+
+
+def _read_string(text: str, types: str | list[str]) -> Any:
+    """`text` read as YAML, as config.yaml would be, if that gives one of the JSON `types`; else _NOT_READ."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return _NOT_READ
+    wanted = {types} if isinstance(types, str) else set(types)
+    kind = _JSON_TYPE.get(type(value))
+    return value if kind in wanted or (kind == "integer" and "number" in wanted) else _NOT_READ
+
+
+def _string_type_errors(errors: Iterable[jsonschema.ValidationError]) -> Iterator[jsonschema.ValidationError]:
+    """Every error, also those inside oneOf/anyOf branches, that is a string where another type is wanted."""
+    for error in errors:
+        if error.validator == "type" and isinstance(error.instance, str):
+            yield error
+        yield from _string_type_errors(error.context or ())
+
+
+def _read_strings(config: dict[str, Any], validator: jsonschema.protocols.Validator) -> None:
+    """Snakemake's --config gives what is inside a list or mapping as strings (contexts=[8192,32768] becomes
+    ['8192', '32768']): where the schema wants a number, boolean or null, such a string is read as YAML.
+    Each round turns strings into other values, so the rounds end."""
+    while True:
+        values: dict[tuple, Any] = {}
+        for error in _string_type_errors(validator.iter_errors(config)):
+            if (value := _read_string(error.instance, error.validator_value)) is not _NOT_READ:
+                values.setdefault(tuple(error.absolute_path), value)
+        if not values:
+            return
+        for (*parents, last), value in values.items():
+            container: Any = config
+            for key in parents:
+                container = container[key]
+            container[last] = value
+
+
 def validate_config(config: dict[str, Any], schema_path: str | Path) -> dict[str, Any]:
-    """Validate in place (filling defaults) and return the config; MoeplaceError names the first bad field."""
-    schema = yaml.safe_load(Path(schema_path).read_text())
-    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: (len(e.absolute_path), e.path))
+    """Validate in place (filling defaults, reading numbers given as strings) and return the config;
+    MoeplaceError names the first bad field."""
+    validator = _Validator(yaml.safe_load(Path(schema_path).read_text()))
+    _read_strings(config, validator)
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), e.path))
     if errors:
         error = jsonschema.exceptions.best_match(errors)
         raise MoeplaceError(f"config: {_message(error)}.")

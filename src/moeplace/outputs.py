@@ -81,26 +81,3 @@ def append_csv_row(path: str | Path, row: dict[str, Any]) -> None:
     path = Path(path)
     table = pd.read_csv(path) if path.exists() else pd.DataFrame()
     write_csv(path, pd.concat([table, pd.DataFrame([row])], ignore_index=True))
-
-
-def remove_stale_locks(workdir: Path) -> None:
-    """Remove Snakemake's locks when no Snakemake process is alive in `workdir` (Linux /proc).
-
-    A run killed with SIGKILL (or a power loss) leaves its locks behind, and the next plain
-    `snakemake` would refuse to start; resuming is the point, so such locks are cleared.
-    """
-    import shutil
-
-    locks = workdir / ".snakemake" / "locks"
-    if not locks.is_dir() or not any(locks.iterdir()):
-        return
-    here = str(workdir.resolve())
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) in (os.getpid(), os.getppid()):
-            continue
-        try:
-            if b"snakemake" in Path(f"/proc/{pid}/cmdline").read_bytes() and os.readlink(f"/proc/{pid}/cwd") == here:
-                return
-        except OSError:
-            continue
-    shutil.rmtree(locks)

@@ -124,9 +124,12 @@ def variants(meta: dict[str, Any], n: int) -> dict[str, set[str]]:
     return out
 
 
-def check_placement(intended: set[str], observed_cpu: list[str]) -> dict[str, Any]:
-    """Compare the intended host set with llama.cpp's 'buffer type overridden' lines."""
-    observed = set(observed_cpu)
+def check_placement(intended: set[str], buffers: dict[str, str]) -> dict[str, Any]:
+    """Compare the intended host set with where llama.cpp's 'buffer type overridden' lines put each tensor:
+    every intended tensor must go to a host buffer, and no other tensor may."""
+    from .bench import on_host
+
+    observed = {name for name, buffer in buffers.items() if on_host(buffer)}
     return {
         "intended": len(intended),
         "observed": len(observed),
@@ -219,7 +222,7 @@ def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float,
         **bench_args,
     )
     for r in records:
-        check = check_placement(intended, r["cpu_tensors"])
+        check = check_placement(intended, r["tensor_buffers"])
         r.update(
             host_expert_bytes=sum(sizes[t] for t in intended),
             placement_match=check["match"],
@@ -230,13 +233,17 @@ def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float,
 
 
 def placement_check_table(records: list[dict[str, Any]]) -> Any:
+    """One row per variant run that left a load log (its tests share one), whatever its status: where
+    llama.cpp put the tensors against where the placement asked for them."""
     import pandas as pd
 
+    runs = {(r["model"], r["ctx"], r["variant"]): r for r in records if r["status"] == "ok" or r.get("tensor_buffers")}
     rows = [
         {
             "model": r["model"],
             "ctx": r["ctx"],
             "variant": r["variant"],
+            "status": r["status"],
             "overrides": r["overrides"],
             "host_expert_bytes": r["host_expert_bytes"],
             "observed_on_host": len(r["cpu_tensors"]),
@@ -244,10 +251,21 @@ def placement_check_table(records: list[dict[str, Any]]) -> Any:
             "missing": " ".join(r["placement_missing"]),
             "unexpected": " ".join(r["placement_unexpected"]),
         }
-        for r in records
-        if r["test"] == "tg" and r["status"] == "ok"
+        for r in runs.values()
     ]
     return pd.DataFrame(rows)
+
+
+def require_placed_as_asked(check: Any, log_path: str) -> None:
+    """A MoeplaceError (one line) when the placement check table shows any variant placed otherwise."""
+    from .errors import MoeplaceError
+
+    bad = check[~check.match.astype(bool)] if len(check) else check
+    if len(bad):
+        runs = ", ".join(bad.model + "/" + bad.variant + " at " + bad.ctx.astype(str) + " tokens")
+        raise MoeplaceError(
+            f"llama.cpp placed {len(bad)} variant(s) otherwise than asked ({runs}); their tensors are in {log_path}."
+        )
 
 
 def _groups(meta: dict[str, Any]) -> list[tuple[int, str, set[str], int]]:

@@ -241,7 +241,8 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
 
 
 def leave_one_out(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None) -> list[dict[str, float] | None]:
-    """Each run predicted by a model fitted to all the others (None where they cannot calibrate its test)."""
+    """Each run predicted by a model fitted to all the others (None where they cannot calibrate its test: a
+    prediction from the bandwidth priors alone is not what this measures)."""
     out = []
     for i, run in enumerate(runs):
         others = [r for j, r in enumerate(runs) if j != i]
@@ -250,7 +251,8 @@ def leave_one_out(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None
         except MoeplaceError:
             out.append(None)
             continue
-        out.append(model.predict(meta, run))
+        fitted = model.tests.get(run.test)
+        out.append(model.predict(meta, run) if fitted and fitted.fitted else None)  # priors alone are no fit
     return out
 
 

@@ -7,9 +7,9 @@ from moeplace.config import params, parse_settings, validate_config
 from moeplace.errors import MoeplaceError
 from moeplace.gguf_file import shard_paths
 from moeplace.kvcache import CACHE_TYPES
-from moeplace.outputs import remove_stale_locks
 from moeplace.placement import VARIANTS
 from moeplace.runtime.llamacpp import LAYOUT as LLAMACPP_CACHE_LAYOUT
+from moeplace.runtime.locks import clear_stale_locks
 from moeplace.twin import load_spec
 
 
@@ -71,7 +71,8 @@ if config["bench"]["n_cpu_moe"] != "auto":
                 stop(
                     f"config bench.n_cpu_moe: {outside} exceed {name}'s {n_layer} layers; use values 0..{n_layer}."
                 )
-remove_stale_locks(Path.cwd())
+# Only the main process may clear a killed run's locks; a job's own parse (e.g. on a cluster node) never does.
+clear_stale_locks(Path.cwd(), workflow.is_main_process)
 for folder in ("results", "logs", "resources"):
     if Path(folder).exists() and not os.access(folder, os.W_OK):
         stop(

@@ -164,11 +164,24 @@ class MemoryCgroup:
             raise
 
     def oom_kills(self) -> int:
-        try:
-            text = (self.path / ("memory.oom_control" if self.version == 1 else "memory.events")).read_text()
-        except OSError:
-            return 0
-        return int(m[1]) if (m := re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)) else 0
+        """How many processes the OOM killer ended in this cgroup. A count that cannot be read is an error,
+        not 0: a 0 would turn an out-of-memory kill into a crash."""
+        # v2: memory.events.local counts the same kills as memory.events here (our cgroups have no children).
+        sources = ("memory.oom_control",) if self.version == 1 else ("memory.events", "memory.events.local")
+        failures = []
+        for name in sources:
+            try:
+                text = (self.path / name).read_text()
+            except OSError as e:
+                failures.append(f"{name}: {e.strerror}")
+                continue
+            if m := re.search(r"^oom_kill (\d+)$", text, re.MULTILINE):
+                return int(m[1])
+            failures.append(f"{name}: no oom_kill line")
+        raise MoeplaceError(
+            f"cannot read the OOM kill count of the memory cgroup {self.path} ({'; '.join(failures)}), so an "
+            "out-of-memory kill cannot be told from a crash (the count needs Linux 4.13 or newer)."
+        )
 
     def peak_bytes(self) -> int | None:
         try:

@@ -1,0 +1,178 @@
+"""Every figure read back as a person reads it: its titles, axis labels and legend (through matplotlib's own
+objects, captured as the figure is saved), the device it was measured on, units on every axis, and no line
+drawn outside the axes' range."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+EMULATED = "emulated device: CPU behind RPC with a 129 MiB cap, not a GPU's speed"
+# What an axis label must name: a unit, or the count it is (layers, tokens, experts).
+UNITS = ("tokens/s", "tok/s", "%", "GB", "MB", "MiB", "per generated token", "share", "tokens", "layer", "n_cpu_moe",
+         "experts")  # fmt: skip
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures saved while the test runs (nothing is written)."""
+    figures: list[Figure] = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: figures.append(self))
+    return figures
+
+
+def texts(fig: Figure) -> str:
+    parts = [fig.get_suptitle(), *(t.get_text() for t in fig.texts)]
+    for ax in fig.axes:
+        parts += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel(), *(t.get_text() for t in ax.texts)]
+        parts += [t.get_text() for t in (*ax.get_xticklabels(), *ax.get_yticklabels())]
+        if ax.get_legend():
+            parts += [t.get_text() for t in ax.get_legend().get_texts()]
+    return "\n".join(parts)
+
+
+def check(fig: Figure, *must: str) -> str:
+    """The figure's text holds `must`; each axis with data has a label with a unit; data lines stay in range."""
+    text = texts(fig)
+    for needle in must:
+        assert needle in text, f"{needle!r} not in the figure's text:\n{text}"
+    for ax in fig.axes:
+        if not ax.has_data() or not ax.get_visible():
+            continue
+        for label in (ax.get_xlabel(), ax.get_ylabel()):
+            if label:
+                assert any(u in label for u in UNITS), f"no unit in axis label {label!r}"
+        (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+        for line in ax.get_lines():
+            if line.get_transform() != ax.transData:  # axvline/axhline: drawn in axes coordinates
+                continue
+            x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+            keep = np.isfinite(x) & np.isfinite(y)
+            assert ((x[keep] >= x0 - 1e-9) & (x[keep] <= x1 + 1e-9)).all(), f"line {line.get_label()!r} leaves x range"
+            assert ((y[keep] >= y0 - 1e-9) & (y[keep] <= y1 + 1e-9)).all(), f"line {line.get_label()!r} leaves y range"
+    return text
+
+
+def sweep() -> tuple[pd.DataFrame, pd.DataFrame]:
+    ns = [0, 1, 2, 4, 6, 8]
+    measured = pd.DataFrame(
+        [
+            {
+                "model": "tiny",
+                "variant": "ncmoe",
+                "test": t,
+                "n_cpu_moe": n,
+                "status": "oom" if n == 0 else "ok",
+                "avg_ts": None if n == 0 else 100 - 5 * n,
+                "stddev_ts": 1.0,
+                "repetitions": 3 + n % 2,
+                "device": EMULATED,
+            }
+            for n in ns
+            for t in ("tg", "pp")
+        ]  # fmt: skip
+    )
+    compare = pd.DataFrame(
+        [
+            {
+                "model": "tiny",
+                "n_cpu_moe": n,
+                "predicted_tg_tok_s": 99 - 5 * n,
+                "predicted_tg_low": 90 - 5 * n,
+                "predicted_tg_high": 108 - 5 * n,
+                "tg_error_pct": 1.0,
+                "predicted_pp_tok_s": 98 - 5 * n,
+                "predicted_pp_low": 88 - 5 * n,
+                "predicted_pp_high": 110 - 5 * n,
+                "pp_error_pct": 2.0,
+                "budget_min_n": 1,
+                "knee_measured": 4,
+                "device": EMULATED,
+            }
+            for n in ns[1:]
+        ]  # fmt: skip
+    )
+    return measured, compare
+
+
+def test_ncmoe_figures_say_the_device_and_the_out_of_sample_prediction(drawn, tmp_path):
+    from moeplace.figures import ncmoe_figure
+
+    measured, compare = sweep()
+    ncmoe_figure(compare, measured, 32768, "tg", tmp_path / "x.png")
+    ncmoe_figure(compare, measured, 32768, "pp", tmp_path / "x.png")
+    tg, pp = drawn
+    text = check(tg, EMULATED, "32k context", "fitted without it", "budget minimum (n = 1)", "3-4 repetitions")
+    assert "right axis" not in text and "η" not in text  # one axis, no scale factor fitted to its own points
+    assert len(tg.axes) == 1
+    check(pp, EMULATED, "Prefill", "prefill (pp) speed, tokens/s")
+
+
+def test_variants_figure_says_what_it_cannot_tell_apart(drawn, tmp_path):
+    from moeplace.figures import variants_figure
+    from moeplace.placement import variants_table
+
+    base = {"model": "tiny", "ctx": 4096, "status": "ok", "overrides": "", "device": EMULATED}
+    records = [
+        {**base, "variant": v, "test": t, "samples_ts": s, "avg_ts": float(np.mean(s)), "stddev_ts": 1.0,
+         "repetitions": len(s), "baseline_samples_ts": b}
+        for t in ("tg", "pp")
+        for v, s, b in (("first_n", [50, 51, 49], None), ("last_n", [60, 61, 59], [50, 51, 49]),
+                        ("up_down", [50, 52, 49], [50, 51, 50]))
+    ]  # fmt: skip
+    variants_figure(variants_table(records), 4096, tmp_path / "x.png")
+    text = check(drawn[0], EMULATED, "4k context", "not distinguishable", "MDE")
+    assert "+20.0%" in text  # last_n, told apart
+
+
+def test_matrix_fidelity_quants_ram_tier_and_routing_figures(drawn, tmp_path):
+    from test_quants import meta, records
+    from test_ram_tier import synthetic_records
+    from test_routing import synthetic
+
+    from moeplace.fidelity import fidelity_figure
+    from moeplace.figures import matrix_figure
+    from moeplace.quants import plot_quants, quant_row, quants_table
+    from moeplace.ram_tier import plot_ram_tier, ram_tier_table
+    from moeplace.routing import plot_routing, routing_table
+
+    matrix = pd.DataFrame(
+        [
+            {
+                "model": "tiny",
+                "cache_type": kv,
+                "ctx": c,
+                "recommended_n": n,
+                "tg_tok_s": 10.0 * (n + 1),
+                "device": EMULATED,
+            }
+            for kv in ("f16", "q8_0")
+            for c, n in ((4096, 0), (32768, 2))
+        ]  # fmt: skip
+    )
+    matrix_figure(matrix, tmp_path / "x.png")
+    check(drawn[-1], EMULATED, "recommended --n-cpu-moe", "32k context")
+    fidelity = pd.DataFrame(
+        {
+            "fit": ["loo", "two_point"],
+            "test": ["tg", "pp"],
+            "measured_tok_s": [10.0, 100.0],
+            "predicted_tok_s": [11.0, 95.0],
+            "error_pct": [10.0, -5.0],
+        }  # fmt: skip
+    )
+    fidelity_figure(fidelity, tmp_path / "x.png", EMULATED)
+    check(drawn[-1], EMULATED, "predicted = measured", "median |error|")
+    q = [quant_row(name, meta(b, 10**8), records(t, c, f), 50) for name, b, t, c, f in
+         (("Q4_K_M", 10**9, 10.0, 1.0, 300.0), ("Q2_K", 6 * 10**8, 14.0, 1.5, 200.0))]  # fmt: skip
+    plot_quants(quants_table(q), tmp_path / "x.png", "tiny: quant types")
+    check(drawn[-1], "Q2_K")
+    plot_ram_tier(ram_tier_table(synthetic_records()), tmp_path / "x.png", "tiny under a RAM cap")
+    check(drawn[-1], "readahead: 128 KiB", "OOM")
+    trace = synthetic(np.random.default_rng(0).integers(0, 8, size=(40, 3, 2)), 8, 10)
+    plot_routing(trace, routing_table(trace), tmp_path / "x.png", "Expert routing of tiny (random-weight twin)")
+    check(drawn[-1], "random-weight twin")
+    assert all(isinstance(line, Line2D) for fig in drawn for ax in fig.axes for line in ax.get_lines())
