@@ -22,7 +22,9 @@ CFG = {
     "contexts": [4096],
     "bench": {"prompt": 64, "gen": 16, "repetitions": 3, "n_cpu_moe": [0, 2, 4, 6, 8]},
 }
-TIMING = ["avg_ts", "stddev_ts", "cv", "noisy", "started", "load_avg_1m", "error"]
+# What differs between two runs of the same configuration: speeds, their spread, and the machine around them.
+TIMING = ["avg_ts", "stddev_ts", "cv", "ci95_halfwidth_pct", "noisy", "contended", "others_running", "started",
+          "load_avg_1m", "error"]  # fmt: skip
 
 
 def stable(path) -> pd.DataFrame:

@@ -26,6 +26,11 @@ DEFAULT_ALIGNMENT = 32
 # tokenizer arrays (tokens, merges, scores) are long and never needed here.
 MAX_KEPT_ARRAY = 4096
 MAX_DIMS = 4
+# What a real file never exceeds (ggml names are 64 bytes; chat templates are kilobytes; vocabularies hold
+# ~10^5-10^6 tokens): a lying length or count fails here, before anything of its size is read or kept.
+MAX_NAME = 1024
+MAX_STRING = 16 * 2**20
+MAX_STRINGS = 2**24
 
 # GGUF value type -> (struct format, size); 8 = string, 9 = array.
 _SCALARS: dict[int, tuple[str, int]] = {
@@ -112,8 +117,10 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return int(self.scalar(10, what))
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, limit: int = MAX_STRING) -> str:
         n = self.u64(f"length of {what}")
+        if n > limit:
+            raise self.fail(f"{what} claims {n} bytes, more than any GGUF holds ({limit})")
         self.need(n, what)
         raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
@@ -124,6 +131,8 @@ class _Cursor:
 
     def skip_string(self, what: str) -> None:
         n = self.u64(f"length of {what}")
+        if n > MAX_STRING:
+            raise self.fail(f"{what} claims {n} bytes, more than any GGUF holds ({MAX_STRING})")
         self.need(n, what)
         self.pos += n
 
@@ -152,6 +161,8 @@ class _Cursor:
         if etype == _STRING:
             # Each string needs at least its 8-byte length: a lying count fails here.
             self.need(count * 8, f"array {key}")
+            if count > MAX_STRINGS:
+                raise self.fail(f"array {key} claims {count} strings, more than any GGUF holds ({MAX_STRINGS})")
             if count > MAX_KEPT_ARRAY:
                 for i in range(count):
                     self.skip_string(f"{key}[{i}]")
@@ -210,7 +221,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> tuple[dict[str, Any], list[
 
     metadata: dict[str, Any] = {}
     for i in range(n_kv):
-        key = cur.string(f"metadata key #{i}")
+        key = cur.string(f"metadata key #{i}", MAX_NAME)
         vtype = cur.u32(f"type of {key}")
         if key in metadata:
             raise cur.fail(f"metadata key {key!r} appears twice")
@@ -219,7 +230,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> tuple[dict[str, Any], list[
     tensors: list[TensorInfo] = []
     seen: set[str] = set()
     for i in range(n_tensors):
-        name = cur.string(f"tensor name #{i}")
+        name = cur.string(f"tensor name #{i}", MAX_NAME)
         if name in seen:
             raise cur.fail(f"tensor {name!r} appears twice")
         seen.add(name)

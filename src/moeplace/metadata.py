@@ -88,6 +88,16 @@ def _required_int(header: GGUFHeader, suffix: str) -> int:
     return value
 
 
+def _optional_int(header: GGUFHeader, suffix: str, default: int) -> int:
+    value = header.arch_key(suffix, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MoeplaceError(
+            f"{header.paths[0]}: '{header.architecture}.{suffix}' must be a whole number, not a "
+            f"{type(value).__name__}; the model file is damaged or from an unsupported converter."
+        )
+    return value
+
+
 def _swa_layers(header: GGUFHeader, n_layer: int) -> list[bool]:
     arch = header.architecture
     window = header.arch_key("attention.sliding_window", 0) or 0
@@ -121,10 +131,10 @@ def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) ->
     )
     first_head = next((h for h in n_head if h), 0)
     default_dim = n_embd // first_head if first_head else 0
-    key_length = header.arch_key("attention.key_length", default_dim)
-    value_length = header.arch_key("attention.value_length", default_dim)
-    key_length_swa = header.arch_key("attention.key_length_swa", key_length)
-    value_length_swa = header.arch_key("attention.value_length_swa", value_length)
+    key_length = _optional_int(header, "attention.key_length", default_dim)
+    value_length = _optional_int(header, "attention.value_length", default_dim)
+    key_length_swa = _optional_int(header, "attention.key_length_swa", key_length)
+    value_length_swa = _optional_int(header, "attention.value_length_swa", value_length)
     # MLA (deepseek2-style): the cache holds only K rows of key_length (latent + rope); V is a view of K.
     mla = bool(header.arch_key("attention.key_length_mla", 0) and header.arch_key("attention.value_length_mla", 0))
     # NextN/MTP layers at the end are not part of the main context.
@@ -175,6 +185,11 @@ def file_identity(header: GGUFHeader) -> dict[str, Any]:
 def from_header(header: GGUFHeader) -> dict[str, Any]:
     arch = header.architecture
     n_layer = _required_int(header, "block_count")
+    if n_layer > len(header.tensors):  # every layer has tensors of its own: the count lies
+        raise MoeplaceError(
+            f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}, more layers than the file's "
+            f"{len(header.tensors)} tensors could hold; the file is damaged."
+        )
     n_expert = header.arch_key("expert_count", 0) or 0
     n_expert_used = header.arch_key("expert_used_count", 0) or 0
     layers = [{role: 0 for role in ROLES} for _ in range(n_layer)]
