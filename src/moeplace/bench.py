@@ -177,12 +177,15 @@ def run_bench(
             paired = baseline.samples if baseline else None
             if n >= settings.repetitions and _precise_enough(arm.samples, paired, settings.precision):
                 break
-            if n >= settings.max_repetitions or time.monotonic() - t0 > settings.time_budget_s:
+            # A repetition's cost so far (loads and warm-ups included): no batch may run past the time budget.
+            elapsed = time.monotonic() - t0
+            per_repetition = elapsed / (n * len(arms))
+            affordable = int((settings.time_budget_s - elapsed) // (per_repetition * len(arms)))
+            if n >= settings.max_repetitions or affordable < 1:
                 break
             if not baseline:
-                left = settings.max_repetitions - n
                 wanted = max(repetitions_for(arm.samples[t], settings.precision) for t in tests)
-                reps = min(left, max(1, wanted - n))
+                reps = min(settings.max_repetitions - n, max(1, wanted - n), affordable)
     parsed = parse_log(arm.stderr)
     contended = any(q["contended"] for q in quiet)
     base = {
