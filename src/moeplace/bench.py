@@ -248,13 +248,9 @@ def _record(
         "repetitions": len(samples),
         "cv": cv,
         "ci95_halfwidth_pct": 100 * halfwidth if math.isfinite(halfwidth) else None,
-        "target_reached": _precise_enough(
-            Arm(arm.n_cpu_moe, None, {test: samples}),
-            baseline and Arm(0, None, {test: paired or []}),
-            settings.precision,
-        )
+        "target_reached": _precise_enough({test: samples}, {test: paired} if paired else None, settings.precision)
         if settings.adaptive
-        else None,  # fmt: skip
+        else None,
         "noisy": cv > settings.noisy_cv or contended,
         "backends": first.get("backends"),
         "gpu_info": first.get("gpu_info"),
