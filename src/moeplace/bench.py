@@ -152,6 +152,10 @@ def run_bench(
                     if line.startswith("{"):
                         r = json.loads(line)
                         by_test["pp" if r["n_gen"] == 0 else "tg"] = r
+                if rpc and result.ok and f"RPC0[{rpc}]" not in result.stderr:
+                    # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
+                    a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))
+                    break
                 if not result.ok or set(by_test) != set(tests):
                     status, reason = classify(result)
                     if status == "ok":
