@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from . import budget as budget_mod
@@ -159,7 +160,7 @@ def _speed_model(args: argparse.Namespace):  # noqa: ANN202
 
     if getattr(args, "calibration", None):
         try:
-            data = json.loads(open(args.calibration).read())
+            data = json.loads(Path(args.calibration).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise MoeplaceError(f"--calibration {args.calibration}: cannot read it ({e}).") from None
         return SpeedModel.from_json(data, f"--calibration {args.calibration}")
@@ -260,7 +261,6 @@ def cmd_twin(args: argparse.Namespace) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from .config import DeviceTarget, TuneSettings
     from .outputs import append_csv_row
