@@ -261,7 +261,6 @@ def cmd_twin(args: argparse.Namespace) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-
     from .config import DeviceTarget, TuneSettings
     from .outputs import append_csv_row
     from .runtime.llamacpp import PINNED, provision
