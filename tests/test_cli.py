@@ -46,7 +46,7 @@ def test_recommend_context_that_cannot_fit_exits_nonzero_with_advice():
 
 
 def test_recommend_gguf_mode_json_and_server_command(small_moe):
-    out = moeplace("recommend", str(small_moe), "--vram", "8MiB", "--ctx", "4096", "--overhead", "0MB", "--json")
+    out = moeplace("recommend", str(small_moe), "--vram", "32MiB", "--ctx", "4096", "--margin", "0", "--json")
     assert out.returncode == 0, out.stderr
     (plan,) = json.loads(out.stdout)
     assert {"ctx", "kv_bytes", "budget_bytes", "resident_layers", "n_cpu_moe"} <= set(plan)
@@ -55,11 +55,11 @@ def test_recommend_gguf_mode_json_and_server_command(small_moe):
         "recommend",
         str(small_moe),
         "--vram",
-        "8MiB",
+        "32MiB",
         "--ctx",
         "4096",
-        "--overhead",
-        "0MB",
+        "--margin",
+        "0",
         "--cache-type-k",
         "q8_0",
         "--cache-type-v",

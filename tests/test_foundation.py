@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as Q
 from moeplace.budget import DOES_NOT_FIT, Device, budget_table
 from moeplace.errors import MoeplaceError
 from moeplace.kvcache import cells, kv_bytes, kv_bytes_per_token, layer_kv_bytes, row_size
+from moeplace.memory import Workload
 from moeplace.metadata import from_constants, inspect_model, tensor_role
 from moeplace.predict import Bandwidths, predict_table
 from moeplace.twin import load_spec, write_twin
@@ -182,7 +183,7 @@ def test_budget_reproduces_seed_minimum_n():
     table = budget_table(
         from_constants("seed", SEED_CONSTANTS),
         Device(16 * GB, GB),
-        [8192, 32768, 65536, 200_000],
+        [Workload(c) for c in (8192, 32768, 65536, 200_000)],
     )
     assert table.n_cpu_moe.tolist()[:3] == [12, 18, 27]
     assert table.kv_gb.round(2).tolist()[:3] == [0.81, 3.22, 6.44]
@@ -194,7 +195,7 @@ def test_budget_counts_real_per_layer_bytes():
     meta = from_constants("m", {**SEED_CONSTANTS, "layers": 4, "expert": "4GB"})
     for layer, size in zip(meta["layers"], [4e9, 1e9, 1e9, 1e9]):  # a heavy first layer
         layer["expert_bytes"] = size
-    table = budget_table(meta, Device(5 * GB, 0), [1])
+    table = budget_table(meta, Device(5 * GB, 0), [Workload(1)])
     assert table.resident_layers[0] == 3 and table.n_cpu_moe[0] == 1
 
 

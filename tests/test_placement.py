@@ -132,12 +132,13 @@ def test_optimal_placement_reduces_to_a_clean_n_when_layers_are_alike():
 
 def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
     from moeplace.budget import Device, plan
+    from moeplace.memory import Workload
     from moeplace.placement import optimal_placement, rank_placements
     from moeplace.predict import Bandwidths
     from moeplace.speed import prior
 
     device = Device(16 * 10**9, 10**9)
-    p = plan(qwen3, device, 32768)
+    p = plan(qwen3, device, Workload(32768))
     host = optimal_placement(qwen3, p["budget_bytes"])
     assert tensor_bytes(qwen3, expert_tensors(qwen3, list(range(p["n_cpu_moe"])))) >= tensor_bytes(qwen3, host)
     assert qwen3["expert_bytes"] - tensor_bytes(qwen3, host) <= p["budget_bytes"]  # it fits

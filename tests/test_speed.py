@@ -212,7 +212,7 @@ def test_calibrate_cli_from_llama_bench_jsonl_feeds_predict_and_recommend(tiny, 
     x = features(tiny, Run(4, 0, "tg", 128))
     assert rows[0]["tg_tok_s"] == pytest.approx(1 / sum(truth["tg"].get(k, 0) * v for k, v in x.items()), rel=0.02)
     assert rows[0]["pp_tok_s"] > 0
-    rec = subprocess.run([*moeplace, "recommend", str(model), "--vram", "100MB", "--overhead", "10MB", "--ctx", "4096",
+    rec = subprocess.run([*moeplace, "recommend", str(model), "--vram", "100MB", "--margin", "10", "--ctx", "4096",
                           "--calibration", str(out)], capture_output=True, text=True)  # fmt: skip
     assert "expected: decode" in rec.stdout and "prefill" in rec.stdout and "unknown" not in rec.stdout
     bad = subprocess.run(

@@ -45,6 +45,7 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
 
     from moeplace.bench import run_bench
     from moeplace.budget import Device, plan
+    from moeplace.memory import Workload
     from moeplace.metadata import inspect_model
     from moeplace.runtime.device import DeviceSetup
     from moeplace.tune import PROBE_TOKENS, probe_settings, tune
@@ -72,7 +73,7 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     lowest = exhaustive.index("ok")
     assert 0 < lowest < meta["n_layer"], exhaustive  # the cliff lies inside the range
     assert all(s == "ok" for s in exhaustive[lowest:]) and all(s == "oom" for s in exhaustive[:lowest])
-    predicted = plan(meta, Device(cap, 20 * 10**6), ctx)["n_cpu_moe"]
+    predicted = plan(meta, Device(cap, 0), Workload(ctx))["n_cpu_moe"]
     result = tune(str(path), ctx, device, manifest(), meta["n_layer"], predicted, tmp_path / "tune.log", ROOT)
     assert result.lowest_n == lowest
     assert result.loads < len(exhaustive)

@@ -43,14 +43,16 @@ def test_default_pipeline_makes_the_32k_figure_from_real_runs(tmp_path):
     tg = measured[(measured.test == "tg") & (measured.model == "tiny-qwen3moe")].set_index("n_cpu_moe")
     assert tg.index.tolist() == [n_min - 2, n_min - 1, *range(n_min, 9)]
     assert (tg.loc[n_min:, "status"] == "ok").all()  # the budget's minimum really fits
-    assert tg.loc[n_min - 2, "status"] == "oom"  # two layers fewer really does not
+    assert tg.loc[n_min - 1, "status"] == "oom"  # one layer fewer really does not: exact to the layer
     assert (tg.loc[tg.status == "ok", "avg_ts"] > 0).all()
     assert tg.device.str.contains("emulated device").all()
     # The sliding-window twin's KV cache barely grows with context: everything fits at 32K.
     swa = measured[(measured.test == "tg") & (measured.model == "tiny-gpt-oss")]
     assert swa.n_cpu_moe.min() == 0 and (swa.status == "ok").all()
-    kv = pd.read_csv(wd / "results/tables/kv_check/32k.csv")
-    assert len(kv) and kv.within_1pct.all()
+    memory = pd.read_csv(wd / "results/tables/memory_check/32k.csv")
+    exact = memory[memory.buffer != "compute"]  # weights and KV to llama.cpp's logged 0.01 MiB
+    assert len(exact) and exact.diff_mib.abs().max() <= 0.02, memory.to_string()
+    assert memory.within_tolerance.all(), memory.to_string()
     record = json.loads((wd / f"results/bench/tiny-qwen3moe/32k/ncmoe{n_min}.jsonl").read_text().splitlines()[0])
     for key in ("pipeline_commit", "llamacpp_version", "model_files", "host", "cpu", "device", "started"):
         assert record[key] not in (None, "")
@@ -108,3 +110,21 @@ def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
     )
     assert report.returncode == 0, report.stderr[-2000:]
     assert "ncmoe_1k.png" in (wd / "results/report.html").read_text(errors="replace")
+
+
+def test_budget_check_grid_agrees_with_the_device(tmp_path):
+    """The grid target on a subset (CI): every cell's predicted minimum n is the measured one; the depth-filled
+    probe agrees with the load probe on its sample."""
+    grid = {"contexts": [4096, 32768], "ubatch": [512, 2048], "cache_types": ["f16", "q8_0"],
+            "flash_attn": ["on", "off"], "depth_checks": 1}  # fmt: skip
+    wd = workflow_copy(tmp_path, {**DEFAULT, "budget_check": grid})
+    run = snakemake(wd, "budget_check", timeout=1500)
+    assert run.returncode == 0, run.stderr[-4000:]
+    table = pd.read_csv(wd / "results/tables/budget_check.csv")
+    assert set(table.model) == {"tiny-qwen3moe", "tiny-gpt-oss"} and len(table) == 2 * 16
+    assert (table.status == "unsupported").sum() == 2 * 4  # a q8_0 V cache needs flash attention
+    cells = table[table.status == "ok"].fillna(-1)
+    assert (cells.predicted_n == cells.measured_n).all(), cells.to_string()
+    sample = cells[cells.depth_n >= 0]
+    assert len(sample) == 2 and (sample.depth_n == sample.measured_n).all()
+    assert (wd / "results/figures/budget_check.png").stat().st_size > 20_000

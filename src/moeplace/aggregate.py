@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from .calibrate import runs_from_records
-from .kvcache import DEFAULT_UBATCH, kv_bytes
+from .memory import Workload, device_need, device_weight_bytes
 from .speed import SpeedModel, leave_one_out
 
 MEASURED_COLUMNS = [
@@ -141,46 +142,37 @@ def compare_table(
     return table
 
 
-def kv_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[str, Any]]) -> pd.DataFrame:
-    """llama.cpp's own KV buffer size (from the -v log) against our KV model, per context it created."""
+MEMORY_TOLERANCE = (0.02, 8 * 2**20)  # a buffer agrees within 2% or 8 MiB
+
+
+def memory_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """llama.cpp's own device buffers (from each run's -v log: its largest context) against our memory model
+    (memory.py: weights and KV exact, compute our estimate), per run and buffer."""
     rows = []
-    seen = set()
     for r in records:
+        buffers = r.get("device_buffers")
+        contexts = [c for c in r.get("kv_contexts") or [] if c["kv_mib"]]
+        if not buffers or not contexts or r.get("test", "tg") != "tg":
+            continue  # one row set per run (its tg record), and only where llama.cpp logged its buffers
         meta = metadata[r["model"]]
-        for c in r.get("kv_contexts") or []:
-            key = (r["model"], r["ctx"], c["n_ctx"], r["type_k"], r["type_v"])
-            if key in seen or not c["kv_mib"]:
-                continue
-            seen.add(key)
-            ours = kv_bytes(meta, c["n_ctx"], r["type_k"], r["type_v"], min(DEFAULT_UBATCH, c["n_ctx"]))
-            theirs = c["kv_mib"] * 2**20
-            rows.append(
-                {
-                    "model": r["model"],
-                    "ctx": r["ctx"],
-                    "n_ctx": c["n_ctx"],
-                    "type_k": r["type_k"],
-                    "type_v": r["type_v"],
-                    "llamacpp_kv_mib": c["kv_mib"],
-                    "predicted_kv_mib": ours / 2**20,
-                    "ratio": ours / theirs,
-                    "within_1pct": abs(ours / theirs - 1) <= 0.01,
-                }
-            )
-    return pd.DataFrame(
-        rows,
-        columns=[
-            "model",
-            "ctx",
-            "n_ctx",
-            "type_k",
-            "type_v",
-            "llamacpp_kv_mib",
-            "predicted_kv_mib",
-            "ratio",
-            "within_1pct",
-        ],
-    )
+        n_ctx = max(c["n_ctx"] for c in contexts)
+        w = Workload(n_ctx, r.get("ubatch", 512), max(r.get("ubatch", 512), 2048), r.get("flash_attn", "auto"),
+                     r["type_k"], r["type_v"])  # fmt: skip
+        need = device_need(meta, w, r["n_cpu_moe"])
+        if r.get("overrides"):
+            need = replace(need, weights=device_weight_bytes(meta, 0, frozenset(r.get("cpu_tensors") or [])))
+        for buffer, ours in (("weights", need.weights), ("kv", need.kv), ("compute", need.compute)):
+            theirs = buffers.get(buffer, 0)
+            diff = ours - theirs
+            tolerance = max(MEMORY_TOLERANCE[0] * theirs, MEMORY_TOLERANCE[1])
+            rows.append({"model": r["model"], "ctx": r["ctx"], "n_ctx": n_ctx, "n_cpu_moe": r["n_cpu_moe"],
+                         "variant": r["variant"], "type_k": r["type_k"], "type_v": r["type_v"], "buffer": buffer,
+                         "llamacpp_mib": theirs / 2**20, "ours_mib": ours / 2**20, "diff_mib": diff / 2**20,
+                         "diff_pct": 100 * diff / theirs if theirs else None,
+                         "within_tolerance": abs(diff) <= tolerance})  # fmt: skip
+    columns = ["model", "ctx", "n_ctx", "n_cpu_moe", "variant", "type_k", "type_v", "buffer", "llamacpp_mib",
+               "ours_mib", "diff_mib", "diff_pct", "within_tolerance"]  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
 
 
 def precision_table(measured: pd.DataFrame, variants: pd.DataFrame) -> pd.DataFrame:

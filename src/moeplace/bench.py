@@ -21,6 +21,7 @@ from typing import Any
 
 from .config import BenchSettings
 from .kvcache import cache_args
+from .runtime.allocation import on_host, parse_buffers
 from .runtime.cpus import pin, split_cpus, wait_for_quiet
 from .runtime.device import DeviceSetup, attached
 from .runtime.llamacpp import require_binary
@@ -52,15 +53,15 @@ def bench_command(
         cmd += ["--rpc", rpc]  # before -ot, so RPC buffer types are known when -ot is parsed
     cmd += ["-m", model, "-d", str(depth), "-p", str(s.prompt), "-n", str(s.gen), "-ngl", "99"]
     cmd += ["-ncmoe", str(n_cpu_moe), "-t", str(threads or s.threads), "-r", str(repetitions or s.repetitions)]
-    cmd += [*cache_args(s.type_k, s.type_v), "-o", "jsonl", "-v"]
+    cmd += [*cache_args(s.type_k, s.type_v, s.flash_attn, s.ubatch), "-o", "jsonl", "-v"]
     if overrides:
         cmd += ["-ot", overrides]
     return cmd
 
 
 def parse_log(stderr: str) -> dict[str, Any]:
-    """llama.cpp's own accounting from a -v log: KV bytes per context created, and each overridden tensor's
-    destination buffer (CPU, CPU_REPACK: host RAM; CUDA0, RPC0[...]: a device)."""
+    """llama.cpp's own accounting from a -v log: KV bytes per context created, each overridden tensor's
+    destination buffer (CPU, CPU_REPACK: host RAM; CUDA0, RPC0[...]: a device) and every load's buffers."""
     contexts: list[dict[str, float]] = []
     for line in stderr.splitlines():
         if m := _N_CTX.search(line):
@@ -68,11 +69,7 @@ def parse_log(stderr: str) -> dict[str, Any]:
         elif (m := _KV_BUFFER.search(line)) and contexts:
             contexts[-1]["kv_mib"] += float(m[1])
     buffers = {m[1]: m[2] for m in _OVERRIDE.finditer(stderr)}
-    return {"contexts": contexts, "tensor_buffers": dict(sorted(buffers.items()))}
-
-
-def on_host(buffer: str) -> bool:
-    return buffer.startswith("CPU")
+    return {"contexts": contexts, "tensor_buffers": dict(sorted(buffers.items())), "loads": parse_buffers(stderr)}
 
 
 @dataclass
@@ -119,14 +116,16 @@ def run_bench(
     depth: int | None = None,
     paired_n_cpu_moe: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run one configuration at context depth `depth` (default: ctx); one record per test, successful or not.
+    """Run one configuration at context depth `depth`; one record per test, successful or not. The default
+    depth fills the context so that the largest test holds exactly `ctx` cells, the cells the budget plans
+    (llama-bench allocates depth + prompt, or depth + generated, cells).
 
     Repetitions come in batches (one llama-bench process each, its own warm-up first): one batch of
     `settings.repetitions`, or with adaptive settings more until the mean is precise enough. With
     `paired_n_cpu_moe` the configuration is compared with that `-ncmoe` run, measured interleaved with
     it one repetition at a time (A B A B ...), so drift falls on both alike; the records carry both.
     """
-    depth = ctx if depth is None else depth
+    depth = max(ctx - max(settings.prompt, settings.gen), 0) if depth is None else depth
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     facts = host_facts()
@@ -217,6 +216,10 @@ def run_bench(
         "contended": contended,
         **pipeline_revision(workdir),
         "kv_contexts": parsed["contexts"],
+        # The largest context's device buffers (llama-bench loads once per test), for the memory check.
+        "device_buffers": max((b.device for b in parsed["loads"]), key=lambda d: d.get("kv", 0), default=None),
+        "ubatch": settings.ubatch,
+        "flash_attn": settings.flash_attn,
         "tensor_buffers": parsed["tensor_buffers"],
         "cpu_tensors": [name for name, buffer in parsed["tensor_buffers"].items() if on_host(buffer)],
         "batches": arm.batches,

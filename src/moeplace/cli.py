@@ -11,7 +11,8 @@ from typing import Any
 from . import budget as budget_mod
 from . import commands
 from .errors import MoeplaceError
-from .kvcache import CACHE_TYPES
+from .kvcache import CACHE_TYPES, needs_flash_attn
+from .memory import FLASH_ATTN, Workload
 from .metadata import from_constants, inspect_model
 from .units import GB, parse_size
 
@@ -101,7 +102,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         meta = inspect_model(args.model)
         if args.vram is None:
             raise MoeplaceError("--vram is required, e.g. --vram 16GB.")
-        device = budget_mod.Device(parse_size(args.vram, "--vram"), parse_size(args.overhead, "--overhead"))
+        device = budget_mod.Device(parse_size(args.vram, "--vram"), args.margin * 2**20)
     else:
         missing = [
             f
@@ -124,7 +125,15 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             },
         )
         device = budget_mod.Device(round(args.vram_gb * GB), round(args.overhead_gb * GB))
-    plans = [budget_mod.plan(meta, device, ctx, args.cache_type_k, args.cache_type_v) for ctx in contexts]
+    if args.flash_attn == "off" and needs_flash_attn(args.cache_type_v):
+        raise MoeplaceError(f"--cache-type-v {args.cache_type_v} needs flash attention: drop --flash-attn off.")
+    extra = Path(args.mmproj).stat().st_size if args.mmproj else 0
+    workloads = [
+        Workload(ctx, args.ubatch, max(args.ubatch, 2048), args.flash_attn, args.cache_type_k, args.cache_type_v,
+                 args.parallel)
+        for ctx in contexts
+    ]  # fmt: skip
+    plans = [budget_mod.plan(meta, device, w, extra_bytes=extra) for w in workloads]
     model = _speed_model(args) if args.model else None
     for p in plans:
         if model and p["n_cpu_moe"] is not None:
@@ -136,16 +145,23 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     for p in plans:
         if p["status"] != budget_mod.FITS:
             print(f"moeplace: {budget_mod.does_not_fit_message(p, device.vram_bytes)}", file=sys.stderr)
+            if args.explain and args.model:
+                w = next(w for w in workloads if w.ctx == p["ctx"])
+                for fix in budget_mod.fixes(meta, device, w, extra_bytes=extra) or ["none found: a larger card"]:
+                    print(f"  fix: {fix}", file=sys.stderr)
             status = 1
             continue
         if args.json:
             continue
         print(
-            f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  budget={p['budget_bytes'] / GB:5.2f} GB  "
+            f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  "
+            + (f"compute={p['compute_bytes'] / GB:5.2f} GB  " if p["compute_bytes"] is not None else "")
+            + f"budget={p['budget_bytes'] / GB:5.2f} GB  "
             f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
         )
         if args.model:
-            line = commands.llama_server(args.model, p["ctx"], p["n_cpu_moe"], args.cache_type_k, args.cache_type_v)
+            line = commands.llama_server(args.model, p["ctx"], p["n_cpu_moe"], args.cache_type_k, args.cache_type_v,
+                                         None, args.flash_attn, args.ubatch, args.parallel)  # fmt: skip
             print("  " + line)
             print("  expected: " + _describe(p["speed"], p["ctx"]))
         if args.placement == "optimal":
@@ -278,7 +294,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         type_k=args.cache_type_k,
         type_v=args.cache_type_v,
         target=DeviceTarget(args.device, "", parse_size(args.vram, "--vram")),
-        memory=budget_mod.Device(parse_size(args.vram, "--vram"), parse_size(args.overhead, "--overhead")),
+        memory=budget_mod.Device(parse_size(args.vram, "--vram"), 0),
         settings=TuneSettings(args.margin, 3600, args.threads),
         manifest=manifest,
         log_path=log_path,
@@ -329,11 +345,15 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("model", nargs="?", help="a .gguf file; omit to use the constants below")
     rec.add_argument("--ctx", required=True, help="context length(s), comma-separated, e.g. 8192,32768")
     rec.add_argument("--vram", help="card memory, e.g. 16GB or 16GiB (GGUF mode)")
-    rec.add_argument("--overhead", default="1GB", help="compute buffers and driver reserve (default 1GB)")
+    rec.add_argument("--margin", type=int, default=0, help="MiB kept free on the card beyond llama.cpp's buffers")
+    rec.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa (auto: on on GPUs)")
+    rec.add_argument("--parallel", type=int, default=1, help="llama-server --parallel slots, each with --ctx tokens")
+    rec.add_argument("--mmproj", help="a vision projector .gguf the server also loads onto the card")
+    rec.add_argument("--explain", action="store_true", help="when a context does not fit, list what would make it fit")
     rec.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
     rec.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
     rec.add_argument("--json", action="store_true", help="print the plan per context as JSON")
-    rec.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub), for the prefill estimate")
+    rec.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub): compute buffer and prefill")
     rec.add_argument(
         "--objective",
         default="decode",
@@ -359,7 +379,6 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("model", help="a .gguf file")
     tu.add_argument("--ctx", type=int, required=True, help="target context length in tokens")
     tu.add_argument("--vram", required=True, help="device memory, e.g. 16GB (the emulated device's cap)")
-    tu.add_argument("--overhead", default="1GB", help="compute buffers for the starting prediction (default 1GB)")
     tu.add_argument("--device", choices=("auto", "gpu", "emulated"), default="auto")
     tu.add_argument("--margin", type=int, default=0, help="whole layers added to the lowest feasible n")
     tu.add_argument("--bin-dir", help="your llama.cpp build's bin/ (default: the pinned build, built once)")

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import shlex
 
-from .kvcache import cache_args
+from .kvcache import DEFAULT_UBATCH, cache_args
 
 
-def llama_server(model: str, ctx: int, n_cpu_moe: int, type_k: str, type_v: str, overrides: str | None = None) -> str:
-    """`llama-server` at this placement: `--n-cpu-moe N`, or `-ot` patterns (joined with ',' as it expects)."""
+def llama_server(
+    model: str,
+    ctx: int,
+    n_cpu_moe: int,
+    type_k: str,
+    type_v: str,
+    overrides: str | None = None,
+    flash_attn: str = "auto",
+    ubatch: int = DEFAULT_UBATCH,
+    parallel: int = 1,
+) -> str:
+    """`llama-server` at this placement: `--n-cpu-moe N`, or `-ot` patterns (joined with ',' as it expects);
+    with --parallel, -c holds every slot's context."""
     placement = ["-ot", overrides] if overrides else ["--n-cpu-moe", str(n_cpu_moe)]
-    cmd = ["llama-server", "-m", model, "-c", str(ctx), "-ngl", "99", *placement, *cache_args(type_k, type_v)]
+    cmd = ["llama-server", "-m", model, "-c", str(ctx * parallel), "-ngl", "99", *placement]
+    cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), *(["--parallel", str(parallel)] if parallel > 1 else [])]
     return shlex.join(cmd)
 
 

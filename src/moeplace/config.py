@@ -122,7 +122,7 @@ class DeviceTarget:
 
     kind: str  # auto, gpu or emulated
     name: str
-    vram_bytes: int
+    vram_bytes: int | None  # None: auto, the free memory the GPU reports when a job starts
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,8 @@ class BenchSettings:
     precision: float = 0.05
     time_budget_s: float = 60
     quiet_wait_s: float = 0
+    ubatch: int = 512
+    flash_attn: str = "auto"
 
     @property
     def adaptive(self) -> bool:
@@ -207,7 +209,7 @@ def parse_settings(config: dict[str, Any]) -> Settings:
     dev, host, measured, bench = config["device"], config["host"], config["measured"], config["bench"]
     threads = bench["threads"]
     auto = bench["repetitions"] == "auto"
-    vram = parse_size(dev["vram"], "config device.vram")
+    vram = None if dev["vram"] == "auto" else parse_size(dev["vram"], "config device.vram")
     ram_tier = config["ram_tier"]
     return Settings(
         contexts=tuple(Context(c) for c in config["contexts"]),
@@ -235,6 +237,8 @@ def parse_settings(config: dict[str, Any]) -> Settings:
             precision=bench["precision"],
             time_budget_s=bench["time_budget_s"],
             quiet_wait_s=bench["quiet_wait_s"],
+            ubatch=config["ubatch"],
+            flash_attn=config["flash_attn"],
         ),
         tune=TuneSettings(config["tune"]["margin"], config["tune"]["timeout_s"], threads),
         ceilings=CeilingsSettings(

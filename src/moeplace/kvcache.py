@@ -82,8 +82,13 @@ def needs_flash_attn(type_v: str) -> bool:
     return type_v not in ("f16", "bf16", "f32")
 
 
-def cache_args(type_k: str, type_v: str) -> list[str]:
-    """llama.cpp's KV cache flags for these types (none for the default f16)."""
-    if (type_k, type_v) == ("f16", "f16"):
-        return []
-    return ["--cache-type-k", type_k, "--cache-type-v", type_v, *(["-fa", "on"] if needs_flash_attn(type_v) else [])]
+def cache_args(type_k: str, type_v: str, flash_attn: str = "auto", ubatch: int = DEFAULT_UBATCH) -> list[str]:
+    """llama.cpp's flags for this KV cache, flash attention and ubatch (none for the defaults)."""
+    args = [] if (type_k, type_v) == ("f16", "f16") else ["--cache-type-k", type_k, "--cache-type-v", type_v]
+    if flash_attn == "auto" and needs_flash_attn(type_v):
+        flash_attn = "on"
+    if flash_attn != "auto":
+        args += ["-fa", flash_attn]
+    if ubatch != DEFAULT_UBATCH:
+        args += ["-ub", str(ubatch), "-b", str(max(ubatch, 2048))]
+    return args

@@ -216,6 +216,11 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
         raise MoeplaceError(f"{header.paths[0]}: has expert tensors but no {arch}.expert_count/expert_used_count.")
     attention, kv_layers = _attention(header, n_layer, names)
     total = sum(t.n_bytes for t in header.tensors)
+    shapes = {t.name: t.shape for t in header.tensors}
+    # Rows of the token embedding; an expert up/gate matrix is n_embd x n_ff_exp x n_expert.
+    n_vocab = shapes.get("token_embd.weight", (0, 0))[-1]
+    up = next((s for name, s in shapes.items() if _LAYER.match(name) and "_up_exps" in name), None)
+    n_ff_exp = header.arch_key("expert_feed_forward_length", 0) or (up[1] if up and len(up) == 3 else 0)
     return {
         "name": header.metadata.get("general.name") or header.paths[0].stem,
         "source": "gguf",
@@ -225,6 +230,8 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
         "n_expert_used": n_expert_used if expert_bytes else 0,
         "n_expert_shared": header.arch_key("expert_shared_count", 0) or 0,
         "n_ctx_train": header.arch_key("context_length", 0) or 0,
+        "n_vocab": n_vocab,
+        "n_ff_exp": n_ff_exp if expert_bytes else 0,
         "expert_bytes": expert_bytes,
         "non_expert_bytes": total - expert_bytes,
         "total_bytes": total,

@@ -342,11 +342,12 @@ def rank_placements(
     knapsack's -ot placement where it differs), with the speed model's decode and prefill at that depth,
     best first by `objective` (decode, prefill or mix:W)."""
     from .budget import plan
+    from .memory import Workload
     from .speed import Run
 
     ranked = []
     for type_k, type_v in cache_types:
-        p = plan(meta, device, ctx, type_k, type_v)
+        p = plan(meta, device, Workload(ctx, ubatch, type_k=type_k, type_v=type_v))
         if p["n_cpu_moe"] is None:
             continue
         ncmoe = expert_tensors(meta, list(range(p["n_cpu_moe"])))

@@ -180,11 +180,13 @@ def tune_model(
 ) -> tuple[TuneResult, dict[str, Any]]:
     """The tuner for one model, context and KV cache type, from the budget's prediction: the result and its
     record (what the pipeline's tune stage writes and `moeplace tune` prints)."""
-    from .budget import plan
+    from .budget import Device, plan
+    from .memory import Workload
     from .runtime.device import device_setup
 
-    predicted = plan(meta, memory, ctx, type_k, type_v)["n_cpu_moe"]
     device = device_setup(target, manifest)
+    memory = Device(device.cap_bytes, memory.overhead_bytes)
+    predicted = plan(meta, memory, Workload(ctx, type_k=type_k, type_v=type_v))["n_cpu_moe"]
     log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", ctx, predicted, device.label)
     start = meta["n_layer"] if predicted is None else predicted
     result = tune(

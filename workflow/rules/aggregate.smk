@@ -6,7 +6,7 @@ rule aggregate_context:
     output:
         measured="results/tables/measured/{ctx}.csv",
         compare="results/tables/compare/{ctx}.csv",
-        kv_check="results/tables/kv_check/{ctx}.csv",
+        memory_check="results/tables/memory_check/{ctx}.csv",
     log:
         "logs/aggregate/{ctx}.log",
     conda:
@@ -22,7 +22,7 @@ rule aggregate:
     input:
         measured=expand(rules.aggregate_context.output.measured, ctx=CONTEXTS),
         compare=expand(rules.aggregate_context.output.compare, ctx=CONTEXTS),
-        kv_check=expand(rules.aggregate_context.output.kv_check, ctx=CONTEXTS),
+        memory_check=expand(rules.aggregate_context.output.memory_check, ctx=CONTEXTS),
     output:
         measured=report(
             "results/tables/measured.csv",
@@ -34,9 +34,9 @@ rule aggregate:
             caption="../report/compare.rst",
             category="Tables",
         ),
-        kv_check=report(
-            "results/tables/kv_check.csv",
-            caption="../report/kv_check.rst",
+        memory_check=report(
+            "results/tables/memory_check.csv",
+            caption="../report/memory_check.rst",
             category="Tables",
         ),
     log:

@@ -1,6 +1,6 @@
 checkpoint budget:
     input:
-        metadata=rules.metadata.output[0],
+        unpack(get_budget_inputs),
     output:
         "results/tables/budget/{model}.csv",
     log:
@@ -9,8 +9,11 @@ checkpoint budget:
         "../../environment.yml"
     params:
         memory=params(SETTINGS.memory),
+        device=params(SETTINGS.device),
         contexts=[c.tokens for c in SETTINGS.contexts],
         cache_type_k=config["cache_type_k"],
         cache_type_v=config["cache_type_v"],
+        ubatch=config["ubatch"],
+        flash_attn=config["flash_attn"],
     script:
         "../scripts/budget.py"

@@ -121,6 +121,17 @@ def ctx_tokens(wildcards):
     return CONTEXTS[wildcards.ctx].tokens
 
 
+def get_budget_inputs(wildcards):
+    """A model with tensors gets its compute buffers from llama.cpp's own reserve; the seed's constants do not."""
+    inputs = {"metadata": metadata_path(wildcards.model)}
+    if model_files(wildcards.model):
+        inputs |= {
+            "model": model_files(wildcards.model),
+            "llamacpp": rules.llamacpp.output[0],
+        }
+    return inputs
+
+
 def get_predict_inputs(wildcards):
     inputs = {"metadata": metadata_path(wildcards.model)}
     if CEILINGS:
@@ -183,6 +194,7 @@ def get_twin_inputs(wildcards):
 
 
 BENCH_MODELS = [m for m in MODELS if "constants" not in model_config(m)]
+BUDGET_CHECK_MODELS = config["budget_check"]["models"] or BENCH_MODELS
 # Models whose weights llama.cpp can run: real files and random twins (not header-only twins).
 WEIGHT_MODELS = [
     m

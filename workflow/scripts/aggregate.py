@@ -1,8 +1,8 @@
-"""Stage 'aggregate' (one context): bench JSONL -> measured, compare (out-of-sample predictions) and kv_check."""
+"""Stage 'aggregate' (one context): bench JSONL -> measured, compare (out-of-sample predictions) and memory_check."""
 
 import pandas as pd
 
-from moeplace.aggregate import compare_table, kv_check_table, measured_table
+from moeplace.aggregate import compare_table, measured_table, memory_check_table
 from moeplace.outputs import read_json, read_jsonl, stage, write_csv
 from moeplace.predict import Bandwidths
 from moeplace.speed import prior
@@ -16,14 +16,14 @@ with stage(snakemake.log[0]) as log:
     write_csv(o.measured, measured)
     compare = compare_table(measured, records, metadata, budget, prior(Bandwidths(**p.bandwidths)))
     write_csv(o.compare, compare)
-    kv = kv_check_table(records, metadata)
-    write_csv(o.kv_check, kv)
+    memory = memory_check_table(records, metadata)
+    write_csv(o.memory_check, memory)
     log.info(
-        "%d records (%d ok); median out-of-sample |error| tg %.1f%%, pp %.1f%%; KV check: %d of %d within 1%%",
+        "%d records (%d ok); median out-of-sample |error| tg %.1f%%, pp %.1f%%; memory check: %d of %d buffers agree",
         len(measured),
         (measured.status == "ok").sum(),
         compare.tg_error_pct.abs().median(),
         compare.pp_error_pct.abs().median(),
-        kv.within_1pct.sum(),
-        len(kv),
+        memory.within_tolerance.sum(),
+        len(memory),
     )

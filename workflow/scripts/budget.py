@@ -1,12 +1,28 @@
-"""Stage 'budget': metadata JSON -> results/tables/budget/{model}.csv (minimum n per context)."""
+"""Stage 'budget': metadata JSON (+ the model and llama.cpp) -> results/tables/budget/{model}.csv (minimum n per
+context, each device buffer counted)."""
 
-from moeplace.budget import Device, budget_table
+from pathlib import Path
+
+from moeplace.budget import budget_table, compute_from_llamacpp
+from moeplace.config import DeviceTarget
+from moeplace.memory import Workload
 from moeplace.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
-    p = snakemake.params
-    meta = read_json(snakemake.input.metadata)
-    table = budget_table(meta, Device(**p.memory), p.contexts, p.cache_type_k, p.cache_type_v)
+    i, p = snakemake.input, snakemake.params
+    meta = read_json(i.metadata)
+    workloads = [
+        Workload(ctx, p.ubatch, max(p.ubatch, 2048), p.flash_attn, p.cache_type_k, p.cache_type_v) for ctx in p.contexts
+    ]
+    with compute_from_llamacpp(
+        i.model[0] if "model" in i.keys() else None,
+        read_json(i.llamacpp) if "llamacpp" in i.keys() else None,
+        DeviceTarget(**p.device),
+        p.memory,
+        Path(snakemake.log[0]),
+    ) as (device, compute):
+        table = budget_table(meta, device, workloads, compute)
     for row in table.itertuples():
-        log.info("ctx %d: %s, n_cpu_moe %s", row.ctx, row.status, row.n_cpu_moe)
+        log.info("ctx %d: %s, n_cpu_moe %s (compute buffer from %s)", row.ctx, row.status, row.n_cpu_moe,
+                 row.compute_source)  # fmt: skip
     write_csv(snakemake.output[0], table)

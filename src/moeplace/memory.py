@@ -1,0 +1,131 @@
+"""What llama.cpp allocates on the device for a placement and a workload, buffer by buffer.
+
+- weights: every tensor llama.cpp puts on the device: all but the input embedding (the input layer is kept on
+  the host; a tied output matrix is a device copy of it) and the experts sent to the host;
+- kv: the KV cache (kvcache.py), one stream per parallel sequence;
+- compute: the scheduler's graph buffer, reserved for a full ubatch against the whole cache. llama.cpp's own
+  reserve (llama-fit-params --fit-print, no allocation) gives it exactly; without a build, `estimate_compute`
+  follows the graph's largest live tensors: the attention mask, the attention scores (without flash attention),
+  the logits of a ubatch's outputs and the routed experts' activations;
+- extra: what else the user puts there (a vision projector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .kvcache import KV_PAD, kv_bytes
+
+FLASH_ATTN = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a llama.cpp run asks of memory besides its weights (llama-server -c, -ub, -b, -fa, -ctk/-ctv, -np)."""
+
+    ctx: int
+    ubatch: int = 512
+    batch: int = 2048
+    flash_attn: str = "auto"  # auto resolves to on where the device runs flash attention (GPUs, the RPC device)
+    type_k: str = "f16"
+    type_v: str = "f16"
+    parallel: int = 1
+
+    @property
+    def tokens(self) -> int:
+        """The ubatch llama.cpp reserves its graph for: never more than the batch or the context."""
+        return min(self.ubatch, self.batch, self.ctx * self.parallel)
+
+    def llama_args(self) -> list[str]:
+        args = ["-c", str(self.ctx * self.parallel), "-ub", str(self.ubatch), "-b", str(self.batch)]
+        args += ["-fa", self.flash_attn, "-ctk", self.type_k, "-ctv", self.type_v]
+        return args + (["-np", str(self.parallel)] if self.parallel > 1 else [])
+
+
+@dataclass(frozen=True)
+class DeviceNeed:
+    """Bytes on the device, by buffer."""
+
+    weights: int
+    kv: int
+    compute: int
+    extra: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.compute + self.extra
+
+
+def host_kept_bytes(meta: dict[str, Any]) -> int:
+    """Non-expert bytes llama.cpp keeps on the host with every layer offloaded: the input embedding, unless it
+    doubles as the output matrix (then the device holds a copy of it and the host the original)."""
+    return meta["global_bytes"].get("token_embd", 0) if meta["global_bytes"].get("output", 0) else 0
+
+
+def device_weight_bytes(meta: dict[str, Any], n_cpu_moe: int, host_tensors: frozenset[str] | None = None) -> int:
+    """Weight bytes on the device with -ngl 99 and the experts of the first n layers (or `host_tensors`,
+    an -ot placement) on the host."""
+    if host_tensors is None:
+        on_host = sum(layer["expert_bytes"] for layer in meta["layers"][: max(n_cpu_moe, 0)])
+    else:
+        on_host = sum(b for layer in meta["layers"] for t, b in layer["expert_tensors"].items() if t in host_tensors)
+    return meta["total_bytes"] - host_kept_bytes(meta) - on_host
+
+
+def _pad(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def estimate_compute(meta: dict[str, Any], w: Workload, n_cpu_moe: int) -> int:
+    """The device compute buffer from the graph's largest live tensors (an estimate: llama.cpp's allocator
+    reuses memory between them; its own reserve is exact)."""
+    a = meta["attention"]
+    flash = w.flash_attn != "off"
+    tokens = w.tokens
+    n_kv = _pad(w.ctx, KV_PAD) * w.parallel
+    layers = [layer for layer in meta["layers"] if layer["has_kv"]]
+    mask_cols = n_kv if any(not layer["swa"] for layer in layers) else 0
+    if any(layer["swa"] for layer in layers):
+        mask_cols += min(n_kv, _pad(a["sliding_window"] * w.parallel + w.ubatch, KV_PAD))
+    mask = mask_cols * (_pad(tokens, 64) * 2 if flash else tokens * 4)  # f16 and padded for flash attention
+    activations = tokens * 4 * 4 * a["n_embd"]  # the residual stream and its normed copies, f32
+    scores = 0 if flash else n_kv * tokens * a["n_head"] * 4
+    if a["mla"] and not flash:
+        scores += n_kv * a["kv_lora_rank"] * 2  # V is a view of the latent K: made contiguous for the product
+    logits = tokens * meta.get("n_vocab", 0) * 4
+    experts_on_device = n_cpu_moe < meta["n_layer"] and meta["n_expert_used"]
+    moe = tokens * meta["n_expert_used"] * meta.get("n_ff_exp", 0) * 4 * 2 if experts_on_device else 0
+    return mask + max(scores + activations, logits, moe + activations)
+
+
+def device_need(
+    meta: dict[str, Any],
+    w: Workload,
+    n_cpu_moe: int,
+    compute: Callable[[int], int] | None = None,
+    extra_bytes: int = 0,
+) -> DeviceNeed:
+    """The device's buffers for n layers' experts on the host; `compute(n)` is llama.cpp's reserve where known."""
+    return DeviceNeed(
+        weights=device_weight_bytes(meta, n_cpu_moe),
+        kv=kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch) * w.parallel,
+        compute=compute(n_cpu_moe) if compute else estimate_compute(meta, w, n_cpu_moe),
+        extra=extra_bytes,
+    )
+
+
+def minimum_n(meta: dict[str, Any], fits: Callable[[int], bool]) -> int | None:
+    """The smallest n whose placement fits (more experts on the host never needs more device memory)."""
+    n_layer = meta["n_layer"]
+    if not fits(n_layer):
+        return None
+    lo, hi = 0, n_layer
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

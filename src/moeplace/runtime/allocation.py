@@ -1,0 +1,126 @@
+"""llama.cpp's own account of device memory: its buffer log lines, its reserve without allocating
+(llama-fit-params --fit-print: the model's header only, no weights read), a real allocation probe
+(llama-completion at the full context: load, allocate, generate a few tokens) and its own fitted placement.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import MoeplaceError
+from .llamacpp import require_binary
+from .process import classify, run, run_checked
+
+MiB = 2**20
+# "load_tensors: RPC0[127.0.0.1:5] model buffer size = 30.62 MiB", "llama_kv_cache: CUDA0 KV buffer size = ...",
+# "sched_reserve: CUDA0 compute buffer size = ...", "llama_context: CPU  output buffer size = ...", RS (recurrent).
+_BUFFER = re.compile(r"(\S+)\s+(model|KV|RS|compute|output) buffer size =\s+([\d.]+) MiB")
+KINDS = {"model": "weights", "KV": "kv", "RS": "kv", "compute": "compute", "output": "output"}
+PROBE_TOKENS = 4
+RESERVE_TRIES = 5
+
+
+def on_host(buffer: str) -> bool:
+    """CPU, CPU_Mapped, CPU_REPACK: host RAM; CUDA0, RPC0[...], Vulkan0: a device."""
+    return buffer.startswith("CPU")
+
+
+@dataclass
+class Buffers:
+    """Bytes per kind (weights, kv, compute, output) on the device and on the host, as llama.cpp logged them."""
+
+    device: dict[str, int] = field(default_factory=dict)
+    host: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def device_total(self) -> int:
+        return sum(self.device.values())
+
+
+def parse_buffers(log: str) -> list[Buffers]:
+    """One Buffers per context a llama.cpp log created: that context's KV, compute and output buffers with the
+    weights of the model load before it (llama-bench creates a context per test; llama-fit-params logs its
+    reserve without allocation the same way)."""
+    contexts: list[Buffers] = []
+    weights = Buffers()
+    previous = None
+    for m in _BUFFER.finditer(log):
+        kind, size = KINDS[m[2]], round(float(m[3]) * MiB)
+        if kind == "weights":
+            if previous != "weights":
+                weights = Buffers()
+            target = weights
+        else:
+            if kind == "output" or not contexts:  # a context logs its output buffer first
+                contexts.append(Buffers(dict(weights.device), dict(weights.host)))
+            target = contexts[-1]
+        side = target.host if on_host(m[1]) else target.device
+        side[kind] = side.get(kind, 0) + size
+        previous = kind
+    return contexts
+
+
+def _placement_args(manifest: dict[str, Any], model: str, args: list[str], n_cpu_moe: int, rpc: str | None,
+                    overrides: str | None) -> list[str]:  # fmt: skip
+    cmd = ["--rpc", rpc] if rpc else []
+    cmd += ["-m", model, "-ngl", "99", "-ncmoe", str(n_cpu_moe), *args]
+    return cmd + (["-ot", overrides.replace(";", ",")] if overrides else [])
+
+
+def reserve(
+    manifest: dict[str, Any],
+    model: str,
+    workload_args: list[str],
+    n_cpu_moe: int,
+    rpc: str | None,
+    log_path: str | Path,
+    overrides: str | None = None,
+) -> Buffers:
+    """llama.cpp's buffers for this placement, reserved without allocating (exactly what a load allocates)."""
+    cmd = [str(require_binary(manifest, "llama-fit-params"))]
+    cmd += _placement_args(manifest, model, workload_args, n_cpu_moe, rpc, overrides) + ["-fitp", "on", "-v"]
+    for _ in range(RESERVE_TRIES):  # llama.cpp logs from a thread that can lose its last lines at exit
+        out = run_checked(cmd, f"llama-fit-params reserving memory for {Path(model).name}", log_path, timeout_s=600)
+        loads = parse_buffers(out.stderr)
+        if loads and "compute" in loads[-1].host:  # the host's compute buffer is logged last
+            return loads[-1]
+    raise MoeplaceError(f"llama-fit-params logged no compute buffer for {model}; see {log_path}.")
+
+
+def load_probe(
+    manifest: dict[str, Any],
+    model: str,
+    workload_args: list[str],
+    n_cpu_moe: int,
+    rpc: str | None,
+    log_path: str | Path,
+    timeout_s: float = 600,
+) -> tuple[str, Buffers | None]:
+    """Load, allocate at the full context and generate a few tokens ('ok', buffers) or (oom/crash/..., None):
+    what a server started with these flags does before its first request."""
+    cmd = [str(require_binary(manifest, "llama-completion"))]
+    cmd += _placement_args(manifest, model, workload_args, n_cpu_moe, rpc, None)
+    cmd += ["-n", str(PROBE_TOKENS), "-p", "Hello", "-no-cnv", "--no-warmup", "-fit", "off", "--temp", "0", "-v"]
+    result = run(cmd, log_path=log_path, timeout_s=timeout_s)
+    status, _ = classify(result)
+    loads = parse_buffers(result.stderr)
+    return status, loads[-1] if status == "ok" and loads else None
+
+
+def fitted_placement(
+    manifest: dict[str, Any], model: str, workload_args: list[str], rpc: str | None, log_path: Path
+) -> tuple[int | None, list[str]]:
+    """llama-fit-params' own placement with no margin: (-ngl, the -ot patterns it sends to the host), or
+    (None, []) where it found none. It may also keep whole layers on the host (a lower -ngl)."""
+    cmd = [str(require_binary(manifest, "llama-fit-params"))]
+    cmd += (["--rpc", rpc] if rpc else []) + ["-m", model, *workload_args, "-fitt", "0"]
+    result = run(cmd, log_path=log_path, timeout_s=600)
+    if not result.ok or not result.stdout.strip():
+        return None, []
+    args = shlex.split(result.stdout.strip().splitlines()[-1])
+    patterns = [p.rsplit("=", 1)[0] for p in args[args.index("-ot") + 1].split(",")] if "-ot" in args else []
+    return int(args[args.index("-ngl") + 1]), patterns

@@ -1,0 +1,14 @@
+"""Stage 'budget_check' (all models): per-model grids -> results/tables/budget_check.csv and its figure."""
+
+import pandas as pd
+
+from moeplace.budget_check import check_table, figure, summary
+from moeplace.outputs import stage, write_csv
+
+with stage(snakemake.log[0]) as log:
+    table = check_table(
+        pd.concat([pd.read_csv(path) for path in snakemake.input], ignore_index=True).to_dict("records")
+    )
+    write_csv(snakemake.output.table, table)
+    figure(table, snakemake.output.figure, f"Minimum --n-cpu-moe on {snakemake.params.device}")
+    log.info("budget check: %s", summary(table))
