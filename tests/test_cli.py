@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -99,3 +100,56 @@ def test_twin_command_writes_a_sparse_header_faithful_file(tmp_path):
     meta = json.loads(moeplace("inspect", str(tmp_path / "t.gguf"), "--json").stdout)
     # attn_output rows are 2 heads x 64 = 128 long, not a whole Q4_K block: llama.cpp falls back to Q5_0.
     assert meta["n_layer"] == 8 and meta["quant_types"].keys() == {"F32", "Q4_K", "Q5_0", "Q6_K"}
+
+
+def _plan(model, *args: str) -> dict:
+    out = moeplace("recommend", str(model), "--json", *args)
+    assert out.stdout, out.stderr
+    (plan,) = json.loads(out.stdout)
+    return plan
+
+
+def test_recommend_counts_every_device_buffer_and_honours_the_margin_exactly(small_moe):
+    from moeplace.metadata import inspect_model
+
+    meta = inspect_model(small_moe)
+    base = _plan(small_moe, "--vram", "1GiB", "--ctx", "4096")
+    # The input embedding stays on the host (llama.cpp's input layer); every other tensor is on the card at n=0.
+    assert base["weights_bytes"] == meta["total_bytes"] - meta["global_bytes"]["token_embd"]
+    need = base["weights_bytes"] + base["kv_bytes"] + base["compute_bytes"]
+    # A card of exactly that plus the margin fits n=0; one byte less does not.
+    card = need + 2**20
+    assert _plan(small_moe, "--vram", f"{card}B", "--ctx", "4096", "--margin", "1")["n_cpu_moe"] == 0
+    assert _plan(small_moe, "--vram", f"{card - 1}B", "--ctx", "4096", "--margin", "1")["n_cpu_moe"] > 0
+    # Two server slots hold two contexts' KV cache; a projector's bytes come off the card as well.
+    assert _plan(small_moe, "--vram", "1GiB", "--ctx", "4096", "--parallel", "2")["kv_bytes"] == 2 * base["kv_bytes"]
+    assert _plan(small_moe, "--vram", "1GiB", "--ctx", "4096", "--mmproj", str(small_moe))["extra_bytes"] == (
+        small_moe.stat().st_size
+    )
+    # Flash attention off: the score matrix joins the compute buffer.
+    assert (
+        _plan(small_moe, "--vram", "1GiB", "--ctx", "4096", "--flash-attn", "off")["compute_bytes"]
+        > (base["compute_bytes"])
+    )
+
+
+def test_recommend_plans_around_the_users_own_pins(small_moe):
+    pin = r"blk\.1\.ffn_.*_exps=CPU"
+    free = _plan(small_moe, "--vram", "1GiB", "--ctx", "4096")
+    pinned = _plan(small_moe, "--vram", "1GiB", "--ctx", "4096", "-ot", pin)
+    assert pinned["n_cpu_moe"] == 0 and pinned["weights_bytes"] < free["weights_bytes"]
+    text = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "4096", "-ot", pin).stdout
+    assert f"-ot '{pin}' --n-cpu-moe 0" in text
+    bad = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "4096", "-ot", "nothing=CPU")
+    assert bad.returncode != 0 and "matches none of this model's expert tensors" in bad.stderr
+
+
+def test_recommend_explain_lists_fixes_when_nothing_fits(small_moe):
+    need_at_4k = _plan(small_moe, "--vram", "1GiB", "--ctx", "4096")
+    card = need_at_4k["weights_bytes"] + need_at_4k["kv_bytes"] + need_at_4k["compute_bytes"]
+    out = moeplace("recommend", str(small_moe), "--vram", f"{card}B", "--ctx", "65536", "--explain")
+    assert out.returncode == 1
+    (fix,) = [line for line in out.stderr.splitlines() if line.startswith("  fix: a shorter context: -c ")]
+    ctx = re.search(r"-c (\d+)", fix)[1]
+    assert 4096 <= int(ctx) < 65536
+    assert moeplace("recommend", str(small_moe), "--vram", f"{card}B", "--ctx", ctx).returncode == 0

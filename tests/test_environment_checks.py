@@ -75,3 +75,15 @@ def test_n_values_beyond_the_layers(tmp_path, small_moe):
         "bench.n_cpu_moe: [5] exceed small's 2 layers",
         "results/tables/measured/1k.csv",
     )
+
+
+def test_vram_auto_reads_the_gpus_free_memory_and_refuses_without_one(tmp_path):
+    from moeplace.config import DeviceTarget
+    from moeplace.runtime.device import device_setup
+
+    listing = "Available devices:\n  CUDA0: NVIDIA GeForce RTX 4090 (24080 MiB, 23575 MiB free)"
+    gpu = fake_llamacpp(tmp_path / "gpu", listing)
+    setup = device_setup(DeviceTarget("auto", "", None), {"bin_dir": str(gpu), "gpu_devices": ["CUDA0: RTX 4090"]})
+    assert setup.kind == "gpu" and setup.cap_bytes == 23575 * 2**20
+    with pytest.raises(MoeplaceError, match="vram is auto, but there is no GPU to ask"):
+        device_setup(DeviceTarget("auto", "", None), {"bin_dir": str(gpu), "gpu_devices": []})

@@ -157,6 +157,26 @@ def test_mla_caches_only_the_latent(tmp_path):
     assert meta["layers"][1]["bytes"]["shared_expert"] > 0
 
 
+def test_hybrid_layers_keep_a_recurrent_state_per_sequence(tmp_path):
+    """Nemotron-H-like shape: one attention layer, one Mamba-2 layer (d_conv 4, d_inner 8192, d_state 128,
+    8 groups): llama.cpp's state is f32 (d_conv-1)(d_inner + 2 groups d_state) + d_state d_inner per sequence."""
+    from moeplace.memory import Workload, device_need
+
+    keys = {"block_count": 2, "embedding_length": 4096, "attention.head_count": 32, "attention.head_count_kv": [0, 8],
+            "ssm.conv_kernel": 4, "ssm.inner_size": 8192, "ssm.state_size": 128, "ssm.group_count": 8}  # fmt: skip
+    tensors = [
+        ("token_embd.weight", (4096, 16), Q.F16),
+        ("blk.0.ssm_in.weight", (4096, 64), Q.F16),
+        ("blk.1.attn_k.weight", (4096, 1024), Q.F16),
+    ]
+    meta = inspect_model(write_gguf(tmp_path / "hybrid.gguf", "nemotron_h", keys, tensors))
+    state = 4 * (3 * (8192 + 2 * 8 * 128) + 128 * 8192)
+    assert [layer["state_bytes"] for layer in meta["layers"]] == [state, 0]
+    assert [layer["has_kv"] for layer in meta["layers"]] == [False, True]
+    one, two = (device_need(meta, Workload(4096, parallel=n), 0).kv for n in (1, 2))
+    assert one == kv_bytes(meta, 4096) + state and two == 2 * one
+
+
 def test_predicted_table_reproduces_the_seed():
     table = predict_table(from_constants("seed", SEED_CONSTANTS), Bandwidths(640, 57.6)).set_index("n_cpu_moe")
     for n, tok_s in SEED_TOK_S.items():

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from .calibrate import runs_from_records
-from .memory import Workload, device_need, device_weight_bytes
+from .memory import Workload, device_need
 from .speed import SpeedModel, leave_one_out
 
 MEASURED_COLUMNS = [
@@ -158,9 +157,8 @@ def memory_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[s
         n_ctx = max(c["n_ctx"] for c in contexts)
         w = Workload(n_ctx, r.get("ubatch", 512), max(r.get("ubatch", 512), 2048), r.get("flash_attn", "auto"),
                      r["type_k"], r["type_v"])  # fmt: skip
-        need = device_need(meta, w, r["n_cpu_moe"])
-        if r.get("overrides"):
-            need = replace(need, weights=device_weight_bytes(meta, 0, frozenset(r.get("cpu_tensors") or [])))
+        host = frozenset(r.get("cpu_tensors") or []) if r.get("overrides") else frozenset()
+        need = device_need(meta, w, 0 if host else r["n_cpu_moe"], pinned=host)
         for buffer, ours in (("weights", need.weights), ("kv", need.kv), ("compute", need.compute)):
             theirs = buffers.get(buffer, 0)
             diff = ours - theirs

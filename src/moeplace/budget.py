@@ -20,7 +20,7 @@ import pandas as pd
 from .config import DeviceTarget
 from .errors import MoeplaceError
 from .kvcache import KV_PAD, kv_bytes
-from .memory import DeviceNeed, Workload, device_need, minimum_n
+from .memory import DeviceNeed, Workload, device_need, host_kept_bytes, minimum_n
 from .units import GB
 
 FITS = "ok"
@@ -57,10 +57,15 @@ def _constants_plan(meta: dict[str, Any], device: Device, w: Workload) -> dict[s
 
 
 def plan(
-    meta: dict[str, Any], device: Device, w: Workload, compute: Compute = None, extra_bytes: int = 0
+    meta: dict[str, Any],
+    device: Device,
+    w: Workload,
+    compute: Compute = None,
+    extra_bytes: int = 0,
+    pinned: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """One workload's budget: each device buffer at the minimum n_cpu_moe (at n = all layers where nothing
-    fits), the room left for experts, and that n."""
+    fits), the room left for experts, and that n; `pinned` expert tensors stay on the host whatever n is."""
     row: dict[str, Any] = {"ctx": w.ctx, "cells": -(-w.ctx // KV_PAD) * KV_PAD * w.parallel, "ubatch": w.ubatch,
                            "flash_attn": w.flash_attn, "parallel": w.parallel, "cache_type_k": w.type_k,
                            "cache_type_v": w.type_v}  # fmt: skip
@@ -71,12 +76,12 @@ def plan(
 
         def need(n: int) -> DeviceNeed:
             if n not in needs:
-                needs[n] = device_need(meta, w, n, compute and (lambda k: compute(w, k)), extra_bytes)
+                needs[n] = device_need(meta, w, n, compute and (lambda k: compute(w, k)), extra_bytes, pinned)
             return needs[n]
 
         n = minimum_n(meta, lambda k: need(k).total + device.overhead_bytes <= device.vram_bytes)
         shown = need(meta["n_layer"] if n is None else n)
-        resident_experts = sum(layer["expert_bytes"] for layer in meta["layers"][meta["n_layer"] if n is None else n :])
+        resident_experts = meta["expert_bytes"] - (meta["total_bytes"] - host_kept_bytes(meta) - shown.weights)
         row |= {
             "kv_bytes": shown.kv,
             "weights_bytes": shown.weights,
@@ -105,12 +110,17 @@ def does_not_fit_message(p: dict[str, Any], vram_bytes: int) -> str:
 
 
 def fixes(
-    meta: dict[str, Any], device: Device, w: Workload, compute: Compute = None, extra_bytes: int = 0
+    meta: dict[str, Any],
+    device: Device,
+    w: Workload,
+    compute: Compute = None,
+    extra_bytes: int = 0,
+    pinned: frozenset[str] = frozenset(),
 ) -> list[str]:
     """What would make `w` fit, cheapest first in what it gives up: each a sentence with the n it allows."""
 
     def fitted(v: Workload) -> int | None:
-        return plan(meta, device, v, compute, extra_bytes)["n_cpu_moe"]
+        return plan(meta, device, v, compute, extra_bytes, pinned)["n_cpu_moe"]
 
     out = []
     candidates = [

@@ -128,12 +128,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.flash_attn == "off" and needs_flash_attn(args.cache_type_v):
         raise MoeplaceError(f"--cache-type-v {args.cache_type_v} needs flash attention: drop --flash-attn off.")
     extra = Path(args.mmproj).stat().st_size if args.mmproj else 0
+    pinned = _pins(meta, args.override_tensor) if args.model else frozenset()
     workloads = [
         Workload(ctx, args.ubatch, max(args.ubatch, 2048), args.flash_attn, args.cache_type_k, args.cache_type_v,
                  args.parallel)
         for ctx in contexts
     ]  # fmt: skip
-    plans = [budget_mod.plan(meta, device, w, extra_bytes=extra) for w in workloads]
+    plans = [budget_mod.plan(meta, device, w, extra_bytes=extra, pinned=pinned) for w in workloads]
     model = _speed_model(args) if args.model else None
     for p in plans:
         if model and p["n_cpu_moe"] is not None:
@@ -147,7 +148,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             print(f"moeplace: {budget_mod.does_not_fit_message(p, device.vram_bytes)}", file=sys.stderr)
             if args.explain and args.model:
                 w = next(w for w in workloads if w.ctx == p["ctx"])
-                for fix in budget_mod.fixes(meta, device, w, extra_bytes=extra) or ["none found: a larger card"]:
+                for fix in budget_mod.fixes(meta, device, w, None, extra, pinned) or ["none found: a larger card"]:
                     print(f"  fix: {fix}", file=sys.stderr)
             status = 1
             continue
@@ -160,13 +161,33 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
         )
         if args.model:
-            line = commands.llama_server(args.model, p["ctx"], p["n_cpu_moe"], args.cache_type_k, args.cache_type_v,
-                                         None, args.flash_attn, args.ubatch, args.parallel)  # fmt: skip
+            kv = (args.cache_type_k, args.cache_type_v)
+            line = commands.llama_server(args.model, p["ctx"], p["n_cpu_moe"], *kv, None, args.flash_attn, args.ubatch,
+                                         args.parallel, args.override_tensor)  # fmt: skip
             print("  " + line)
             print("  expected: " + _describe(p["speed"], p["ctx"]))
         if args.placement == "optimal":
             _print_optimal(meta, model, device, p["ctx"], args)
     return status
+
+
+def _pins(meta: dict[str, Any], rules: list[str]) -> frozenset[str]:
+    """The expert tensors the user's own -ot REGEX=CPU rules keep on the host (planned around, kept as given)."""
+    from .placement import matching_tensors
+
+    names = [t for layer in meta["layers"] for t in layer["expert_tensors"]]
+    pinned: set[str] = set()
+    for rule in rules:
+        pattern, _, buffer = rule.rpartition("=")
+        if not pattern or not buffer.upper().startswith("CPU"):
+            raise MoeplaceError(
+                f"-ot {rule!r}: moeplace plans around host pins, written like 'blk\\.1\\.ffn_.*_exps=CPU'."
+            )
+        matched = matching_tensors(rule, names)
+        if not matched:
+            raise MoeplaceError(f"-ot {rule!r} matches none of this model's expert tensors (e.g. {names[0]}).")
+        pinned |= matched
+    return frozenset(pinned)
 
 
 def _speed_model(args: argparse.Namespace):  # noqa: ANN202
@@ -299,6 +320,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         manifest=manifest,
         log_path=log_path,
         workdir=Path.cwd(),
+        ubatch=args.ubatch,
+        flash_attn=args.flash_attn,
     )
     print(f"predicted minimum --n-cpu-moe: {result.predicted_n}; probed on {record['device']}")
     for p in result.probes:
@@ -349,6 +372,14 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa (auto: on on GPUs)")
     rec.add_argument("--parallel", type=int, default=1, help="llama-server --parallel slots, each with --ctx tokens")
     rec.add_argument("--mmproj", help="a vision projector .gguf the server also loads onto the card")
+    rec.add_argument(
+        "-ot",
+        "--override-tensor",
+        action="append",
+        default=[],
+        metavar="REGEX=CPU",
+        help="your own host pins (repeatable): kept, and the minimum --n-cpu-moe planned around them",
+    )
     rec.add_argument("--explain", action="store_true", help="when a context does not fit, list what would make it fit")
     rec.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
     rec.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
@@ -385,6 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--threads", type=int, default=2)
     tu.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
     tu.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
+    tu.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub) the probes run with")
+    tu.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa the probes run with")
     tu.add_argument("--record", help="append the result to this CSV, e.g. results/tables/tune.csv")
     tu.add_argument("--log", default="moeplace-tune.log", help="llama.cpp's output goes here")
     tu.set_defaults(func=cmd_tune)

@@ -17,10 +17,12 @@ def llama_server(
     flash_attn: str = "auto",
     ubatch: int = DEFAULT_UBATCH,
     parallel: int = 1,
+    pins: list[str] | None = None,
 ) -> str:
-    """`llama-server` at this placement: `--n-cpu-moe N`, or `-ot` patterns (joined with ',' as it expects);
-    with --parallel, -c holds every slot's context."""
+    """`llama-server` at this placement: `--n-cpu-moe N` (after the user's own -ot pins, which match first), or
+    `-ot` patterns (joined with ',' as it expects); with --parallel, -c holds every slot's context."""
     placement = ["-ot", overrides] if overrides else ["--n-cpu-moe", str(n_cpu_moe)]
+    placement = [*(a for rule in pins or [] for a in ("-ot", rule)), *placement]
     cmd = ["llama-server", "-m", model, "-c", str(ctx * parallel), "-ngl", "99", *placement]
     cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), *(["--parallel", str(parallel)] if parallel > 1 else [])]
     return shlex.join(cmd)

@@ -2,7 +2,7 @@
 
 - weights: every tensor llama.cpp puts on the device: all but the input embedding (the input layer is kept on
   the host; a tied output matrix is a device copy of it) and the experts sent to the host;
-- kv: the KV cache (kvcache.py), one stream per parallel sequence;
+- kv: the KV cache (kvcache.py) and a hybrid model's recurrent state, one of each per parallel sequence;
 - compute: the scheduler's graph buffer, reserved for a full ubatch against the whole cache. llama.cpp's own
   reserve (llama-fit-params --fit-print, no allocation) gives it exactly; without a build, `estimate_compute`
   follows the graph's largest live tensors: the attention mask, the attention scores (without flash attention),
@@ -64,14 +64,21 @@ def host_kept_bytes(meta: dict[str, Any]) -> int:
     return meta["global_bytes"].get("token_embd", 0) if meta["global_bytes"].get("output", 0) else 0
 
 
-def device_weight_bytes(meta: dict[str, Any], n_cpu_moe: int, host_tensors: frozenset[str] | None = None) -> int:
-    """Weight bytes on the device with -ngl 99 and the experts of the first n layers (or `host_tensors`,
-    an -ot placement) on the host."""
-    if host_tensors is None:
-        on_host = sum(layer["expert_bytes"] for layer in meta["layers"][: max(n_cpu_moe, 0)])
-    else:
-        on_host = sum(b for layer in meta["layers"] for t, b in layer["expert_tensors"].items() if t in host_tensors)
+def device_weight_bytes(meta: dict[str, Any], n_cpu_moe: int, host_tensors: frozenset[str] = frozenset()) -> int:
+    """Weight bytes on the device with -ngl 99, the experts of the first n layers on the host, and with them the
+    expert tensors in `host_tensors` (an -ot placement, or the user's own -ot pins)."""
+    on_host = sum(
+        layer["expert_bytes"]
+        if il < n_cpu_moe
+        else sum(b for t, b in layer["expert_tensors"].items() if t in host_tensors)
+        for il, layer in enumerate(meta["layers"])
+    )
     return meta["total_bytes"] - host_kept_bytes(meta) - on_host
+
+
+def state_bytes(meta: dict[str, Any]) -> int:
+    """The recurrent layers' fixed state for one sequence (hybrid models; 0 for pure attention)."""
+    return sum(layer.get("state_bytes", 0) for layer in meta["layers"])
 
 
 def _pad(n: int, to: int) -> int:
@@ -106,11 +113,13 @@ def device_need(
     n_cpu_moe: int,
     compute: Callable[[int], int] | None = None,
     extra_bytes: int = 0,
+    pinned: frozenset[str] = frozenset(),
 ) -> DeviceNeed:
-    """The device's buffers for n layers' experts on the host; `compute(n)` is llama.cpp's reserve where known."""
+    """The device's buffers for n layers' experts (and the `pinned` expert tensors) on the host; `compute(n)` is
+    llama.cpp's reserve where known."""
     return DeviceNeed(
-        weights=device_weight_bytes(meta, n_cpu_moe),
-        kv=kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch) * w.parallel,
+        weights=device_weight_bytes(meta, n_cpu_moe, pinned),
+        kv=(kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch) + state_bytes(meta)) * w.parallel,
         compute=compute(n_cpu_moe) if compute else estimate_compute(meta, w, n_cpu_moe),
         extra=extra_bytes,
     )

@@ -119,6 +119,18 @@ def _swa_layers(header: GGUFHeader, n_layer: int) -> list[bool]:
     return [il % n != 0 if dense_first else il % n < n - 1 for il in range(n_layer)]
 
 
+def _recurrent_state_bytes(header: GGUFHeader) -> int:
+    """One sequence's state in a recurrent layer, as llama.cpp sizes it (llama-hparams.cpp n_embd_r/n_embd_s,
+    f32): the convolution's last d_conv-1 columns over the inner, B and C channels, and the d_state x d_inner
+    SSM state. Mamba, Mamba-2 and gated-delta-net layers (the ssm.* keys); other recurrent kinds count 0."""
+    d_conv = _optional_int(header, "ssm.conv_kernel", 0)
+    d_inner = _optional_int(header, "ssm.inner_size", 0)
+    d_state = _optional_int(header, "ssm.state_size", 0)
+    n_group = _optional_int(header, "ssm.group_count", 0)
+    conv = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
+    return 4 * (conv + d_state * d_inner)
+
+
 def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) -> tuple[dict[str, Any], list[dict]]:
     """Attention/KV parameters as llama.cpp's KV cache sees them (llama-hparams.cpp), globally and per layer."""
     path = header.paths[0]
@@ -140,6 +152,7 @@ def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) ->
     # NextN/MTP layers at the end are not part of the main context.
     n_layer_main = n_layer - (header.arch_key("nextn_predict_layers", 0) or 0)
     swa = _swa_layers(header, n_layer)
+    state = _recurrent_state_bytes(header)
     layers = []
     for il in range(n_layer):
         # A layer without K/V projections (recurrent, SSM) keeps no KV cache.
@@ -156,6 +169,8 @@ def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) ->
                 "swa": has_kv and swa[il],
                 "k_dim": k_dim if has_kv else 0,
                 "v_dim": v_dim if has_kv else 0,
+                # A Mamba-style or gated-delta-net layer keeps a fixed state per sequence instead.
+                "state_bytes": state if any(n.startswith("ssm_") for n in layer_names[il]) else 0,
             }
         )
     attention = {

@@ -133,6 +133,8 @@ def tune(
     timeout_s: float = 3600,
     type_k: str = "f16",
     type_v: str = "f16",
+    ubatch: int = 512,
+    flash_attn: str = "auto",
 ) -> TuneResult:
     """Run the search with real llama-bench probes on the given device."""
     from dataclasses import replace
@@ -141,7 +143,9 @@ def tune(
     from .metadata import inspect_model
 
     files = inspect_model(model_path)["files"]
-    settings = replace(probe_settings(threads, timeout_s), type_k=type_k, type_v=type_v)
+    settings = replace(
+        probe_settings(threads, timeout_s), type_k=type_k, type_v=type_v, ubatch=ubatch, flash_attn=flash_attn
+    )
 
     def run(n: int) -> tuple[str, float | None]:
         (record,) = run_bench(
@@ -177,6 +181,8 @@ def tune_model(
     manifest: dict[str, Any],
     log_path: Any,
     workdir: Any,
+    ubatch: int = 512,
+    flash_attn: str = "auto",
 ) -> tuple[TuneResult, dict[str, Any]]:
     """The tuner for one model, context and KV cache type, from the budget's prediction: the result and its
     record (what the pipeline's tune stage writes and `moeplace tune` prints)."""
@@ -186,7 +192,8 @@ def tune_model(
 
     device = device_setup(target, manifest)
     memory = Device(device.cap_bytes, memory.overhead_bytes)
-    predicted = plan(meta, memory, Workload(ctx, type_k=type_k, type_v=type_v))["n_cpu_moe"]
+    workload = Workload(ctx, ubatch, max(ubatch, 2048), flash_attn, type_k, type_v)
+    predicted = plan(meta, memory, workload)["n_cpu_moe"]
     log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", ctx, predicted, device.label)
     start = meta["n_layer"] if predicted is None else predicted
     result = tune(
@@ -203,6 +210,8 @@ def tune_model(
         settings.timeout_s,
         type_k,
         type_v,
+        ubatch,
+        flash_attn,
     )
     record = tune_record(model_name, ctx, result, device.label, settings.margin, type_k, type_v)
     return result, {**record, "device_kind": device.kind}
