@@ -14,6 +14,7 @@ from .errors import MoeplaceError
 from .kvcache import CACHE_TYPES, needs_flash_attn
 from .memory import FLASH_ATTN, Workload
 from .metadata import from_constants, inspect_model
+from .placement import pinned_tensors
 from .units import GB, parse_size
 
 
@@ -62,12 +63,19 @@ def _print_inspect(meta: dict[str, Any]) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
+    from .runtime import remote
+
     meta = inspect_model(args.model)
     if args.json:
         json.dump(meta, sys.stdout, indent=1)
         print()
-    else:
-        _print_inspect(meta)
+        return
+    if args.model != args.model_ref:
+        print(f"{args.model_ref}: {args.model}")
+    _print_inspect(meta)
+    if remote.bytes_read:
+        size = sum(f["size"] for f in meta["files"])
+        print(f"read {remote.bytes_read / 2**20:.2f} MiB of {size / 2**30:.2f} GiB over HTTP (the header only)")
 
 
 def _print_optimal(meta: dict[str, Any], model: Any, device: Any, ctx: int, args: argparse.Namespace) -> None:
@@ -115,20 +123,15 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                 + ", ".join("--" + m.replace("_", "-") for m in missing)
                 + " for the constants mode."
             )
+        sizes = {"expert": f"{args.expert_gb}GB", "non_expert": f"{args.non_expert_gb}GB"}
         meta = from_constants(
-            "constants",
-            {
-                "layers": args.layers,
-                "expert": f"{args.expert_gb}GB",
-                "non_expert": f"{args.non_expert_gb}GB",
-                "kv_bytes_per_token": args.kv_bytes_per_token,
-            },
+            "constants", {"layers": args.layers, **sizes, "kv_bytes_per_token": args.kv_bytes_per_token}
         )
         device = budget_mod.Device(round(args.vram_gb * GB), round(args.overhead_gb * GB))
     if args.flash_attn == "off" and needs_flash_attn(args.cache_type_v):
         raise MoeplaceError(f"--cache-type-v {args.cache_type_v} needs flash attention: drop --flash-attn off.")
     extra = Path(args.mmproj).stat().st_size if args.mmproj else 0
-    pinned = _pins(meta, args.override_tensor) if args.model else frozenset()
+    pinned = pinned_tensors(meta, args.override_tensor) if args.model else frozenset()
     workloads = [
         Workload(ctx, args.ubatch, max(args.ubatch, 2048), args.flash_attn, args.cache_type_k, args.cache_type_v,
                  args.parallel)
@@ -139,7 +142,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     for p in plans:
         if model and p["n_cpu_moe"] is not None:
             p["speed"] = _expected(meta, model, p["n_cpu_moe"], p["ctx"], args)
-    if args.json:
+    emit = "json" if args.json else args.emit
+    if emit not in ("server", "json") and not args.model:
+        raise MoeplaceError(f"--emit {emit} needs a MODEL.gguf (or ollama:/lmstudio:/hf: reference).")
+    if emit == "json":
         json.dump(plans, sys.stdout, indent=1)
         print()
     status = 0
@@ -151,43 +157,46 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                 for fix in budget_mod.fixes(meta, device, w, None, extra, pinned) or ["none found: a larger card"]:
                     print(f"  fix: {fix}", file=sys.stderr)
             status = 1
-            continue
-        if args.json:
-            continue
-        print(
-            f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  "
-            + (f"compute={p['compute_bytes'] / GB:5.2f} GB  " if p["compute_bytes"] is not None else "")
-            + f"budget={p['budget_bytes'] / GB:5.2f} GB  "
-            f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
-        )
-        if args.model:
-            kv = (args.cache_type_k, args.cache_type_v)
-            line = commands.llama_server(args.model, p["ctx"], p["n_cpu_moe"], *kv, None, args.flash_attn, args.ubatch,
-                                         args.parallel, args.override_tensor)  # fmt: skip
-            print("  " + line)
-            print("  expected: " + _describe(p["speed"], p["ctx"]))
-        if args.placement == "optimal":
-            _print_optimal(meta, model, device, p["ctx"], args)
+        elif emit not in ("server", "json"):
+            print(_emission(emit, meta, p, args))
+        elif emit == "server":
+            _print_plan(meta, model, device, p, args)
     return status
 
 
-def _pins(meta: dict[str, Any], rules: list[str]) -> frozenset[str]:
-    """The expert tensors the user's own -ot REGEX=CPU rules keep on the host (planned around, kept as given)."""
-    from .placement import matching_tensors
+def _server_line(p: dict[str, Any], args: argparse.Namespace) -> str:
+    kv = (args.cache_type_k, args.cache_type_v)
+    return commands.llama_server(args.model, p["ctx"], p["n_cpu_moe"], *kv, None, args.flash_attn, args.ubatch,
+                                 args.parallel, args.override_tensor)  # fmt: skip
 
-    names = [t for layer in meta["layers"] for t in layer["expert_tensors"]]
-    pinned: set[str] = set()
-    for rule in rules:
-        pattern, _, buffer = rule.rpartition("=")
-        if not pattern or not buffer.upper().startswith("CPU"):
-            raise MoeplaceError(
-                f"-ot {rule!r}: moeplace plans around host pins, written like 'blk\\.1\\.ffn_.*_exps=CPU'."
-            )
-        matched = matching_tensors(rule, names)
-        if not matched:
-            raise MoeplaceError(f"-ot {rule!r} matches none of this model's expert tensors (e.g. {names[0]}).")
-        pinned |= matched
-    return frozenset(pinned)
+
+def _emission(emit: str, meta: dict[str, Any], p: dict[str, Any], args: argparse.Namespace) -> str:
+    """--emit bench, llama-swap or ollama: a ready-to-paste text for one context's plan."""
+    from .runtime.model_ref import ollama_knows
+    from .units import Context
+
+    kv = (args.cache_type_k, args.cache_type_v)
+    if emit == "bench":
+        return commands.llama_bench(args.model, p["ctx"], p["n_cpu_moe"], *kv, args.flash_attn, args.ubatch)
+    if emit == "llama-swap":
+        return commands.llama_swap(f"{meta['name']}-{Context(p['ctx']).label}", _server_line(p, args))
+    source = args.model_ref.removeprefix("ollama:") if args.model_ref.startswith("ollama:") else args.model
+    return commands.ollama_modelfile(source, p["ctx"], p["n_cpu_moe"], *kv, ollama_knows("num_cpu_moe"))
+
+
+def _print_plan(meta: dict[str, Any], model: Any, device: Any, p: dict[str, Any], args: argparse.Namespace) -> None:
+    """One context's plan as text: the buffers, the n, the server line and the expected speeds."""
+    print(
+        f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  "
+        + (f"compute={p['compute_bytes'] / GB:5.2f} GB  " if p["compute_bytes"] is not None else "")
+        + f"budget={p['budget_bytes'] / GB:5.2f} GB  "
+        f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
+    )
+    if args.model:
+        print("  " + _server_line(p, args))
+        print("  expected: " + _describe(p["speed"], p["ctx"]))
+    if args.placement == "optimal":
+        _print_optimal(meta, model, device, p["ctx"], args)
 
 
 def _speed_model(args: argparse.Namespace):  # noqa: ANN202
@@ -301,8 +310,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .config import DeviceTarget, TuneSettings
     from .outputs import append_csv_row
     from .runtime.llamacpp import PINNED, provision
+    from .runtime.model_ref import is_remote
     from .tune import tune_model
 
+    if is_remote(args.model):
+        raise MoeplaceError(f"{args.model_ref}: tune runs the model, so it needs the file on disk; download it first.")
     meta = inspect_model(args.model)
     log_path = Path(args.log)
     manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
@@ -355,17 +367,20 @@ def _speed_options(parser: argparse.ArgumentParser, calibration: bool = True) ->
                         help="host RAM bandwidth, GB/s, where no calibration says (default 57.6)")  # fmt: skip
 
 
+MODEL_HELP = "a .gguf path (any shard of a split model), URL, ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO or hf:ORG/REPO"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moeplace", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     ins = sub.add_parser("inspect", help="bytes by role and KV shape of a GGUF model (header only)")
-    ins.add_argument("model", help="a .gguf file (for split models, any shard)")
+    ins.add_argument("model", help=MODEL_HELP)
     ins.add_argument("--json", action="store_true", help="print the full metadata as JSON")
     ins.set_defaults(func=cmd_inspect)
 
     rec = sub.add_parser("recommend", help="the minimum --n-cpu-moe that fits your card at each context")
-    rec.add_argument("model", nargs="?", help="a .gguf file; omit to use the constants below")
+    rec.add_argument("model", nargs="?", help=MODEL_HELP + "; omit to use the constants below")
     rec.add_argument("--ctx", required=True, help="context length(s), comma-separated, e.g. 8192,32768")
     rec.add_argument("--vram", help="card memory, e.g. 16GB or 16GiB (GGUF mode)")
     rec.add_argument("--margin", type=int, default=0, help="MiB kept free on the card beyond llama.cpp's buffers")
@@ -383,7 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--explain", action="store_true", help="when a context does not fit, list what would make it fit")
     rec.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
     rec.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
-    rec.add_argument("--json", action="store_true", help="print the plan per context as JSON")
+    rec.add_argument("--json", action="store_true", help="print the plan per context as JSON (= --emit json)")
+    rec.add_argument(
+        "--emit",
+        choices=("server", "bench", "llama-swap", "ollama", "json"),
+        default="server",
+        help="what to print: the llama-server line (default), the llama-bench line that checks it, a llama-swap "
+        "entry, an Ollama Modelfile, or the plan as JSON",
+    )
     rec.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub): compute buffer and prefill")
     rec.add_argument(
         "--objective",
@@ -407,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.set_defaults(func=cmd_recommend)
 
     tu = sub.add_parser("tune", help="find the lowest --n-cpu-moe that really runs, with real llama.cpp loads")
-    tu.add_argument("model", help="a .gguf file")
+    tu.add_argument("model", help="a .gguf file, ollama:NAME, lmstudio:PUBLISHER/REPO or a cached hf:ORG/REPO")
     tu.add_argument("--ctx", type=int, required=True, help="target context length in tokens")
     tu.add_argument("--vram", required=True, help="device memory, e.g. 16GB (the emulated device's cap)")
     tu.add_argument("--device", choices=("auto", "gpu", "emulated"), default="auto")
@@ -423,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.set_defaults(func=cmd_tune)
 
     pr = sub.add_parser("predict", help="decode and prefill speed per --n-cpu-moe and context depth")
-    pr.add_argument("model", help="a .gguf file (header only is read)")
+    pr.add_argument("model", help=MODEL_HELP + " (header only is read)")
     pr.add_argument("--depth", default="0", help="tokens already in the KV cache (llama-bench -d), e.g. 0,32768")
     pr.add_argument("--n-cpu-moe", help="n values: 12, 0,8,16 or 0-48 (default: every n)")
     pr.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub) for prefill")
@@ -457,6 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "model", None):  # a path, URL, ollama:, lmstudio: or hf: reference
+            from .runtime.model_ref import resolve
+
+            args.model_ref, args.model = args.model, resolve(args.model)
         return int(args.func(args) or 0)
     except MoeplaceError as e:
         print(f"moeplace: {e}", file=sys.stderr)

@@ -64,7 +64,7 @@ class TensorInfo:
 class GGUFHeader:
     """Metadata and tensor table of one model (all shards of a split model)."""
 
-    paths: list[Path]
+    paths: list[Path | str]  # str: the URL of a remote model
     metadata: dict[str, Any]
     tensors: list[TensorInfo]
     file_sizes: list[int] = field(default_factory=list)
@@ -88,14 +88,22 @@ class GGUFHeader:
         return self.metadata.get(f"{self.architecture}.{suffix}", default)
 
 
-class _Cursor:
-    """Bounds-checked reads from a mapped file."""
+class NeedMore(Exception):
+    """The header runs past the bytes read so far (a remote file is read a prefix at a time)."""
 
-    def __init__(self, path: Path, buf: mmap.mmap | bytes):
+    def __init__(self, end: int):
+        super().__init__(end)
+        self.end = end
+
+
+class _Cursor:
+    """Bounds-checked reads from a mapped file, or from the first bytes of a file of `size` bytes."""
+
+    def __init__(self, path: Path | str, buf: mmap.mmap | bytes, size: int | None = None):
         self.path = path
         self.buf = buf
         self.pos = 0
-        self.size = len(buf)
+        self.size = len(buf) if size is None else size
 
     def fail(self, what: str) -> MoeplaceError:
         return MoeplaceError(f"{self.path}: {what} (at byte {self.pos}); the file is damaged or not a GGUF model.")
@@ -103,6 +111,8 @@ class _Cursor:
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
             raise self.fail(f"truncated: {what} runs past the end of the file")
+        if self.pos + n > len(self.buf):
+            raise NeedMore(self.pos + n)
 
     def scalar(self, vtype: int, what: str) -> Any:
         fmt, size = _SCALARS[vtype]
@@ -202,11 +212,16 @@ def _read_one(path: Path) -> tuple[dict[str, Any], list[TensorInfo], int, str, i
         if size < 24:
             raise MoeplaceError(f"{path}: only {size} bytes; too small to be a GGUF file.")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(path, buf, size)
+            return parse_header(path, buf, size)
 
 
-def _parse(path: Path, buf: mmap.mmap, size: int) -> tuple[dict[str, Any], list[TensorInfo], int, str, int]:
-    cur = _Cursor(path, buf)
+def parse_header(
+    path: Path | str, buf: mmap.mmap | bytes, size: int
+) -> tuple[dict[str, Any], list[TensorInfo], int, str, int]:
+    """Parse a header from `buf`, the whole file or its first bytes (NeedMore: read further and parse again)."""
+    cur = _Cursor(path, buf, size)
+    if len(buf) < 4:
+        raise NeedMore(4)
     if bytes(buf[:4]) != GGUF_MAGIC:
         raise MoeplaceError(f"{path}: wrong magic {bytes(buf[:4])!r}; this is not a GGUF file.")
     cur.pos = 4
@@ -271,12 +286,19 @@ def shard_paths(path: Path) -> list[Path]:
 
 
 def read_header(path: str | Path) -> GGUFHeader:
-    """Read the header and tensor table of a model, every shard of a split model included."""
-    paths = shard_paths(Path(path))
+    """Read the header and tensor table of a model, every shard of a split model included; an http(s) URL is
+    read with range requests, header only."""
+    if str(path).startswith(("http://", "https://")):
+        from .runtime.remote import read_remote, shard_urls
+
+        paths: list[Any] = shard_urls(str(path))
+        read = read_remote
+    else:
+        paths, read = shard_paths(Path(path)), _read_one
     header = GGUFHeader(paths=paths, metadata={}, tensors=[])
     names: set[str] = set()
     for no, shard in enumerate(paths, start=1):
-        metadata, tensors, size, sha, data_start = _read_one(shard)
+        metadata, tensors, size, sha, data_start = read(shard)
         if len(paths) > 1:
             count = metadata.get("split.count")
             if count != len(paths) or metadata.get("split.no") != no - 1:

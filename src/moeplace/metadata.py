@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import MoeplaceError
@@ -237,7 +237,7 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
     up = next((s for name, s in shapes.items() if _LAYER.match(name) and "_up_exps" in name), None)
     n_ff_exp = header.arch_key("expert_feed_forward_length", 0) or (up[1] if up and len(up) == 3 else 0)
     return {
-        "name": header.metadata.get("general.name") or header.paths[0].stem,
+        "name": header.metadata.get("general.name") or PurePosixPath(str(header.paths[0]).split("?")[0]).stem,
         "source": "gguf",
         "architecture": arch,
         "n_layer": n_layer,

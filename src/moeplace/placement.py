@@ -12,6 +12,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from .errors import MoeplaceError
+
 _EXPERT_NAME = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_(ch)?exps\.")
 
 
@@ -258,7 +260,6 @@ def placement_check_table(records: list[dict[str, Any]]) -> Any:
 
 def require_placed_as_asked(check: Any, log_path: str) -> None:
     """A MoeplaceError (one line) when the placement check table shows any variant placed otherwise."""
-    from .errors import MoeplaceError
 
     bad = check[~check.match.astype(bool)] if len(check) else check
     if len(bad):
@@ -385,3 +386,20 @@ def matching_tensors(overrides: str | None, names: list[str]) -> set[str]:
     """The tensors an -ot value sends to the host, as llama.cpp matches them (regex_search, first wins)."""
     patterns = [p.rsplit("=", 1)[0] for p in (overrides or "").split(";") if p]
     return {n for n in names if any(re.search(p, n) for p in patterns)}
+
+
+def pinned_tensors(meta: dict[str, Any], rules: list[str]) -> frozenset[str]:
+    """The expert tensors the user's own -ot REGEX=CPU rules keep on the host (planned around, kept as given)."""
+    names = [t for layer in meta["layers"] for t in layer["expert_tensors"]]
+    pinned: set[str] = set()
+    for rule in rules:
+        pattern, _, buffer = rule.rpartition("=")
+        if not pattern or not buffer.upper().startswith("CPU"):
+            raise MoeplaceError(
+                f"-ot {rule!r}: moeplace plans around host pins, written like 'blk\\.1\\.ffn_.*_exps=CPU'."
+            )
+        matched = matching_tensors(rule, names)
+        if not matched:
+            raise MoeplaceError(f"-ot {rule!r} matches none of this model's expert tensors (e.g. {names[0]}).")
+        pinned |= matched
+    return frozenset(pinned)

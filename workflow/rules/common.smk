@@ -10,6 +10,7 @@ from moeplace.kvcache import CACHE_TYPES
 from moeplace.placement import VARIANTS
 from moeplace.runtime.llamacpp import LAYOUT as LLAMACPP_CACHE_LAYOUT
 from moeplace.runtime.locks import clear_stale_locks
+from moeplace.runtime.model_ref import resolve_local
 from moeplace.twin import load_spec
 
 
@@ -26,6 +27,11 @@ except MoeplaceError as e:
 # Each context's one label ("32k"), used in every path, table name and title.
 CONTEXTS = {c.label: c for c in SETTINGS.contexts}
 for name, m in config["models"].items():
+    if "gguf" in m:  # ollama:, lmstudio: and hf: references become the file they name
+        try:
+            m["gguf"] = resolve_local(m["gguf"])
+        except MoeplaceError as e:
+            stop(f"config models.{name}.gguf: {e}")
     for key in ("gguf", "twin"):
         if key in m and not Path(m[key]).exists():
             stop(
