@@ -220,3 +220,15 @@ def test_the_config_takes_a_store_reference(tmp_path, small_moe, monkeypatch):
     assert run.returncode != 0 and "moeplace: config models.mine.gguf: https://example.org/m.gguf is not on this" in (
         run.stderr
     )
+
+
+@pytest.mark.parametrize("knows", [True, False])
+def test_ollama_modelfile_says_whether_your_ollama_has_num_cpu_moe(tmp_path, small_moe, knows):
+    fake = tmp_path / "bin/ollama"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n# options: num_ctx num_gpu" + (" num_cpu_moe" if knows else "") + "\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin"}
+    text = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "4096", "--emit", "ollama", env=env).stdout
+    assert ("PARAMETER num_cpu_moe 0" in text) == knows
+    assert ("Your Ollama has no num_cpu_moe option" in text) == (not knows)
