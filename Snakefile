@@ -26,6 +26,7 @@ include: "workflow/rules/tune.smk"
 include: "workflow/rules/routing.smk"
 include: "workflow/rules/ram_tier.smk"
 include: "workflow/rules/quants.smk"
+include: "workflow/rules/publish.smk"
 
 
 report: "workflow/report/workflow.rst"

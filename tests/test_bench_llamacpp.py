@@ -21,7 +21,7 @@ pytestmark = pytest.mark.llamacpp
 SPECS = {
     "qwen3moe": ROOT / "config/models/tiny-qwen3moe.yaml",
     "gpt-oss": ROOT / "tests/specs/tiny-gpt-oss.yaml",
-    "deepseek2": ROOT / "tests/specs/tiny-deepseek2.yaml",
+    "deepseek2": ROOT / "config/models/tiny-deepseek2.yaml",
 }
 QUICK = BenchSettings(prompt=16, gen=4, repetitions=1, threads=2, timeout_s=300)
 

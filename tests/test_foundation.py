@@ -149,7 +149,7 @@ def test_sliding_window_layers_hold_only_their_window(tmp_path):
 
 
 def test_mla_caches_only_the_latent(tmp_path):
-    spec = load_spec(ROOT / "tests/specs/tiny-deepseek2.yaml")
+    spec = load_spec(ROOT / "config/models/tiny-deepseek2.yaml")
     meta = inspect_model(write_twin(spec, tmp_path / "mla.gguf"))
     assert meta["attention"]["mla"]
     assert kv_bytes(meta, 4096) == spec.n_layer * 4096 * (spec.kv_lora_rank + spec.qk_rope_head_dim) * 2

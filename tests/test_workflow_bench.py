@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -56,6 +59,77 @@ def test_default_pipeline_makes_the_32k_figure_from_real_runs(tmp_path):
     record = json.loads((wd / f"results/bench/tiny-qwen3moe/32k/ncmoe{n_min}.jsonl").read_text().splitlines()[0])
     for key in ("pipeline_commit", "llamacpp_version", "model_files", "host", "cpu", "device", "started"):
         assert record[key] not in (None, "")
+    assert_publishes(wd, runs=len(measured))
+
+
+def moeplace_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "moeplace.cli", *args], capture_output=True, text=True)
+
+
+def assert_publishes(wd, runs: int) -> None:
+    """What the README's first command made publishes as a directory that stands alone: its manifest verifies,
+    llama.cpp's own compare-llama-bench.py tables its runs by placement and depth, a tampered file fails verify,
+    and a second host's copy merges into one figure with two lines."""
+    from moeplace.publish import (
+        DICTIONARY,
+        MANIFEST,
+        load_dictionary,
+        read_sqlite,
+        table_name,
+        write_manifest,
+        write_sqlite,
+    )
+
+    run = snakemake(wd, "publish")
+    assert run.returncode == 0, run.stderr[-3000:]
+    folder = wd / "publish/moeplace-results"
+    assert (wd / "publish/moeplace-results.tar.gz").stat().st_size > 20_000
+    check = moeplace_cli("verify", str(folder))
+    assert check.returncode == 0 and "files match MANIFEST.json" in check.stdout, check.stderr
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["pipeline"]["pipeline_commit"] and manifest["llamacpp"]["version"]
+    assert set(manifest["models"]) >= {"tiny-qwen3moe", "tiny-gpt-oss"} and manifest["config"]["contexts"]
+    dictionary = load_dictionary(DICTIONARY)
+    tables = sorted((folder / "tables").rglob("*.csv"))
+    assert {table_name(str(t.relative_to(folder))) for t in tables} >= {"measured", "compare", "budget", "memory_check"}
+    data = (folder / "DATA.md").read_text()
+    for t in tables:  # every column of every table is described (publish validated them too)
+        name = table_name(str(t.relative_to(folder)))
+        assert f"## {name}" in data and set(pd.read_csv(t).columns) <= set(dictionary[name]["columns"])
+    index = (folder / "index.html").read_text()
+    assert "figures/ncmoe_32k.png" in index and "Not run" in index  # says what the first command did not make
+    rows = read_sqlite(folder / "llama-bench.sqlite")
+    assert len(rows) == runs and {r["n_depth"] for r in rows} and all(r["build_commit"] for r in rows)
+    script = Path(manifest["llamacpp"]["bin_dir"]).parent / "scripts/compare-llama-bench.py"
+    build = rows[0]["build_commit"]
+    show = ["-s", "n_cpu_moe,tensor_buft_overrides"]
+    table = subprocess.run([sys.executable, str(script), "-i", "llama-bench.sqlite", "-b", build, "-c", build, *show],
+                           cwd=folder, capture_output=True, text=True)  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    ok = {(r["n_cpu_moe"], r["n_depth"]) for r in rows if r["status"] == "ok" and r["n_gen"]}
+    assert all(f"@d{depth}" in table.stdout for _, depth in ok) and len(table.stdout.splitlines()) >= len(ok) + 2
+
+    # A second host: the same directory relabelled, its manifest rewritten; they merge into two lines per figure.
+    other = wd / "publish/other-host"
+    shutil.copytree(folder, other)
+    relabelled = [{**r, "host": "other-host", "provenance": "other-host"} for r in rows]
+    (other / "llama-bench.sqlite").unlink()
+    write_sqlite(relabelled, other / "llama-bench.sqlite")
+    write_manifest(other, {**manifest, "name": "other-host"})
+    merged = moeplace_cli("merge", str(folder), str(other), "-o", str(wd / "publish/merged"))
+    assert merged.returncode == 0, merged.stderr
+    both = pd.read_csv(wd / "publish/merged/tables/merged.csv")
+    assert set(both.host) == {rows[0]["host"], "other-host"} and len(both) == 2 * runs
+    assert (wd / "publish/merged/figures/merged_tiny-qwen3moe_32768.png").stat().st_size > 20_000
+    again = moeplace_cli("merge", str(folder), str(folder), "-o", str(wd / "publish/twice"))  # the same runs twice
+    assert again.returncode == 0 and len(pd.read_csv(wd / "publish/twice/tables/merged.csv")) == runs
+    assert moeplace_cli("verify", str(wd / "publish/merged")).returncode == 0
+
+    # A tampered table fails verify, naming it.
+    target = next((folder / "tables").glob("measured*.csv"))
+    target.write_text(target.read_text().replace("ok", "oom", 1))
+    tampered = moeplace_cli("verify", str(folder))
+    assert tampered.returncode == 2 and f"changed: {target.relative_to(folder)}" in tampered.stderr
 
 
 def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
@@ -121,10 +195,10 @@ def test_budget_check_grid_agrees_with_the_device(tmp_path):
     run = snakemake(wd, "budget_check", timeout=1500)
     assert run.returncode == 0, run.stderr[-4000:]
     table = pd.read_csv(wd / "results/tables/budget_check.csv")
-    assert set(table.model) == {"tiny-qwen3moe", "tiny-gpt-oss"} and len(table) == 2 * 16
-    assert (table.status == "unsupported").sum() == 2 * 4  # a q8_0 V cache needs flash attention
+    assert set(table.model) == {"tiny-qwen3moe", "tiny-gpt-oss", "tiny-deepseek2"} and len(table) == 3 * 16
+    assert (table.status == "unsupported").sum() == 3 * 4  # a q8_0 V cache needs flash attention
     cells = table[table.status == "ok"].fillna(-1)
     assert (cells.predicted_n == cells.measured_n).all(), cells.to_string()
     sample = cells[cells.depth_n >= 0]
-    assert len(sample) == 2 and (sample.depth_n == sample.measured_n).all()
+    assert len(sample) == 3 and (sample.depth_n == sample.measured_n).all()
     assert (wd / "results/figures/budget_check.png").stat().st_size > 20_000

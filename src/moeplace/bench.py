@@ -261,6 +261,8 @@ def _record(
         "noisy": cv > settings.noisy_cv or contended,
         "backends": first.get("backends"),
         "gpu_info": first.get("gpu_info"),
+        # llama-bench's own row of the first batch (its per-sample arrays aside), for the published SQLite.
+        "llama_bench": {k: v for k, v in first.items() if not k.startswith("samples_")},
         "error": "" if not arm.failure else f"stopped after {len(samples)} repetitions: {arm.failure[1]}",
     }
     if baseline is not None:

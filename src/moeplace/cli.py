@@ -13,7 +13,7 @@ from . import commands
 from .errors import MoeplaceError
 from .kvcache import CACHE_TYPES, needs_flash_attn
 from .memory import FLASH_ATTN, Workload
-from .metadata import from_constants, inspect_model
+from .metadata import describe, from_constants, inspect_model
 from .placement import pinned_tensors
 from .units import GB, parse_size
 
@@ -31,37 +31,6 @@ def _contexts(text: str, flag: str = "--ctx", allow_zero: bool = False) -> list[
     return values
 
 
-def _print_inspect(meta: dict[str, Any]) -> None:
-    att = meta["attention"]
-    print(f"{meta['name']}  ({meta['architecture']}, {meta['n_layer']} layers, trained context {meta['n_ctx_train']})")
-    if meta["n_expert"]:
-        print(
-            f"experts: {meta['n_expert']} routed, {meta['n_expert_used']} used per token, "
-            f"{meta['n_expert_shared']} shared"
-        )
-    else:
-        print("dense model: no routed experts")
-    print(
-        f"bytes: expert {meta['expert_bytes'] / GB:.3f} GB, non-expert {meta['non_expert_bytes'] / GB:.3f} GB, "
-        f"total {meta['total_bytes'] / GB:.3f} GB"
-    )
-    print("quant types: " + ", ".join(f"{k} {v / GB:.3f} GB" for k, v in meta["quant_types"].items()))
-    print(
-        f"attention: {att['n_head']} heads, KV heads {att['n_head_kv']}, key/value length "
-        f"{att['key_length']}/{att['value_length']}"
-        + (f", MLA rank {att['kv_lora_rank']}" if att["mla"] else "")
-        + (f", sliding window {att['sliding_window']}" if att["sliding_window"] else "")
-    )
-    print(f"{'layer':>5} {'experts MB':>11} {'attn MB':>8} {'shexp MB':>8} {'dense MB':>8} {'router MB':>9}  kv")
-    for layer in meta["layers"]:
-        b = layer["bytes"]
-        kv = ("swa" if layer["swa"] else "full") if layer["has_kv"] else "none"
-        print(
-            f"{layer['index']:>5} {b['expert'] / 1e6:>11.2f} {b['attention'] / 1e6:>8.2f} "
-            f"{b['shared_expert'] / 1e6:>8.2f} {b['dense_ffn'] / 1e6:>8.2f} {b['router'] / 1e6:>9.3f}  {kv}"
-        )
-
-
 def cmd_inspect(args: argparse.Namespace) -> None:
     from .runtime import remote
 
@@ -72,7 +41,7 @@ def cmd_inspect(args: argparse.Namespace) -> None:
         return
     if args.model != args.model_ref:
         print(f"{args.model_ref}: {args.model}")
-    _print_inspect(meta)
+    print(describe(meta))
     if remote.bytes_read:
         size = sum(f["size"] for f in meta["files"])
         print(f"read {remote.bytes_read / 2**20:.2f} MiB of {size / 2**30:.2f} GiB over HTTP (the header only)")
@@ -473,7 +442,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tw.add_argument("--seed", type=int, default=0, help="random seed for --weights random")
     tw.set_defaults(func=cmd_twin)
+
+    ve = sub.add_parser("verify", help="re-check a published directory against its MANIFEST.json")
+    ve.add_argument("folder", help="publish/<name>/")
+    ve.set_defaults(func=cmd_verify)
+    me = sub.add_parser("merge", help="merge published directories from several hosts, devices or builds")
+    me.add_argument("folders", nargs="+", help="publish/<name>/ directories")
+    me.add_argument("-o", "--output", required=True, help="the merged directory to write")
+    me.set_defaults(func=cmd_merge)
     return p
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    from .publish import verify
+
+    print(f"{args.folder}: {verify(Path(args.folder))} files match MANIFEST.json")
+
+
+def cmd_merge(args: argparse.Namespace) -> None:
+    from .publish import DICTIONARY, load_dictionary, merge
+
+    out = merge([Path(f) for f in args.folders], Path(args.output), load_dictionary(DICTIONARY))
+    print(f"merged {len(args.folders)} directories into {out}")
 
 
 def main(argv: list[str] | None = None) -> int:

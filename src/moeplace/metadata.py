@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import MoeplaceError
 from .gguf_file import GGUFHeader, read_header
-from .units import parse_size
+from .units import GB, parse_size
 
 ROLES = ("attention", "norm", "router", "shared_expert", "dense_ffn", "expert", "other")
 GLOBALS = ("token_embd", "output", "output_norm", "other")
@@ -292,3 +292,39 @@ def from_constants(name: str, constants: dict[str, Any]) -> dict[str, Any]:
         "layers": [{"index": il, "expert_bytes": per_layer} for il in range(n_layer)],
         "files": [],
     }
+
+
+def describe(meta: dict[str, Any]) -> str:
+    """`moeplace inspect`'s text: the model, its bytes by role, its attention and each layer."""
+    att = meta["attention"]
+    lines = [
+        f"{meta['name']}  ({meta['architecture']}, {meta['n_layer']} layers, trained context {meta['n_ctx_train']})"
+    ]
+    if meta["n_expert"]:
+        lines.append(f"experts: {meta['n_expert']} routed, {meta['n_expert_used']} used per token, "
+                     f"{meta['n_expert_shared']} shared")  # fmt: skip
+    else:
+        lines.append("dense model: no routed experts")
+    sizes = (meta["expert_bytes"] / GB, meta["non_expert_bytes"] / GB, meta["total_bytes"] / GB)
+    lines.append("bytes: expert {:.3f} GB, non-expert {:.3f} GB, total {:.3f} GB".format(*sizes))
+    lines.append("quant types: " + ", ".join(f"{k} {v / GB:.3f} GB" for k, v in meta["quant_types"].items()))
+    lines.append(
+        f"attention: {att['n_head']} heads, KV heads {att['n_head_kv']}, key/value length "
+        f"{att['key_length']}/{att['value_length']}"
+        + (f", MLA rank {att['kv_lora_rank']}" if att["mla"] else "")
+        + (f", sliding window {att['sliding_window']}" if att["sliding_window"] else "")
+    )
+    state = sum(layer.get("state_bytes", 0) for layer in meta["layers"])
+    if state:
+        lines.append(f"recurrent state: {state / 2**20:.2f} MiB per sequence")
+    lines.append(f"{'layer':>5} {'experts MB':>11} {'attn MB':>8} {'shexp MB':>8} {'dense MB':>8} {'router MB':>9}  kv")
+    for layer in meta["layers"]:
+        b = layer["bytes"]
+        kv = (
+            ("swa" if layer["swa"] else "full")
+            if layer["has_kv"]
+            else ("state" if layer.get("state_bytes") else "none")
+        )
+        mb = [b[role] / 1e6 for role in ("expert", "attention", "shared_expert", "dense_ffn", "router")]
+        lines.append("{:>5} {:>11.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>9.3f}  {}".format(layer["index"], *mb, kv))
+    return "\n".join(lines)

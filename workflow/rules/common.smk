@@ -199,8 +199,14 @@ def get_twin_inputs(wildcards):
     return inputs
 
 
-BENCH_MODELS = [m for m in MODELS if "constants" not in model_config(m)]
-BUDGET_CHECK_MODELS = config["budget_check"]["models"] or BENCH_MODELS
+FILE_MODELS = [m for m in MODELS if "constants" not in model_config(m)]
+BENCH_MODELS = [m for m in FILE_MODELS if model_config(m)["bench"]]
+BUDGET_CHECK_MODELS = config["budget_check"]["models"] or FILE_MODELS
+for name in BUDGET_CHECK_MODELS:
+    if name not in FILE_MODELS:
+        stop(
+            f"config budget_check.models: {name!r} is not a model with a file (gguf or twin) in models."
+        )
 # Models whose weights llama.cpp can run: real files and random twins (not header-only twins).
 WEIGHT_MODELS = [
     m
@@ -289,3 +295,37 @@ def get_model_bench(wildcards):
 
 def get_all_bench(wildcards):
     return bench_files(BENCH_MODELS, CONTEXTS)
+
+
+def get_publish_inputs(wildcards):
+    """What has been run so far: publish works from any subset of the pipeline's outputs."""
+    from glob import glob
+
+    found = {
+        "tables": sorted(glob("results/tables/**/*.csv", recursive=True)),
+        "figures": sorted(glob("results/figures/*.png")),
+        "records": sorted(glob("results/bench/**/*.jsonl", recursive=True))
+        + sorted(glob("results/variants/**/*.jsonl", recursive=True)),
+        "metadata": sorted(glob("results/metadata/*.json")),
+    }
+    if Path(rules.llamacpp.output[0]).exists():
+        found["llamacpp"] = rules.llamacpp.output[0]
+    return found
+
+
+def get_publish_missing(wildcards):
+    """The pipeline's final outputs that have not been made (listed on the published page)."""
+    return sorted(p for p in get_final_outputs() if not Path(p).exists())
+
+
+def get_publish_captions(wildcards):
+    """Each figure's caption, from workflow/report/<name>.rst by the figure's name (ncmoe_32k_pp -> ncmoe_pp)."""
+    import re
+
+    captions = {}
+    for figure in Path("results/figures").glob("*.png"):
+        stem = re.sub(r"_(\d+k|\d+)(?=_|$)", "", figure.stem)
+        rst = Path(workflow.source_path(f"../report/{stem}.rst"))
+        if rst.exists():
+            captions[f"figures/{figure.name}"] = rst.read_text().strip()
+    return captions

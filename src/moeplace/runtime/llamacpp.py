@@ -35,8 +35,8 @@ PINNED = {"version": "11434.0.0", "sha256": "b0a2feb64c6fbd09f12af230734f072dd81
 TARGETS = ("llama-bench", "llama-quantize", "ggml-rpc-server", "llama-fit-params", "llama-completion")
 # The library target built beside TARGETS so that our own tools (native/*.cpp) link against the pinned build.
 LIB_TARGETS = ("llama",)
-# Bumped when the cache entry's layout changes (2: lib/ and include/ beside bin/; 3: llama-completion), so older
-# entries are not reused.
+# Bumped when the cache entry's layout changes (2: lib/ and include/ beside bin/; 3: llama-completion and
+# scripts/), so older entries are not reused.
 LAYOUT = 3
 BASE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -135,6 +135,9 @@ def _build(version: str, sha256: str, options: list[str], dest: Path, log_file: 
         for target in TARGETS:
             shutil.copy2(build_dir / "bin" / target, bin_dir / target)
         _keep_dev_files(source, build_dir, dest)
+        # llama.cpp's own reader of llama-bench results, which reads the published SQLite (publish.py).
+        (dest / "scripts").mkdir()
+        shutil.copy2(source / "scripts" / "compare-llama-bench.py", dest / "scripts")
 
 
 def _keep_dev_files(source: Path, build_dir: Path, dest: Path) -> None:

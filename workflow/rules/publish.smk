@@ -1,0 +1,16 @@
+rule publish:
+    input:
+        unpack(get_publish_inputs),
+    output:
+        folder=directory(f"publish/{config['publish']['name']}"),
+        archive=f"publish/{config['publish']['name']}.tar.gz",
+    log:
+        "logs/publish/publish.log",
+    conda:
+        "../../environment.yml"
+    params:
+        captions=get_publish_captions,
+        missing=get_publish_missing,
+        config=config,
+    script:
+        "../scripts/publish.py"

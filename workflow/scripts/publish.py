@@ -1,0 +1,35 @@
+"""Stage 'publish': whatever results/ holds -> publish/<name>/ (tables, DATA.md, figures, index.html,
+llama-bench.sqlite, MANIFEST.json) and publish/<name>.tar.gz."""
+
+from pathlib import Path
+
+from moeplace.outputs import read_json, read_jsonl, stage
+from moeplace.publish import DICTIONARY, load_dictionary, publish
+from moeplace.runtime.provenance import pipeline_revision
+
+with stage(snakemake.log[0]) as log:
+    i, p = snakemake.input, snakemake.params
+    records = [r for path in i.records for r in read_jsonl(path)]
+    models = {Path(m).stem: read_json(m)["files"] for m in i.metadata}
+    facts = {
+        "name": Path(snakemake.output.folder).name,
+        "pipeline": pipeline_revision(Path.cwd()),
+        "llamacpp": read_json(i.llamacpp) if "llamacpp" in i.keys() else None,
+        "models": models,
+        "hosts": sorted({f"{r.get('host')} ({r.get('cpu')})" for r in records}),
+        "devices": sorted({str(r.get("device")) for r in records}),
+        "not_run": p.missing,
+        "config": p.config,
+    }
+    folder = publish(
+        out=Path(snakemake.output.folder),
+        tables={str(Path(t).relative_to("results")): Path(t) for t in i.tables},
+        figures={str(Path(f).relative_to("results")): Path(f) for f in i.figures},
+        captions=p.captions,
+        records=records,
+        dictionary=load_dictionary(DICTIONARY),
+        facts=facts,
+        missing=p.missing,
+    )
+    log.info("published %d tables, %d figures, %d runs to %s (%d outputs not run)", len(i.tables), len(i.figures),
+             len(records), folder, len(p.missing))  # fmt: skip
