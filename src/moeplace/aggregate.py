@@ -160,7 +160,9 @@ def memory_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[s
         host = frozenset(r.get("cpu_tensors") or []) if r.get("overrides") else frozenset()
         need = device_need(meta, w, 0 if host else r["n_cpu_moe"], pinned=host)
         for buffer, ours in (("weights", need.weights), ("kv", need.kv), ("compute", need.compute)):
-            theirs = buffers.get(buffer, 0)
+            if buffer not in buffers:
+                continue  # an out-of-memory run never got to allocate it
+            theirs = buffers[buffer]
             diff = ours - theirs
             tolerance = max(MEMORY_TOLERANCE[0] * theirs, MEMORY_TOLERANCE[1])
             rows.append({"model": r["model"], "ctx": r["ctx"], "n_ctx": n_ctx, "n_cpu_moe": r["n_cpu_moe"],
