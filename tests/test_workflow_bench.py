@@ -15,6 +15,8 @@ import yaml
 from conftest import ROOT
 from workflow_helpers import SNAKEMAKE, snakemake, workflow_copy
 
+from moeplace.bench import auto_sweep
+
 pytestmark = pytest.mark.llamacpp
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 
@@ -44,7 +46,7 @@ def test_default_pipeline_makes_the_32k_figure_from_real_runs(tmp_path):
     n_min = budget.loc[32768, "n_cpu_moe"]
     measured = pd.read_csv(wd / "results/tables/measured/32k.csv")
     tg = measured[(measured.test == "tg") & (measured.model == "tiny-qwen3moe")].set_index("n_cpu_moe")
-    assert tg.index.tolist() == [n_min - 2, n_min - 1, *range(n_min, 9)]
+    assert tg.index.tolist() == auto_sweep(n_min, 8) and tg.index[1] == n_min - 1
     assert (tg.loc[n_min:, "status"] == "ok").all()  # the budget's minimum really fits
     assert tg.loc[n_min - 1, "status"] == "oom"  # one layer fewer really does not: exact to the layer
     assert (tg.loc[tg.status == "ok", "avg_ts"] > 0).all()
@@ -59,14 +61,14 @@ def test_default_pipeline_makes_the_32k_figure_from_real_runs(tmp_path):
     record = json.loads((wd / f"results/bench/tiny-qwen3moe/32k/ncmoe{n_min}.jsonl").read_text().splitlines()[0])
     for key in ("pipeline_commit", "llamacpp_version", "model_files", "host", "cpu", "device", "started"):
         assert record[key] not in (None, "")
-    assert_publishes(wd, runs=len(measured))
+    assert_publishes(wd, runs=len(measured), ctx=32768)
 
 
 def moeplace_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "moeplace.cli", *args], capture_output=True, text=True)
 
 
-def assert_publishes(wd, runs: int) -> None:
+def assert_publishes(wd, runs: int, ctx: int) -> None:
     """What the README's first command made publishes as a directory that stands alone: its manifest verifies,
     llama.cpp's own compare-llama-bench.py tables its runs by placement and depth, a tampered file fails verify,
     and a second host's copy merges into one figure with two lines."""
@@ -79,6 +81,7 @@ def assert_publishes(wd, runs: int) -> None:
         write_manifest,
         write_sqlite,
     )
+    from moeplace.units import Context
 
     run = snakemake(wd, "publish")
     assert run.returncode == 0, run.stderr[-3000:]
@@ -97,7 +100,8 @@ def assert_publishes(wd, runs: int) -> None:
         name = table_name(str(t.relative_to(folder)))
         assert f"## {name}" in data and set(pd.read_csv(t).columns) <= set(dictionary[name]["columns"])
     index = (folder / "index.html").read_text()
-    assert "figures/ncmoe_32k.png" in index and "Not run" in index  # says what the first command did not make
+    # The figure, and what the first command did not make.
+    assert f"figures/ncmoe_{Context(ctx).label}.png" in index and "Not run" in index
     rows = read_sqlite(folder / "llama-bench.sqlite")
     assert len(rows) == runs and {r["n_depth"] for r in rows} and all(r["build_commit"] for r in rows)
     script = Path(manifest["llamacpp"]["bin_dir"]).parent / "scripts/compare-llama-bench.py"
@@ -120,13 +124,13 @@ def assert_publishes(wd, runs: int) -> None:
     assert merged.returncode == 0, merged.stderr
     both = pd.read_csv(wd / "publish/merged/tables/merged.csv")
     assert set(both.host) == {rows[0]["host"], "other-host"} and len(both) == 2 * runs
-    assert (wd / "publish/merged/figures/merged_tiny-qwen3moe_32768.png").stat().st_size > 20_000
+    assert (wd / f"publish/merged/figures/merged_tiny-qwen3moe_{ctx}.png").stat().st_size > 20_000
     again = moeplace_cli("merge", str(folder), str(folder), "-o", str(wd / "publish/twice"))  # the same runs twice
     assert again.returncode == 0 and len(pd.read_csv(wd / "publish/twice/tables/merged.csv")) == runs
     assert moeplace_cli("verify", str(wd / "publish/merged")).returncode == 0
 
     # A tampered table fails verify, naming it.
-    target = next((folder / "tables").glob("measured*.csv"))
+    target = next(p for p in (folder / "tables").rglob("*.csv") if table_name(str(p.relative_to(folder))) == "measured")
     target.write_text(target.read_text().replace("ok", "oom", 1))
     tampered = moeplace_cli("verify", str(folder))
     assert tampered.returncode == 2 and f"changed: {target.relative_to(folder)}" in tampered.stderr
@@ -173,7 +177,8 @@ def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
     assert calibration["tests"]["tg"]["source"]["layers"] == "fit" and calibration["tests"]["tg"]["runs"] == 4
     fidelity = pd.read_csv(wd / speed[1])
     two_point = fidelity[fidelity.fit == "two_point"]
-    assert set(zip(two_point.fit_depth, two_point.depth)) == {(1024, 2048), (2048, 1024)}  # the other depth
+    # The other depth: each context's runs fill it to ctx - prompt (992 and 2016 tokens).
+    assert set(zip(two_point.fit_depth, two_point.depth)) == {(992, 2016), (2016, 992)}
     loo = fidelity[fidelity.fit == "loo"]
     assert len(loo) == 2 * 2 * 4 and loo.error_pct.notna().all()  # models x tests x (n, depth)
     report = subprocess.run(

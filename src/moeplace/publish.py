@@ -25,6 +25,7 @@ from .errors import MoeplaceError
 from .outputs import atomic_dir, atomic_path
 
 MANIFEST = "MANIFEST.json"
+UNLISTED = (MANIFEST, ".snakemake_timestamp")  # the manifest itself, and Snakemake's mark on a finished folder
 DICTIONARY = Path(__file__).with_name("tables.yaml")  # every published table's columns: unit and meaning
 SQLITE = "llama-bench.sqlite"
 # llama-bench's SQL table (its -o sql, read by scripts/compare-llama-bench.py): field -> SQL type.
@@ -184,7 +185,7 @@ def write_manifest(folder: Path, facts: dict[str, Any]) -> None:
     files = {
         str(p.relative_to(folder)): {"sha256": sha256(p), "bytes": p.stat().st_size}
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and p.name not in UNLISTED
     }
     (folder / MANIFEST).write_text(json.dumps({**facts, "files": files}, indent=1, default=str))
 
@@ -197,7 +198,7 @@ def verify(folder: Path) -> int:
     except (OSError, ValueError) as e:
         raise MoeplaceError(f"{folder}: no readable {MANIFEST} ({e}); is this a published directory?") from None
     listed = manifest.get("files", {})
-    present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST}
+    present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name not in UNLISTED}
     changed = [f for f in sorted(set(listed) & present) if sha256(folder / f) != listed[f]["sha256"]]
     problems = [f"changed: {', '.join(changed)}"] if changed else []
     if missing := sorted(set(listed) - present):

@@ -68,7 +68,7 @@ def layer_count(model):
 
 if config["bench"]["n_cpu_moe"] != "auto":
     for name, m in config["models"].items():
-        if "constants" not in m:
+        if "constants" not in m and m["bench"]:
             n_layer = layer_count(name)
             outside = sorted(
                 n for n in set(config["bench"]["n_cpu_moe"]) if n > n_layer
@@ -313,9 +313,16 @@ def get_publish_inputs(wildcards):
     return found
 
 
+def plain_config():
+    """The resolved config as plain JSON values (for the published manifest)."""
+    import json
+
+    return json.loads(json.dumps(config, default=str))
+
+
 def get_publish_missing(wildcards):
     """The pipeline's final outputs that have not been made (listed on the published page)."""
-    return sorted(p for p in get_final_outputs() if not Path(p).exists())
+    return sorted(str(p) for p in get_final_outputs() if not Path(p).exists())
 
 
 def get_publish_captions(wildcards):
@@ -324,8 +331,14 @@ def get_publish_captions(wildcards):
 
     captions = {}
     for figure in Path("results/figures").glob("*.png"):
-        stem = re.sub(r"_(\d+k|\d+)(?=_|$)", "", figure.stem)
+        label = re.search(r"_(\d+k|\d+)(?=_|$)", figure.stem)
+        stem = figure.stem.replace(label[0], "") if label else figure.stem
         rst = Path(workflow.source_path(f"../report/{stem}.rst"))
         if rst.exists():
-            captions[f"figures/{figure.name}"] = rst.read_text().strip()
+            text = re.sub(
+                r"\{\{ *snakemake\.wildcards\.\w+ *\}\}",
+                label[1] if label else "",
+                rst.read_text(),
+            )
+            captions[f"figures/{figure.name}"] = text.strip()
     return captions

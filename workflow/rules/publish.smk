@@ -11,6 +11,6 @@ rule publish:
     params:
         captions=get_publish_captions,
         missing=get_publish_missing,
-        config=config,
+        config=plain_config(),
     script:
         "../scripts/publish.py"
