@@ -128,6 +128,13 @@ def assert_publishes(wd, runs: int, ctx: int) -> None:
     again = moeplace_cli("merge", str(folder), str(folder), "-o", str(wd / "publish/twice"))  # the same runs twice
     assert again.returncode == 0 and len(pd.read_csv(wd / "publish/twice/tables/merged.csv")) == runs
     assert moeplace_cli("verify", str(wd / "publish/merged")).returncode == 0
+    # The same model name for a different file is refused, in one line.
+    (other / "llama-bench.sqlite").unlink()
+    write_sqlite([{**r, "model_header_sha256": "f" * 64} for r in relabelled], other / "llama-bench.sqlite")
+    write_manifest(other, {**manifest, "name": "other-host"})
+    conflict = moeplace_cli("merge", str(folder), str(other), "-o", str(wd / "publish/conflict"))
+    assert conflict.returncode == 2 and "is a different file than in" in conflict.stderr
+    assert not (wd / "publish/conflict").exists()
 
     # A tampered table fails verify, naming it.
     target = next(p for p in (folder / "tables").rglob("*.csv") if table_name(str(p.relative_to(folder))) == "measured")
