@@ -142,14 +142,14 @@ def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
     host = optimal_placement(qwen3, p["budget_bytes"])
     assert tensor_bytes(qwen3, expert_tensors(qwen3, list(range(p["n_cpu_moe"])))) >= tensor_bytes(qwen3, host)
     assert qwen3["expert_bytes"] - tensor_bytes(qwen3, host) <= p["budget_bytes"]  # it fits
-    ranked = rank_placements(qwen3, device, 32768, prior(Bandwidths(640, 57.6)), "decode", [("f16", "f16")], 512)
+    ranked = rank_placements(qwen3, device, 32768, prior(Bandwidths(640, 57.6)), "decode", [("f16", "f16")], [512])
     assert [r["placement"] for r in ranked] == ["optimal", "ncmoe"] and ranked[0]["score"] > ranked[1]["score"]
     # a quantized KV cache leaves room for more experts on the card: faster still, and ranked first
     ranked = rank_placements(qwen3, device, 32768, prior(Bandwidths(640, 57.6)), "decode",
-                             [("f16", "f16"), ("q8_0", "q8_0")], 512)  # fmt: skip
+                             [("f16", "f16"), ("q8_0", "q8_0")], [512])  # fmt: skip
     assert ranked[0]["type_k"] == "q8_0"
     assert (
-        rank_placements(qwen3, device, 32768, prior(Bandwidths(640, 57.6)), "prefill", [("f16", "f16")], 512)[0][
+        rank_placements(qwen3, device, 32768, prior(Bandwidths(640, 57.6)), "prefill", [("f16", "f16")], [512])[0][
             "score"
         ]
         is None
@@ -213,3 +213,18 @@ def test_a_wrong_placement_is_caught_from_llamacpps_own_log(tmp_path, monkeypatc
     assert len(records[0]["placement_missing"]) == 1
     with pytest.raises(MoeplaceError, match="otherwise than asked"):
         placement.require_placed_as_asked(placement.placement_check_table(records), "v.log")
+
+
+def test_ranking_searches_ubatch_with_its_compute_buffer(qwen3):
+    """A larger ubatch's compute buffer (its logits alone: 151,936 x ubatch x 4 bytes) pushes experts to the host:
+    for decode the smaller ubatch ranks first, even when given second."""
+    from moeplace.budget import Device
+    from moeplace.placement import rank_placements
+    from moeplace.predict import Bandwidths
+    from moeplace.speed import prior
+
+    ranked = rank_placements(qwen3, Device(16 * 10**9, 0), 32768, prior(Bandwidths(640, 57.6)), "decode",
+                             [("f16", "f16")], [2048, 512])  # fmt: skip
+    ncmoe = {r["ubatch"]: r for r in ranked if r["placement"] == "ncmoe"}
+    assert ncmoe[2048]["n_cpu_moe"] > ncmoe[512]["n_cpu_moe"]
+    assert ranked[0]["ubatch"] == 512 and ranked[0]["score"] > ncmoe[2048]["score"]

@@ -52,7 +52,8 @@ def _print_optimal(meta: dict[str, Any], model: Any, device: Any, ctx: int, args
     from .placement import ot_value, rank_placements
 
     kv_types = list(dict.fromkeys([(args.cache_type_k, args.cache_type_v), ("q8_0", "q8_0")]))
-    ranked = rank_placements(meta, device, ctx, model, args.objective, kv_types, args.ubatch)
+    ubatches = list(dict.fromkeys([args.ubatch, 512, 2048]))  # yours first: it wins ties
+    ranked = rank_placements(meta, device, ctx, model, args.objective, kv_types, ubatches)
     if not ranked or ranked[0]["score"] is None:
         why = "prefill needs --calibration" if args.objective != "decode" else "nothing fits"
         print(f"  placements by {args.objective}: cannot rank ({why}).")
@@ -63,12 +64,12 @@ def _print_optimal(meta: dict[str, Any], model: Any, device: Any, ctx: int, args
         what = (
             f"--n-cpu-moe {r['n_cpu_moe']}" if ncmoe else f"-ot ({len(r['host_tensors'])} expert tensors on the host)"
         )
-        print(
-            f"    {what}, KV {r['type_k']}/{r['type_v']}: decode {_speed_text(r['tg'])}, prefill {_speed_text(r['pp'])}"
-        )
+        print(f"    {what}, KV {r['type_k']}/{r['type_v']}, -ub {r['ubatch']}: decode {_speed_text(r['tg'])}, "
+              f"prefill {_speed_text(r['pp'])}")  # fmt: skip
     best = ranked[0]
     overrides = ot_value(set(best["host_tensors"]), separator=",") if best["placement"] != "ncmoe" else None
-    print("  " + commands.llama_server(args.model, ctx, best["n_cpu_moe"], best["type_k"], best["type_v"], overrides))
+    print("  " + commands.llama_server(args.model, ctx, best["n_cpu_moe"], best["type_k"], best["type_v"], overrides,
+                                       args.flash_attn, best["ubatch"]))  # fmt: skip
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ A placement is the set of routed-expert tensors kept in host RAM. It is written 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
 from typing import Any
@@ -337,18 +338,19 @@ def rank_placements(
     model: Any,
     objective: str,
     cache_types: list[tuple[str, str]],
-    ubatch: int,
+    ubatches: list[int],
 ) -> list[dict[str, Any]]:
-    """Every placement that fits at `ctx` for each KV cache type (--n-cpu-moe at the budget's minimum, and the
-    knapsack's -ot placement where it differs), with the speed model's decode and prefill at that depth,
-    best first by `objective` (decode, prefill or mix:W)."""
+    """Every placement that fits at `ctx` for each KV cache type and ubatch (--n-cpu-moe at the budget's minimum,
+    and the knapsack's -ot placement where it differs), with the speed model's decode and prefill at that depth,
+    best first by `objective` (decode, prefill or mix:W); ties keep the order given. A larger ubatch prefills
+    faster but its compute buffer takes device memory from the experts."""
     from .budget import plan
     from .memory import Workload
     from .speed import Run
 
     ranked = []
-    for type_k, type_v in cache_types:
-        p = plan(meta, device, Workload(ctx, ubatch, type_k=type_k, type_v=type_v))
+    for (type_k, type_v), ubatch in itertools.product(cache_types, ubatches):
+        p = plan(meta, device, Workload(ctx, ubatch, max(ubatch, 2048), type_k=type_k, type_v=type_v))
         if p["n_cpu_moe"] is None:
             continue
         ncmoe = expert_tensors(meta, list(range(p["n_cpu_moe"])))
