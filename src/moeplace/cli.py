@@ -269,6 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     tw.add_argument("--seed", type=int, default=0, help="random seed for --weights random")
     tw.set_defaults(func=cmd_twin)
 
+    do = sub.add_parser("doctor", help="which llama.cpp backend this machine will build and use, and why")
+    do.add_argument("--backend", choices=("auto", "cpu", "cuda", "hip", "vulkan"), default="auto")
+    do.add_argument("--json", action="store_true")
+    do.set_defaults(func=cmd_doctor)
     ve = sub.add_parser("verify", help="re-check a published directory against its MANIFEST.json")
     ve.add_argument("folder", help="publish/<name>/")
     ve.set_defaults(func=cmd_verify)
@@ -277,6 +281,23 @@ def build_parser() -> argparse.ArgumentParser:
     me.add_argument("-o", "--output", required=True, help="the merged directory to write")
     me.set_defaults(func=cmd_merge)
     return p
+
+
+def cmd_doctor(args: argparse.Namespace) -> None:
+    from .runtime.backend import detect
+
+    backend = detect(args.backend)
+    if args.json:
+        print(json.dumps(backend.as_dict(), indent=1))
+        return
+    print(f"backend: {backend.name} ({backend.reason})")
+    for d in backend.devices:
+        memory = (
+            f": {d['free_bytes'] / 2**30:.1f} of {d['total_bytes'] / 2**30:.1f} GiB free" if d["total_bytes"] else ""
+        )
+        print(f"  device {d['name']}{memory}")
+    if backend.install:
+        print(f"to use it, install {backend.install}")
 
 
 def cmd_verify(args: argparse.Namespace) -> None:

@@ -38,7 +38,5 @@ rule budget_check:
         "logs/budget_check/all.log",
     conda:
         "../../environment.yml"
-    params:
-        device=config["device"]["name"],
     script:
         "../scripts/budget_check_figure.py"

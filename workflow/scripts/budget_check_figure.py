@@ -10,5 +10,6 @@ with stage(snakemake.log[0]) as log:
         pd.concat([pd.read_csv(path) for path in snakemake.input], ignore_index=True).to_dict("records")
     )
     write_csv(snakemake.output.table, table)
-    figure(table, snakemake.output.figure, f"Minimum --n-cpu-moe on {snakemake.params.device}")
+    device = table.device.dropna().iloc[0] if table.device.notna().any() else "the device"
+    figure(table, snakemake.output.figure, f"Minimum --n-cpu-moe on {device}")
     log.info("budget check: %s", summary(table))

