@@ -100,6 +100,7 @@ def assert_publishes(wd, runs: int, ctx: int) -> None:
         name = table_name(str(t.relative_to(folder)))
         assert f"## {name}" in data and set(pd.read_csv(t).columns) <= set(dictionary[name]["columns"])
     index = (folder / "index.html").read_text()
+    assert (folder / "report.html").stat().st_size > 100_000  # Snakemake's own report, of what was run
     # The figure, and what the first command did not make.
     assert f"figures/ncmoe_{Context(ctx).label}.png" in index and "Not run" in index
     rows = read_sqlite(folder / "llama-bench.sqlite")

@@ -162,9 +162,10 @@ def publish(
     dictionary: dict[str, dict[str, Any]],
     facts: dict[str, Any],
     missing: list[str],
+    report: Path | None = None,
 ) -> Path:
     """Write publish/<name>/ and <name>.tar.gz; `tables`/`figures`: relative name -> file; `missing`: what the
-    run has not made (listed in the index, not an error)."""
+    run has not made (listed in the index, not an error); `report`: Snakemake's report of the run, if made."""
     for rel, path in tables.items():
         validate_table(table_name(rel), pd.read_csv(path), dictionary, str(path))
     with atomic_dir(out) as tmp:
@@ -174,11 +175,27 @@ def publish(
         names = sorted({table_name(rel) for rel in tables})
         (tmp / "DATA.md").write_text(data_md(dictionary, names))
         write_sqlite([sqlite_row(r, facts.get("name", out.name)) for r in records], tmp / SQLITE)
+        if report:
+            shutil.copy2(report, tmp / "report.html")
         (tmp / "index.html").write_text(index_html(out.name, tables, figures, captions, missing, facts))
         write_manifest(tmp, facts)
     with atomic_path(out.with_name(out.name + ".tar.gz")) as tmp, tarfile.open(tmp, "w:gz") as tar:
         tar.add(out, arcname=out.name)
     return out
+
+
+def snakemake_report(out: Path, targets: list[str], log_path: Path) -> Path | None:
+    """Snakemake's own report for these targets (what has been run), or None (the reason in the log): the
+    published directory does not depend on it."""
+    import sys
+
+    from .runtime.process import run
+
+    if not targets:
+        return None
+    result = run([sys.executable, "-m", "snakemake", "--nolock", "--report", str(out), *targets], log_path=log_path,
+                 timeout_s=600)  # fmt: skip
+    return out if result.ok and out.exists() else None
 
 
 def write_manifest(folder: Path, facts: dict[str, Any]) -> None:
@@ -229,6 +246,7 @@ def index_html(
     parts.append("<h2>Tables</h2><ul>" + "".join(f"<li><a href='{e(r)}'>{e(r)}</a></li>" for r in tables) + "</ul>")
     parts.append(
         "<p>Columns: <a href='DATA.md'>DATA.md</a>. Every run: <a href='llama-bench.sqlite'>llama-bench.sqlite</a>."
+        " Snakemake's report of the runs, with its captions and provenance: <a href='report.html'>report.html</a>."
     )
     if missing:
         parts.append("<h2>Not run</h2><ul>" + "".join(f"<li>{e(m)}</li>" for m in missing) + "</ul>")

@@ -4,7 +4,7 @@ llama-bench.sqlite, MANIFEST.json) and publish/<name>.tar.gz."""
 from pathlib import Path
 
 from moeplace.outputs import read_json, read_jsonl, stage
-from moeplace.publish import DICTIONARY, load_dictionary, publish
+from moeplace.publish import DICTIONARY, load_dictionary, publish, snakemake_report
 from moeplace.runtime.provenance import pipeline_revision
 
 with stage(snakemake.log[0]) as log:
@@ -21,6 +21,8 @@ with stage(snakemake.log[0]) as log:
         "not_run": p.missing,
         "config": p.config,
     }
+    log_path = Path(snakemake.log[0])
+    report = snakemake_report(log_path.with_suffix(".report.html"), list(i.figures), log_path)
     folder = publish(
         out=Path(snakemake.output.folder),
         tables={str(Path(t).relative_to("results")): Path(t) for t in i.tables},
@@ -30,6 +32,7 @@ with stage(snakemake.log[0]) as log:
         dictionary=load_dictionary(DICTIONARY),
         facts=facts,
         missing=p.missing,
+        report=report,
     )
     log.info("published %d tables, %d figures, %d runs to %s (%d outputs not run)", len(i.tables), len(i.figures),
              len(records), folder, len(p.missing))  # fmt: skip
