@@ -7,6 +7,7 @@ by the devcap shim: placement and out-of-memory are real while speed is a CPU's.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from ..config import DeviceTarget
 from ..errors import MoeplaceError
 from .cpus import CpuSplit, pin
 from .llamacpp import free_device_bytes, require_binary
+from .native import build_native
 from .process import spawn, stop
 
 
@@ -27,6 +29,7 @@ class DeviceSetup:
     kind: str  # "gpu" or "emulated"
     label: str
     cap_bytes: int
+    hold: bool = False  # a GPU capped to cap_bytes: the rest of its free memory is held while a job runs
 
 
 def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
@@ -39,9 +42,10 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
                 "device.kind is gpu, but this llama.cpp build sees no GPU; set llamacpp.bin_dir to a "
                 "CUDA/HIP/Vulkan build, or device.kind to emulated."
             )
+        label = name or manifest["gpu_devices"][0]
         if vram_bytes is None:
-            vram_bytes = free_device_bytes(manifest)
-        return DeviceSetup("gpu", name or manifest["gpu_devices"][0], vram_bytes)
+            return DeviceSetup("gpu", label, free_device_bytes(manifest))
+        return DeviceSetup("gpu", f"{label}, capped to {vram_bytes / 2**30:.2f} GiB", vram_bytes, hold=True)
     if vram_bytes is None:
         raise MoeplaceError(
             "device.vram is auto, but there is no GPU to ask: give the emulated device a size, e.g. vram: 135MB."
@@ -81,9 +85,29 @@ def rpc_device(manifest: dict[str, Any], cap_bytes: int, cpus: tuple[int, ...], 
         stop(proc)
 
 
+@contextmanager
+def gpu_held(keep_free_bytes: int, log_path: Path, index: int = 0) -> Iterator[None]:
+    """GPU `index` capped to `keep_free_bytes` of free memory for the duration of one job: a holder process takes
+    the rest with plain device allocations, and gives it back when the job ends or dies (native/gpuhold.c)."""
+    holder = build_native("gpuhold", log_path, shared=False)
+    start = log_path.stat().st_size if log_path.exists() else 0
+    proc = spawn([str(holder), str(index), str(keep_free_bytes)], env=None, log_path=log_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not re.search(r"^held \d+ free \d+", log_path.read_text(errors="replace")[start:], re.MULTILINE):
+            if proc.poll() is not None:
+                raise MoeplaceError(f"the GPU memory holder exited (code {proc.returncode}); see {log_path}.")
+            if time.monotonic() > deadline:
+                raise MoeplaceError(f"the GPU memory holder did not report within 120 s; see {log_path}.")
+            time.sleep(0.1)
+        yield None
+    finally:
+        stop(proc)
+
+
 def attached(device: DeviceSetup, manifest: dict[str, Any], cpus: CpuSplit, log_path: Path):  # noqa: ANN201
     """The context a llama.cpp run needs for `device`: the RPC server's address (emulated, on its own CPUs
-    where there are two or more), or None (a GPU)."""
+    where there are two or more), or None (a GPU, capped by a memory holder when asked to be smaller)."""
     if device.kind == "emulated":
         return rpc_device(manifest, device.cap_bytes, cpus.device or cpus.bench, log_path)
-    return nullcontext()
+    return gpu_held(device.cap_bytes, log_path) if device.hold else nullcontext()

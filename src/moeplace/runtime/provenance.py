@@ -25,6 +25,8 @@ def host_facts() -> dict[str, Any]:
     if shutil.which("nvidia-smi"):  # other processes on the GPU bias a measurement: record them
         query = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"]
         facts["gpu_processes"] = run(query, timeout_s=30).stdout.strip().splitlines()
+        cards = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.free", "--format=csv,noheader"]
+        facts["gpus"] = run(cards, timeout_s=30).stdout.strip().splitlines()  # name, driver, total and free memory
     return facts
 
 

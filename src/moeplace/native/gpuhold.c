@@ -1,0 +1,80 @@
+/*
+ * gpuhold: make a GPU look like a smaller card by holding the rest of its free memory.
+ *
+ * Usage: moeplace-gpuhold DEVICE KEEP_FREE_BYTES
+ *
+ * Loads the CUDA driver (libcuda.so.1, or the library named by MOEPLACE_GPUHOLD_DRIVER), creates a context on
+ * DEVICE and allocates plain device memory (cuMemAlloc: never managed memory, which the driver could evict) in
+ * chunks until cuMemGetInfo reports at most KEEP_FREE_BYTES free. It then prints one line,
+ * "held <bytes> free <bytes> total <bytes>", and waits for a signal: SIGTERM when the job ends, SIGKILL when its
+ * parent dies (PR_SET_PDEATHSIG), so the memory returns with the job that asked for it, on every exit path.
+ * Exit status is non-zero, with one line on stderr, when the driver or the device is unusable.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef unsigned long long CUdeviceptr;
+
+static CUresult (*cuInit)(unsigned int);
+static CUresult (*cuDeviceGet)(CUdevice *, int);
+static CUresult (*cuCtxCreate)(CUcontext *, unsigned int, CUdevice);
+static CUresult (*cuMemGetInfo)(size_t *, size_t *);
+static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+
+static void *need(void *lib, const char *name) {
+    void *sym = dlsym(lib, name);
+    if (!sym) {
+        fprintf(stderr, "gpuhold: the CUDA driver has no %s\n", name);
+        exit(2);
+    }
+    return sym;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s DEVICE KEEP_FREE_BYTES\n", argv[0]);
+        return 2;
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) return 3; /* the parent is already gone */
+    const char *driver = getenv("MOEPLACE_GPUHOLD_DRIVER");
+    void *lib = dlopen(driver && *driver ? driver : "libcuda.so.1", RTLD_NOW);
+    if (!lib) {
+        fprintf(stderr, "gpuhold: cannot load the CUDA driver (%s)\n", dlerror());
+        return 2;
+    }
+    cuInit = need(lib, "cuInit");
+    cuDeviceGet = need(lib, "cuDeviceGet");
+    cuCtxCreate = need(lib, "cuCtxCreate_v2");
+    cuMemGetInfo = need(lib, "cuMemGetInfo_v2");
+    cuMemAlloc = need(lib, "cuMemAlloc_v2");
+
+    CUdevice dev;
+    CUcontext ctx;
+    size_t free_bytes = 0, total = 0, held = 0;
+    size_t keep = strtoull(argv[2], NULL, 10);
+    if (cuInit(0) || cuDeviceGet(&dev, atoi(argv[1])) || cuCtxCreate(&ctx, 0, dev) || cuMemGetInfo(&free_bytes, &total)) {
+        fprintf(stderr, "gpuhold: CUDA device %s is not usable\n", argv[1]);
+        return 2;
+    }
+    /* Large chunks first, then smaller ones, down to 2 MiB: the held total ends within 2 MiB of the target. */
+    for (size_t chunk = (size_t)1 << 30; chunk >= ((size_t)2 << 20); chunk >>= 1) {
+        while (free_bytes > keep && free_bytes - keep >= chunk) {
+            CUdeviceptr ptr;
+            if (cuMemAlloc(&ptr, chunk)) break;
+            held += chunk;
+            if (cuMemGetInfo(&free_bytes, &total)) break;
+        }
+    }
+    printf("held %zu free %zu total %zu\n", held, free_bytes, total);
+    fflush(stdout);
+    for (;;) pause(); /* the driver frees everything when the process ends */
+}
