@@ -28,6 +28,7 @@ MANIFEST = "MANIFEST.json"
 UNLISTED = (MANIFEST, ".snakemake_timestamp")  # the manifest itself, and Snakemake's mark on a finished folder
 DICTIONARY = Path(__file__).with_name("tables.yaml")  # every published table's columns: unit and meaning
 SQLITE = "llama-bench.sqlite"
+SQL_TABLES = ("llama_bench", "failed_runs")
 # llama-bench's SQL table (its -o sql, read by scripts/compare-llama-bench.py): field -> SQL type.
 LLAMA_BENCH_FIELDS = {
     "build_commit": "TEXT", "build_number": "INTEGER", "cpu_info": "TEXT", "gpu_info": "TEXT", "backends": "TEXT",
@@ -125,14 +126,18 @@ def sqlite_row(record: dict[str, Any], provenance: str) -> dict[str, Any]:
 
 
 def write_sqlite(rows: list[dict[str, Any]], path: Path) -> None:
+    """Measured runs in `llama_bench` (what compare-llama-bench.py averages); runs that failed (out of memory,
+    crash, timeout) in `failed_runs`, same columns, no numbers."""
     fields = {**LLAMA_BENCH_FIELDS, **OUR_FIELDS}
+    columns = ", ".join(f"{k} {v}" for k, v in fields.items())
     with atomic_path(path) as tmp:
         con = sqlite3.connect(tmp)
-        con.execute(f"CREATE TABLE llama_bench ({', '.join(f'{k} {v}' for k, v in fields.items())})")
-        con.executemany(
-            f"INSERT INTO llama_bench VALUES ({', '.join('?' for _ in fields)})",
-            [[_sql(row.get(k)) for k in fields] for row in rows],
-        )
+        for table, keep in ((SQL_TABLES[0], True), (SQL_TABLES[1], False)):
+            con.execute(f"CREATE TABLE {table} ({columns})")
+            con.executemany(
+                f"INSERT INTO {table} VALUES ({', '.join('?' for _ in fields)})",
+                [[_sql(row.get(k)) for k in fields] for row in rows if (row.get("avg_ts") is not None) == keep],
+            )
         con.commit()
         con.close()
 
@@ -142,9 +147,10 @@ def _sql(value: Any) -> Any:
 
 
 def read_sqlite(path: Path) -> list[dict[str, Any]]:
+    """Every run of a published SQLite, measured or failed."""
     con = sqlite3.connect(path)
     con.row_factory = sqlite3.Row
-    rows = [dict(r) for r in con.execute("SELECT * FROM llama_bench")]
+    rows = [dict(r) for table in SQL_TABLES for r in con.execute(f"SELECT * FROM {table}")]
     con.close()
     return rows
 
