@@ -141,27 +141,36 @@ def summary(table: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def figure(table: pd.DataFrame, path: str | Path, title: str) -> None:
-    """Predicted and llama-fit-params' minimum n against the measured one, one point per cell."""
+def figure(table: pd.DataFrame, path: str | Path, device: str) -> None:
+    """Predicted and llama-fit-params' minimum n against the measured one; each point says how many cells it is."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     cells = table[(table.status == "ok") & table.measured_n.notna()]
-    fig, ax = plt.subplots(figsize=(6.4, 5.2))
+    fig, ax = plt.subplots(figsize=(7, 5.4))
     top = int(max(cells[["measured_n", "predicted_n"]].max().max(), 1)) if len(cells) else 1
     ax.plot([0, top], [0, top], color="0.7", lw=1, label="exact")
-    ax.scatter(cells.measured_n, cells.predicted_n, marker="o", s=40, label="moeplace budget", zorder=3)
-    fit = cells[cells.fit_params_n.notna()]
-    ax.scatter(fit.measured_n, fit.fit_params_n, marker="x", s=40, label="llama-fit-params (-fitt 0)", zorder=3)
-    ax.set_xlabel("measured minimum --n-cpu-moe (load probes)")
+    for column, marker, label, offset in (("predicted_n", "o", "moeplace budget", 8),
+                                          ("fit_params_n", "x", "llama-fit-params (-fitt 0)", -14)):  # fmt: skip
+        points = cells[cells[column].notna()].groupby(["measured_n", column]).size()
+        xs, ys = zip(*points.index) if len(points) else ((), ())
+        ax.scatter(xs, ys, marker=marker, s=50, label=label, zorder=3)
+        for (x, y), count in points.items():
+            ax.annotate(f"{count}", (x, y), textcoords="offset points", xytext=(6, offset), fontsize=8)
+    ax.set_xlabel("measured minimum --n-cpu-moe (load probes at the full context)")
     ax.set_ylabel("predicted minimum --n-cpu-moe")
     s = summary(table)
     ax.set_title(
-        f"{title}\nbudget exact on {s['exact']} of {s['cells']} cells, below the measured on {s['below_measured']}"
+        "Minimum --n-cpu-moe, predicted vs measured\n"
+        f"budget exact on {s['exact']} of {s['cells']} cells, below the measured on {s['below_measured']} "
+        f"({s['cells'] - len(cells)} cells where nothing fits are not drawn)\n" + textwrap.shorten(device, 80),
+        fontsize=9,
     )
-    ax.legend()
+    ax.legend(title="numbers: cells at the point", fontsize=8, title_fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -11,5 +11,5 @@ with stage(snakemake.log[0]) as log:
     )
     write_csv(snakemake.output.table, table)
     device = table.device.dropna().iloc[0] if table.device.notna().any() else "the device"
-    figure(table, snakemake.output.figure, f"Minimum --n-cpu-moe on {device}")
+    figure(table, snakemake.output.figure, device)
     log.info("budget check: %s", summary(table))
