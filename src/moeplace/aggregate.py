@@ -155,8 +155,7 @@ def memory_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[s
             continue  # one row set per run (its tg record), and only where llama.cpp logged its buffers
         meta = metadata[r["model"]]
         n_ctx = max(c["n_ctx"] for c in contexts)
-        w = Workload(n_ctx, r.get("ubatch", 512), max(r.get("ubatch", 512), 2048), r.get("flash_attn", "auto"),
-                     r["type_k"], r["type_v"])  # fmt: skip
+        w = Workload(n_ctx, r.get("ubatch", 512), r.get("flash_attn", "auto"), r["type_k"], r["type_v"])
         host = frozenset(r.get("cpu_tensors") or []) if r.get("overrides") else frozenset()
         need = device_need(meta, w, 0 if host else r["n_cpu_moe"], pinned=host)
         for buffer, ours in (("weights", need.weights), ("kv", need.kv), ("compute", need.compute)):

@@ -12,7 +12,6 @@ Over a grid of contexts, ubatch sizes, KV cache types and flash attention, on th
 from __future__ import annotations
 
 import itertools
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from .budget import Device, plan
 from .config import DeviceTarget
 from .kvcache import needs_flash_attn
 from .memory import Workload
+from .placement import matching_tensors
 from .tune import search
 
 UNSUPPORTED = "unsupported"  # llama.cpp refuses a quantized V cache without flash attention
@@ -29,21 +29,21 @@ UNSUPPORTED = "unsupported"  # llama.cpp refuses a quantized V cache without fla
 
 def grid(contexts: list[int], ubatches: list[int], cache_types: list[str], flash_attn: list[str]) -> list[Workload]:
     return [
-        Workload(ctx, ub, max(ub, 2048), fa, kv, kv)
+        Workload(ctx, ub, fa, kv, kv)
         for ctx, ub, kv, fa in itertools.product(contexts, ubatches, cache_types, flash_attn)
     ]
 
 
-def fitted_n(meta: dict[str, Any], ngl: int | None, patterns: list[str]) -> int | None:
+def fitted_n(meta: dict[str, Any], ngl: int | None, overrides: str | None) -> int | None:
     """Layers whose experts llama-fit-params keeps on the host: those below its -ngl (llama.cpp offloads the last
-    -ngl layers, the output counting as one) and those its -ot patterns match."""
+    -ngl layers, the output counting as one) and those its -ot value matches."""
     if ngl is None:
         return None
     n_layer = meta["n_layer"]
     first_on_device = 0 if ngl < 0 else max(n_layer + 1 - ngl, 0)
     host = set(range(min(first_on_device, n_layer)))
     for layer in meta["layers"]:
-        if any(re.search(p, name) for p in patterns for name in layer["expert_tensors"]):
+        if matching_tensors(overrides, list(layer["expert_tensors"])):
             host.add(layer["index"])
     return len(host)
 
@@ -92,9 +92,9 @@ def check_model(
                 return load_probe(manifest, model_path, w.llama_args(), n, rpc, log_path)[0], None
 
             measured = search(start, meta["n_layer"], probe, spill_ratio=0.0)
-            ngl, patterns = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
+            ngl, overrides = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
             row |= {"predicted_n": predicted, "measured_n": measured.lowest_n,
-                    "fit_params_n": fitted_n(meta, ngl, patterns), "fit_params_ngl": ngl,
+                    "fit_params_n": fitted_n(meta, ngl, overrides), "fit_params_ngl": ngl,
                     "load_probes": measured.loads, "compute_mib": p["compute_bytes"] / 2**20,
                     "kv_mib": p["kv_bytes"] / 2**20, "status": "ok"}  # fmt: skip
             if i < depth_checks and w.ubatch == 512:  # llama-bench's default batch: the sweep's own runs

@@ -16,6 +16,7 @@ from .errors import MoeplaceError
 CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 KV_PAD = 256  # llama.cpp pads cache sizes to 256 cells
 DEFAULT_UBATCH = 512
+DEFAULT_BATCH = 2048  # llama.cpp's -b
 
 
 def _pad(n: int, to: int = KV_PAD) -> int:
@@ -82,6 +83,11 @@ def needs_flash_attn(type_v: str) -> bool:
     return type_v not in ("f16", "bf16", "f32")
 
 
+def batch_for(ubatch: int) -> int:
+    """The -b that goes with a -ub: llama.cpp's default batch, raised to the ubatch (it needs -b >= -ub)."""
+    return max(ubatch, DEFAULT_BATCH)
+
+
 def cache_args(type_k: str, type_v: str, flash_attn: str = "auto", ubatch: int = DEFAULT_UBATCH) -> list[str]:
     """llama.cpp's flags for this KV cache, flash attention and ubatch (none for the defaults)."""
     args = [] if (type_k, type_v) == ("f16", "f16") else ["--cache-type-k", type_k, "--cache-type-v", type_v]
@@ -90,5 +96,5 @@ def cache_args(type_k: str, type_v: str, flash_attn: str = "auto", ubatch: int =
     if flash_attn != "auto":
         args += ["-fa", flash_attn]
     if ubatch != DEFAULT_UBATCH:
-        args += ["-ub", str(ubatch), "-b", str(max(ubatch, 2048))]
+        args += ["-ub", str(ubatch), "-b", str(batch_for(ubatch))]
     return args

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .kvcache import KV_PAD, kv_bytes
+from .kvcache import KV_PAD, batch_for, kv_bytes
 
 FLASH_ATTN = ("auto", "on", "off")
 
@@ -27,11 +27,14 @@ class Workload:
 
     ctx: int
     ubatch: int = 512
-    batch: int = 2048
     flash_attn: str = "auto"  # auto resolves to on where the device runs flash attention (GPUs, the RPC device)
     type_k: str = "f16"
     type_v: str = "f16"
     parallel: int = 1
+
+    @property
+    def batch(self) -> int:
+        return batch_for(self.ubatch)
 
     @property
     def tokens(self) -> int:
@@ -127,10 +130,12 @@ def device_need(
 
 def minimum_n(meta: dict[str, Any], fits: Callable[[int], bool]) -> int | None:
     """The smallest n whose placement fits (more experts on the host never needs more device memory)."""
-    n_layer = meta["n_layer"]
-    if not fits(n_layer):
-        return None
-    lo, hi = 0, n_layer
+    return lowest(0, meta["n_layer"], fits) if fits(meta["n_layer"]) else None
+
+
+def lowest(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
+    """The smallest n in [lo, hi] for which `fits` holds, by bisection (`fits` turns true once and stays true;
+    hi is taken to fit)."""
     while lo < hi:
         mid = (lo + hi) // 2
         if fits(mid):

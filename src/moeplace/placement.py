@@ -350,7 +350,7 @@ def rank_placements(
 
     ranked = []
     for (type_k, type_v), ubatch in itertools.product(cache_types, ubatches):
-        p = plan(meta, device, Workload(ctx, ubatch, max(ubatch, 2048), type_k=type_k, type_v=type_v))
+        p = plan(meta, device, Workload(ctx, ubatch, type_k=type_k, type_v=type_v))
         if p["n_cpu_moe"] is None:
             continue
         ncmoe = expert_tensors(meta, list(range(p["n_cpu_moe"])))
@@ -370,8 +370,7 @@ def rank_placements(
 
 def fit_params_overrides(manifest: dict[str, Any], model: str, ctx: int, rpc: str | None, log_path: Any) -> str | None:
     """llama.cpp's own placement for this device (llama-fit-params, no margin), as a llama-bench -ot value."""
-    import shlex
-
+    from .runtime.allocation import fitted_args
     from .runtime.llamacpp import require_binary
     from .runtime.process import run_checked
 
@@ -379,9 +378,7 @@ def fit_params_overrides(manifest: dict[str, Any], model: str, ctx: int, rpc: st
     if rpc:
         cmd += ["--rpc", rpc]
     out = run_checked(cmd, f"llama-fit-params placing {model} at {ctx} tokens", log_path, timeout_s=600)
-    args = shlex.split(out.stdout.strip().splitlines()[-1])
-    # fit-params joins patterns with ',' (llama-server's separator); llama-bench wants ';'.
-    return args[args.index("-ot") + 1].replace(",", ";") if "-ot" in args else None
+    return fitted_args(out.stdout)[1]
 
 
 def matching_tensors(overrides: str | None, names: list[str]) -> set[str]:

@@ -88,10 +88,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     extra = Path(args.mmproj).stat().st_size if args.mmproj else 0
     pinned = pinned_tensors(meta, args.override_tensor) if args.model else frozenset()
     workloads = [
-        Workload(ctx, args.ubatch, max(args.ubatch, 2048), args.flash_attn, args.cache_type_k, args.cache_type_v,
-                 args.parallel)
+        Workload(ctx, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v, args.parallel)
         for ctx in contexts
-    ]  # fmt: skip
+    ]
     plans = [budget_mod.plan(meta, device, w, extra_bytes=extra, pinned=pinned) for w in workloads]
     model = speed_model(args) if args.model else None
     for p in plans:

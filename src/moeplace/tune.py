@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import BenchSettings, DeviceTarget, TuneSettings
+from .memory import lowest
 
 log = logging.getLogger("moeplace")
 
@@ -86,12 +87,7 @@ def search(
             hi = start - 1
     else:
         lo = start + 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid + 1
+    lo = lowest(lo, hi, feasible)
     if lo > n_layer or not feasible(lo):
         return result  # even all experts on the host does not run: the context does not fit
     result.lowest_n = lo
@@ -192,7 +188,7 @@ def tune_model(
 
     device = device_setup(target, manifest)
     memory = Device(device.cap_bytes, memory.overhead_bytes)
-    workload = Workload(ctx, ubatch, max(ubatch, 2048), flash_attn, type_k, type_v)
+    workload = Workload(ctx, ubatch, flash_attn, type_k, type_v)
     predicted = plan(meta, memory, workload)["n_cpu_moe"]
     log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", ctx, predicted, device.label)
     start = meta["n_layer"] if predicted is None else predicted

@@ -11,9 +11,7 @@ from moeplace.outputs import read_json, stage, write_csv
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params
     meta = read_json(i.metadata)
-    workloads = [
-        Workload(ctx, p.ubatch, max(p.ubatch, 2048), p.flash_attn, p.cache_type_k, p.cache_type_v) for ctx in p.contexts
-    ]
+    workloads = [Workload(ctx, p.ubatch, p.flash_attn, p.cache_type_k, p.cache_type_v) for ctx in p.contexts]
     with compute_from_llamacpp(
         i.model[0] if "model" in i.keys() else None,
         read_json(i.llamacpp) if "llamacpp" in i.keys() else None,

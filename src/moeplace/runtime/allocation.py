@@ -111,16 +111,22 @@ def load_probe(
     return status, loads[-1] if status == "ok" and loads else None
 
 
+def fitted_args(stdout: str) -> tuple[int, str | None]:
+    """llama-fit-params' printed arguments: its -ngl, and its -ot value as llama-bench takes it (None: none).
+    It joins -ot patterns with ',' (llama-server's separator); llama-bench wants ';'."""
+    args = shlex.split(stdout.strip().splitlines()[-1])
+    overrides = args[args.index("-ot") + 1].replace(",", ";") if "-ot" in args else None
+    return int(args[args.index("-ngl") + 1]), overrides
+
+
 def fitted_placement(
     manifest: dict[str, Any], model: str, workload_args: list[str], rpc: str | None, log_path: Path
-) -> tuple[int | None, list[str]]:
-    """llama-fit-params' own placement with no margin: (-ngl, the -ot patterns it sends to the host), or
-    (None, []) where it found none. It may also keep whole layers on the host (a lower -ngl)."""
+) -> tuple[int | None, str | None]:
+    """llama-fit-params' own placement with no margin, as fitted_args gives it, or (None, None) where it found
+    none. It may also keep whole layers on the host (a lower -ngl)."""
     cmd = [str(require_binary(manifest, "llama-fit-params"))]
     cmd += (["--rpc", rpc] if rpc else []) + ["-m", model, *workload_args, "-fitt", "0"]
     result = run(cmd, log_path=log_path, timeout_s=600)
     if not result.ok or not result.stdout.strip():
-        return None, []
-    args = shlex.split(result.stdout.strip().splitlines()[-1])
-    patterns = [p.rsplit("=", 1)[0] for p in args[args.index("-ot") + 1].split(",")] if "-ot" in args else []
-    return int(args[args.index("-ngl") + 1]), patterns
+        return None, None
+    return fitted_args(result.stdout)
