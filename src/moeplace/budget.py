@@ -19,7 +19,7 @@ import pandas as pd
 
 from .config import DeviceTarget
 from .errors import MoeplaceError
-from .kvcache import KV_PAD, kv_bytes
+from .kvcache import KV_PAD, kv_bytes, pad
 from .memory import DeviceNeed, Workload, device_need, host_kept_bytes, minimum_n
 from .units import GB
 
@@ -66,7 +66,7 @@ def plan(
 ) -> dict[str, Any]:
     """One workload's budget: each device buffer at the minimum n_cpu_moe (at n = all layers where nothing
     fits), the room left for experts, and that n; `pinned` expert tensors stay on the host whatever n is."""
-    row: dict[str, Any] = {"ctx": w.ctx, "cells": -(-w.ctx // KV_PAD) * KV_PAD * w.parallel, "ubatch": w.ubatch,
+    row: dict[str, Any] = {"ctx": w.ctx, "cells": pad(w.ctx) * w.parallel, "ubatch": w.ubatch,
                            "flash_attn": w.flash_attn, "parallel": w.parallel, "cache_type_k": w.type_k,
                            "cache_type_v": w.type_v}  # fmt: skip
     if meta.get("attention") is None:
@@ -159,17 +159,22 @@ def compute_from_llamacpp(
             raise MoeplaceError("device.vram is auto, which needs a model file and a GPU; give the card's size.")
         yield Device(**memory), None
         return
-    from .runtime.allocation import reserve
     from .runtime.cpus import split_cpus
     from .runtime.device import attached, device_setup
 
     setup = device_setup(target, manifest)
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
+        yield Device(setup.cap_bytes, memory["overhead_bytes"]), reserved_compute(manifest, model_path, rpc, log_path)
 
-        def compute(w: Workload, n_cpu_moe: int) -> int:
-            return reserve(manifest, model_path, w.llama_args(), n_cpu_moe, rpc, log_path).device.get("compute", 0)
 
-        yield Device(setup.cap_bytes, memory["overhead_bytes"]), compute
+def reserved_compute(manifest: dict[str, Any], model_path: str, rpc: str | None, log_path: Path) -> Compute:
+    """The device compute buffer as llama.cpp reserves it for a workload and placement, on the attached device."""
+    from .runtime.allocation import reserve
+
+    def compute(w: Workload, n_cpu_moe: int) -> int:
+        return reserve(manifest, model_path, w.llama_args(), n_cpu_moe, rpc, log_path).device.get("compute", 0)
+
+    return compute
 
 
 COLUMNS = [

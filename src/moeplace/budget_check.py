@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from .budget import Device, plan
+from .budget import Device, plan, reserved_compute
 from .config import DeviceTarget
 from .kvcache import needs_flash_attn
 from .memory import Workload
@@ -65,7 +65,7 @@ def check_model(
     """One row per grid cell."""
     from .bench import run_bench
     from .config import BenchSettings
-    from .runtime.allocation import fitted_placement, load_probe, reserve
+    from .runtime.allocation import fitted_placement, load_probe
     from .runtime.cpus import split_cpus
     from .runtime.device import attached, device_setup
 
@@ -73,9 +73,7 @@ def check_model(
     device = Device(setup.cap_bytes, overhead_bytes)
     rows = []
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
-
-        def compute(w: Workload, n: int) -> int:
-            return reserve(manifest, model_path, w.llama_args(), n, rpc, log_path).device.get("compute", 0)
+        compute = reserved_compute(manifest, model_path, rpc, log_path)
 
         for i, w in enumerate(workloads):
             row = {"model": model, "n_layer": meta["n_layer"], "ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k,

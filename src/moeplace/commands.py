@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from .kvcache import DEFAULT_UBATCH, cache_args
+from .runtime.model_ref import is_remote
 
 
 def llama_server(
@@ -23,7 +24,7 @@ def llama_server(
     `-ot` patterns (joined with ',' as it expects); with --parallel, -c holds every slot's context."""
     placement = ["-ot", overrides] if overrides else ["--n-cpu-moe", str(n_cpu_moe)]
     placement = [*(a for rule in pins or [] for a in ("-ot", rule)), *placement]
-    source = ["-mu", model] if model.startswith(("http://", "https://")) else ["-m", model]  # -mu downloads it
+    source = ["-mu", model] if is_remote(model) else ["-m", model]  # -mu downloads it
     cmd = ["llama-server", *source, "-c", str(ctx * parallel), "-ngl", "99", *placement]
     cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), *(["--parallel", str(parallel)] if parallel > 1 else [])]
     return shlex.join(cmd)

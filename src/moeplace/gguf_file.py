@@ -288,7 +288,9 @@ def shard_paths(path: Path) -> list[Path]:
 def read_header(path: str | Path) -> GGUFHeader:
     """Read the header and tensor table of a model, every shard of a split model included; an http(s) URL is
     read with range requests, header only."""
-    if str(path).startswith(("http://", "https://")):
+    from .runtime.model_ref import is_remote
+
+    if is_remote(str(path)):
         from .runtime.remote import read_remote, shard_urls
 
         paths: list[Any] = shard_urls(str(path))

@@ -19,7 +19,7 @@ DEFAULT_UBATCH = 512
 DEFAULT_BATCH = 2048  # llama.cpp's -b
 
 
-def _pad(n: int, to: int = KV_PAD) -> int:
+def pad(n: int, to: int = KV_PAD) -> int:
     return -(-n // to) * to
 
 
@@ -34,10 +34,10 @@ def row_size(cache_type: str, n: int) -> int:
 
 def cells(ctx: int, window: int = 0, n_ubatch: int = DEFAULT_UBATCH, n_seq: int = 1) -> int:
     """Cells one layer's cache holds for a context of ctx tokens."""
-    full = _pad(ctx)
+    full = pad(ctx)
     if not window:
         return full
-    return min(full, _pad(window * n_seq + n_ubatch))
+    return min(full, pad(window * n_seq + n_ubatch))
 
 
 def layer_kv_bytes(

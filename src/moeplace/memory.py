@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .kvcache import KV_PAD, batch_for, kv_bytes
+from .kvcache import batch_for, kv_bytes, pad
 
 FLASH_ATTN = ("auto", "on", "off")
 
@@ -84,22 +84,18 @@ def state_bytes(meta: dict[str, Any]) -> int:
     return sum(layer.get("state_bytes", 0) for layer in meta["layers"])
 
 
-def _pad(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
 def estimate_compute(meta: dict[str, Any], w: Workload, n_cpu_moe: int) -> int:
     """The device compute buffer from the graph's largest live tensors (an estimate: llama.cpp's allocator
     reuses memory between them; its own reserve is exact)."""
     a = meta["attention"]
     flash = w.flash_attn != "off"
     tokens = w.tokens
-    n_kv = _pad(w.ctx, KV_PAD) * w.parallel
+    n_kv = pad(w.ctx) * w.parallel
     layers = [layer for layer in meta["layers"] if layer["has_kv"]]
     mask_cols = n_kv if any(not layer["swa"] for layer in layers) else 0
     if any(layer["swa"] for layer in layers):
-        mask_cols += min(n_kv, _pad(a["sliding_window"] * w.parallel + w.ubatch, KV_PAD))
-    mask = mask_cols * (_pad(tokens, 64) * 2 if flash else tokens * 4)  # f16 and padded for flash attention
+        mask_cols += min(n_kv, pad(a["sliding_window"] * w.parallel + w.ubatch))
+    mask = mask_cols * (pad(tokens, 64) * 2 if flash else tokens * 4)  # f16 and padded for flash attention
     activations = tokens * 4 * 4 * a["n_embd"]  # the residual stream and its normed copies, f32
     scores = 0 if flash else n_kv * tokens * a["n_head"] * 4
     if a["mla"] and not flash:

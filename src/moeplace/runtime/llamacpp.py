@@ -49,6 +49,7 @@ BASE_OPTIONS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DGGML_RPC=ON",  # decided at the first configure: switching it later rebuilds everything
 )
+_GPU_LINE = re.compile(r"\s*(CUDA|ROCm|HIP|Vulkan|Metal|SYCL|MUSA|CANN)\d*:")  # a GPU in --list-devices
 _VERSION = re.compile(r"version: (?P<version>\S+) \(build (?P<number>\d+), commit (?P<commit>[^)]+)\)")
 
 
@@ -196,11 +197,7 @@ def version_info(bin_dir: Path) -> dict[str, Any]:
             f"{bench} does not offer {', '.join(missing)}: this llama.cpp is too old (-ncmoe came in PR #15077, "
             "August 2025); update it, or unset llamacpp.bin_dir to use the pinned build."
         )
-    gpus = [
-        line.strip()
-        for line in _output(bench, "--list-devices").splitlines()
-        if re.match(r"\s*(CUDA|ROCm|HIP|Vulkan|Metal|SYCL|MUSA|CANN)\d*:", line)
-    ]
+    gpus = [line.strip() for line in _output(bench, "--list-devices").splitlines() if _GPU_LINE.match(line)]
     return {
         "version": m["version"] if m else text.strip().splitlines()[0] if text.strip() else "unknown",
         "build_number": int(m["number"]) if m else None,
@@ -280,9 +277,8 @@ def free_memory(device_line: str) -> int | None:
 
 def free_device_bytes(manifest: dict[str, Any]) -> int:
     """The first GPU's free memory now, as its backend reports it (device.vram: auto)."""
-    lines = [line.strip() for line in _output(Path(manifest["bin_dir"]) / "llama-bench", "--list-devices").splitlines()]
-    for line in lines:
-        if re.match(r"(CUDA|ROCm|HIP|Vulkan|Metal|SYCL|MUSA|CANN)\d*:", line) and (free := free_memory(line)):
+    for line in _output(Path(manifest["bin_dir"]) / "llama-bench", "--list-devices").splitlines():
+        if _GPU_LINE.match(line) and (free := free_memory(line)):
             return free
     raise MoeplaceError(
         "device.vram is auto, but llama-bench --list-devices reports no GPU with its free memory; give the card's "
