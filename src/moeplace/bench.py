@@ -180,10 +180,11 @@ def run_bench(
             paired = baseline.samples if baseline else None
             if n >= settings.repetitions and _precise_enough(arm.samples, paired, settings.precision):
                 break
-            # A repetition's cost so far (loads and warm-ups included): no batch may run past the time budget.
+            # A repetition's cost so far (loads and warm-ups included): no batch may run past the time budget,
+            # which is each configuration's (a paired comparison measures two).
             elapsed = time.monotonic() - t0
             per_repetition = elapsed / (n * len(arms))
-            affordable = int((settings.time_budget_s - elapsed) // (per_repetition * len(arms)))
+            affordable = int((settings.time_budget_s * len(arms) - elapsed) // (per_repetition * len(arms)))
             if n >= settings.max_repetitions or affordable < 1:
                 break
             if not baseline:
