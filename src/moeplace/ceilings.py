@@ -6,9 +6,11 @@
 - decode speed of a dense model (every weight read every token) and of each MoE model, all on
   the CPU: tok/s x bytes read per token = effective GB/s. Compared with the RAM ceiling and the
   1 -> T thread scaling it says whether decode is bandwidth- or compute-bound here;
+- on a CUDA card, its links (native/gpulink.c): device memory bandwidth (a device-to-device copy),
+  host-to-device copies from pinned and from pageable memory, device-to-host, and the round trip of
+  one hop's activations; the speed model's prior takes the device bandwidth and the hop cost from them;
 - on a GPU build, the dense model's decode fully on the device: a lower bound of its bandwidth,
-  recorded for reference only (launch overheads keep it far below the card's bandwidth on small
-  models, so the corrected prediction keeps the configured device bandwidth).
+  recorded for reference only (launch overheads keep it far below the card's bandwidth on small models).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pandas as pd
 from .config import CeilingsSettings
 from .errors import MoeplaceError
 from .predict import bytes_per_token
-from .runtime.device import DeviceSetup
+from .runtime.device import LINK_FACTS, DeviceSetup, link_facts
 from .runtime.llamacpp import require_binary
 from .runtime.native import build_native
 from .runtime.process import run_checked
@@ -41,6 +43,13 @@ log = logging.getLogger("moeplace")
 # set its pace, as for models so small that a token's weights are read in well under a millisecond.
 BANDWIDTH_BOUND_FRACTION = 0.8
 SCALING_FLOOR = 1.2
+LINK_DETAILS = {
+    "device_copy": "256 MiB device-to-device copy counted as read + write: the card's memory bandwidth",
+    "host_to_device_pinned": "256 MiB from page-locked host memory",
+    "host_to_device_pageable": "256 MiB from ordinary host memory, as llama.cpp's mmapped host weights travel",
+    "device_to_host_pinned": "256 MiB to page-locked host memory",
+    "hop_round_trip": "a 16 KiB copy to the device and back: one host/device hop of a token's activations",
+}
 COLUMNS = [
     "ceiling",
     "subject",
@@ -198,6 +207,19 @@ def measure_ceilings(
     for name, (path, meta) in models.items():
         speeds = {t: decode_tok_s(manifest, path, t, gen, repetitions, False, log_file) for t in thread_counts}
         rows += _decode_rows("moe_decode", name, speeds, bytes_per_token(meta), ram, "MoE model, all on the CPU")
+    if device.kind == "gpu" and manifest.get("backend") == "cuda":
+        facts = link_facts(log_file)
+        log.info("GPU links: %s", facts)
+        rows += [
+            {
+                "ceiling": name,
+                "subject": device.label,
+                "value": facts[key],
+                "unit": unit,
+                "detail": LINK_DETAILS[name],
+            }
+            for key, (name, unit) in LINK_FACTS.items()
+        ]
     if device.kind == "gpu":
         tok_s = decode_tok_s(manifest, dense_path, threads, gen, repetitions, True, log_file)
         rows.append(
@@ -217,15 +239,24 @@ def measure_ceilings(
 
 
 def measured_bandwidths(ceilings: pd.DataFrame) -> dict[str, float]:
-    """What the corrected prediction uses: the RAM ceiling at the most threads, for the device too
-    when it is the emulated one (its memory is this host's RAM), and the disk's random reads."""
+    """What the speed model's prior uses: the RAM ceiling at the most threads; the device's copy bandwidth
+    on a GPU, the RAM ceiling on the emulated device (its memory is this host's RAM); the hop's round trip;
+    the disk's random reads."""
+
+    def value(name: str) -> float | None:
+        values = ceilings[ceilings.ceiling == name].value.dropna()
+        return float(values.iloc[0]) if not values.empty else None
+
     ram = ceilings[ceilings.ceiling == "ram_read"].sort_values("threads")
     out: dict[str, float] = {}
     if not ram.empty:
         out["bw_ddr_gbps"] = float(ram.value.iloc[-1])
-        if not (ceilings.ceiling == "device_decode").any():  # no GPU measured: the emulated device
-            out["bw_vram_gbps"] = out["bw_ddr_gbps"]
-    disk = ceilings[ceilings.ceiling == "disk_random_read"].value.dropna()
-    if not disk.empty:
-        out["bw_disk_gbps"] = float(disk.iloc[0]) / 1e3
+    if value("device_copy"):
+        out["bw_vram_gbps"] = value("device_copy")
+    elif not ram.empty and not (ceilings.ceiling == "device_decode").any():  # the emulated device
+        out["bw_vram_gbps"] = out["bw_ddr_gbps"]
+    if value("hop_round_trip"):  # a round trip is two hops: activations to the host and back
+        out["hop_s"] = value("hop_round_trip") * 1e-6 / 2
+    if value("disk_random_read"):
+        out["bw_disk_gbps"] = value("disk_random_read") / 1e3
     return out

@@ -30,6 +30,7 @@ class Bandwidths:
     disk_gbps: float | None = None
     ram_bytes: int | None = None  # host RAM for the CPU-side experts; None: they always fit
     measured_disk_gbps: float | None = None
+    measured_hop_s: float | None = None  # one host<->device transfer of a token's activations (ceilings)
 
 
 def active_fraction(meta: dict[str, Any]) -> float:

@@ -166,13 +166,15 @@ class SpeedModel:
 
 def prior(bw: Bandwidths) -> SpeedModel:
     """Decode from bandwidths alone (seed 000's formula, with the KV cache read from the device): measured
-    bandwidths (the ceilings stage's, or the config's measured: section) where known, else the datasheet's."""
+    bandwidths (the ceilings stage's, or the config's measured: section) where known, else the datasheet's;
+    a hop costs what the ceilings stage measured on a CUDA card, else nothing."""
     vram, ddr = bw.measured_vram_gbps or bw.vram_gbps, bw.measured_ddr_gbps or bw.ddr_gbps
     dev_source = "ceilings" if bw.measured_vram_gbps else "datasheet"
     host_source = "ceilings" if bw.measured_ddr_gbps else "datasheet"
-    coef = {"layers": FIXED_PER_LAYER_S, "device_gb": 1 / vram, "host_gb": 1 / ddr, "hops": 0.0, "kv_gb": 1 / vram}
-    sources = {"layers": "default", "device_gb": dev_source, "host_gb": host_source, "hops": "default",
-               "kv_gb": dev_source}  # fmt: skip
+    hop = bw.measured_hop_s or 0.0
+    coef = {"layers": FIXED_PER_LAYER_S, "device_gb": 1 / vram, "host_gb": 1 / ddr, "hops": hop, "kv_gb": 1 / vram}
+    sources = {"layers": "default", "device_gb": dev_source, "host_gb": host_source,
+               "hops": "ceilings" if bw.measured_hop_s else "default", "kv_gb": dev_source}  # fmt: skip
     return SpeedModel({"tg": TestModel(coef, sources, spread=0.5)})
 
 

@@ -18,6 +18,7 @@ with stage(snakemake.log[0]) as log:
             measured_ddr_gbps=bw.measured_ddr_gbps or m.get("bw_ddr_gbps"),
             measured_vram_gbps=bw.measured_vram_gbps or m.get("bw_vram_gbps"),
             measured_disk_gbps=bw.measured_disk_gbps or m.get("bw_disk_gbps"),
+            measured_hop_s=bw.measured_hop_s or m.get("hop_s"),
         )
         log.info("corrected column with %s", bw)
     table = predict_table(meta, bw)

@@ -3,40 +3,17 @@
  *
  * Usage: moeplace-gpuhold DEVICE KEEP_FREE_BYTES
  *
- * Loads the CUDA driver (libcuda.so.1, or the library named by MOEPLACE_GPUHOLD_DRIVER), creates a context on
- * DEVICE and allocates plain device memory (cuMemAlloc: never managed memory, which the driver could evict) in
- * chunks until cuMemGetInfo reports at most KEEP_FREE_BYTES free. It then prints one line,
+ * Loads the CUDA driver (cuda_driver.h), creates a context on DEVICE and allocates plain device memory
+ * (cuMemAlloc: never managed memory, which the driver could evict) in chunks until cuMemGetInfo reports at most KEEP_FREE_BYTES free. It then prints one line,
  * "held <bytes> free <bytes> total <bytes>", and waits for a signal: SIGTERM when the job ends, SIGKILL when its
  * parent dies (PR_SET_PDEATHSIG), so the memory returns with the job that asked for it, on every exit path.
  * Exit status is non-zero, with one line on stderr, when the driver or the device is unusable.
  */
-#define _GNU_SOURCE
-#include <dlfcn.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-
-static CUresult (*cuInit)(unsigned int);
-static CUresult (*cuDeviceGet)(CUdevice *, int);
-static CUresult (*cuCtxCreate)(CUcontext *, unsigned int, CUdevice);
-static CUresult (*cuMemGetInfo)(size_t *, size_t *);
-static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
-
-static void *need(void *lib, const char *name) {
-    void *sym = dlsym(lib, name);
-    if (!sym) {
-        fprintf(stderr, "gpuhold: the CUDA driver has no %s\n", name);
-        exit(2);
-    }
-    return sym;
-}
+#include "cuda_driver.h"
 
 int main(int argc, char **argv) {
     if (argc != 3) {
@@ -45,23 +22,13 @@ int main(int argc, char **argv) {
     }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1) return 3; /* the parent is already gone */
-    const char *driver = getenv("MOEPLACE_GPUHOLD_DRIVER");
-    void *lib = dlopen(driver && *driver ? driver : "libcuda.so.1", RTLD_NOW);
-    if (!lib) {
-        fprintf(stderr, "gpuhold: cannot load the CUDA driver (%s)\n", dlerror());
-        return 2;
-    }
-    cuInit = need(lib, "cuInit");
-    cuDeviceGet = need(lib, "cuDeviceGet");
-    cuCtxCreate = need(lib, "cuCtxCreate_v2");
-    cuMemGetInfo = need(lib, "cuMemGetInfo_v2");
-    cuMemAlloc = need(lib, "cuMemAlloc_v2");
-
-    CUdevice dev;
-    CUcontext ctx;
+    void *lib = cuda_driver("gpuhold");
+    CUresult (*cuMemGetInfo)(size_t *, size_t *) = cuda_symbol(lib, "cuMemGetInfo_v2");
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t) = cuda_symbol(lib, "cuMemAlloc_v2");
+    cuda_context(lib, atoi(argv[1]));
     size_t free_bytes = 0, total = 0, held = 0;
     size_t keep = strtoull(argv[2], NULL, 10);
-    if (cuInit(0) || cuDeviceGet(&dev, atoi(argv[1])) || cuCtxCreate(&ctx, 0, dev) || cuMemGetInfo(&free_bytes, &total)) {
+    if (cuMemGetInfo(&free_bytes, &total)) {
         fprintf(stderr, "gpuhold: CUDA device %s is not usable\n", argv[1]);
         return 2;
     }

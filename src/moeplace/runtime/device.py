@@ -21,7 +21,7 @@ from ..errors import MoeplaceError
 from .cpus import CpuSplit, pin
 from .llamacpp import free_device_bytes, require_binary
 from .native import build_native
-from .process import spawn, stop
+from .process import run_checked, spawn, stop
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,30 @@ def gpu_held(keep_free_bytes: int, log_path: Path, index: int = 0) -> Iterator[N
         yield None
     finally:
         stop(proc)
+
+
+LINK_FACTS = {  # gpulink's names: (the ceilings table's name, unit)
+    "device_copy_gbps": ("device_copy", "GB/s"),
+    "host_to_device_pinned_gbps": ("host_to_device_pinned", "GB/s"),
+    "host_to_device_pageable_gbps": ("host_to_device_pageable", "GB/s"),
+    "device_to_host_pinned_gbps": ("device_to_host_pinned", "GB/s"),
+    "round_trip_us": ("hop_round_trip", "us"),
+}
+
+
+def link_facts(log_path: Path, nbytes: int = 256 * 2**20, trials: int = 5, index: int = 0) -> dict[str, float]:
+    """A CUDA card's memory bandwidth (a device-to-device copy), its host link both ways (pinned and pageable
+    host memory) and the round trip of one hop's activations, best of `trials` (native/gpulink.c)."""
+    probe = build_native("gpulink", log_path, shared=False)
+    out = run_checked([str(probe), str(index), str(nbytes), str(trials)], "measuring the GPU's links", log_path).stdout
+    facts = {}
+    for line in out.splitlines():
+        name, _, value = line.partition(" ")
+        if name in LINK_FACTS:
+            facts[name] = float(value)
+    if set(facts) != set(LINK_FACTS):
+        raise MoeplaceError(f"the GPU link probe printed {sorted(facts)}, not {sorted(LINK_FACTS)}; see {log_path}.")
+    return facts
 
 
 def attached(device: DeviceSetup, manifest: dict[str, Any], cpus: CpuSplit, log_path: Path):  # noqa: ANN201

@@ -41,9 +41,11 @@ def _compile_once(out: Path, compiler: str, package: str, args: list[str], log_f
 
 
 def build_native(name: str, log_file: Path, *, shared: bool) -> Path:
-    """Compile our native helper native/<name>.c (a preload shim or a small tool) once per source version."""
+    """Compile our native helper native/<name>.c (a preload shim or a small tool) once per version of its source
+    and of the headers beside it."""
     source = NATIVE_SOURCES / f"{name}.c"
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    text = b"".join(p.read_bytes() for p in [source, *sorted(NATIVE_SOURCES.glob("*.h"))])
+    digest = hashlib.sha256(text).hexdigest()[:12]
     out = cache_root() / "native" / (f"libmoeplace-{name}-{digest}.so" if shared else f"moeplace-{name}-{digest}")
     kind = ["-shared", "-fPIC"] if shared else []
     return _compile_once(out, "cc", "gcc", [*kind, str(source), "-ldl", "-lpthread"], log_file)
