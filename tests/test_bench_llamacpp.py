@@ -181,6 +181,29 @@ def test_twin_recipe_is_llama_quantizes_own_choice(tmp_path):
     assert sum(t.n_bytes for t in read_header(twin).tensors) / 2**20 == pytest.approx(float(total[1]), abs=0.01)
 
 
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
+def test_a_blocks_twin_has_the_recipes_bytes_and_runs(arch, tmp_path):
+    """weights: blocks (no F16 step): the header of the recipe's twin, with data llama.cpp decodes."""
+    import json
+    import math
+
+    from moeplace.gguf_file import read_header
+    from moeplace.twin import write_twin
+
+    spec = load_spec(ROOT / f"config/models/tiny-{arch}.yaml")
+    blocks, sparse = write_twin(spec, tmp_path / "b.gguf", "blocks"), write_twin(spec, tmp_path / "n.gguf", "none")
+    assert [(t.name, t.type_name, t.n_bytes) for t in read_header(blocks).tensors] == [
+        (t.name, t.type_name, t.n_bytes) for t in read_header(sparse).tensors
+    ]
+    assert blocks.stat().st_size == sparse.stat().st_size and blocks.stat().st_blocks > sparse.stat().st_blocks
+    cmd = [str(Path(manifest()["bin_dir"]) / "llama-bench"), "-m", str(blocks), "-p", "16", "-n", "4", "-r", "1"]
+    out = subprocess.run([*cmd, "-t", "1", "-o", "jsonl"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 2 and all(math.isfinite(r["avg_ts"]) and r["avg_ts"] > 0 for r in rows)
+    assert "Q4_K - Medium" in rows[0]["model_type"]
+
+
 def test_auto_repetitions_stop_at_the_precision_target_or_the_most_allowed(twins, tmp_path):
     """Adaptive repetitions: an easy target is met with the minimum, an impossible one stops at the maximum;
     every record keeps its samples, count and interval; the device and llama-bench get disjoint CPUs."""

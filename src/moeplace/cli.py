@@ -262,11 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     tw.add_argument("out", help="output .gguf path")
     tw.add_argument(
         "--weights",
-        choices=("none", "random"),
+        choices=("none", "random", "blocks"),
         default="none",
-        help="none: sparse file, header-faithful; random: F16 random weights llama.cpp can run",
+        help="none: sparse file, header-faithful; random: F16 random weights llama.cpp can run; blocks: random "
+        "quantized blocks in the spec's types (a full-size model llama.cpp can run, no F16 copy)",
     )
-    tw.add_argument("--seed", type=int, default=0, help="random seed for --weights random")
+    tw.add_argument("--seed", type=int, default=0, help="random seed for --weights random or blocks")
     tw.set_defaults(func=cmd_twin)
 
     do = sub.add_parser("doctor", help="which llama.cpp backend this machine will build and use, and why")

@@ -4,6 +4,8 @@ weights="none": header-faithful, data region a sparse hole, tensor types from ll
 quantization recipe (llama-quant.cpp) so `inspect` reports the real model's bytes.
 weights="random": F16/F32 random weights (deterministic seed) that llama.cpp loads and runs;
 quantize it with llama-quantize to get the real recipe's types.
+weights="blocks": the recipe's types written directly as random quantized blocks with small finite scales:
+a full-size model llama.cpp runs, made without an F16 copy twice its size (random routing, nonsense text).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
 
 from .errors import MoeplaceError
 from .gguf_file import tensor_nbytes
@@ -209,6 +211,7 @@ def _metadata(w: GGUFWriter, s: TwinSpec) -> None:
 
 # --- llama.cpp's Q4_K_M recipe (llama-quant.cpp llama_tensor_get_type) ---------------------
 
+_FILE_TYPES = {"Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M, "Q8_0": LlamaFileType.MOSTLY_Q8_0, "F16": LlamaFileType.MOSTLY_F16}
 _FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0}
 
 
@@ -271,19 +274,52 @@ def _random_data(rng: np.random.Generator, name: str, shape: tuple[int, ...], qt
     return (rng.standard_normal(shape[::-1], dtype=np.float32) * scale).astype(dtype)
 
 
+# Where a block's f16 scales sit (ggml-common.h): random bytes with these set to small finite values are valid
+# weights of that type.
+_BLOCK_SCALES = {
+    Q.Q4_0: (0,),
+    Q.Q4_1: (0, 2),
+    Q.Q5_0: (0,),
+    Q.Q5_1: (0, 2),
+    Q.Q8_0: (0,),
+    Q.Q2_K: (80, 82),
+    Q.Q3_K: (108,),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
+}
+_BLOCK_POOL = 4096  # distinct random blocks per tensor, repeated to its size
+
+
+def _random_blocks(rng: np.random.Generator, name: str, shape: tuple[int, ...], qtype: Q) -> np.ndarray:
+    """A quantized tensor's bytes: random blocks whose scales keep a row's dot product near unit size."""
+    if qtype in (Q.F32, Q.F16):
+        return _random_data(rng, name, shape, qtype)
+    if qtype not in _BLOCK_SCALES:
+        raise MoeplaceError(f"random blocks of type {qtype.name} are not supported; use weights: random.")
+    block, size = GGML_QUANT_SIZES[qtype]
+    n_blocks = math.prod(shape) // block
+    pool = rng.integers(0, 256, size=(min(n_blocks, _BLOCK_POOL), size), dtype=np.uint8)
+    scale = np.full(len(pool), 1 / (256 * math.sqrt(shape[0])), dtype=np.float16).view(np.uint8).reshape(-1, 2)
+    for offset in _BLOCK_SCALES[qtype]:
+        pool[:, offset : offset + 2] = scale
+    return np.resize(pool, (n_blocks, size))
+
+
 def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int = 0) -> Path:
     """Write the twin GGUF atomically; returns its path."""
-    if weights not in ("none", "random"):
-        raise MoeplaceError(f"twin weights must be 'none' or 'random', not {weights!r}.")
+    if weights not in ("none", "random", "blocks"):
+        raise MoeplaceError(f"twin weights must be 'none', 'random' or 'blocks', not {weights!r}.")
     tensors = _tensors(spec)
     types = {
-        name: (recipe_type if weights == "none" else lambda n, sh, _s: _random_type(n, sh))(name, shape, spec)
+        name: (_random_type(name, shape) if weights == "random" else recipe_type(name, shape, spec))
         for name, shape in tensors
     }
     out = Path(out)
     with atomic_path(out) as tmp:
         w = GGUFWriter(tmp, spec.architecture)
         _metadata(w, spec)
+        w.add_file_type(LlamaFileType.MOSTLY_F16 if weights == "random" else _FILE_TYPES[spec.ftype])
         total = 0
         for name, shape in tensors:
             nbytes = tensor_nbytes(types[name].name, shape)
@@ -298,8 +334,9 @@ def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int
             f.truncate(f.tell() + total)  # a sparse hole: the size is real, the bytes are not
         else:
             rng = np.random.default_rng(seed)
+            data = _random_data if weights == "random" else _random_blocks
             for name, shape in tensors:
-                w.write_tensor_data(_random_data(rng, name, shape, types[name]))
+                w.write_tensor_data(data(rng, name, shape, types[name]))
         w.close()
     return out
 
@@ -325,9 +362,10 @@ def make_twin(
     llamacpp: dict[str, Any] | None,
     log_file: str | Path,
 ) -> Path:
-    """A twin as the pipeline needs it: sparse (weights none) or random F16 quantized by llama-quantize."""
-    if weights == "none":
-        return write_twin(spec, out, "none")
+    """A twin as the pipeline needs it: sparse (weights none), random blocks in the spec's recipe (blocks), or
+    random F16 quantized by llama-quantize (random)."""
+    if weights in ("none", "blocks"):
+        return write_twin(spec, out, weights, seed)
     assert llamacpp is not None
     out = Path(out)
     with atomic_path(out.with_name(out.name + ".f16")) as f16:

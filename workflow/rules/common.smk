@@ -211,7 +211,7 @@ for name in BUDGET_CHECK_MODELS:
 WEIGHT_MODELS = [
     m
     for m in BENCH_MODELS
-    if "gguf" in model_config(m) or model_config(m)["weights"] == "random"
+    if "gguf" in model_config(m) or model_config(m)["weights"] != "none"
 ]
 CEILINGS = bool(config["ceilings"]["enabled"] and WEIGHT_MODELS)
 ROUTING_MODELS = WEIGHT_MODELS if config["routing"]["enabled"] else []
@@ -226,7 +226,7 @@ for name in config["ram_tier"]["models"] or []:
             f"config ram_tier.models: {name} is not a model with weights in models; use one of {', '.join(WEIGHT_MODELS)}."
         )
 RANDOM_TWINS = [
-    m for m in WEIGHT_MODELS if "twin" in model_config(m)
+    m for m in WEIGHT_MODELS if model_config(m).get("weights") == "random"
 ]  # their F16 can be quantized to any type
 QUANTS_MODEL = config["quants"]["model"] or next(iter(RANDOM_TWINS), None)
 if config["quants"]["model"] and QUANTS_MODEL not in RANDOM_TWINS:

@@ -8,4 +8,5 @@ with stage(snakemake.log[0]) as log:
     llamacpp = read_json(snakemake.input.llamacpp) if p.weights == "random" else None
     spec = load_spec(snakemake.input.spec)
     make_twin(spec, snakemake.output[0], p.weights, p.quant, p.seed, llamacpp, snakemake.log[0])
-    log.info("wrote %s twin of %s (%s weights)", p.quant if p.weights == "random" else spec.ftype, spec.name, p.weights)
+    quant = p.quant if p.weights == "random" else spec.ftype
+    log.info("wrote %s twin of %s (%s weights)", quant, spec.name, p.weights)
