@@ -271,11 +271,17 @@ def _record(
     return record
 
 
-def auto_sweep(n_min: int | None, n_layer: int, points_above: int = 6) -> list[int]:
-    """Two values below the budget's minimum (expected to run out of memory), then up to all layers."""
+def auto_sweep(n_min: int | None, n_layer: int, points_above: int = 6, step: int = 0) -> list[int]:
+    """Two values below the budget's minimum (expected to run out of memory), then up to all layers: `points_above`
+    spread evenly, or every `step`-th n."""
     if n_min is None:  # the context does not fit at all: one run records how it fails
         return [n_layer]
     below = [n for n in (n_min - 2, n_min - 1) if n >= 0]
     span = n_layer - n_min
-    above = sorted({n_min + round(i * span / (points_above - 1)) for i in range(points_above)}) if span else [n_min]
+    if step:
+        above = sorted({*range(n_min, n_layer + 1, step), n_layer})
+    elif span:
+        above = sorted({n_min + round(i * span / (points_above - 1)) for i in range(points_above)})
+    else:
+        above = [n_min]
     return below + above

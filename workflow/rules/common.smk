@@ -271,7 +271,11 @@ def sweep_values(model, ctx):
     with open(metadata_path(model)) as f:
         n_layer = json.load(f)["n_layer"]
     row = rows.iloc[0]
-    return auto_sweep(int(row.n_cpu_moe) if row.status == "ok" else None, n_layer)
+    return auto_sweep(
+        int(row.n_cpu_moe) if row.status == "ok" else None,
+        n_layer,
+        step=config["bench"]["sweep_step"],
+    )
 
 
 def bench_files(models, contexts):
