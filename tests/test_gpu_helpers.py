@@ -19,12 +19,15 @@ FAKE_DRIVER = r"""
 #include <string.h>
 static unsigned long long total, free_bytes;
 int cuInit(unsigned f) {
+    if (total) return 0;
     total = strtoull(getenv("FAKE_TOTAL"), 0, 10);
     free_bytes = strtoull(getenv("FAKE_FREE"), 0, 10);
     return 0;
 }
 int cuDeviceGet(int *d, int i) { *d = i; return 0; }
-int cuCtxCreate_v2(void **c, unsigned f, int d) { *c = (void *)1; return 0; }
+static unsigned long long context(void) { return strtoull(getenv("FAKE_CONTEXT"), 0, 10); }
+int cuCtxCreate_v2(void **c, unsigned f, int d) { free_bytes -= context(); *c = (void *)1; return 0; }
+int cuCtxDestroy_v2(void *c) { free_bytes += context(); return 0; }
 int cuMemGetInfo_v2(size_t *f, size_t *t) { *f = free_bytes; *t = total; return 0; }
 int cuMemAlloc_v2(unsigned long long *p, size_t n) {
     if (n > free_bytes) return 2;
@@ -39,6 +42,7 @@ int cuMemcpyDtoH_v2(void *d, unsigned long long s, size_t n) { memcpy(d, (void *
 int cuCtxSynchronize(void) { return 0; }
 """
 GiB = 2**30
+CONTEXT = 300 * 2**20  # what one CUDA context takes of the card
 
 
 @pytest.fixture
@@ -50,6 +54,7 @@ def fake_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("MOEPLACE_CUDA_DRIVER", str(lib))
     monkeypatch.setenv("FAKE_TOTAL", str(24 * GiB))
     monkeypatch.setenv("FAKE_FREE", str(23 * GiB))
+    monkeypatch.setenv("FAKE_CONTEXT", str(CONTEXT))
     return tmp_path
 
 
@@ -58,14 +63,16 @@ def holders() -> list[int]:
     return [int(p) for p in out.split()]
 
 
-def test_the_holder_leaves_the_cap_free_and_stops_with_the_job(fake_gpu):
+def test_the_holder_leaves_the_cap_and_a_context_free_and_stops_with_the_job(fake_gpu):
     from moeplace.runtime.device import gpu_held
 
     log = fake_gpu / "job.log"
     with gpu_held(8 * GiB, log):
-        (line,) = re.findall(r"held (\d+) free (\d+) total (\d+)", log.read_text())
-        held, free, total = map(int, line)
-        assert 8 * GiB <= free < 8 * GiB + 2 * 2**20 and held + free == 23 * GiB and total == 24 * GiB
+        (line,) = re.findall(r"held (\d+) free (\d+) total (\d+) context (\d+)", log.read_text())
+        held, free, total, context = map(int, line)
+        assert context == CONTEXT  # the job's process will make one: the cap is what its buffers get
+        assert 8 * GiB + CONTEXT <= free < 8 * GiB + CONTEXT + 2 * 2**20
+        assert held + free == 23 * GiB - CONTEXT and total == 24 * GiB
         assert len(holders()) == 1
     assert holders() == []
 
