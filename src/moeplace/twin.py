@@ -211,7 +211,7 @@ def _metadata(w: GGUFWriter, s: TwinSpec) -> None:
 
 # --- llama.cpp's Q4_K_M recipe (llama-quant.cpp llama_tensor_get_type) ---------------------
 
-_FILE_TYPES = {"Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M, "Q8_0": LlamaFileType.MOSTLY_Q8_0, "F16": LlamaFileType.MOSTLY_F16}
+_FILE_TYPES = {f: LlamaFileType[f"MOSTLY_{f}"] for f in ("Q4_K_M", "Q8_0", "F16")}
 _FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0}
 
 
