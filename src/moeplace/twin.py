@@ -20,17 +20,17 @@ import numpy as np
 import yaml
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
 
+from .architectures import ARCHITECTURES, MODULES
 from .errors import MoeplaceError
 from .gguf_file import tensor_nbytes
 from .outputs import atomic_path
 
 Q = GGMLQuantizationType
-ARCHITECTURES = ("qwen3moe", "qwen3", "deepseek2", "gpt-oss")  # qwen3: dense, for the compute ceiling
 
 
 @dataclass
 class TwinSpec:
-    """Published hyperparameters of a model (see config/models/*.yaml)."""
+    """Published hyperparameters of a model (see config/models/*.yaml); an architecture's own ones in `params`."""
 
     name: str
     architecture: str
@@ -58,7 +58,7 @@ class TwinSpec:
     v_head_dim: int = 0
     # gpt-oss (alternating sliding-window / full attention)
     sliding_window: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)  # the architecture module's PARAMS, defaults filled
 
 
 def load_spec(path: str | Path) -> TwinSpec:
@@ -69,144 +69,70 @@ def load_spec(path: str | Path) -> TwinSpec:
         raise MoeplaceError(f"{path}: cannot read the twin spec ({e}).") from None
     if not isinstance(data, dict):
         raise MoeplaceError(f"{path}: a twin spec is a YAML mapping of hyperparameters.")
-    known = set(TwinSpec.__dataclass_fields__) - {"extra"}
-    unknown = sorted(set(data) - known)
+    module = MODULES.get(data.get("architecture"))
+    if module is None:
+        raise MoeplaceError(
+            f"{path}: architecture {data.get('architecture')!r} is not one of {', '.join(ARCHITECTURES)}."
+        )
+    common = set(TwinSpec.__dataclass_fields__) - {"params"}
+    unknown = sorted(set(data) - common - set(module.PARAMS))
     if unknown:
         raise MoeplaceError(f"{path}: unknown key(s) {', '.join(unknown)}; see config/models/README.md.")
+    params = {**module.PARAMS, **{k: v for k, v in data.items() if k in module.PARAMS}}
     try:
-        spec = TwinSpec(**data)
+        return TwinSpec(**{k: v for k, v in data.items() if k in common}, params=params)
     except TypeError as e:
         raise MoeplaceError(f"{path}: {e}; see config/models/README.md.") from None
-    if spec.architecture not in ARCHITECTURES:
-        raise MoeplaceError(f"{path}: architecture {spec.architecture!r} is not one of {', '.join(ARCHITECTURES)}.")
-    return spec
 
 
-# --- tensor table per architecture (ne order: row length first) -------------------------
+def common_metadata(s: TwinSpec) -> dict[str, Any]:
+    """The GGUF keys every architecture's converter writes; the architecture module adds or replaces some."""
+    a = s.architecture
+    keys: dict[str, Any] = {
+        "general.name": s.name,
+        f"{a}.context_length": s.context_length,
+        f"{a}.embedding_length": s.n_embd,
+        f"{a}.block_count": s.n_layer,
+        f"{a}.feed_forward_length": s.n_ff or s.n_ff_exp,
+        f"{a}.attention.head_count": s.n_head,
+        f"{a}.attention.head_count_kv": s.n_head_kv,
+        f"{a}.attention.key_length": s.head_dim,
+        f"{a}.attention.value_length": s.head_dim,
+        f"{a}.attention.layer_norm_rms_epsilon": 1e-6,
+        f"{a}.rope.freq_base": float(s.rope_freq_base),
+    }
+    if s.n_expert:
+        keys[f"{a}.expert_count"] = s.n_expert
+        keys[f"{a}.expert_used_count"] = s.n_expert_used
+        keys[f"{a}.expert_feed_forward_length"] = s.n_ff_exp
+    # llama.cpp's minimal "test" vocabulary: unique token strings, no merges needed.
+    keys["tokenizer.ggml.model"] = "test"
+    keys["tokenizer.ggml.tokens"] = [f"tok_{i}" for i in range(s.n_vocab)]
+    keys["tokenizer.ggml.scores"] = [0.0] * s.n_vocab
+    return keys
+
+
+def _write_metadata(w: GGUFWriter, s: TwinSpec) -> None:
+    keys = {**common_metadata(s), **MODULES[s.architecture].metadata(s)}
+    for key, value in keys.items():
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            w.add_key_value(key, value[0], value[1])
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
 
 
 def _tensors(s: TwinSpec) -> list[tuple[str, tuple[int, ...]]]:
-    E, V, X, F = s.n_embd, s.n_vocab, s.n_expert, s.n_ff_exp
-    out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (E, V)), ("output_norm.weight", (E,))]
-    if not s.tied_output:
-        out.append(("output.weight", (E, V)))
-    experts = [
-        ("ffn_gate_exps.weight", (E, F, X)),
-        ("ffn_up_exps.weight", (E, F, X)),
-        ("ffn_down_exps.weight", (F, E, X)),
-    ]
-    for il in range(s.n_layer):
-        b = f"blk.{il}."
-        layer: list[tuple[str, tuple[int, ...]]] = [("attn_norm.weight", (E,))]
-        if s.architecture in ("qwen3moe", "qwen3"):
-            hd = s.head_dim
-            layer += [
-                ("attn_q.weight", (E, hd * s.n_head)),
-                ("attn_k.weight", (E, hd * s.n_head_kv)),
-                ("attn_v.weight", (E, hd * s.n_head_kv)),
-                ("attn_output.weight", (hd * s.n_head, E)),
-                ("attn_q_norm.weight", (hd,)),
-                ("attn_k_norm.weight", (hd,)),
-                ("ffn_norm.weight", (E,)),
-            ]
-            if s.architecture == "qwen3moe":
-                layer += [("ffn_gate_inp.weight", (E, X)), *experts]
-            else:
-                layer += [
-                    ("ffn_gate.weight", (E, s.n_ff)),
-                    ("ffn_up.weight", (E, s.n_ff)),
-                    ("ffn_down.weight", (s.n_ff, E)),
-                ]
-        elif s.architecture == "deepseek2":
-            k_mla = s.qk_nope_head_dim + s.qk_rope_head_dim
-            layer += [
-                ("attn_q_a_norm.weight", (s.q_lora_rank,)),
-                ("attn_kv_a_norm.weight", (s.kv_lora_rank,)),
-                ("attn_q_a.weight", (E, s.q_lora_rank)),
-                ("attn_q_b.weight", (s.q_lora_rank, s.n_head * k_mla)),
-                ("attn_kv_a_mqa.weight", (E, s.kv_lora_rank + s.qk_rope_head_dim)),
-                ("attn_k_b.weight", (s.qk_nope_head_dim, s.kv_lora_rank, s.n_head)),
-                ("attn_v_b.weight", (s.kv_lora_rank, s.v_head_dim, s.n_head)),
-                ("attn_output.weight", (s.n_head * s.v_head_dim, E)),
-                ("ffn_norm.weight", (E,)),
-            ]
-            if il < s.n_layer_dense_lead:
-                layer += [
-                    ("ffn_gate.weight", (E, s.n_ff)),
-                    ("ffn_up.weight", (E, s.n_ff)),
-                    ("ffn_down.weight", (s.n_ff, E)),
-                ]
-            else:
-                S = F * s.n_expert_shared
-                layer += [
-                    ("ffn_gate_inp.weight", (E, X)),
-                    *experts,
-                    ("ffn_gate_shexp.weight", (E, S)),
-                    ("ffn_up_shexp.weight", (E, S)),
-                    ("ffn_down_shexp.weight", (S, E)),
-                ]
-        else:  # gpt-oss
-            hd = s.head_dim
-            q, kv = hd * s.n_head, hd * s.n_head_kv
-            layer += [
-                ("post_attention_norm.weight", (E,)),
-                ("attn_q.weight", (E, q)),
-                ("attn_q.bias", (q,)),
-                ("attn_k.weight", (E, kv)),
-                ("attn_k.bias", (kv,)),
-                ("attn_v.weight", (E, kv)),
-                ("attn_v.bias", (kv,)),
-                ("attn_output.weight", (q, E)),
-                ("attn_output.bias", (E,)),
-                ("attn_sinks.weight", (s.n_head,)),
-                ("ffn_gate_inp.weight", (E, X)),
-                ("ffn_gate_inp.bias", (X,)),
-                *experts,
-                ("ffn_gate_exps.bias", (F, X)),
-                ("ffn_up_exps.bias", (F, X)),
-                ("ffn_down_exps.bias", (E, X)),
-            ]
-        out += [(b + name, shape) for name, shape in layer]
-    return out
-
-
-def _metadata(w: GGUFWriter, s: TwinSpec) -> None:
-    a = s.architecture
-    w.add_string("general.name", s.name)
-    w.add_uint32(f"{a}.context_length", s.context_length)
-    w.add_uint32(f"{a}.embedding_length", s.n_embd)
-    w.add_uint32(f"{a}.block_count", s.n_layer)
-    w.add_uint32(f"{a}.feed_forward_length", s.n_ff or s.n_ff_exp)
-    w.add_uint32(f"{a}.attention.head_count", s.n_head)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_float32(f"{a}.rope.freq_base", s.rope_freq_base)
-    if s.n_expert:
-        w.add_uint32(f"{a}.expert_count", s.n_expert)
-        w.add_uint32(f"{a}.expert_used_count", s.n_expert_used)
-        w.add_uint32(f"{a}.expert_feed_forward_length", s.n_ff_exp)
-    if a == "deepseek2":
-        w.add_uint32(f"{a}.attention.head_count_kv", 1)
-        w.add_uint32(f"{a}.attention.key_length", s.kv_lora_rank + s.qk_rope_head_dim)
-        w.add_uint32(f"{a}.attention.value_length", s.kv_lora_rank)
-        w.add_uint32(f"{a}.attention.key_length_mla", s.qk_nope_head_dim + s.qk_rope_head_dim)
-        w.add_uint32(f"{a}.attention.value_length_mla", s.v_head_dim)
-        w.add_uint32(f"{a}.attention.q_lora_rank", s.q_lora_rank)
-        w.add_uint32(f"{a}.attention.kv_lora_rank", s.kv_lora_rank)
-        w.add_uint32(f"{a}.rope.dimension_count", s.qk_rope_head_dim)
-        w.add_uint32(f"{a}.leading_dense_block_count", s.n_layer_dense_lead)
-        w.add_uint32(f"{a}.expert_shared_count", s.n_expert_shared)
-        w.add_float32(f"{a}.expert_weights_scale", 1.0)
-        w.add_uint32(f"{a}.vocab_size", s.n_vocab)
-    else:
-        w.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
-        w.add_uint32(f"{a}.attention.key_length", s.head_dim)
-        w.add_uint32(f"{a}.attention.value_length", s.head_dim)
-    if a == "gpt-oss":
-        w.add_uint32(f"{a}.attention.sliding_window", s.sliding_window)
-    # llama.cpp's minimal "test" vocabulary: unique token strings, no merges needed.
-    w.add_string("tokenizer.ggml.model", "test")
-    w.add_array("tokenizer.ggml.tokens", [f"tok_{i}" for i in range(s.n_vocab)])
-    w.add_array("tokenizer.ggml.scores", [0.0] * s.n_vocab)
+    return MODULES[s.architecture].tensors(s)
 
 
 # --- llama.cpp's Q4_K_M recipe (llama-quant.cpp llama_tensor_get_type) ---------------------
@@ -219,8 +145,9 @@ def _use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def _keeps_source_type(name: str, shape: tuple[int, ...]) -> bool:
-    return len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name or "ffn_gate_inp.weight" in name
+def _keeps_source_type(name: str, shape: tuple[int, ...], s: TwinSpec) -> bool:
+    kept = ("_norm.weight", "ffn_gate_inp.weight", *getattr(MODULES[s.architecture], "KEEP_SOURCE_TYPE", ()))
+    return len(shape) < 2 or not name.endswith("weight") or any(k in name for k in kept)
 
 
 def _fit(qtype: Q, row: int) -> Q:
@@ -233,7 +160,7 @@ def _fit(qtype: Q, row: int) -> Q:
 
 def recipe_type(name: str, shape: tuple[int, ...], s: TwinSpec) -> Q:
     """The type llama-quantize gives a tensor for the spec's ftype (Q4_K_M, Q8_0 or F16)."""
-    if _keeps_source_type(name, shape):
+    if _keeps_source_type(name, shape, s):
         return Q.F32
     if s.ftype == "F16":
         return Q.F16
@@ -260,9 +187,9 @@ def recipe_type(name: str, shape: tuple[int, ...], s: TwinSpec) -> Q:
     return _fit(qtype, shape[0])
 
 
-def _random_type(name: str, shape: tuple[int, ...]) -> Q:
+def _random_type(name: str, shape: tuple[int, ...], s: TwinSpec) -> Q:
     """What llama.cpp's converter writes for an F16 model: F32 for norms, biases, routers, 1-D."""
-    return Q.F32 if _keeps_source_type(name, shape) else Q.F16
+    return Q.F32 if _keeps_source_type(name, shape, s) else Q.F16
 
 
 def _random_data(rng: np.random.Generator, name: str, shape: tuple[int, ...], qtype: Q) -> np.ndarray:
@@ -311,14 +238,11 @@ def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int
     if weights not in ("none", "random", "blocks"):
         raise MoeplaceError(f"twin weights must be 'none', 'random' or 'blocks', not {weights!r}.")
     tensors = _tensors(spec)
-    types = {
-        name: (_random_type(name, shape) if weights == "random" else recipe_type(name, shape, spec))
-        for name, shape in tensors
-    }
+    types = {name: (_random_type if weights == "random" else recipe_type)(name, shape, spec) for name, shape in tensors}
     out = Path(out)
     with atomic_path(out) as tmp:
         w = GGUFWriter(tmp, spec.architecture)
-        _metadata(w, spec)
+        _write_metadata(w, spec)
         w.add_file_type(LlamaFileType.MOSTLY_F16 if weights == "random" else _FILE_TYPES[spec.ftype])
         total = 0
         for name, shape in tensors:

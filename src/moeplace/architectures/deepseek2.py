@@ -1,0 +1,57 @@
+"""DeepSeek-V2/V3/R1 (deepseek2): MLA attention, leading dense layers, shared experts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+
+ARCHS = ("deepseek2",)
+PARAMS: dict[str, Any] = {}
+
+
+def tensors(s: Any) -> Tensors:
+    E = s.n_embd
+    k_mla = s.qk_nope_head_dim + s.qk_rope_head_dim
+    out = globals_(s)
+    for il in range(s.n_layer):
+        block = [
+            ("attn_norm.weight", (E,)),
+            ("attn_q_a_norm.weight", (s.q_lora_rank,)),
+            ("attn_kv_a_norm.weight", (s.kv_lora_rank,)),
+            ("attn_q_a.weight", (E, s.q_lora_rank)),
+            ("attn_q_b.weight", (s.q_lora_rank, s.n_head * k_mla)),
+            ("attn_kv_a_mqa.weight", (E, s.kv_lora_rank + s.qk_rope_head_dim)),
+            ("attn_k_b.weight", (s.qk_nope_head_dim, s.kv_lora_rank, s.n_head)),
+            ("attn_v_b.weight", (s.kv_lora_rank, s.v_head_dim, s.n_head)),
+            ("attn_output.weight", (s.n_head * s.v_head_dim, E)),
+            ("ffn_norm.weight", (E,)),
+        ]
+        if il < s.n_layer_dense_lead:
+            block += dense_ffn(E, s.n_ff)
+        else:
+            block += [
+                ("ffn_gate_inp.weight", (E, s.n_expert)),
+                *routed_experts(E, s.n_ff_exp, s.n_expert),
+                *dense_ffn(E, s.n_ff_exp * s.n_expert_shared, "_shexp"),
+            ]
+        out += layer(il, block)
+    return out
+
+
+def metadata(s: Any) -> dict[str, Any]:
+    a = s.architecture
+    return {
+        f"{a}.attention.head_count_kv": 1,
+        f"{a}.attention.key_length": s.kv_lora_rank + s.qk_rope_head_dim,
+        f"{a}.attention.value_length": s.kv_lora_rank,
+        f"{a}.attention.key_length_mla": s.qk_nope_head_dim + s.qk_rope_head_dim,
+        f"{a}.attention.value_length_mla": s.v_head_dim,
+        f"{a}.attention.q_lora_rank": s.q_lora_rank,
+        f"{a}.attention.kv_lora_rank": s.kv_lora_rank,
+        f"{a}.rope.dimension_count": s.qk_rope_head_dim,
+        f"{a}.leading_dense_block_count": s.n_layer_dense_lead,
+        f"{a}.expert_shared_count": s.n_expert_shared,
+        f"{a}.expert_weights_scale": 1.0,
+        f"{a}.vocab_size": s.n_vocab,
+    }

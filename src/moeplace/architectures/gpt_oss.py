@@ -1,0 +1,42 @@
+"""gpt-oss (gpt-oss): alternating sliding-window and full attention, attention sinks, biased experts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._tables import Tensors, globals_, layer, routed_experts
+
+ARCHS = ("gpt-oss",)
+PARAMS: dict[str, Any] = {}
+
+
+def tensors(s: Any) -> Tensors:
+    E, X, F = s.n_embd, s.n_expert, s.n_ff_exp
+    q, kv = s.head_dim * s.n_head, s.head_dim * s.n_head_kv
+    out = globals_(s)
+    for il in range(s.n_layer):
+        block = [
+            ("attn_norm.weight", (E,)),
+            ("post_attention_norm.weight", (E,)),
+            ("attn_q.weight", (E, q)),
+            ("attn_q.bias", (q,)),
+            ("attn_k.weight", (E, kv)),
+            ("attn_k.bias", (kv,)),
+            ("attn_v.weight", (E, kv)),
+            ("attn_v.bias", (kv,)),
+            ("attn_output.weight", (q, E)),
+            ("attn_output.bias", (E,)),
+            ("attn_sinks.weight", (s.n_head,)),
+            ("ffn_gate_inp.weight", (E, X)),
+            ("ffn_gate_inp.bias", (X,)),
+            *routed_experts(E, F, X),
+            ("ffn_gate_exps.bias", (F, X)),
+            ("ffn_up_exps.bias", (F, X)),
+            ("ffn_down_exps.bias", (E, X)),
+        ]
+        out += layer(il, block)
+    return out
+
+
+def metadata(s: Any) -> dict[str, Any]:
+    return {f"{s.architecture}.attention.sliding_window": s.sliding_window}

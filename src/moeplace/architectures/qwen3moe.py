@@ -1,0 +1,36 @@
+"""Qwen3-MoE (qwen3moe) and its dense sibling Qwen3 (qwen3: the ceilings stage's compute model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+
+ARCHS = ("qwen3moe", "qwen3")
+PARAMS: dict[str, Any] = {}
+
+
+def tensors(s: Any) -> Tensors:
+    E, hd = s.n_embd, s.head_dim
+    out = globals_(s)
+    for il in range(s.n_layer):
+        block = [
+            ("attn_norm.weight", (E,)),
+            ("attn_q.weight", (E, hd * s.n_head)),
+            ("attn_k.weight", (E, hd * s.n_head_kv)),
+            ("attn_v.weight", (E, hd * s.n_head_kv)),
+            ("attn_output.weight", (hd * s.n_head, E)),
+            ("attn_q_norm.weight", (hd,)),
+            ("attn_k_norm.weight", (hd,)),
+            ("ffn_norm.weight", (E,)),
+        ]
+        if s.architecture == "qwen3moe":
+            block += [("ffn_gate_inp.weight", (E, s.n_expert)), *routed_experts(E, s.n_ff_exp, s.n_expert)]
+        else:
+            block += dense_ffn(E, s.n_ff)
+        out += layer(il, block)
+    return out
+
+
+def metadata(s: Any) -> dict[str, Any]:
+    return {}
