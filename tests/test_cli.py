@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 from conftest import ROOT
 
@@ -100,6 +101,25 @@ def test_twin_command_writes_a_sparse_header_faithful_file(tmp_path):
     meta = json.loads(moeplace("inspect", str(tmp_path / "t.gguf"), "--json").stdout)
     # attn_output rows are 2 heads x 64 = 128 long, not a whole Q4_K block: llama.cpp falls back to Q5_0.
     assert meta["n_layer"] == 8 and meta["quant_types"].keys() == {"F32", "Q4_K", "Q5_0", "Q6_K"}
+
+
+def test_inspect_reads_a_split_400_gb_deepseek_v3_header_twin_from_any_shard(tmp_path):
+    """DeepSeek-V3 at Q4_K_M (~404 GB) as nine sparse 50 GB shards: inspect answers from the headers alone (a
+    benchmark figure, printed, with the process's start-up; the test checks the answer)."""
+    out = moeplace(
+        "twin", str(ROOT / "config/models/deepseek-v3.yaml"), str(tmp_path / "ds.gguf"), "--shard-size", "50GB"
+    )
+    assert out.returncode == 0, out.stderr
+    shards = sorted(tmp_path.glob("ds-*-of-00009.gguf"))
+    assert len(shards) == 9 and out.stdout.strip() == f"wrote {shards[0]}"
+    started = time.perf_counter()
+    done = moeplace("inspect", str(shards[4]), "--json")
+    seconds = time.perf_counter() - started
+    meta = json.loads(done.stdout)
+    print(f"moeplace inspect on a {meta['total_bytes'] / 1e9:.0f} GB split twin: {seconds:.2f} s")
+    assert meta["total_bytes"] > 400e9 and len(meta["files"]) == 9 and meta["n_layer"] == 61
+    assert meta["attention"]["mla"] and meta["n_expert"] == 256 and meta["n_expert_used"] == 8
+    assert [layer["expert_bytes"] > 0 for layer in meta["layers"]] == [False] * 3 + [True] * 58  # 3 dense leads
 
 
 def _plan(model, *args: str) -> dict:

@@ -97,8 +97,10 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 def cmd_twin(args: argparse.Namespace) -> None:
     from .twin import load_spec, write_twin
 
-    write_twin(load_spec(args.spec), args.out, weights=args.weights, seed=args.seed)
-    print(f"wrote {args.out}")
+    shard = parse_size(args.shard_size, "--shard-size") if args.shard_size else 0
+    print(
+        f"wrote {write_twin(load_spec(args.spec), args.out, weights=args.weights, seed=args.seed, shard_bytes=shard)}"
+    )
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -268,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
         "quantized blocks in the spec's types (a full-size model llama.cpp can run, no F16 copy)",
     )
     tw.add_argument("--seed", type=int, default=0, help="random seed for --weights random or blocks")
+    tw.add_argument(
+        "--shard-size", help="split a header-only twin into shards of at most this size (e.g. 50GB), as gguf-split does"
+    )
     tw.set_defaults(func=cmd_twin)
 
     do = sub.add_parser("doctor", help="which llama.cpp backend this machine will build and use, and why")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,36 +235,47 @@ def _random_blocks(rng: np.random.Generator, name: str, shape: tuple[int, ...], 
     return np.resize(pool, (n_blocks, size))
 
 
-def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int = 0) -> Path:
-    """Write the twin GGUF atomically; returns its path."""
+def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int = 0, shard_bytes: int = 0) -> Path:
+    """Write the twin GGUF atomically; returns its path. A header-only twin can be split into shards of at most
+    `shard_bytes`, named as llama-gguf-split names them (OUT-00001-of-0000N.gguf); the first shard's path is
+    returned."""
     if weights not in ("none", "random", "blocks"):
         raise MoeplaceError(f"twin weights must be 'none', 'random' or 'blocks', not {weights!r}.")
+    if shard_bytes and weights != "none":
+        raise MoeplaceError("only a header-only twin (weights none) is split into shards.")
     tensors = _tensors(spec)
     types = {name: (_random_type if weights == "random" else recipe_type)(name, shape, spec) for name, shape in tensors}
     out = Path(out)
-    with atomic_path(out) as tmp:
-        w = GGUFWriter(tmp, spec.architecture)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        w = GGUFWriter(scratch / out.name, spec.architecture, split_max_size=shard_bytes)
         _write_metadata(w, spec)
         w.add_file_type(LlamaFileType.MOSTLY_F16 if weights == "random" else _FILE_TYPES[spec.ftype])
-        total = 0
         for name, shape in tensors:
             nbytes = tensor_nbytes(types[name].name, shape)
             w.add_tensor_info(name, list(reversed(shape)), np.float32, nbytes, raw_dtype=types[name])
-            total += GGUFWriter.ggml_pad(nbytes, w.data_alignment)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         if weights == "none":
-            f = w.fout[0]
-            w.write_padding(f, f.tell())
-            f.truncate(f.tell() + total)  # a sparse hole: the size is real, the bytes are not
+            for f, shard in zip(w.fout, w.tensors):
+                w.write_padding(f, f.tell())
+                data = sum(GGUFWriter.ggml_pad(t.nbytes, w.data_alignment) for t in shard.values())
+                f.truncate(f.tell() + data)  # a sparse hole: the size is real, the bytes are not
         else:
             rng = np.random.default_rng(seed)
             data = _random_data if weights == "random" else _random_blocks
             for name, shape in tensors:
                 w.write_tensor_data(data(rng, name, shape, types[name]))
         w.close()
-    return out
+        written = sorted(scratch.iterdir())
+        for path in written[::-1]:  # the first shard last: a reader finds the set whole or not at all
+            path.chmod(0o644)
+            path.replace(out.parent / path.name)
+        return out.parent / written[0].name
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def quantize(llamacpp: dict[str, Any], f16: str | Path, out: str | Path, quant: str, log_file: str | Path) -> Path:

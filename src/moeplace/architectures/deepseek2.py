@@ -1,4 +1,5 @@
-"""DeepSeek-V2/V3/R1 (deepseek2): MLA attention, leading dense layers, shared experts."""
+"""DeepSeek-V2/V3/R1 (deepseek2): MLA attention, leading dense layers, shared experts; V3's sigmoid router with
+an expert-score bias (exp_probs_b)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ from typing import Any
 from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
 
 ARCHS = ("deepseek2",)
-PARAMS: dict[str, Any] = {}
+PARAMS: dict[str, Any] = {
+    "expert_probs_bias": False,  # V3/R1: e_score_correction_bias, written as blk.N.exp_probs_b.bias
+    "expert_gating_func": None,  # V3/R1: 2 (sigmoid); unset: llama.cpp's softmax (V2)
+    "expert_weights_norm": False,
+    "expert_weights_scale": 1.0,
+}
 
 
 def tensors(s: Any) -> Tensors:
@@ -32,6 +38,7 @@ def tensors(s: Any) -> Tensors:
         else:
             block += [
                 ("ffn_gate_inp.weight", (E, s.n_expert)),
+                *([("exp_probs_b.bias", (s.n_expert,))] if s.params["expert_probs_bias"] else []),
                 *routed_experts(E, s.n_ff_exp, s.n_expert),
                 *dense_ffn(E, s.n_ff_exp * s.n_expert_shared, "_shexp"),
             ]
@@ -52,6 +59,8 @@ def metadata(s: Any) -> dict[str, Any]:
         f"{a}.rope.dimension_count": s.qk_rope_head_dim,
         f"{a}.leading_dense_block_count": s.n_layer_dense_lead,
         f"{a}.expert_shared_count": s.n_expert_shared,
-        f"{a}.expert_weights_scale": 1.0,
+        f"{a}.expert_weights_scale": float(s.params["expert_weights_scale"]),
+        f"{a}.expert_weights_norm": s.params["expert_weights_norm"] or None,
+        f"{a}.expert_gating_func": s.params["expert_gating_func"],
         f"{a}.vocab_size": s.n_vocab,
     }
