@@ -27,6 +27,7 @@ include: "workflow/rules/routing.smk"
 include: "workflow/rules/ram_tier.smk"
 include: "workflow/rules/quants.smk"
 include: "workflow/rules/publish.smk"
+include: "workflow/rules/model_zoo.smk"
 
 
 report: "workflow/report/workflow.rst"
@@ -49,6 +50,7 @@ localrules:
     figure_variants,
     routing_table,
     ram_tier_table,
+    model_zoo,
 
 
 rule all:

@@ -155,7 +155,7 @@ def get_ceilings_inputs(wildcards):
 
 
 def get_final_outputs():
-    outputs = [
+    outputs = [rules.model_zoo.output.table] + [
         path.format(model=m)
         for m in MODELS
         for path in (
@@ -189,6 +189,11 @@ def get_final_outputs():
         outputs.append(rules.routing_table.output.routing)
         outputs += [rules.routing.output.figure.format(model=m) for m in ROUTING_MODELS]
     return outputs
+
+
+def get_zoo_specs(wildcards):
+    """Every model spec: the zoo table summarises the full-size ones and notes which architectures have tiny ones."""
+    return sorted(str(p) for p in Path("config/models").glob("*.yaml"))
 
 
 def get_twin_inputs(wildcards):

@@ -1,0 +1,34 @@
+"""Write the README's model-zoo table from config/models/ (the model_zoo rule's results/model_zoo.md, same code).
+
+python docs/model_zoo.py          # rewrite the table between the README's model-zoo markers
+python docs/model_zoo.py --check  # exit 1 if it is out of date (a test runs this)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from moeplace.model_zoo import markdown, zoo_table
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+BLOCK = re.compile(r"(<!-- model-zoo:start.*?-->\n)(.*?)(<!-- model-zoo:end -->)", re.DOTALL)
+
+
+def main() -> int:
+    text = README.read_text()
+    table = markdown(zoo_table(sorted((ROOT / "config/models").glob("*.yaml"))))
+    updated = BLOCK.sub(lambda m: m[1] + table + m[3], text)
+    if "--check" in sys.argv:
+        if updated != text:
+            print("README.md's model-zoo table is out of date: run python docs/model_zoo.py", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(updated)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Every architecture moeplace twins, against the pinned llama.cpp: each tiny variant loads and decodes in
+llama-bench with the KV and recurrent-state buffers our memory model predicts, each full-size spec's header twin
+has the bytes llama-quantize gives the same shapes, and the README's model-zoo table is current."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from llamacpp_helpers import manifest
+
+from moeplace.gguf_file import read_header
+from moeplace.kvcache import kv_bytes
+from moeplace.memory import state_bytes
+from moeplace.metadata import inspect_model
+from moeplace.twin import load_spec, write_twin
+
+SPECS = sorted((ROOT / "config/models").glob("*.yaml"))
+TINY = [p for p in SPECS if p.name.startswith("tiny-") and load_spec(p).n_expert]
+FULL = [p for p in SPECS if not p.name.startswith("tiny-") and load_spec(p).n_expert]
+BUFFER = re.compile(r"(KV|RS) buffer size =\s+([\d.]+) MiB")
+
+
+def bin_path(tool: str) -> str:
+    return str(Path(manifest()["bin_dir"]) / tool)
+
+
+@pytest.mark.parametrize("spec", TINY, ids=lambda p: p.stem)
+def test_the_tiny_variant_decodes_with_the_kv_and_state_we_predict(spec, tmp_path):
+    model = write_twin(load_spec(spec), tmp_path / "tiny.gguf", "random")
+    cmd = [bin_path("llama-bench"), "-m", str(model), "-p", "16", "-n", "4", "-r", "1", "-t", "1", "-o", "jsonl", "-v"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 2 and all(r["avg_ts"] > 0 for r in rows)
+    first_context = out.stderr.split("constructing llama_context")[1]  # llama-bench makes one per test
+    n_ctx = int(re.search(r"n_ctx\s+= (\d+)", first_context)[1])
+    printed = {"KV": 0.0, "RS": 0.0}
+    for kind, mib in BUFFER.findall(first_context):  # an interleaved-SWA model prints two KV caches
+        printed[kind] += float(mib)
+    meta = inspect_model(model)
+    ours = {"KV": kv_bytes(meta, n_ctx) / 2**20, "RS": state_bytes(meta) / 2**20}
+    assert printed == pytest.approx(ours, abs=0.011), (printed, ours)
+
+
+@pytest.mark.parametrize("spec", FULL, ids=lambda p: p.stem)
+def test_the_header_twin_has_llama_quantizes_bytes(spec, tmp_path):
+    twin = load_spec(spec)
+    f16 = write_twin(dataclasses.replace(twin, ftype="F16"), tmp_path / "f16.gguf")
+    out = subprocess.run(
+        [bin_path("llama-quantize"), "--dry-run", str(f16), twin.ftype], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    theirs = float(re.search(r"quant size\s+=\s+([\d.]+) MiB", out.stdout + out.stderr)[1])
+    ours = sum(t.n_bytes for t in read_header(write_twin(twin, tmp_path / "q.gguf")).tensors) / 2**20
+    print(f"{spec.stem}: ours {ours:.2f} MiB, llama-quantize --dry-run {theirs:.2f} MiB")
+    assert ours == pytest.approx(theirs, rel=0.001)
+
+
+def test_the_readme_table_is_what_the_specs_give():
+    done = subprocess.run([sys.executable, str(ROOT / "docs/model_zoo.py"), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
