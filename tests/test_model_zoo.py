@@ -52,10 +52,10 @@ def test_the_tiny_variant_decodes_with_the_kv_and_state_we_predict(spec, tmp_pat
 @pytest.mark.parametrize("spec", FULL, ids=lambda p: p.stem)
 def test_the_header_twin_has_llama_quantizes_bytes(spec, tmp_path):
     twin = load_spec(spec)
-    f16 = write_twin(dataclasses.replace(twin, ftype="F16"), tmp_path / "f16.gguf")
-    out = subprocess.run(
-        [bin_path("llama-quantize"), "--dry-run", str(f16), twin.ftype], capture_output=True, text=True
-    )
+    f16 = write_twin(dataclasses.replace(twin, ftype="F16", tensor_types={}), tmp_path / "f16.gguf")
+    overrides = [arg for p, t in twin.tensor_types.items() for arg in ("--tensor-type", f"{p}={t.lower()}")]
+    cmd = [bin_path("llama-quantize"), "--dry-run", *overrides, str(f16), twin.ftype]
+    out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     theirs = float(re.search(r"quant size\s+=\s+([\d.]+) MiB", out.stdout + out.stderr)[1])
     ours = sum(t.n_bytes for t in read_header(write_twin(twin, tmp_path / "q.gguf")).tensors) / 2**20
@@ -66,3 +66,11 @@ def test_the_header_twin_has_llama_quantizes_bytes(spec, tmp_path):
 def test_the_readme_table_is_what_the_specs_give():
     done = subprocess.run([sys.executable, str(ROOT / "docs/model_zoo.py"), "--check"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("spec", "model_size"), [("gpt-oss-20b", 12_096_558_336), ("gpt-oss-120b", 63_374_323_968)])
+def test_a_type_map_copies_a_published_files_mix_to_the_byte(spec, model_size, tmp_path):
+    """MXFP4 experts and Q8_0 elsewhere: the model_size llama-bench printed for ggml-org's gpt-oss GGUFs
+    (tests/data/published/sweeps.csv, MoEArc's runs)."""
+    twin = write_twin(load_spec(ROOT / f"config/models/{spec}.yaml"), tmp_path / "t.gguf")
+    assert sum(t.n_bytes for t in read_header(twin).tensors) == model_size

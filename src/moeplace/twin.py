@@ -60,6 +60,8 @@ class TwinSpec:
     v_head_dim: int = 0
     # gpt-oss (alternating sliding-window / full attention)
     sliding_window: int = 0
+    # ordered regex -> type name, first match wins (llama-quantize's --tensor-type): a published file's own mix
+    tensor_types: dict[str, str] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)  # the architecture module's PARAMS, defaults filled
 
 
@@ -82,9 +84,17 @@ def load_spec(path: str | Path) -> TwinSpec:
         raise MoeplaceError(f"{path}: unknown key(s) {', '.join(unknown)}; see config/models/README.md.")
     params = {**module.PARAMS, **{k: v for k, v in data.items() if k in module.PARAMS}}
     try:
-        return TwinSpec(**{k: v for k, v in data.items() if k in common}, params=params)
+        spec = TwinSpec(**{k: v for k, v in data.items() if k in common}, params=params)
     except TypeError as e:
         raise MoeplaceError(f"{path}: {e}; see config/models/README.md.") from None
+    for pattern, type_name in spec.tensor_types.items():
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise MoeplaceError(f"{path}: tensor_types pattern {pattern!r} is not a regex ({e}).") from None
+        if type_name not in Q.__members__:
+            raise MoeplaceError(f"{path}: tensor_types type {type_name!r} for {pattern!r} is not a ggml type name.")
+    return spec
 
 
 def common_metadata(s: TwinSpec) -> dict[str, Any]:
@@ -140,15 +150,39 @@ def _tensors(s: TwinSpec) -> list[tuple[str, tuple[int, ...]]]:
 # --- llama.cpp's Q4_K_M recipe (llama-quant.cpp llama_tensor_get_type) ---------------------
 
 _FILE_TYPES = {f: LlamaFileType[f"MOSTLY_{f}"] for f in ("Q4_K_M", "Q8_0", "F16")}
-_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0}
+_FALLBACK = {
+    Q.Q4_K: Q.Q5_0,
+    Q.Q5_K: Q.Q5_1,
+    Q.Q6_K: Q.Q8_0,
+    Q.Q2_K: Q.Q4_0,
+    Q.Q3_K: Q.Q4_0,
+    **dict.fromkeys((Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ4_XS), Q.IQ4_NL),
+}
 
 
 def _use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+# Names llama-quantize never quantizes (llama-quant.cpp tensor_allows_quantization), beyond 1-D and non-weights.
+_NEVER_QUANTIZED = (
+    "_norm.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_tid2eid.weight",
+    "altup",
+    "laurel",
+    "per_layer_model_proj",
+    "ssm_conv1d",
+    "shortconv.conv.weight",
+    "indexer.k_proj.weight",
+    "indexer.q_proj.weight",
+    "time_mix_",
+    "attn_rel_b.weight",
+)
+
+
 def _keeps_source_type(name: str, shape: tuple[int, ...], s: TwinSpec) -> bool:
-    kept = ("_norm.weight", "ffn_gate_inp.weight", *getattr(MODULES[s.architecture], "KEEP_SOURCE_TYPE", ()))
+    kept = (*_NEVER_QUANTIZED, *getattr(MODULES[s.architecture], "KEEP_SOURCE_TYPE", ()))
     return len(shape) < 2 or not name.endswith("weight") or any(k in name for k in kept)
 
 
@@ -161,9 +195,13 @@ def _fit(qtype: Q, row: int) -> Q:
 
 
 def recipe_type(name: str, shape: tuple[int, ...], s: TwinSpec) -> Q:
-    """The type llama-quantize gives a tensor for the spec's ftype (Q4_K_M, Q8_0 or F16)."""
+    """The type llama-quantize gives a tensor for the spec's ftype (Q4_K_M, Q8_0 or F16), unless the spec's
+    tensor_types names one (first matching pattern)."""
     if _keeps_source_type(name, shape, s):
         return Q.F32
+    for pattern, type_name in s.tensor_types.items():
+        if re.search(pattern, name):
+            return _fit(Q[type_name], shape[0])
     if s.ftype == "F16":
         return Q.F16
     if s.ftype == "Q8_0":
@@ -224,13 +262,15 @@ def _random_blocks(rng: np.random.Generator, name: str, shape: tuple[int, ...], 
     """A quantized tensor's bytes: random blocks whose scales keep a row's dot product near unit size."""
     if qtype in (Q.F32, Q.F16):
         return _random_data(rng, name, shape, qtype)
-    if qtype not in _BLOCK_SCALES:
+    if qtype not in _BLOCK_SCALES and qtype != Q.MXFP4:
         raise MoeplaceError(f"random blocks of type {qtype.name} are not supported; use weights: random.")
     block, size = GGML_QUANT_SIZES[qtype]
     n_blocks = math.prod(shape) // block
     pool = rng.integers(0, 256, size=(min(n_blocks, _BLOCK_POOL), size), dtype=np.uint8)
     scale = np.full(len(pool), 1 / (256 * math.sqrt(shape[0])), dtype=np.float16).view(np.uint8).reshape(-1, 2)
-    for offset in _BLOCK_SCALES[qtype]:
+    if qtype == Q.MXFP4:  # one e8m0 exponent byte per block
+        pool[:, 0] = 127 - 8
+    for offset in _BLOCK_SCALES.get(qtype, ()):
         pool[:, offset : offset + 2] = scale
     return np.resize(pool, (n_blocks, size))
 
@@ -278,14 +318,23 @@ def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def quantize(llamacpp: dict[str, Any], f16: str | Path, out: str | Path, quant: str, log_file: str | Path) -> Path:
-    """llama-quantize an F16 twin to `quant` (its real recipe), written atomically."""
+def quantize(
+    llamacpp: dict[str, Any],
+    f16: str | Path,
+    out: str | Path,
+    quant: str,
+    log_file: str | Path,
+    tensor_types: dict[str, str] | None = None,
+) -> Path:
+    """llama-quantize an F16 twin to `quant` (its real recipe, with `tensor_types` overrides), written atomically."""
+    tensor_types = tensor_types or {}
     from .runtime.llamacpp import require_binary
     from .runtime.process import run_checked
 
     out = Path(out)
     with atomic_path(out) as tmp:
-        cmd = [str(require_binary(llamacpp, "llama-quantize")), str(f16), str(tmp), quant]
+        overrides = [arg for p, t in tensor_types.items() for arg in ("--tensor-type", f"{p}={t.lower()}")]
+        cmd = [str(require_binary(llamacpp, "llama-quantize")), *overrides, str(f16), str(tmp), quant]
         run_checked(cmd, f"llama-quantize making a {quant} file from {f16}", log_file, stream_to_log=True)
     return out
 
@@ -307,6 +356,6 @@ def make_twin(
     out = Path(out)
     with atomic_path(out.with_name(out.name + ".f16")) as f16:
         write_twin(spec, f16, "random", seed)
-        quantize(llamacpp, f16, out, quant, log_file)
+        quantize(llamacpp, f16, out, quant, log_file, spec.tensor_types)
         f16.unlink()
     return out
