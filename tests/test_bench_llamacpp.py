@@ -154,33 +154,6 @@ def test_the_device_dying_mid_run_is_recorded(twins, tmp_path):
     assert rpc_servers() == before
 
 
-def test_twin_recipe_is_llama_quantizes_own_choice(tmp_path):
-    """Our Q4_K_M recipe against `llama-quantize --dry-run` on an F16 sparse twin of Qwen3-Coder-30B-A3B."""
-    import dataclasses
-    import re
-
-    from moeplace.gguf_file import read_header
-    from moeplace.twin import recipe_type, write_twin
-
-    spec = load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml")
-    f16 = write_twin(dataclasses.replace(spec, ftype="F16"), tmp_path / "f16.gguf")
-    quantize = Path(manifest()["bin_dir"]) / "llama-quantize"
-    out = subprocess.run([str(quantize), "--dry-run", str(f16), "Q4_K_M"], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    theirs = {
-        m[1]: (m[3] or m[2]).upper()
-        for m in re.finditer(
-            r"\]\s+(\S+)\s+- \[.*?type =\s+(\w+), size =[^(\n]*(?:\((\w+)\))?", out.stdout + out.stderr
-        )
-    }
-    ours = {t.name: recipe_type(t.name, t.shape, spec).name for t in read_header(f16).tensors}
-    assert len(theirs) == len(ours) == 579
-    assert ours == theirs
-    total = re.search(r"quant size\s+=\s+([\d.]+) MiB", out.stdout + out.stderr)
-    twin = write_twin(spec, tmp_path / "q4.gguf")
-    assert sum(t.n_bytes for t in read_header(twin).tensors) / 2**20 == pytest.approx(float(total[1]), abs=0.01)
-
-
 @pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
 def test_a_blocks_twin_has_the_recipes_bytes_and_runs(arch, tmp_path):
     """weights: blocks (no F16 step): the header of the recipe's twin, with data llama.cpp decodes."""

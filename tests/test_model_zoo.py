@@ -19,12 +19,15 @@ from moeplace.gguf_file import read_header
 from moeplace.kvcache import kv_bytes
 from moeplace.memory import state_bytes
 from moeplace.metadata import inspect_model
-from moeplace.twin import load_spec, write_twin
+from moeplace.recipe import PRESETS, UNQUANTIZED
+from moeplace.twin import load_spec, twin_types, write_twin
 
 SPECS = sorted((ROOT / "config/models").glob("*.yaml"))
 TINY = [p for p in SPECS if p.name.startswith("tiny-") and load_spec(p).n_expert]
 FULL = [p for p in SPECS if not p.name.startswith("tiny-") and load_spec(p).n_expert]
 BUFFER = re.compile(r"(KV|RS) buffer size =\s+([\d.]+) MiB")
+# llama-quantize's line per tensor: "[ 12/579] blk.0.attn_v.weight - [ 2048, 512, 1, 1], type = f16, ..."
+DRY_RUN_LINE = re.compile(r"\]\s+(\S+)\s+- \[.*?type =\s+(\w+), size =[^(\n]*(?:\((\w+)\))?")
 
 
 def bin_path(tool: str) -> str:
@@ -50,17 +53,22 @@ def test_the_tiny_variant_decodes_with_the_kv_and_state_we_predict(spec, tmp_pat
 
 
 @pytest.mark.parametrize("spec", FULL, ids=lambda p: p.stem)
-def test_the_header_twin_has_llama_quantizes_bytes(spec, tmp_path):
+def test_the_header_twin_has_llama_quantizes_types_for_every_preset(spec, tmp_path):
+    """Every llama-quantize preset (Q2_K .. Q8_0, IQ1_S .. IQ4_XS, TQ, MXFP4_MOE) on an F16 header twin, with the
+    spec's tensor_types as --tensor-type: llama-quantize --dry-run's type for each tensor is ours."""
     twin = load_spec(spec)
     f16 = write_twin(dataclasses.replace(twin, ftype="F16", tensor_types={}), tmp_path / "f16.gguf")
     overrides = [arg for p, t in twin.tensor_types.items() for arg in ("--tensor-type", f"{p}={t.lower()}")]
-    cmd = [bin_path("llama-quantize"), "--dry-run", *overrides, str(f16), twin.ftype]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    theirs = float(re.search(r"quant size\s+=\s+([\d.]+) MiB", out.stdout + out.stderr)[1])
-    ours = sum(t.n_bytes for t in read_header(write_twin(twin, tmp_path / "q.gguf")).tensors) / 2**20
-    print(f"{spec.stem}: ours {ours:.2f} MiB, llama-quantize --dry-run {theirs:.2f} MiB")
-    assert ours == pytest.approx(theirs, rel=0.001)
+    for preset in [p for p, qtype in PRESETS.items() if qtype not in UNQUANTIZED]:
+        cmd = [bin_path("llama-quantize"), "--dry-run", *overrides, str(f16), preset]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        theirs = {m[1]: (m[3] or m[2]).upper() for m in DRY_RUN_LINE.finditer(out.stdout + out.stderr)}
+        ours = {name: qtype.name for name, qtype in twin_types(dataclasses.replace(twin, ftype=preset)).items()}
+        assert ours == theirs, (preset, {n: (t, theirs.get(n)) for n, t in ours.items() if theirs.get(n) != t})
+    size = float(re.search(r"quant size\s+=\s+([\d.]+) MiB", out.stdout + out.stderr)[1])
+    print(f"{spec.stem}: {len(PRESETS) - len(UNQUANTIZED)} presets, every tensor's type as llama-quantize's; "
+          f"{preset} {size:.0f} MiB")  # fmt: skip
 
 
 def test_the_readme_table_is_what_the_specs_give():

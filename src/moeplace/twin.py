@@ -26,6 +26,7 @@ from .architectures import ARCHITECTURES, MODULES
 from .errors import MoeplaceError
 from .gguf_file import tensor_nbytes
 from .outputs import atomic_path
+from .recipe import PRESETS, UNQUANTIZED, fit, keeps_source_type, quantized_types
 
 Q = GGMLQuantizationType
 
@@ -87,6 +88,8 @@ def load_spec(path: str | Path) -> TwinSpec:
         spec = TwinSpec(**{k: v for k, v in data.items() if k in common}, params=params)
     except TypeError as e:
         raise MoeplaceError(f"{path}: {e}; see config/models/README.md.") from None
+    if spec.ftype not in PRESETS:
+        raise MoeplaceError(f"{path}: ftype {spec.ftype!r} is not a llama-quantize preset ({', '.join(PRESETS)}).")
     for pattern, type_name in spec.tensor_types.items():
         try:
             re.compile(pattern)
@@ -147,89 +150,44 @@ def _tensors(s: TwinSpec) -> list[tuple[str, tuple[int, ...]]]:
     return MODULES[s.architecture].tensors(s)
 
 
-# --- llama.cpp's Q4_K_M recipe (llama-quant.cpp llama_tensor_get_type) ---------------------
-
-_FILE_TYPES = {f: LlamaFileType[f"MOSTLY_{f}"] for f in ("Q4_K_M", "Q8_0", "F16")}
-_FALLBACK = {
-    Q.Q4_K: Q.Q5_0,
-    Q.Q5_K: Q.Q5_1,
-    Q.Q6_K: Q.Q8_0,
-    Q.Q2_K: Q.Q4_0,
-    Q.Q3_K: Q.Q4_0,
-    **dict.fromkeys((Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ4_XS), Q.IQ4_NL),
-}
+# --- each tensor's type -----------------------------------------------------------------
 
 
-def _use_more_bits(i: int, n: int) -> bool:
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+def twin_types(spec: TwinSpec, tensors: list[tuple[str, tuple[int, ...]]] | None = None) -> dict[str, Q]:
+    """Each tensor's type in a header-only (or blocks) twin: what llama-quantize gives it for the spec's ftype
+    (recipe.py), the spec's tensor_types first; with an unquantized ftype, tensor_types still apply (a published
+    file's own mix)."""
+    tensors = tensors or _tensors(spec)
+    a = spec.architecture
+    keys = {**common_metadata(spec), **MODULES[a].metadata(spec)}
+
+    def first(value: Any) -> int:
+        return value[0] if isinstance(value, list) else value
+
+    heads = first(keys[f"{a}.attention.head_count"])
+    heads_kv = first(keys.get(f"{a}.attention.head_count_kv") or heads)
+    kept = getattr(MODULES[a], "KEEP_SOURCE_TYPE", ())
+    types = quantized_types(
+        tensors,
+        spec.ftype,
+        n_layer=keys[f"{a}.block_count"],
+        n_expert=keys.get(f"{a}.expert_count") or 0,
+        n_gqa=heads // heads_kv if heads_kv else 0,
+        overrides=spec.tensor_types,
+        kept=kept,
+    )
+    if PRESETS[spec.ftype] in UNQUANTIZED:
+        for name, shape in tensors:
+            if not keeps_source_type(name, len(shape), kept):
+                chosen = next((Q[t] for p, t in spec.tensor_types.items() if re.search(p, name)), None)
+                types[name] = fit(chosen, shape[0]) if chosen else types[name]
+    return types
 
 
-# Names llama-quantize never quantizes (llama-quant.cpp tensor_allows_quantization), beyond 1-D and non-weights.
-_NEVER_QUANTIZED = (
-    "_norm.weight",
-    "ffn_gate_inp.weight",
-    "ffn_gate_tid2eid.weight",
-    "altup",
-    "laurel",
-    "per_layer_model_proj",
-    "ssm_conv1d",
-    "shortconv.conv.weight",
-    "indexer.k_proj.weight",
-    "indexer.q_proj.weight",
-    "time_mix_",
-    "attn_rel_b.weight",
-)
-
-
-def _keeps_source_type(name: str, shape: tuple[int, ...], s: TwinSpec) -> bool:
-    kept = (*_NEVER_QUANTIZED, *getattr(MODULES[s.architecture], "KEEP_SOURCE_TYPE", ()))
-    return len(shape) < 2 or not name.endswith("weight") or any(k in name for k in kept)
-
-
-def _fit(qtype: Q, row: int) -> Q:
-    """llama.cpp's fallback when a row is not a whole number of blocks."""
-    if row % GGML_QUANT_SIZES[qtype][0] == 0:
-        return qtype
-    fallback = _FALLBACK.get(qtype, Q.F16)
-    return fallback if row % GGML_QUANT_SIZES[fallback][0] == 0 else Q.F16
-
-
-def recipe_type(name: str, shape: tuple[int, ...], s: TwinSpec) -> Q:
-    """The type llama-quantize gives a tensor for the spec's ftype (Q4_K_M, Q8_0 or F16), unless the spec's
-    tensor_types names one (first matching pattern)."""
-    if _keeps_source_type(name, shape, s):
-        return Q.F32
-    for pattern, type_name in s.tensor_types.items():
-        if re.search(pattern, name):
-            return _fit(Q[type_name], shape[0])
-    if s.ftype == "F16":
-        return Q.F16
-    if s.ftype == "Q8_0":
-        return _fit(Q.Q8_0, shape[0])
-    if s.ftype != "Q4_K_M":
-        raise MoeplaceError(f"twin spec {s.name}: ftype {s.ftype!r} has no recipe here; use Q4_K_M, Q8_0 or F16.")
-    m = re.match(r"blk\.(\d+)\.", name)
-    layer = int(m[1]) if m else -1
-    qtype = Q.Q4_K
-    if name == "output.weight" or (s.tied_output and name == "token_embd.weight"):
-        qtype = Q.Q8_0 if shape[0] % 256 else Q.Q6_K
-    elif "attn_v.weight" in name or "attn_kv_b.weight" in name or "attn_qkv.weight" in name:
-        if _use_more_bits(layer, s.n_layer):
-            qtype = Q.Q6_K
-        if s.n_expert == 8:
-            qtype = Q.Q8_0
-    elif "attn_k.weight" in name and s.n_expert == 8:
-        qtype = Q.Q8_0
-    elif "ffn_down" in name and _use_more_bits(layer, s.n_layer):
-        qtype = Q.Q6_K
-    elif "attn_output.weight" in name and s.n_expert == 8:
-        qtype = Q.Q5_K
-    return _fit(qtype, shape[0])
-
-
-def _random_type(name: str, shape: tuple[int, ...], s: TwinSpec) -> Q:
+def _random_types(spec: TwinSpec, tensors: list[tuple[str, tuple[int, ...]]]) -> dict[str, Q]:
     """What llama.cpp's converter writes for an F16 model: F32 for norms, biases, routers, 1-D."""
-    return Q.F32 if _keeps_source_type(name, shape, s) else Q.F16
+    kept = getattr(MODULES[spec.architecture], "KEEP_SOURCE_TYPE", ())
+    return {name: Q.F32 if keeps_source_type(name, len(shape), kept) else Q.F16 for name, shape in tensors}
 
 
 def _random_data(rng: np.random.Generator, name: str, shape: tuple[int, ...], qtype: Q) -> np.ndarray:
@@ -284,14 +242,15 @@ def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int
     if shard_bytes and weights != "none":
         raise MoeplaceError("only a header-only twin (weights none) is split into shards.")
     tensors = _tensors(spec)
-    types = {name: (_random_type if weights == "random" else recipe_type)(name, shape, spec) for name, shape in tensors}
+    types = _random_types(spec, tensors) if weights == "random" else twin_types(spec, tensors)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         w = GGUFWriter(scratch / out.name, spec.architecture, split_max_size=shard_bytes)
         _write_metadata(w, spec)
-        w.add_file_type(LlamaFileType.MOSTLY_F16 if weights == "random" else _FILE_TYPES[spec.ftype])
+        file_type = "F16" if weights == "random" else spec.ftype
+        w.add_file_type(LlamaFileType["ALL_F32" if file_type == "F32" else f"MOSTLY_{file_type}"])
         for name, shape in tensors:
             nbytes = tensor_nbytes(types[name].name, shape)
             w.add_tensor_info(name, list(reversed(shape)), np.float32, nbytes, raw_dtype=types[name])
