@@ -294,12 +294,44 @@ def from_constants(name: str, constants: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def layer_kinds(meta: dict[str, Any]) -> dict[str, int]:
+    """How many layers of each kind: attention (full), sliding-window, recurrent; MoE, dense FFN."""
+    layers = meta["layers"]
+    return {
+        "attention": sum(1 for layer in layers if layer["has_kv"] and not layer["swa"]),
+        "sliding-window": sum(1 for layer in layers if layer["swa"]),
+        "recurrent": sum(1 for layer in layers if layer.get("state_bytes")),
+        "MoE": sum(1 for layer in layers if layer["expert_bytes"]),
+        "dense": sum(1 for layer in layers if layer["bytes"]["dense_ffn"]),
+    }
+
+
+def structure(meta: dict[str, Any]) -> str:
+    """One line: the layer kinds with their attention (MLA, window), recurrent state and experts."""
+    att, kinds = meta["attention"], layer_kinds(meta)
+    state = sum(layer.get("state_bytes", 0) for layer in meta["layers"])
+    mla = f" (MLA rank {att['kv_lora_rank']})" if att["mla"] else ""
+    mixers = {
+        "attention": f"{kinds['attention']} full attention{mla}",
+        "sliding-window": f"{kinds['sliding-window']} sliding-window ({att['sliding_window']} tokens)",
+        "recurrent": f"{kinds['recurrent']} recurrent ({state / 2**20:.2f} MiB state per sequence)",
+    }
+    shared = f", {meta['n_expert_shared']} shared" if meta["n_expert_shared"] else ""
+    ffn = {
+        "MoE": f"{kinds['MoE']} MoE ({meta['n_expert_used']} of {meta['n_expert']} experts{shared})",
+        "dense": f"{kinds['dense']} dense FFN",
+    }
+    parts = [", ".join(text for kind, text in group.items() if kinds[kind]) for group in (mixers, ffn)]
+    return f"{meta['n_layer']} layers: " + "; ".join(p for p in parts if p)
+
+
 def describe(meta: dict[str, Any]) -> str:
     """`moeplace inspect`'s text: the model, its bytes by role, its attention and each layer."""
     att = meta["attention"]
     lines = [
         f"{meta['name']}  ({meta['architecture']}, {meta['n_layer']} layers, trained context {meta['n_ctx_train']})"
     ]
+    lines.append(structure(meta))
     if meta["n_expert"]:
         lines.append(f"experts: {meta['n_expert']} routed, {meta['n_expert_used']} used per token, "
                      f"{meta['n_expert_shared']} shared")  # fmt: skip

@@ -15,7 +15,7 @@ import pandas as pd
 
 from .kvcache import kv_bytes
 from .memory import state_bytes
-from .metadata import inspect_model
+from .metadata import inspect_model, layer_kinds
 from .twin import load_spec, write_twin
 from .units import GB
 
@@ -34,17 +34,8 @@ COLUMNS = {
 }
 
 
-def _layer_kinds(meta: dict[str, Any]) -> str:
-    layers = meta["layers"]
-    kinds = {
-        "attention": sum(1 for layer in layers if layer["has_kv"] and not layer["swa"]),
-        "sliding-window": sum(1 for layer in layers if layer["swa"]),
-        "recurrent": sum(1 for layer in layers if layer["state_bytes"]),
-        "MoE": sum(1 for layer in layers if layer["expert_bytes"]),
-        "dense": sum(1 for layer in layers if layer["bytes"]["dense_ffn"]),
-    }
-    parts = [f"{n} {kind}" for kind, n in kinds.items() if n]
-    return f"{len(layers)}: " + ", ".join(parts)
+def _layers(meta: dict[str, Any]) -> str:
+    return f"{meta['n_layer']}: " + ", ".join(f"{n} {kind}" for kind, n in layer_kinds(meta).items() if n)
 
 
 def zoo_row(spec_path: Path, tiny_architectures: set[str], workdir: Path) -> dict[str, Any] | None:
@@ -57,7 +48,7 @@ def zoo_row(spec_path: Path, tiny_architectures: set[str], workdir: Path) -> dic
     return {
         "model": spec.name,
         "architecture": spec.architecture,
-        "layers": _layer_kinds(meta),
+        "layers": _layers(meta),
         "experts": f"{meta['n_expert_used']}/{meta['n_expert']}{shared}",
         "expert_gb": round(meta["expert_bytes"] / GB, 2),
         "non_expert_gb": round(meta["non_expert_bytes"] / GB, 2),

@@ -14,7 +14,7 @@ from . import commands
 from .errors import MoeplaceError
 from .kvcache import needs_flash_attn
 from .memory import Workload
-from .metadata import from_constants, inspect_model
+from .metadata import from_constants, inspect_model, structure
 from .placement import pinned_tensors
 from .units import GB, parse_size
 
@@ -102,6 +102,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if emit == "json":
         json.dump(plans, sys.stdout, indent=1)
         print()
+    if emit == "server" and args.model:
+        print(f"{meta['name']}: {structure(meta)}")
     status = 0
     for p in plans:
         if p["status"] != budget_mod.FITS:
