@@ -32,7 +32,9 @@ def twins(tmp_path_factory) -> dict[str, Path]:
     return {arch: tiny_twin(folder, spec) for arch, spec in SPECS.items()}
 
 
-def bench(path: Path, tmp_path: Path, ctx: int, cap: int, n: int = 0, settings: BenchSettings = QUICK) -> list[dict]:
+def bench(
+    path: Path, tmp_path: Path, ctx: int, cap: int, n: int = 0, settings: BenchSettings = QUICK, **extra
+) -> list[dict]:
     meta = inspect_model(path)
     return run_bench(
         model_name=path.stem,
@@ -45,6 +47,7 @@ def bench(path: Path, tmp_path: Path, ctx: int, cap: int, n: int = 0, settings: 
         manifest=manifest(),
         log_path=tmp_path / "bench.log",
         workdir=ROOT,
+        **extra,
     )
 
 
@@ -192,3 +195,16 @@ def test_auto_repetitions_stop_at_the_precision_target_or_the_most_allowed(twins
     if len(os.sched_getaffinity(0)) >= 2:
         assert not set(hard[0]["bench_cpus"]) & set(hard[0]["device_cpus"])
         assert hard[0]["threads"] == len(hard[0]["bench_cpus"])
+
+
+def test_a_paired_comparison_gets_the_minimum_in_one_batch_per_arm_whatever_its_budget(twins, tmp_path):
+    """A variant and its -ncmoe baseline: each arm's first batch is the minimum, even when one batch already
+    spends the time budget (a 32K depth fill is paid once per batch, not once per repetition)."""
+    auto = BenchSettings(prompt=16, gen=4, repetitions=3, threads=2, timeout_s=300, max_repetitions=6,
+                         time_budget_s=1e-3)  # fmt: skip
+    overrides = r"blk\.[0-1]\.ffn_(up|down|gate)_exps=CPU"
+    records = bench(twins["qwen3moe"], tmp_path, ctx=1024, cap=2**30, settings=auto, variant="first_n_ot",
+                    overrides=overrides, paired_n_cpu_moe=2)  # fmt: skip
+    for r in records:
+        assert r["status"] == "ok" and r["batches"] == 1
+        assert len(r["samples_ts"]) == len(r["baseline_samples_ts"]) == 3

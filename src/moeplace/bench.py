@@ -120,10 +120,11 @@ def run_bench(
     depth fills the context so that the largest test holds exactly `ctx` cells, the cells the budget plans
     (llama-bench allocates depth + prompt, or depth + generated, cells).
 
-    Repetitions come in batches (one llama-bench process each, its own warm-up first): one batch of
-    `settings.repetitions`, or with adaptive settings more until the mean is precise enough. With
-    `paired_n_cpu_moe` the configuration is compared with that `-ncmoe` run, measured interleaved with
-    it one repetition at a time (A B A B ...), so drift falls on both alike; the records carry both.
+    Repetitions come in batches (one llama-bench process each, its own warm-up and one fill of the depth
+    first): one batch of `settings.repetitions`, or with adaptive settings more until the mean is precise
+    enough, the minimum always. With `paired_n_cpu_moe` the configuration is compared with that `-ncmoe` run,
+    measured interleaved with it batch by batch (A B A B ...), so drift falls on both alike; the records carry
+    both.
     """
     depth = max(ctx - max(settings.prompt, settings.gen), 0) if depth is None else depth
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +137,7 @@ def run_bench(
     baseline = Arm(paired_n_cpu_moe, None) if paired_n_cpu_moe is not None else None
     arms = [a for a in (baseline, arm) if a is not None]
     quiet: list[dict[str, Any]] = []
-    reps = 1 if baseline else settings.repetitions
+    reps = settings.repetitions
     t0 = time.monotonic()
     with attached(device, manifest, cpus, log_path) as rpc:
         while not arm.failure:
@@ -173,23 +174,20 @@ def run_bench(
                 baseline, arms, reps = None, [arm], settings.repetitions
                 continue
             n = len(arm.samples["tg"])
-            if not settings.adaptive:
-                if not baseline or n >= settings.repetitions:
-                    break
-                continue
             paired = baseline.samples if baseline else None
-            if n >= settings.repetitions and _precise_enough(arm.samples, paired, settings.precision):
+            if not settings.adaptive or _precise_enough(arm.samples, paired, settings.precision):
                 break
-            # A repetition's cost so far (loads and warm-ups included): no batch may run past the time budget,
-            # which is each configuration's (a paired comparison measures two).
+            # A repetition's cost so far (loads, warm-ups and depth fills included): no batch may run past the
+            # time budget, which is each configuration's (a paired comparison measures two).
             elapsed = time.monotonic() - t0
             per_repetition = elapsed / (n * len(arms))
             affordable = int((settings.time_budget_s * len(arms) - elapsed) // (per_repetition * len(arms)))
             if n >= settings.max_repetitions or affordable < 1:
                 break
-            if not baseline:
-                wanted = max(repetitions_for(arm.samples[t], settings.precision) for t in tests)
-                reps = min(settings.max_repetitions - n, max(1, wanted - n), affordable)
+            # A difference of two means is as precise as each mean is to precision / sqrt(2).
+            target = settings.precision / math.sqrt(2) if baseline else settings.precision
+            wanted = max(repetitions_for(a.samples[t], target) for a in arms for t in tests)
+            reps = min(settings.max_repetitions - n, max(1, wanted - n), affordable)
     parsed = parse_log(arm.stderr)
     contended = any(q["contended"] for q in quiet)
     base = {
