@@ -43,6 +43,10 @@ SWA_PATTERNS: dict[str, tuple[int, bool]] = {
     "smallthinker": (4, True),
     "plamo3": (8, False),
 }
+# Windows llama.cpp's loader sets itself, whatever the GGUF says, unless its sliding_window key is 0: Llama 4's
+# chunked attention (models/llama4.cpp: n_swa = 8192; its converter writes no sliding_window key). Its iSWA cache
+# sizes chunked layers as sliding-window ones.
+FIXED_WINDOWS: dict[str, int] = {"llama4": 8192}
 
 
 def tensor_role(suffix: str) -> str:
@@ -98,9 +102,17 @@ def _optional_int(header: GGUFHeader, suffix: str, default: int) -> int:
     return value
 
 
+def _sliding_window(header: GGUFHeader) -> int:
+    window = header.arch_key("attention.sliding_window")
+    fixed = FIXED_WINDOWS.get(header.architecture)
+    if fixed and window != 0:
+        return fixed
+    return window or 0
+
+
 def _swa_layers(header: GGUFHeader, n_layer: int) -> list[bool]:
     arch = header.architecture
-    window = header.arch_key("attention.sliding_window", 0) or 0
+    window = _sliding_window(header)
     if not window:
         return [False] * n_layer
     pattern = header.arch_key("attention.sliding_window_pattern")
@@ -119,16 +131,30 @@ def _swa_layers(header: GGUFHeader, n_layer: int) -> list[bool]:
     return [il % n != 0 if dense_first else il % n < n - 1 for il in range(n_layer)]
 
 
-def _recurrent_state_bytes(header: GGUFHeader) -> int:
-    """One sequence's state in a recurrent layer, as llama.cpp sizes it (llama-hparams.cpp n_embd_r/n_embd_s,
-    f32): the convolution's last d_conv-1 columns over the inner, B and C channels, and the d_state x d_inner
-    SSM state. Mamba, Mamba-2 and gated-delta-net layers (the ssm.* keys); other recurrent kinds count 0."""
+def _recurrent_state_bytes(header: GGUFHeader, n_embd: int, n_head: int) -> int:
+    """One sequence's state in a recurrent layer, as llama.cpp sizes it (llama-hparams.cpp n_embd_r + n_embd_s,
+    f32). Mamba, Mamba-2 and gated delta nets (ssm.* keys): the convolution's last d_conv - 1 columns over the
+    inner, B and C channels, and the d_state x d_inner SSM state. Kimi delta attention (kda.head_dim): q, k and v
+    convolutions of n_head x head_dim channels (d_conv - 1 columns, 3 without the key) and a head_dim x head_dim
+    state per head, n_head being the first layer's. LFM2's short convolution (shortconv.l_cache): n_embd x
+    (l_cache - 1). Other recurrent kinds count 0."""
     d_conv = _optional_int(header, "ssm.conv_kernel", 0)
+    kda = _optional_int(header, "kda.head_dim", 0)
+    if kda:
+        d_inner = n_head * kda
+        return 4 * (3 * (d_conv - 1 if d_conv > 0 else 3) * d_inner + kda * d_inner)
+    l_cache = _optional_int(header, "shortconv.l_cache", 0)
+    if l_cache:
+        return 4 * n_embd * (l_cache - 1)
     d_inner = _optional_int(header, "ssm.inner_size", 0)
     d_state = _optional_int(header, "ssm.state_size", 0)
     n_group = _optional_int(header, "ssm.group_count", 0)
     conv = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
     return 4 * (conv + d_state * d_inner)
+
+
+# Tensors of a recurrent layer: Mamba/gated-delta-net (ssm_*) or LFM2's short convolution (shortconv.*).
+_RECURRENT = ("ssm_", "shortconv.")
 
 
 def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) -> tuple[dict[str, Any], list[dict]]:
@@ -152,14 +178,16 @@ def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) ->
     # NextN/MTP layers at the end are not part of the main context.
     n_layer_main = n_layer - (header.arch_key("nextn_predict_layers", 0) or 0)
     swa = _swa_layers(header, n_layer)
-    state = _recurrent_state_bytes(header)
+    state = _recurrent_state_bytes(header, n_embd, n_head[0])
     layers = []
     for il in range(n_layer):
-        # A layer without K/V projections (recurrent, SSM) keeps no KV cache.
+        # A layer without K/V projections keeps no KV cache. A recurrent layer (Mamba, gated delta net, short
+        # convolution) keeps a fixed state instead; in a gated-delta-net layer attn_qkv is the recurrence's input.
+        recurrent = any(n.startswith(_RECURRENT) for n in layer_names[il])
         has_kv = (
             il < n_layer_main
             and n_head_kv[il] > 0
-            and any(n.startswith(("attn_k", "attn_qkv")) for n in layer_names[il])
+            and any(n.startswith("attn_k") or (n.startswith("attn_qkv") and not recurrent) for n in layer_names[il])
         )
         k_len, v_len = (key_length_swa, value_length_swa) if swa[il] else (key_length, value_length)
         k_dim, v_dim = k_len * n_head_kv[il], 0 if mla else v_len * n_head_kv[il]
@@ -169,8 +197,7 @@ def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) ->
                 "swa": has_kv and swa[il],
                 "k_dim": k_dim if has_kv else 0,
                 "v_dim": v_dim if has_kv else 0,
-                # A Mamba-style or gated-delta-net layer keeps a fixed state per sequence instead.
-                "state_bytes": state if any(n.startswith("ssm_") for n in layer_names[il]) else 0,
+                "state_bytes": state if recurrent else 0,
             }
         )
     attention = {
@@ -179,7 +206,7 @@ def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) ->
         "n_head_kv": n_head_kv[0] if len(set(n_head_kv)) == 1 else n_head_kv,
         "key_length": key_length,
         "value_length": value_length,
-        "sliding_window": header.arch_key("attention.sliding_window", 0) or 0,
+        "sliding_window": _sliding_window(header),
         "mla": mla,
         "kv_lora_rank": header.arch_key("attention.kv_lora_rank", 0) or 0,
         "rope_dimension_count": header.arch_key("rope.dimension_count", key_length),
@@ -212,15 +239,24 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
     expert_tensors: list[dict[str, int]] = [{} for _ in range(n_layer)]
     global_bytes = {g: 0 for g in GLOBALS}
     quant: Counter[str] = Counter()
+    # NextN/MTP layers at the end: llama.cpp skips their tensors ("unused tensor") unless a run asks for them
+    # (--mtp, MTP drafting), so they are neither in memory nor read per token. Counted apart, not in the totals.
+    n_nextn = min(_optional_int(header, "nextn_predict_layers", 0), n_layer)
+    nextn_bytes = 0
     for t in header.tensors:
-        quant[t.type_name] += t.n_bytes
         m = _LAYER.match(t.name)
         if m is None:
+            quant[t.type_name] += t.n_bytes
             global_bytes[global_role(t.name)] += t.n_bytes
             continue
         il, suffix = int(m[1]), m[2]
         if il >= n_layer:
             raise MoeplaceError(f"{header.paths[0]}: tensor {t.name!r} names layer {il}, but the model has {n_layer}.")
+        if il >= n_layer - n_nextn:
+            nextn_bytes += t.n_bytes
+            names[il].add(suffix)
+            continue
+        quant[t.type_name] += t.n_bytes
         role = tensor_role(suffix)
         layers[il][role] += t.n_bytes
         names[il].add(suffix)
@@ -230,7 +266,7 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
     if expert_bytes and not (n_expert and n_expert_used):
         raise MoeplaceError(f"{header.paths[0]}: has expert tensors but no {arch}.expert_count/expert_used_count.")
     attention, kv_layers = _attention(header, n_layer, names)
-    total = sum(t.n_bytes for t in header.tensors)
+    total = sum(t.n_bytes for t in header.tensors) - nextn_bytes
     shapes = {t.name: t.shape for t in header.tensors}
     # Rows of the token embedding; an expert up/gate matrix is n_embd x n_ff_exp x n_expert.
     n_vocab = shapes.get("token_embd.weight", (0, 0))[-1]
@@ -243,13 +279,18 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
         "n_layer": n_layer,
         "n_expert": n_expert if expert_bytes else 0,
         "n_expert_used": n_expert_used if expert_bytes else 0,
-        "n_expert_shared": header.arch_key("expert_shared_count", 0) or 0,
+        # Converters that write no expert_shared_count (granitehybrid, qwen3next, llama4) still write one shared
+        # expert's tensors.
+        "n_expert_shared": header.arch_key("expert_shared_count", 0)
+        or int(bool(expert_bytes) and any(layer["shared_expert"] for layer in layers)),
         "n_ctx_train": header.arch_key("context_length", 0) or 0,
         "n_vocab": n_vocab,
         "n_ff_exp": n_ff_exp if expert_bytes else 0,
         "expert_bytes": expert_bytes,
         "non_expert_bytes": total - expert_bytes,
         "total_bytes": total,
+        "n_layer_nextn": n_nextn,
+        "nextn_bytes": nextn_bytes,
         "global_bytes": global_bytes,
         "quant_types": dict(sorted(quant.items())),
         "attention": attention,
@@ -340,6 +381,12 @@ def describe(meta: dict[str, Any]) -> str:
     sizes = (meta["expert_bytes"] / GB, meta["non_expert_bytes"] / GB, meta["total_bytes"] / GB)
     lines.append("bytes: expert {:.3f} GB, non-expert {:.3f} GB, total {:.3f} GB".format(*sizes))
     lines.append("quant types: " + ", ".join(f"{k} {v / GB:.3f} GB" for k, v in meta["quant_types"].items()))
+    n_nextn = meta.get("n_layer_nextn", 0)
+    if n_nextn:
+        lines.append(
+            f"NextN/MTP layers {meta['n_layer'] - n_nextn}-{meta['n_layer'] - 1}: {meta['nextn_bytes'] / GB:.3f} GB "
+            "in the file, not loaded by llama.cpp without --mtp (not in the bytes above)"
+        )
     lines.append(
         f"attention: {att['n_head']} heads, KV heads {att['n_head_kv']}, key/value length "
         f"{att['key_length']}/{att['value_length']}"
@@ -355,7 +402,13 @@ def describe(meta: dict[str, Any]) -> str:
         kv = (
             ("swa" if layer["swa"] else "full")
             if layer["has_kv"]
-            else ("state" if layer.get("state_bytes") else "none")
+            else (
+                "state"
+                if layer.get("state_bytes")
+                else "nextn"
+                if layer["index"] >= meta["n_layer"] - n_nextn
+                else "none"
+            )
         )
         mb = [b[role] / 1e6 for role in ("expert", "attention", "shared_expert", "dense_ffn", "router")]
         lines.append("{:>5} {:>11.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>9.3f}  {}".format(layer["index"], *mb, kv))

@@ -1,0 +1,51 @@
+"""Llama (llama): dense Llama/Mistral, and Mixtral, which llama.cpp's converter also writes as arch llama with
+expert_count > 0 (conversion/llama.py LlamaModel stacks block_sparse_moe.experts.N.w1/w2/w3 into
+ffn_gate_exps/ffn_down_exps/ffn_up_exps).
+
+In llama.cpp (src/models/llama.cpp) the experts' width is feed_forward_length (n_ff; no
+expert_feed_forward_length is written or read); the converter adds vocab_size and rope.dimension_count
+(head_dim), and key/value length only when config.json has a head_dim (Mixtral's has none: n_embd / n_head).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+
+ARCHS = ("llama",)
+PARAMS: dict[str, Any] = {}
+
+
+def tensors(s: Any) -> Tensors:
+    E, hd = s.n_embd, s.head_dim
+    out = globals_(s)
+    for il in range(s.n_layer):
+        block = [
+            ("attn_norm.weight", (E,)),
+            ("attn_q.weight", (E, hd * s.n_head)),
+            ("attn_k.weight", (E, hd * s.n_head_kv)),
+            ("attn_v.weight", (E, hd * s.n_head_kv)),
+            ("attn_output.weight", (hd * s.n_head, E)),
+            ("ffn_norm.weight", (E,)),
+        ]
+        if s.n_expert:
+            block += [("ffn_gate_inp.weight", (E, s.n_expert)), *routed_experts(E, s.n_ff_exp, s.n_expert)]
+        else:
+            block += dense_ffn(E, s.n_ff)
+        out += layer(il, block)
+    return out
+
+
+def metadata(s: Any) -> dict[str, Any]:
+    a = s.architecture
+    default_dim = s.head_dim * s.n_head == s.n_embd
+    return {
+        f"{a}.feed_forward_length": s.n_ff_exp if s.n_expert else s.n_ff,
+        f"{a}.expert_feed_forward_length": None,
+        f"{a}.attention.key_length": None if default_dim else s.head_dim,
+        f"{a}.attention.value_length": None if default_dim else s.head_dim,
+        f"{a}.attention.layer_norm_rms_epsilon": 1e-5,
+        f"{a}.vocab_size": s.n_vocab,
+        f"{a}.rope.dimension_count": s.head_dim,
+    }

@@ -1,0 +1,49 @@
+"""MiniMax-M2 (minimax-m2): every layer MoE (no shared expert), sigmoid routing with an expert-score correction
+bias (exp_probs_b), whole-width Q/K RMS norms (over all heads, not per head) and partial RoPE (rotary_dim of
+head_dim).
+
+Shapes from llama.cpp src/models/minimax-m2.cpp; keys from conversion/minimax.py MiniMaxM2Model: the experts'
+width as both feed_forward_length and expert_feed_forward_length, rope.dimension_count = rotary_dim, and
+expert_gating_func sigmoid (config.json's scoring_func).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gguf
+
+from ._tables import Tensors, globals_, layer, routed_experts
+
+ARCHS = ("minimax-m2",)
+PARAMS: dict[str, Any] = {"rotary_dim": 64}
+
+
+def tensors(s: Any) -> Tensors:
+    E, hd, X = s.n_embd, s.head_dim, s.n_expert
+    q, kv = hd * s.n_head, hd * s.n_head_kv
+    out = globals_(s)
+    for il in range(s.n_layer):
+        block = [
+            ("attn_norm.weight", (E,)),
+            ("attn_q.weight", (E, q)),
+            ("attn_k.weight", (E, kv)),
+            ("attn_v.weight", (E, kv)),
+            ("attn_output.weight", (q, E)),
+            ("attn_q_norm.weight", (q,)),
+            ("attn_k_norm.weight", (kv,)),
+            ("ffn_norm.weight", (E,)),
+            ("ffn_gate_inp.weight", (E, X)),
+            ("exp_probs_b.bias", (X,)),
+            *routed_experts(E, s.n_ff_exp, X),
+        ]
+        out += layer(il, block)
+    return out
+
+
+def metadata(s: Any) -> dict[str, Any]:
+    a = s.architecture
+    return {
+        f"{a}.rope.dimension_count": s.params["rotary_dim"],
+        f"{a}.expert_gating_func": int(gguf.ExpertGatingFuncType.SIGMOID),
+    }
