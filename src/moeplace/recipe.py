@@ -7,7 +7,6 @@ those architectures). A header-only twin takes its types from here, so its bytes
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -62,9 +61,13 @@ NEVER_QUANTIZED = (
     "shortconv.conv.weight",
     "indexer.k_proj.weight",
     "indexer.q_proj.weight",
-    "time_mix_",
+    *(f"time_mix_{n}.weight" for n in ("first", "w0", "w1", "w2", "v0", "v1", "v2", "a0", "a1", "a2", "g1", "g2")),
+    "time_mix_decay_w1.weight",
+    "time_mix_decay_w2.weight",
+    "time_mix_lerp_fused.weight",
     "attn_rel_b.weight",
 )
+NEVER_QUANTIZED_NAMES = ("position_embd.weight", "token_types.weight")  # whole names
 _FALLBACK = {
     Q.Q4_K: Q.Q5_0,
     Q.Q5_K: Q.Q5_1,
@@ -78,9 +81,29 @@ _ATTN_OUT_Q5K_8EXP = {
 }  # fmt: skip
 
 
-def keeps_source_type(name: str, n_dims: int, kept: Iterable[str] = ()) -> bool:
+def n_dims(shape: tuple[int, ...]) -> int:
+    """Dimensions as ggml counts them: trailing 1s do not count (an (n_embd, 1) gate is 1-D)."""
+    n = len(shape)
+    while n > 1 and shape[n - 1] == 1:
+        n -= 1
+    return n
+
+
+def keeps_source_type(name: str, shape: tuple[int, ...]) -> bool:
     """True for the tensors llama-quantize leaves as they are."""
-    return n_dims < 2 or not name.endswith("weight") or any(k in name for k in (*NEVER_QUANTIZED, *kept))
+    return (
+        n_dims(shape) < 2
+        or not name.endswith("weight")
+        or name in NEVER_QUANTIZED_NAMES
+        or any(k in name for k in NEVER_QUANTIZED)
+    )
+
+
+def quantize_order(name: str) -> tuple[int, str]:
+    """The order llama-quantize visits tensors in (the loader's weights_map): by block, non-block ones first,
+    then by name. Its attn_v and ffn counters count in this order."""
+    m = re.match(r"blk\.(\d+)\.", name)
+    return (int(m[1]) if m else -1, name)
 
 
 def fit(qtype: Q, row: int) -> Q:
@@ -124,19 +147,18 @@ def quantized_types(
     n_expert: int,
     n_gqa: float,
     overrides: dict[str, str] | None = None,
-    kept: Iterable[str] = (),
 ) -> dict[str, Q]:
     """Every tensor's type after `llama-quantize MODEL OUT preset` (with `--tensor-type` overrides), from the
-    F16/F32 source the converter writes: tensors (name, ggml-order shape) in file order."""
+    F16/F32 source the converter writes: tensors are (name, ggml-order shape)."""
     default = PRESETS[preset]
-    kept = tuple(kept)
+    tensors = sorted(tensors, key=lambda t: quantize_order(t[0]))
     names = [name for name, _ in tensors]
     tied = "output.weight" not in names
     n_attention_wv = sum(category(n) in ("attn_v", "attn_qkv", "attn_kv_b") for n in names)
     counters = {"attn_v": 0, "ffn_down": 0, "ffn_gate": 0, "ffn_up": 0}
     out = {}
     for name, shape in tensors:
-        if keeps_source_type(name, len(shape), kept):
+        if keeps_source_type(name, shape):
             out[name] = Q.F32
             continue
         if default in UNQUANTIZED:
@@ -150,17 +172,16 @@ def quantized_types(
     return out
 
 
-def _layer(name: str, counter: int, n_layer: int, n_expert: int) -> tuple[int, int]:
-    if n_expert > 1:  # experts are not in layer order in every file: the layer is in the name
-        return int(re.match(r"blk\.(\d+)\.", name)[1]), n_layer
-    return counter, n_layer
+def _layer(name: str, counter: int, n_expert: int) -> int:
+    """The layer llama-quantize's ffn rules use: the tensor's count so far, or with experts its block number."""
+    return quantize_order(name)[0] if n_expert > 1 else counter
 
 
 def _choose(  # noqa: C901, PLR0912 (llama_tensor_get_type_impl, branch for branch)
     name: str,
     shape: tuple[int, ...],
-    f: str,
-    new: Q,
+    preset: str,
+    new_type: Q,
     cat: str,
     counters: dict[str, int],
     tied: bool,
@@ -170,105 +191,106 @@ def _choose(  # noqa: C901, PLR0912 (llama_tensor_get_type_impl, branch for bran
     n_gqa: float,
 ) -> Q:
     if cat == "output" or (tied and cat == "token_embd"):
-        if f == "MXFP4_MOE" or shape[0] % GGML_QUANT_SIZES[new][0]:
+        if preset == "MXFP4_MOE" or shape[0] % GGML_QUANT_SIZES[new_type][0]:
             return Q.Q8_0
-        if f in ("IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"):
+        if preset in ("IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"):
             return Q.Q5_K
-        return new if new == Q.Q8_0 else Q.Q6_K
-    if f == "MXFP4_MOE":
+        return new_type if new_type == Q.Q8_0 else Q.Q6_K
+    if preset == "MXFP4_MOE":
         return Q.MXFP4 if len(shape) > 2 and shape[2] > 1 else Q.Q8_0
     if cat == "token_embd":
-        if f in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
+        if preset in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
             return Q.Q2_K
-        if f in ("IQ2_S", "IQ2_M", "IQ3_XXS"):
+        if preset in ("IQ2_S", "IQ2_M", "IQ3_XXS"):
             return Q.IQ3_S
-        if f in ("TQ1_0", "TQ2_0"):
+        if preset in ("TQ1_0", "TQ2_0"):
             return Q.Q4_K
-        return new
+        return new_type
     attn_v = cat in ("attn_v", "attn_qkv", "attn_kv_b")
-    if f in _IQ12:
+    if preset in _IQ12:
         if attn_v:
             counters["attn_v"] += 1
             if n_gqa >= 4 or n_expert >= 4:
                 return Q.Q4_K
-            return Q.IQ3_S if f in ("IQ2_S", "IQ2_M") else Q.Q2_K
+            return Q.IQ3_S if preset in ("IQ2_S", "IQ2_M") else Q.Q2_K
         if n_expert == 8 and cat == "attn_k":
             return Q.Q4_K
         if cat == "ffn_down":
             i = counters["ffn_down"]
             counters["ffn_down"] += 1
             if i < n_layer // 8:
-                return Q.IQ3_S if f in ("IQ2_S", "IQ2_M") else Q.Q2_K
-            return new
+                return Q.IQ3_S if preset in ("IQ2_S", "IQ2_M") else Q.Q2_K
+            return new_type
         if cat == "attn_output":
             if n_expert == 8:
                 return Q.Q5_K
-            if f in ("IQ1_S", "IQ1_M"):
+            if preset in ("IQ1_S", "IQ1_M"):
                 return Q.IQ2_XXS
-            if f in ("IQ2_S", "IQ2_M"):
+            if preset in ("IQ2_S", "IQ2_M"):
                 return Q.IQ3_S
-        return new
+        return new_type
     if attn_v:
         i = counters["attn_v"]
         counters["attn_v"] += 1
-        if f == "Q2_K":
-            new = Q.Q4_K if n_gqa >= 4 else Q.Q3_K
-        elif f == "Q2_K_S" and n_gqa >= 4:
-            new = Q.Q4_K
-        elif f == "IQ3_XXS":
-            new = Q.Q4_K if n_gqa >= 4 else Q.IQ3_S
-        elif f in ("IQ3_XS", "IQ3_S") and n_gqa >= 4:
-            new = Q.Q4_K
-        elif f == "IQ3_M":
-            new = Q.Q4_K
-        elif f == "Q3_K_M":
-            new = Q.Q5_K if i < 2 else Q.Q4_K
-        elif f == "Q3_K_L":
-            new = Q.Q5_K
-        elif f in ("IQ4_NL", "IQ4_XS") and n_gqa >= 4:
-            new = Q.Q5_K
-        elif f in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n_attention_wv):
-            new = Q.Q6_K
-        elif f == "Q4_K_S" and i < 4:
-            new = Q.Q5_K
-        return Q.Q8_0 if n_expert == 8 else new
+        if preset == "Q2_K":
+            new_type = Q.Q4_K if n_gqa >= 4 else Q.Q3_K
+        elif preset == "Q2_K_S" and n_gqa >= 4:
+            new_type = Q.Q4_K
+        elif preset == "IQ3_XXS":
+            new_type = Q.Q4_K if n_gqa >= 4 else Q.IQ3_S
+        elif preset in ("IQ3_XS", "IQ3_S") and n_gqa >= 4:
+            new_type = Q.Q4_K
+        elif preset == "IQ3_M":
+            new_type = Q.Q4_K
+        elif preset == "Q3_K_M":
+            new_type = Q.Q5_K if i < 2 else Q.Q4_K
+        elif preset == "Q3_K_L":
+            new_type = Q.Q5_K
+        elif preset in ("IQ4_NL", "IQ4_XS") and n_gqa >= 4:
+            new_type = Q.Q5_K
+        elif preset in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n_attention_wv):
+            new_type = Q.Q6_K
+        elif preset == "Q4_K_S" and i < 4:
+            new_type = Q.Q5_K
+        return Q.Q8_0 if n_expert == 8 else new_type
     if cat == "attn_k":
         if n_expert == 8:
             return Q.Q8_0
-        return {"IQ3_XS": Q.IQ3_XXS, "IQ3_XXS": Q.IQ2_S}.get(f, new)
+        return {"IQ3_XS": Q.IQ3_XXS, "IQ3_XXS": Q.IQ2_S}.get(preset, new_type)
     if cat == "attn_q":
-        return {"IQ3_XS": Q.IQ3_XXS, "IQ3_XXS": Q.IQ2_S}.get(f, new)
+        return {"IQ3_XS": Q.IQ3_XXS, "IQ3_XXS": Q.IQ2_S}.get(preset, new_type)
     if cat == "ffn_down":
-        il, n = _layer(name, counters["ffn_down"], n_layer, n_expert)
+        il, n = _layer(name, counters["ffn_down"], n_expert), n_layer
         counters["ffn_down"] += 1
-        if f == "Q2_K":
+        if preset == "Q2_K":
             return Q.Q3_K
-        if f == "Q2_K_S":
-            return Q.Q4_K if il < n // 8 else new
-        if f == "IQ3_XXS":
+        if preset == "Q2_K_S":
+            return Q.Q4_K if il < n // 8 else new_type
+        if preset == "IQ3_XXS":
             return Q.Q4_K if il < n // 8 else Q.Q3_K
-        if f == "Q3_K_M":
+        if preset == "Q3_K_M":
             return Q.Q5_K if il < n // 16 else Q.Q4_K
-        if f == "IQ3_M" and (il < n // 8 or (n_expert == 8 and _more_bits(il, n))):
+        if preset == "IQ3_M" and (il < n // 8 or (n_expert == 8 and _more_bits(il, n))):
             return Q.Q4_K
-        if f == "Q3_K_L":
+        if preset == "Q3_K_L":
             return Q.Q5_K
-        if f == "Q4_K_M":
-            return Q.Q6_K if _more_bits(il, n) else new
-        if il < n // 8 and f in ("IQ4_NL", "IQ4_XS"):
+        if preset == "Q4_K_M":
+            return Q.Q6_K if _more_bits(il, n) else new_type
+        if il < n // 8 and preset in ("IQ4_NL", "IQ4_XS"):
             return Q.Q5_K
-        if f == "Q5_K_M" and _more_bits(il, n):
+        if preset == "Q5_K_M" and _more_bits(il, n):
             return Q.Q6_K
-        if f == "Q4_K_S" and il < n // 8:
+        if preset == "Q4_K_S" and il < n // 8:
             return Q.Q5_K
-        return new
+        return new_type
     if cat == "attn_output":
         if n_expert == 8:
-            return Q.Q5_K if f in _ATTN_OUT_Q5K_8EXP else new
-        return {"Q2_K": Q.Q3_K, "IQ3_XXS": Q.IQ3_S, "Q3_K_M": Q.Q4_K, "Q3_K_L": Q.Q5_K, "IQ3_M": Q.Q4_K}.get(f, new)
+            return Q.Q5_K if preset in _ATTN_OUT_Q5K_8EXP else new_type
+        bumped = {"Q2_K": Q.Q3_K, "IQ3_XXS": Q.IQ3_S, "Q3_K_M": Q.Q4_K, "Q3_K_L": Q.Q5_K, "IQ3_M": Q.Q4_K}
+        return bumped.get(preset, new_type)
     if cat in ("ffn_gate", "ffn_up"):
-        il, n = _layer(name, counters[cat], n_layer, n_expert)
+        il, n = _layer(name, counters[cat], n_expert), n_layer
         counters[cat] += 1
-        if f == "IQ3_XS" and n // 8 <= il < 7 * n // 8:
+        if preset == "IQ3_XS" and n // 8 <= il < 7 * n // 8:
             return Q.IQ3_XXS
-    return new
+    return new_type

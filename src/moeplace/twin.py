@@ -155,8 +155,8 @@ def _tensors(s: TwinSpec) -> list[tuple[str, tuple[int, ...]]]:
 
 def twin_types(spec: TwinSpec, tensors: list[tuple[str, tuple[int, ...]]] | None = None) -> dict[str, Q]:
     """Each tensor's type in a header-only (or blocks) twin: what llama-quantize gives it for the spec's ftype
-    (recipe.py), the spec's tensor_types first; with an unquantized ftype, tensor_types still apply (a published
-    file's own mix)."""
+    (recipe.py), the spec's tensor_types first; with an unquantized ftype, tensor_types still apply: a converter's
+    own mix, as gpt-oss's MXFP4 experts (llama-quantize ignores --tensor-type there)."""
     tensors = tensors or _tensors(spec)
     a = spec.architecture
     keys = {**common_metadata(spec), **MODULES[a].metadata(spec)}
@@ -166,7 +166,6 @@ def twin_types(spec: TwinSpec, tensors: list[tuple[str, tuple[int, ...]]] | None
 
     heads = first(keys[f"{a}.attention.head_count"])
     heads_kv = first(keys.get(f"{a}.attention.head_count_kv") or heads)
-    kept = getattr(MODULES[a], "KEEP_SOURCE_TYPE", ())
     types = quantized_types(
         tensors,
         spec.ftype,
@@ -174,20 +173,18 @@ def twin_types(spec: TwinSpec, tensors: list[tuple[str, tuple[int, ...]]] | None
         n_expert=keys.get(f"{a}.expert_count") or 0,
         n_gqa=heads // heads_kv if heads_kv else 0,
         overrides=spec.tensor_types,
-        kept=kept,
     )
     if PRESETS[spec.ftype] in UNQUANTIZED:
         for name, shape in tensors:
-            if not keeps_source_type(name, len(shape), kept):
+            if not keeps_source_type(name, shape):
                 chosen = next((Q[t] for p, t in spec.tensor_types.items() if re.search(p, name)), None)
-                types[name] = fit(chosen, shape[0]) if chosen else types[name]
+                types[name] = fit(chosen, shape[0]) if chosen is not None else types[name]
     return types
 
 
 def _random_types(spec: TwinSpec, tensors: list[tuple[str, tuple[int, ...]]]) -> dict[str, Q]:
     """What llama.cpp's converter writes for an F16 model: F32 for norms, biases, routers, 1-D."""
-    kept = getattr(MODULES[spec.architecture], "KEEP_SOURCE_TYPE", ())
-    return {name: Q.F32 if keeps_source_type(name, len(shape), kept) else Q.F16 for name, shape in tensors}
+    return {name: Q.F32 if keeps_source_type(name, shape) else Q.F16 for name, shape in tensors}
 
 
 def _random_data(rng: np.random.Generator, name: str, shape: tuple[int, ...], qtype: Q) -> np.ndarray:

@@ -7,8 +7,6 @@ Each module defines
                length first), in the converter's order;
   metadata(s)  GGUF keys beyond twin.common_metadata(s), or replacing them (None removes one); a value is a
                bool, int (uint32), float (float32), str, list, or (value, gguf.GGUFValueType) for other types;
-and optionally
-  KEEP_SOURCE_TYPE  name fragments llama-quantize leaves in their source type (beyond the common ones).
 Building blocks shared by the tables are in _tables.py.
 """
 

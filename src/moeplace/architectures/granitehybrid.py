@@ -41,7 +41,6 @@ PARAMS: dict[str, Any] = {
 }
 
 # llama-quantize leaves the small conv1d weights in their source type (F32 from the converter).
-KEEP_SOURCE_TYPE = ("ssm_conv1d",)
 
 
 def _ssm(s: Any) -> tuple[int, int, int, int, int]:

@@ -27,7 +27,6 @@ PARAMS: dict[str, Any] = {
 }
 
 # Small depthwise convolutions: the converter writes them F32 and llama-quantize never quantizes "ssm_conv1d".
-KEEP_SOURCE_TYPE = ("ssm_conv1d",)
 
 
 def _is_mla(s: Any, il: int) -> bool:

@@ -21,7 +21,6 @@ PARAMS: dict[str, Any] = {
     "norm_eps": 1e-5,  # norm_eps
 }
 # llama-quantize never quantizes the short convolution's (l_cache x n_embd) kernel (llama-quant.cpp).
-KEEP_SOURCE_TYPE = ("shortconv.conv.weight",)
 
 
 def _check(s: Any) -> None:

@@ -37,7 +37,6 @@ PARAMS: dict[str, Any] = {
 }
 
 # Mamba/Kimi conv1d weights: written F32 by the converter, never quantized by llama-quantize (llama-quant.cpp).
-KEEP_SOURCE_TYPE = ("ssm_conv1d",)
 
 _KINDS = {"M": "mamba", "*": "attention", "E": "moe"}
 

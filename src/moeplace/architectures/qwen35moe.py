@@ -33,7 +33,6 @@ PARAMS: dict[str, Any] = {
 
 # Never quantized (llama-quant.cpp: ssm_conv1d by name; the shared expert's gate is [n_embd, 1], one dimension
 # to ggml_n_dims); the converter writes both F32.
-KEEP_SOURCE_TYPE = ("ssm_conv1d", "ffn_gate_inp_shexp")
 
 
 def _check(s: Any) -> None:

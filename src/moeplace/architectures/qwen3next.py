@@ -34,7 +34,6 @@ PARAMS: dict[str, Any] = {
 
 # llama-quantize leaves the small convolution in its source type (llama-quant.cpp: "ssm_conv1d"); the shared
 # expert's gate is 1 x n_embd (one dimension to ggml_n_dims), F32 from the converter.
-KEEP_SOURCE_TYPE = ("ssm_conv1d", "ffn_gate_inp_shexp")
 
 
 def is_recurrent(s: Any, il: int) -> bool:
