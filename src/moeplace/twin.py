@@ -66,6 +66,15 @@ class TwinSpec:
     params: dict[str, Any] = field(default_factory=dict)  # the architecture module's PARAMS, defaults filled
 
 
+def _same_kind(value: Any, default: Any) -> bool:
+    """A spec's value for an architecture parameter is of its default's kind (an int will do for a float)."""
+    if default is None or value is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    return isinstance(value, (int, float) if isinstance(default, float) else type(default))
+
+
 def load_spec(path: str | Path) -> TwinSpec:
     path = Path(path)
     try:
@@ -84,6 +93,9 @@ def load_spec(path: str | Path) -> TwinSpec:
     if unknown:
         raise MoeplaceError(f"{path}: unknown key(s) {', '.join(unknown)}; see config/models/README.md.")
     params = {**module.PARAMS, **{k: v for k, v in data.items() if k in module.PARAMS}}
+    for key, default in module.PARAMS.items():
+        if not _same_kind(value := params[key], default):
+            raise MoeplaceError(f"{path}: {key} must be a {type(default).__name__}, like {default!r}; got {value!r}.")
     try:
         spec = TwinSpec(**{k: v for k, v in data.items() if k in common}, params=params)
     except TypeError as e:

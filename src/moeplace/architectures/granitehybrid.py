@@ -48,7 +48,7 @@ def _ssm(s: Any) -> tuple[int, int, int, int, int]:
     d_inner = 2 * s.n_embd  # llama.cpp: "only an expansion factor of 2 is supported for now"
     n_head = p["ssm_n_head"] or d_inner // 64
     n_group = p["ssm_n_group"]
-    if d_inner % n_head or d_inner % n_group:
+    if not n_head or not n_group or d_inner % n_head or d_inner % n_group:
         raise MoeplaceError(
             f"twin spec {s.name}: d_inner {d_inner} (2 x n_embd) must divide into ssm_n_head {n_head} heads "
             f"and ssm_n_group {n_group} groups."

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import MoeplaceError
 from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
 
 ARCHS = ("qwen35moe",)
@@ -38,11 +39,11 @@ PARAMS: dict[str, Any] = {
 def _check(s: Any) -> None:
     p = s.params
     if p["linear_key_head_dim"] != p["linear_value_head_dim"]:
-        raise ValueError(f"{s.name}: llama.cpp's qwen35moe needs linear_key_head_dim == linear_value_head_dim.")
+        raise MoeplaceError(f"twin spec {s.name}: qwen35moe needs linear_key_head_dim == linear_value_head_dim.")
     if p["linear_num_value_heads"] % p["linear_num_key_heads"]:
-        raise ValueError(f"{s.name}: linear_num_value_heads must be a multiple of linear_num_key_heads.")
+        raise MoeplaceError(f"twin spec {s.name}: linear_num_value_heads must be a multiple of linear_num_key_heads.")
     if not 0 <= p["n_layer_nextn"] < s.n_layer:
-        raise ValueError(f"{s.name}: n_layer_nextn must leave at least one trunk layer of the {s.n_layer}.")
+        raise MoeplaceError(f"twin spec {s.name}: n_layer_nextn must leave a trunk layer of the {s.n_layer}.")
 
 
 def recurrent_layers(s: Any) -> list[bool]:
