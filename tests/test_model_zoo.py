@@ -34,6 +34,7 @@ def bin_path(tool: str) -> str:
     return str(Path(manifest()["bin_dir"]) / tool)
 
 
+@pytest.mark.llamacpp
 @pytest.mark.parametrize("spec", TINY, ids=lambda p: p.stem)
 def test_the_tiny_variant_decodes_with_the_kv_and_state_we_predict(spec, tmp_path):
     model = write_twin(load_spec(spec), tmp_path / "tiny.gguf", "random")
@@ -52,6 +53,7 @@ def test_the_tiny_variant_decodes_with_the_kv_and_state_we_predict(spec, tmp_pat
     assert printed == pytest.approx(ours, abs=0.011), (printed, ours)
 
 
+@pytest.mark.llamacpp
 @pytest.mark.parametrize("spec", FULL, ids=lambda p: p.stem)
 def test_the_header_twin_has_llama_quantizes_types_for_every_preset(spec, tmp_path):
     """Every llama-quantize preset (Q2_K .. Q8_0, IQ1_S .. IQ4_XS, TQ, MXFP4_MOE) on an F16 header twin, with the

@@ -29,7 +29,7 @@ import pandas as pd
 from .config import CeilingsSettings
 from .errors import MoeplaceError
 from .predict import bytes_per_token
-from .runtime.device import LINK_FACTS, DeviceSetup, link_facts
+from .runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, link_facts
 from .runtime.llamacpp import require_binary
 from .runtime.native import build_native
 from .runtime.process import run_checked
@@ -43,12 +43,13 @@ log = logging.getLogger("moeplace")
 # set its pace, as for models so small that a token's weights are read in well under a millisecond.
 BANDWIDTH_BOUND_FRACTION = 0.8
 SCALING_FLOOR = 1.2
+_PROBE = f"{LINK_PROBE_BYTES / 2**20:.0f} MiB"
 LINK_DETAILS = {
-    "device_copy": "256 MiB device-to-device copy counted as read + write: the card's memory bandwidth",
-    "host_to_device_pinned": "256 MiB from page-locked host memory",
-    "host_to_device_pageable": "256 MiB from ordinary host memory, as llama.cpp's mmapped host weights travel",
-    "device_to_host_pinned": "256 MiB to page-locked host memory",
-    "hop_round_trip": "a 16 KiB copy to the device and back: one host/device hop of a token's activations",
+    "device_copy": f"{_PROBE} device-to-device copy counted as read + write: the card's memory bandwidth",
+    "host_to_device_pinned": f"{_PROBE} from page-locked host memory",
+    "host_to_device_pageable": f"{_PROBE} from ordinary host memory, as llama.cpp's mmapped host weights travel",
+    "device_to_host_pinned": f"{_PROBE} to page-locked host memory",
+    "hop_round_trip": "a 16 KiB copy to the device and back (native/gpulink.c): one host/device hop of activations",
 }
 COLUMNS = [
     "ceiling",

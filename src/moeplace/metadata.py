@@ -363,7 +363,9 @@ def structure(meta: dict[str, Any]) -> str:
         "dense": f"{kinds['dense']} dense FFN",
     }
     parts = [", ".join(text for kind, text in group.items() if kinds[kind]) for group in (mixers, ffn)]
-    return f"{meta['n_layer']} layers: " + "; ".join(p for p in parts if p)
+    nextn = meta.get("n_layer_nextn", 0)
+    count = f"{meta['n_layer'] - nextn} layers (+{nextn} NextN, not loaded)" if nextn else f"{meta['n_layer']} layers"
+    return f"{count}: " + "; ".join(p for p in parts if p)
 
 
 def describe(meta: dict[str, Any]) -> str:

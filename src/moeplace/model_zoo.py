@@ -15,7 +15,7 @@ import pandas as pd
 
 from .kvcache import kv_bytes
 from .memory import state_bytes
-from .metadata import inspect_model, layer_kinds
+from .metadata import inspect_model, structure
 from .twin import load_spec, write_twin
 from .units import GB
 
@@ -34,10 +34,6 @@ COLUMNS = {
 }
 
 
-def _layers(meta: dict[str, Any]) -> str:
-    return f"{meta['n_layer']}: " + ", ".join(f"{n} {kind}" for kind, n in layer_kinds(meta).items() if n)
-
-
 def zoo_row(spec_path: Path, tiny_architectures: set[str], workdir: Path) -> dict[str, Any] | None:
     spec = load_spec(spec_path)
     if not spec.n_expert:
@@ -48,7 +44,7 @@ def zoo_row(spec_path: Path, tiny_architectures: set[str], workdir: Path) -> dic
     return {
         "model": spec.name,
         "architecture": spec.architecture,
-        "layers": _layers(meta),
+        "layers": structure(meta),
         "experts": f"{meta['n_expert_used']}/{meta['n_expert']}{shared}",
         "expert_gb": round(meta["expert_bytes"] / GB, 2),
         "non_expert_gb": round(meta["non_expert_bytes"] / GB, 2),

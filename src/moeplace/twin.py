@@ -50,16 +50,17 @@ class TwinSpec:
     tied_output: bool = False
     ftype: str = "Q4_K_M"
     rope_freq_base: float = 10000.0
-    # deepseek2 (MLA, leading dense layers, shared experts)
+    # leading dense layers, shared experts (deepseek2, ernie, glm4moe, kimi-linear, lfm2moe, llama4, nemotron ...)
     n_layer_dense_lead: int = 0
     n_ff: int = 0
     n_expert_shared: int = 0
+    # MLA (deepseek2, kimi-linear)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
-    # gpt-oss (alternating sliding-window / full attention)
+    # sliding-window attention (gpt-oss)
     sliding_window: int = 0
     # ordered regex -> type name, first match wins (llama-quantize's --tensor-type): a published file's own mix
     tensor_types: dict[str, str] = field(default_factory=dict)

@@ -155,7 +155,7 @@ def get_ceilings_inputs(wildcards):
 
 
 def get_final_outputs():
-    outputs = [rules.model_zoo.output.table] + [
+    outputs = [
         path.format(model=m)
         for m in MODELS
         for path in (

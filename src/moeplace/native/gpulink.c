@@ -13,10 +13,10 @@
  *                             at a host/device boundary), latency-bound
  * Exit status is non-zero, with one line on stderr, when the driver or the device is unusable.
  */
+#include "cuda_driver.h" /* first: it defines _GNU_SOURCE */
+
 #include <string.h>
 #include <time.h>
-
-#include "cuda_driver.h"
 
 static CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
 static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
@@ -24,6 +24,7 @@ static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
 static CUresult (*cuCtxSynchronize)(void);
 
 enum kind { DTOD, HTOD, DTOH, ROUND_TRIP };
+enum { ROUND_TRIP_BYTES = 16384 }; /* one hop's activations: a token's hidden state at a host/device boundary */
 
 static double now(void) {
     struct timespec t;
@@ -41,7 +42,10 @@ static double best(enum kind kind, CUdeviceptr dev, CUdeviceptr dev2, void *host
         case DTOD: r = cuMemcpyDtoD(dev2, dev, bytes); break;
         case HTOD: r = cuMemcpyHtoD(dev, host, bytes); break;
         case DTOH: r = cuMemcpyDtoH(host, dev, bytes); break;
-        case ROUND_TRIP: r = cuMemcpyHtoD(dev, host, bytes) || cuMemcpyDtoH(host, dev, bytes); break;
+        case ROUND_TRIP:
+            r = cuMemcpyHtoD(dev, host, bytes);
+            if (!r) r = cuMemcpyDtoH(host, dev, bytes);
+            break;
         }
         if (r || cuCtxSynchronize()) {
             fprintf(stderr, "gpulink: a CUDA copy of %zu bytes failed (error %d)\n", bytes, r);
@@ -68,6 +72,10 @@ int main(int argc, char **argv) {
     cuda_context(lib, atoi(argv[1]));
     size_t bytes = strtoull(argv[2], NULL, 10);
     int trials = atoi(argv[3]);
+    if (bytes < ROUND_TRIP_BYTES || trials < 1) {
+        fprintf(stderr, "gpulink: BYTES must be at least %d and TRIALS at least 1\n", ROUND_TRIP_BYTES);
+        return 2;
+    }
     CUdeviceptr a, b;
     void *pinned, *pageable = malloc(bytes);
     if (!pageable || cuMemAlloc(&a, bytes) || cuMemAlloc(&b, bytes) || cuMemAllocHost(&pinned, bytes)) {
@@ -80,6 +88,6 @@ int main(int argc, char **argv) {
     printf("host_to_device_pinned_gbps %.3f\n", bytes / best(HTOD, a, 0, pinned, bytes, trials) / 1e9);
     printf("host_to_device_pageable_gbps %.3f\n", bytes / best(HTOD, a, 0, pageable, bytes, trials) / 1e9);
     printf("device_to_host_pinned_gbps %.3f\n", bytes / best(DTOH, a, 0, pinned, bytes, trials) / 1e9);
-    printf("round_trip_us %.3f\n", best(ROUND_TRIP, a, 0, pinned, 16384, trials) * 1e6);
+    printf("round_trip_us %.3f\n", best(ROUND_TRIP, a, 0, pinned, ROUND_TRIP_BYTES, trials) * 1e6);
     return 0;
 }

@@ -114,7 +114,10 @@ LINK_FACTS = {  # gpulink's names: (the ceilings table's name, unit)
 }
 
 
-def link_facts(log_path: Path, nbytes: int = 256 * 2**20, trials: int = 5, index: int = 0) -> dict[str, float]:
+LINK_PROBE_BYTES = 256 * 2**20  # each copy: far above any cache, a few milliseconds on a PCIe link
+
+
+def link_facts(log_path: Path, nbytes: int = LINK_PROBE_BYTES, trials: int = 5, index: int = 0) -> dict[str, float]:
     """A CUDA card's memory bandwidth (a device-to-device copy), its host link both ways (pinned and pageable
     host memory) and the round trip of one hop's activations, best of `trials` (native/gpulink.c)."""
     probe = build_native("gpulink", log_path, shared=False)
