@@ -36,3 +36,52 @@ def globals_(s: Any) -> Tensors:
     if not s.tied_output:
         out.append(("output.weight", (s.n_embd, s.n_vocab)))
     return out
+
+
+def attention(n_embd: int, q_dim: int, kv_dim: int, bias: bool = False) -> Tensors:
+    """Grouped-query attention's projections: q_dim = heads x head_dim, kv_dim = KV heads x head_dim."""
+    out: Tensors = [
+        ("attn_q.weight", (n_embd, q_dim)),
+        ("attn_k.weight", (n_embd, kv_dim)),
+        ("attn_v.weight", (n_embd, kv_dim)),
+    ]
+    if bias:
+        out += [("attn_q.bias", (q_dim,)), ("attn_k.bias", (kv_dim,)), ("attn_v.bias", (kv_dim,))]
+    return [*out, ("attn_output.weight", (q_dim, n_embd))]
+
+
+def mla(s: Any) -> Tensors:
+    """Multi-head latent attention (deepseek2-style), with a low-rank query when q_lora_rank is set."""
+    E, H = s.n_embd, s.n_head
+    k_mla = s.qk_nope_head_dim + s.qk_rope_head_dim
+    if s.q_lora_rank:
+        query: Tensors = [
+            ("attn_q_a_norm.weight", (s.q_lora_rank,)),
+            ("attn_q_a.weight", (E, s.q_lora_rank)),
+            ("attn_q_b.weight", (s.q_lora_rank, H * k_mla)),
+        ]
+    else:
+        query = [("attn_q.weight", (E, H * k_mla))]
+    return [
+        *query,
+        ("attn_kv_a_norm.weight", (s.kv_lora_rank,)),
+        ("attn_kv_a_mqa.weight", (E, s.kv_lora_rank + s.qk_rope_head_dim)),
+        ("attn_k_b.weight", (s.qk_nope_head_dim, s.kv_lora_rank, H)),
+        ("attn_v_b.weight", (s.kv_lora_rank, s.v_head_dim, H)),
+        ("attn_output.weight", (H * s.v_head_dim, E)),
+    ]
+
+
+def mamba2(n_embd: int, d_inner: int, d_state: int, d_conv: int, n_head: int, n_group: int, conv_bias: bool) -> Tensors:
+    """A Mamba-2 mixer as llama.cpp loads it (granitehybrid, nemotron_h)."""
+    conv_dim = d_inner + 2 * n_group * d_state
+    return [
+        ("ssm_in.weight", (n_embd, 2 * d_inner + 2 * n_group * d_state + n_head)),
+        ("ssm_conv1d.weight", (d_conv, conv_dim)),
+        *([("ssm_conv1d.bias", (conv_dim,))] if conv_bias else []),
+        ("ssm_dt.bias", (n_head,)),
+        ("ssm_a", (1, n_head)),
+        ("ssm_d", (1, n_head)),
+        ("ssm_norm.weight", (d_inner // n_group, n_group)),
+        ("ssm_out.weight", (d_inner, n_embd)),
+    ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, dense_ffn, globals_, layer, mla, routed_experts
 
 ARCHS = ("deepseek2",)
 PARAMS: dict[str, Any] = {
@@ -18,19 +18,11 @@ PARAMS: dict[str, Any] = {
 
 def tensors(s: Any) -> Tensors:
     E = s.n_embd
-    k_mla = s.qk_nope_head_dim + s.qk_rope_head_dim
     out = globals_(s)
     for il in range(s.n_layer):
         block = [
             ("attn_norm.weight", (E,)),
-            ("attn_q_a_norm.weight", (s.q_lora_rank,)),
-            ("attn_kv_a_norm.weight", (s.kv_lora_rank,)),
-            ("attn_q_a.weight", (E, s.q_lora_rank)),
-            ("attn_q_b.weight", (s.q_lora_rank, s.n_head * k_mla)),
-            ("attn_kv_a_mqa.weight", (E, s.kv_lora_rank + s.qk_rope_head_dim)),
-            ("attn_k_b.weight", (s.qk_nope_head_dim, s.kv_lora_rank, s.n_head)),
-            ("attn_v_b.weight", (s.kv_lora_rank, s.v_head_dim, s.n_head)),
-            ("attn_output.weight", (s.n_head * s.v_head_dim, E)),
+            *mla(s),
             ("ffn_norm.weight", (E,)),
         ]
         if il < s.n_layer_dense_lead:

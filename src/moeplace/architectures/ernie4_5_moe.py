@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, routed_experts
 
 ARCHS = ("ernie4_5-moe",)
 PARAMS: dict[str, Any] = {"moe_layer_step": 1}
@@ -34,10 +34,7 @@ def tensors(s: Any) -> Tensors:
     for il in range(s.n_layer):
         block = [
             ("attn_norm.weight", (E,)),
-            ("attn_q.weight", (E, hd * s.n_head)),
-            ("attn_k.weight", (E, hd * s.n_head_kv)),
-            ("attn_v.weight", (E, hd * s.n_head_kv)),
-            ("attn_output.weight", (hd * s.n_head, E)),
+            *attention(E, hd * s.n_head, hd * s.n_head_kv),
             ("ffn_norm.weight", (E,)),
         ]
         if il < s.n_layer_dense_lead:

@@ -14,7 +14,7 @@ from typing import Any
 
 import gguf
 
-from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, routed_experts
 
 ARCHS = ("glm4moe",)
 PARAMS: dict[str, Any] = {
@@ -34,13 +34,7 @@ def _attention(s: Any) -> Tensors:
     q, kv = hd * s.n_head, hd * s.n_head_kv
     out: Tensors = [
         ("attn_norm.weight", (E,)),
-        ("attn_q.weight", (E, q)),
-        ("attn_k.weight", (E, kv)),
-        ("attn_v.weight", (E, kv)),
-        ("attn_q.bias", (q,)),
-        ("attn_k.bias", (kv,)),
-        ("attn_v.bias", (kv,)),
-        ("attn_output.weight", (q, E)),
+        *attention(E, q, kv, bias=True),
     ]
     if s.params["qk_norm"]:
         out += [("attn_q_norm.weight", (hd,)), ("attn_k_norm.weight", (hd,))]

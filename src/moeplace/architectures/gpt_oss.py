@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tables import Tensors, globals_, layer, routed_experts
+from ._tables import Tensors, attention, globals_, layer, routed_experts
 
 ARCHS = ("gpt-oss",)
 PARAMS: dict[str, Any] = {}
@@ -18,13 +18,7 @@ def tensors(s: Any) -> Tensors:
         block = [
             ("attn_norm.weight", (E,)),
             ("post_attention_norm.weight", (E,)),
-            ("attn_q.weight", (E, q)),
-            ("attn_q.bias", (q,)),
-            ("attn_k.weight", (E, kv)),
-            ("attn_k.bias", (kv,)),
-            ("attn_v.weight", (E, kv)),
-            ("attn_v.bias", (kv,)),
-            ("attn_output.weight", (q, E)),
+            *attention(E, q, kv, bias=True),
             ("attn_output.bias", (E,)),
             ("attn_sinks.weight", (s.n_head,)),
             ("ffn_gate_inp.weight", (E, X)),

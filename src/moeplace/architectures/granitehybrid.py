@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, mamba2, routed_experts
 
 ARCHS = ("granitehybrid",)
 PARAMS: dict[str, Any] = {
@@ -71,29 +71,14 @@ def _attention_layers(s: Any) -> set[int]:
 def tensors(s: Any) -> Tensors:
     E, hd = s.n_embd, s.head_dim
     d_inner, d_state, d_conv, n_ssm_head, n_group = _ssm(s)
-    conv_dim = d_inner + 2 * n_group * d_state
-    attention = _attention_layers(s)
+    attention_layers = _attention_layers(s)
     out = globals_(s)
     for il in range(s.n_layer):
         block: Tensors = [("attn_norm.weight", (E,))]
-        if il in attention:
-            block += [
-                ("attn_q.weight", (E, hd * s.n_head)),
-                ("attn_k.weight", (E, hd * s.n_head_kv)),
-                ("attn_v.weight", (E, hd * s.n_head_kv)),
-                ("attn_output.weight", (hd * s.n_head, E)),
-            ]
+        if il in attention_layers:
+            block += attention(E, hd * s.n_head, hd * s.n_head_kv)
         else:
-            block += [
-                ("ssm_in.weight", (E, 2 * d_inner + 2 * n_group * d_state + n_ssm_head)),
-                ("ssm_conv1d.weight", (d_conv, conv_dim)),
-                *([("ssm_conv1d.bias", (conv_dim,))] if s.params["ssm_conv_bias"] else []),
-                ("ssm_dt.bias", (n_ssm_head,)),
-                ("ssm_a", (1, n_ssm_head)),
-                ("ssm_d", (1, n_ssm_head)),
-                ("ssm_norm.weight", (d_inner // n_group, n_group)),
-                ("ssm_out.weight", (d_inner, E)),
-            ]
+            block += mamba2(E, d_inner, d_state, d_conv, n_ssm_head, n_group, s.params["ssm_conv_bias"])
         block += [
             ("ffn_norm.weight", (E,)),
             ("ffn_gate_inp.weight", (E, s.n_expert)),
@@ -108,7 +93,7 @@ def tensors(s: Any) -> Tensors:
 def metadata(s: Any) -> dict[str, Any]:
     a, p = s.architecture, s.params
     d_inner, d_state, d_conv, n_ssm_head, n_group = _ssm(s)
-    attention = _attention_layers(s)
+    attention_layers = _attention_layers(s)
     scales = {
         f"{a}.attention.scale": p["attention_scale"],
         f"{a}.embedding_scale": p["embedding_scale"],
@@ -118,7 +103,7 @@ def metadata(s: Any) -> dict[str, Any]:
     return {
         f"{a}.feed_forward_length": s.n_ff_exp,  # the routed experts' n_ff (llama.cpp's n_ff())
         # a recurrent layer is one whose KV head count is 0
-        f"{a}.attention.head_count_kv": [s.n_head_kv if il in attention else 0 for il in range(s.n_layer)],
+        f"{a}.attention.head_count_kv": [s.n_head_kv if il in attention_layers else 0 for il in range(s.n_layer)],
         f"{a}.attention.key_length": None,
         f"{a}.attention.value_length": None,
         f"{a}.attention.layer_norm_rms_epsilon": float(p["rms_norm_eps"]),

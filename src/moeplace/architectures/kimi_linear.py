@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, dense_ffn, globals_, layer, mla, routed_experts
 
 ARCHS = ("kimi-linear",)
 PARAMS: dict[str, Any] = {
@@ -55,32 +55,11 @@ def _kda(s: Any) -> Tensors:
     ]
 
 
-def _mla(s: Any) -> Tensors:
-    E, H = s.n_embd, s.n_head
-    k_mla = s.qk_nope_head_dim + s.qk_rope_head_dim
-    if s.q_lora_rank:
-        query = [
-            ("attn_q_a_norm.weight", (s.q_lora_rank,)),
-            ("attn_q_a.weight", (E, s.q_lora_rank)),
-            ("attn_q_b.weight", (s.q_lora_rank, H * k_mla)),
-        ]
-    else:
-        query = [("attn_q.weight", (E, H * k_mla))]
-    return [
-        *query,
-        ("attn_kv_a_norm.weight", (s.kv_lora_rank,)),
-        ("attn_kv_a_mqa.weight", (E, s.kv_lora_rank + s.qk_rope_head_dim)),
-        ("attn_k_b.weight", (s.qk_nope_head_dim, s.kv_lora_rank, H)),
-        ("attn_v_b.weight", (s.kv_lora_rank, s.v_head_dim, H)),
-        ("attn_output.weight", (H * s.v_head_dim, E)),
-    ]
-
-
 def tensors(s: Any) -> Tensors:
     E = s.n_embd
     out = globals_(s)
     for il in range(s.n_layer):
-        block = [("attn_norm.weight", (E,)), *(_mla(s) if _is_mla(s, il) else _kda(s)), ("ffn_norm.weight", (E,))]
+        block = [("attn_norm.weight", (E,)), *(mla(s) if _is_mla(s, il) else _kda(s)), ("ffn_norm.weight", (E,))]
         if il < s.n_layer_dense_lead:
             block += dense_ffn(E, s.n_ff)
         else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, dense_ffn, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, layer, routed_experts
 
 ARCHS = ("lfm2moe",)
 PARAMS: dict[str, Any] = {
@@ -35,20 +35,17 @@ def tensors(s: Any) -> Tensors:
     _check(s)
     E, X = s.n_embd, s.n_expert
     kv = s.head_dim * s.n_head_kv
-    attention = set(s.params["attention_layers"])
+    attention_layers = set(s.params["attention_layers"])
     out: Tensors = [("token_embd.weight", (E, s.n_vocab)), ("token_embd_norm.weight", (E,))]
     if not s.tied_output:
         out.append(("output.weight", (E, s.n_vocab)))
     for il in range(s.n_layer):
         block: Tensors = [("attn_norm.weight", (E,))]  # operator_norm, before either mixer
-        if il in attention:
+        if il in attention_layers:
             block += [
                 ("attn_q_norm.weight", (s.head_dim,)),
                 ("attn_k_norm.weight", (s.head_dim,)),
-                ("attn_q.weight", (E, E)),
-                ("attn_k.weight", (E, kv)),
-                ("attn_v.weight", (E, kv)),
-                ("attn_output.weight", (E, E)),
+                *attention(E, E, kv),
             ]
         else:
             block += [
@@ -72,10 +69,10 @@ def tensors(s: Any) -> Tensors:
 def metadata(s: Any) -> dict[str, Any]:
     _check(s)
     a = s.architecture
-    attention = set(s.params["attention_layers"])
+    attention_layers = set(s.params["attention_layers"])
     return {
         # per layer: the KV heads of an attention layer, 0 for a convolution layer (the converter's array)
-        f"{a}.attention.head_count_kv": [s.n_head_kv if il in attention else 0 for il in range(s.n_layer)],
+        f"{a}.attention.head_count_kv": [s.n_head_kv if il in attention_layers else 0 for il in range(s.n_layer)],
         f"{a}.attention.key_length": None,
         f"{a}.attention.value_length": None,
         f"{a}.attention.layer_norm_rms_epsilon": float(s.params["norm_eps"]),

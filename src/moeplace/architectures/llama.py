@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, routed_experts
 
 ARCHS = ("llama",)
 PARAMS: dict[str, Any] = {}
@@ -23,10 +23,7 @@ def tensors(s: Any) -> Tensors:
     for il in range(s.n_layer):
         block = [
             ("attn_norm.weight", (E,)),
-            ("attn_q.weight", (E, hd * s.n_head)),
-            ("attn_k.weight", (E, hd * s.n_head_kv)),
-            ("attn_v.weight", (E, hd * s.n_head_kv)),
-            ("attn_output.weight", (hd * s.n_head, E)),
+            *attention(E, hd * s.n_head, hd * s.n_head_kv),
             ("ffn_norm.weight", (E,)),
         ]
         if s.n_expert:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, routed_experts
 
 ARCHS = ("llama4",)
 PARAMS: dict[str, Any] = {
@@ -35,10 +35,7 @@ def tensors(s: Any) -> Tensors:
     for il in range(s.n_layer):
         block = [
             ("attn_norm.weight", (E,)),
-            ("attn_q.weight", (E, q)),
-            ("attn_k.weight", (E, kv)),
-            ("attn_v.weight", (E, kv)),
-            ("attn_output.weight", (q, E)),
+            *attention(E, q, kv),
             ("ffn_norm.weight", (E,)),
         ]
         if is_moe_layer(s, il):

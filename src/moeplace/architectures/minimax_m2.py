@@ -13,7 +13,7 @@ from typing import Any
 
 import gguf
 
-from ._tables import Tensors, globals_, layer, routed_experts
+from ._tables import Tensors, attention, globals_, layer, routed_experts
 
 ARCHS = ("minimax-m2",)
 PARAMS: dict[str, Any] = {"rotary_dim": 64}
@@ -26,10 +26,7 @@ def tensors(s: Any) -> Tensors:
     for il in range(s.n_layer):
         block = [
             ("attn_norm.weight", (E,)),
-            ("attn_q.weight", (E, q)),
-            ("attn_k.weight", (E, kv)),
-            ("attn_v.weight", (E, kv)),
-            ("attn_output.weight", (q, E)),
+            *attention(E, q, kv),
             ("attn_q_norm.weight", (q,)),
             ("attn_k_norm.weight", (kv,)),
             ("ffn_norm.weight", (E,)),

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, globals_, layer
+from ._tables import Tensors, attention, globals_, layer, mamba2
 
 ARCHS = ("nemotron_h_moe",)
 PARAMS: dict[str, Any] = {
@@ -60,28 +60,13 @@ def _ssm(s: Any) -> tuple[int, int, int, int, int]:
 def tensors(s: Any) -> Tensors:
     E, hd, X = s.n_embd, s.head_dim, s.n_expert
     d_conv, d_inner, d_state, n_group, n_ssm_head = _ssm(s)
-    conv_dim = d_inner + 2 * n_group * d_state
     out = globals_(s)
     for il, kind in enumerate(layer_kinds(s)):
         block = [("attn_norm.weight", (E,))]
         if kind == "mamba":
-            block += [
-                ("ssm_in.weight", (E, 2 * d_inner + 2 * n_group * d_state + n_ssm_head)),
-                ("ssm_conv1d.weight", (d_conv, conv_dim)),
-                *([("ssm_conv1d.bias", (conv_dim,))] if s.params["ssm_conv_bias"] else []),
-                ("ssm_dt.bias", (n_ssm_head,)),
-                ("ssm_a", (1, n_ssm_head)),
-                ("ssm_d", (1, n_ssm_head)),
-                ("ssm_norm.weight", (d_inner // n_group, n_group)),
-                ("ssm_out.weight", (d_inner, E)),
-            ]
+            block += mamba2(E, d_inner, d_state, d_conv, n_ssm_head, n_group, s.params["ssm_conv_bias"])
         elif kind == "attention":
-            block += [
-                ("attn_q.weight", (E, hd * s.n_head)),
-                ("attn_k.weight", (E, hd * s.n_head_kv)),
-                ("attn_v.weight", (E, hd * s.n_head_kv)),
-                ("attn_output.weight", (hd * s.n_head, E)),
-            ]
+            block += attention(E, hd * s.n_head, hd * s.n_head_kv)
         else:
             F, S = s.n_ff_exp, s.params["n_ff_shexp"]
             block += [

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, globals_, layer, routed_experts
+from ._tables import Tensors, attention, globals_, layer, routed_experts
 
 ARCHS = ("olmoe",)
 PARAMS: dict[str, Any] = {}
@@ -28,10 +28,7 @@ def tensors(s: Any) -> Tensors:
     for il in range(s.n_layer):
         block = [
             ("attn_norm.weight", (E,)),
-            ("attn_q.weight", (E, E)),
-            ("attn_k.weight", (E, E)),
-            ("attn_v.weight", (E, E)),
-            ("attn_output.weight", (E, E)),
+            *attention(E, E, E),
             ("attn_q_norm.weight", (E,)),
             ("attn_k_norm.weight", (E,)),
             ("ffn_norm.weight", (E,)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, routed_experts
 
 ARCHS = ("qwen3moe", "qwen3")
 PARAMS: dict[str, Any] = {}
@@ -16,10 +16,7 @@ def tensors(s: Any) -> Tensors:
     for il in range(s.n_layer):
         block = [
             ("attn_norm.weight", (E,)),
-            ("attn_q.weight", (E, hd * s.n_head)),
-            ("attn_k.weight", (E, hd * s.n_head_kv)),
-            ("attn_v.weight", (E, hd * s.n_head_kv)),
-            ("attn_output.weight", (hd * s.n_head, E)),
+            *attention(E, hd * s.n_head, hd * s.n_head_kv),
             ("attn_q_norm.weight", (hd,)),
             ("attn_k_norm.weight", (hd,)),
             ("ffn_norm.weight", (E,)),
