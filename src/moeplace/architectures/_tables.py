@@ -85,3 +85,17 @@ def mamba2(n_embd: int, d_inner: int, d_state: int, d_conv: int, n_head: int, n_
         ("ssm_norm.weight", (d_inner // n_group, n_group)),
         ("ssm_out.weight", (d_inner, n_embd)),
     ]
+
+
+def nextn(n_embd: int, n_vocab: int = 0) -> Tensors:
+    """A NextN/MTP block's own tensors (beside a full layer's), with its own embedding and head where the
+    converter writes them (glm4moe); llama.cpp does not load them unless asked to."""
+    out: Tensors = [
+        ("nextn.eh_proj.weight", (2 * n_embd, n_embd)),
+        ("nextn.enorm.weight", (n_embd,)),
+        ("nextn.hnorm.weight", (n_embd,)),
+        ("nextn.shared_head_norm.weight", (n_embd,)),
+    ]
+    if n_vocab:
+        out += [("nextn.embed_tokens.weight", (n_embd, n_vocab)), ("nextn.shared_head_head.weight", (n_embd, n_vocab))]
+    return out

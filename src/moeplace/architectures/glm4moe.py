@@ -14,7 +14,8 @@ from typing import Any
 
 import gguf
 
-from ._tables import Tensors, attention, dense_ffn, globals_, layer, routed_experts
+from ..errors import MoeplaceError
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, nextn, routed_experts
 
 ARCHS = ("glm4moe",)
 PARAMS: dict[str, Any] = {
@@ -44,6 +45,8 @@ def _attention(s: Any) -> Tensors:
 def tensors(s: Any) -> Tensors:
     E, X = s.n_embd, s.n_expert
     n_main = s.n_layer - s.params["nextn_predict_layers"]
+    if not 0 < n_main <= s.n_layer:
+        raise MoeplaceError(f"twin spec {s.name}: nextn_predict_layers must leave a trunk layer of the {s.n_layer}.")
     out = globals_(s)
     for il in range(s.n_layer):
         block = _attention(s)
@@ -57,14 +60,7 @@ def tensors(s: Any) -> Tensors:
                 *(dense_ffn(E, s.n_ff_exp * s.n_expert_shared, "_shexp") if s.n_expert_shared else []),
             ]
         if il >= n_main:  # the NextN/MTP block (HF model.layers.{n_main}.eh_proj/enorm/hnorm/shared_head/...)
-            block += [
-                ("nextn.eh_proj.weight", (2 * E, E)),
-                ("nextn.embed_tokens.weight", (E, s.n_vocab)),
-                ("nextn.enorm.weight", (E,)),
-                ("nextn.hnorm.weight", (E,)),
-                ("nextn.shared_head_head.weight", (E, s.n_vocab)),
-                ("nextn.shared_head_norm.weight", (E,)),
-            ]
+            block += nextn(E, s.n_vocab)
         out += layer(il, block)
     return out
 

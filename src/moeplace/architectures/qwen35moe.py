@@ -6,7 +6,7 @@ separate mmproj file. Shapes follow llama.cpp's load_arch_tensors (src/models/qw
 converter (conversion/qwen.py: Qwen3_5MoeTextModel <- Qwen3NextModel <- _QwenMtpMixin <- Qwen2MoeModel).
 
 The spec's n_layer is the GGUF's block_count: the trunk's num_hidden_layers plus the MTP block(s) the converter
-appends by default (mtp_num_hidden_layers; nextn_predict_layers = n_layer_nextn). llama.cpp loads the MTP block's
+appends by default (mtp_num_hidden_layers; nextn_predict_layers = nextn_predict_layers). llama.cpp loads the MTP block's
 tensors only for speculative decoding (load_mtp), keeps no KV or recurrent state for it in the main context, and
 llama-quantize sees it as layer n_layer - 1 of n_layer.
 """
@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, dense_ffn, globals_, layer, nextn, routed_experts
 
 ARCHS = ("qwen35moe",)
 PARAMS: dict[str, Any] = {
-    "n_layer_nextn": 1,  # MTP blocks at the end of block_count (config mtp_num_hidden_layers; 0: --no-mtp)
+    "nextn_predict_layers": 1,  # MTP blocks at the end of block_count (config mtp_num_hidden_layers; 0: --no-mtp)
     "full_attention_interval": 4,  # layer il of the trunk is full attention when (il + 1) % interval == 0
     "n_ff_shexp": 512,  # shared_expert_intermediate_size
     "rope_dimension_count": 64,  # head_dim * partial_rotary_factor
@@ -42,14 +42,14 @@ def _check(s: Any) -> None:
         raise MoeplaceError(f"twin spec {s.name}: qwen35moe needs linear_key_head_dim == linear_value_head_dim.")
     if p["linear_num_value_heads"] % p["linear_num_key_heads"]:
         raise MoeplaceError(f"twin spec {s.name}: linear_num_value_heads must be a multiple of linear_num_key_heads.")
-    if not 0 <= p["n_layer_nextn"] < s.n_layer:
-        raise MoeplaceError(f"twin spec {s.name}: n_layer_nextn must leave a trunk layer of the {s.n_layer}.")
+    if not 0 <= p["nextn_predict_layers"] < s.n_layer:
+        raise MoeplaceError(f"twin spec {s.name}: nextn_predict_layers must leave a trunk layer of the {s.n_layer}.")
 
 
 def recurrent_layers(s: Any) -> list[bool]:
     """Which blocks are gated-delta-net layers (the converter's attention.recurrent_layers): the trunk's, except
     every full_attention_interval-th; MTP blocks are full attention."""
-    n_trunk = s.n_layer - s.params["n_layer_nextn"]
+    n_trunk = s.n_layer - s.params["nextn_predict_layers"]
     k = s.params["full_attention_interval"]
     return [il < n_trunk and (il + 1) % k != 0 for il in range(s.n_layer)]
 
@@ -107,20 +107,17 @@ def tensors(s: Any) -> Tensors:
     _check(s)
     E = s.n_embd
     recurrent = recurrent_layers(s)
-    n_trunk = s.n_layer - s.params["n_layer_nextn"]
+    n_trunk = s.n_layer - s.params["nextn_predict_layers"]
     out = globals_(s)
     for il in range(s.n_layer):
         if il >= n_trunk:
             # MTP block (HF mtp.*): fc, the decoder layer (full attention + MoE), norm, pre-fc norms.
             block = [
-                ("nextn.eh_proj.weight", (2 * E, E)),
                 ("attn_norm.weight", (E,)),
                 *_moe(s),
                 ("post_attention_norm.weight", (E,)),
                 *_attention(s),
-                ("nextn.shared_head_norm.weight", (E,)),
-                ("nextn.enorm.weight", (E,)),
-                ("nextn.hnorm.weight", (E,)),
+                *nextn(E),
             ]
         elif recurrent[il]:
             block = [("attn_norm.weight", (E,)), *_linear_attention(s), *_moe(s), ("post_attention_norm.weight", (E,))]
@@ -147,6 +144,6 @@ def metadata(s: Any) -> dict[str, Any]:
         f"{a}.full_attention_interval": p["full_attention_interval"],
         f"{a}.rope.dimension_count": p["rope_dimension_count"],
     }
-    if p["n_layer_nextn"]:
-        keys[f"{a}.nextn_predict_layers"] = p["n_layer_nextn"]
+    if p["nextn_predict_layers"]:
+        keys[f"{a}.nextn_predict_layers"] = p["nextn_predict_layers"]
     return keys

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, dense_ffn, globals_, layer, nextn, routed_experts
 
 ARCHS = ("qwen3next",)
 # Hyperparameters under their config.json names (the converter's sources).
@@ -38,7 +38,7 @@ PARAMS: dict[str, Any] = {
 
 def is_recurrent(s: Any, il: int) -> bool:
     """llama.cpp's default layer pattern (load_arch_hparams): the last of every interval is full attention."""
-    return il < s.n_layer and (il + 1) % s.params["full_attention_interval"] != 0
+    return il < s.n_layer - s.params["nextn_predict_layers"] and (il + 1) % s.params["full_attention_interval"] != 0
 
 
 def _linear_dims(s: Any) -> tuple[int, int]:
@@ -51,6 +51,8 @@ def _linear_dims(s: Any) -> tuple[int, int]:
         )
     if p["linear_num_value_heads"] % p["linear_num_key_heads"]:
         raise MoeplaceError(f"twin spec {s.name}: linear_num_value_heads must be a multiple of linear_num_key_heads.")
+    if not 0 <= p["nextn_predict_layers"] < s.n_layer:
+        raise MoeplaceError(f"twin spec {s.name}: nextn_predict_layers must leave a trunk layer of the {s.n_layer}.")
     key_dim = p["linear_key_head_dim"] * p["linear_num_key_heads"]
     value_dim = p["linear_value_head_dim"] * p["linear_num_value_heads"]
     return key_dim, value_dim
@@ -85,20 +87,15 @@ def tensors(s: Any) -> Tensors:
         ("ssm_out.weight", (value_dim, E)),
     ]
     out = globals_(s)
-    for il in range(s.n_layer + p["nextn_predict_layers"]):
+    for il in range(s.n_layer):
         block = [
             ("attn_norm.weight", (E,)),
             *(linear if is_recurrent(s, il) else attention),
             ("post_attention_norm.weight", (E,)),
             *moe,
         ]
-        if il >= s.n_layer:  # an MTP block: a full-attention layer with its input projection and norms
-            block += [
-                ("nextn.eh_proj.weight", (2 * E, E)),
-                ("nextn.enorm.weight", (E,)),
-                ("nextn.hnorm.weight", (E,)),
-                ("nextn.shared_head_norm.weight", (E,)),
-            ]
+        if il >= s.n_layer - p["nextn_predict_layers"]:  # an MTP block: a full-attention layer and its projection
+            block += nextn(E)
         out += layer(il, block)
     return out
 
@@ -108,7 +105,6 @@ def metadata(s: Any) -> dict[str, Any]:
     _, value_dim = _linear_dims(s)
     n_nextn = p["nextn_predict_layers"]
     keys: dict[str, Any] = {
-        f"{a}.block_count": s.n_layer + n_nextn,
         f"{a}.expert_shared_feed_forward_length": p["shared_expert_intermediate_size"],
     }
     if n_nextn:
@@ -121,7 +117,7 @@ def metadata(s: Any) -> dict[str, Any]:
             f"{a}.ssm.time_step_rank": p["linear_num_value_heads"],
             f"{a}.ssm.inner_size": value_dim,
             # transformers fills config.layer_types, so the converter writes the per-layer array (MTP blocks False)
-            f"{a}.attention.recurrent_layers": [is_recurrent(s, il) for il in range(s.n_layer + n_nextn)],
+            f"{a}.attention.recurrent_layers": [is_recurrent(s, il) for il in range(s.n_layer)],
             f"{a}.full_attention_interval": p["full_attention_interval"],
             f"{a}.rope.dimension_count": int(s.head_dim * p["partial_rotary_factor"]),
         }
