@@ -99,3 +99,15 @@ def nextn(n_embd: int, n_vocab: int = 0) -> Tensors:
     if n_vocab:
         out += [("nextn.embed_tokens.weight", (n_embd, n_vocab)), ("nextn.shared_head_head.weight", (n_embd, n_vocab))]
     return out
+
+
+def gated_attention(n_embd: int, head_dim: int, n_head: int, n_head_kv: int) -> Tensors:
+    """Qwen3-Next/3.5's gated full attention: Q carries each head's output gate (2 x head_dim), Q/K RMS norms."""
+    return [
+        ("attn_q.weight", (n_embd, head_dim * n_head * 2)),
+        ("attn_k.weight", (n_embd, head_dim * n_head_kv)),
+        ("attn_v.weight", (n_embd, head_dim * n_head_kv)),
+        ("attn_output.weight", (head_dim * n_head, n_embd)),
+        ("attn_q_norm.weight", (head_dim,)),
+        ("attn_k_norm.weight", (head_dim,)),
+    ]

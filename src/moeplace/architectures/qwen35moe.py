@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, dense_ffn, globals_, layer, nextn, routed_experts
+from ._tables import Tensors, dense_ffn, gated_attention, globals_, layer, nextn, routed_experts
 
 ARCHS = ("qwen35moe",)
 PARAMS: dict[str, Any] = {
@@ -31,9 +31,6 @@ PARAMS: dict[str, Any] = {
     "linear_num_key_heads": 16,  # ssm.group_count
     "linear_num_value_heads": 32,  # ssm.time_step_rank
 }
-
-# Never quantized (llama-quant.cpp: ssm_conv1d by name; the shared expert's gate is [n_embd, 1], one dimension
-# to ggml_n_dims); the converter writes both F32.
 
 
 def _check(s: Any) -> None:
@@ -71,19 +68,6 @@ def _moe(s: Any) -> Tensors:
     ]
 
 
-def _attention(s: Any) -> Tensors:
-    """Gated full attention: Q carries the output gate (2 x head_dim per head), Q/K RMS norms."""
-    E, hd = s.n_embd, s.head_dim
-    return [
-        ("attn_k_norm.weight", (hd,)),
-        ("attn_k.weight", (E, hd * s.n_head_kv)),
-        ("attn_output.weight", (hd * s.n_head, E)),
-        ("attn_q_norm.weight", (hd,)),
-        ("attn_q.weight", (E, hd * s.n_head * 2)),
-        ("attn_v.weight", (E, hd * s.n_head_kv)),
-    ]
-
-
 def _linear_attention(s: Any) -> Tensors:
     """Gated delta net: fused QKV input projection feeding a short convolution, output gate z, decay (alpha, A,
     dt) and beta projections, gated RMS norm over a value head, output projection."""
@@ -106,6 +90,7 @@ def _linear_attention(s: Any) -> Tensors:
 def tensors(s: Any) -> Tensors:
     _check(s)
     E = s.n_embd
+    attention = gated_attention(E, s.head_dim, s.n_head, s.n_head_kv)
     recurrent = recurrent_layers(s)
     n_trunk = s.n_layer - s.params["nextn_predict_layers"]
     out = globals_(s)
@@ -116,13 +101,13 @@ def tensors(s: Any) -> Tensors:
                 ("attn_norm.weight", (E,)),
                 *_moe(s),
                 ("post_attention_norm.weight", (E,)),
-                *_attention(s),
+                *attention,
                 *nextn(E),
             ]
         elif recurrent[il]:
             block = [("attn_norm.weight", (E,)), *_linear_attention(s), *_moe(s), ("post_attention_norm.weight", (E,))]
         else:
-            block = [("attn_norm.weight", (E,)), *_moe(s), ("post_attention_norm.weight", (E,)), *_attention(s)]
+            block = [("attn_norm.weight", (E,)), *_moe(s), ("post_attention_norm.weight", (E,)), *attention]
         out += layer(il, block)
     return out
 

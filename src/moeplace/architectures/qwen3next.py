@@ -13,18 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, dense_ffn, globals_, layer, nextn, routed_experts
+from ._tables import Tensors, dense_ffn, gated_attention, globals_, layer, nextn, routed_experts
 
 ARCHS = ("qwen3next",)
 # Hyperparameters under their config.json names (the converter's sources).
 PARAMS: dict[str, Any] = {
     "full_attention_interval": 4,
-    "linear_conv_kernel_dim": 4,
+    "ssm_conv_kernel": 4,  # linear_conv_kernel_dim
     "linear_key_head_dim": 128,
     "linear_value_head_dim": 128,
     "linear_num_key_heads": 16,
     "linear_num_value_heads": 32,
-    "shared_expert_intermediate_size": 512,
+    "n_ff_shexp": 512,  # shared_expert_intermediate_size
     "partial_rotary_factor": 0.25,
     # MTP blocks appended after the main layers: the pinned converter writes Qwen3-Next's one unless run with
     # --no-mtp; llama.cpp skips them unless asked to load MTP (--mtp / load_mtp), and GGUFs converted before
@@ -66,20 +66,13 @@ def tensors(s: Any) -> Tensors:
         ("ffn_gate_inp.weight", (E, s.n_expert)),
         *routed_experts(E, s.n_ff_exp, s.n_expert),
         ("ffn_gate_inp_shexp.weight", (E, 1)),
-        *dense_ffn(E, p["shared_expert_intermediate_size"], "_shexp"),
+        *dense_ffn(E, p["n_ff_shexp"], "_shexp"),
     ]
-    attention = [
-        ("attn_q.weight", (E, hd * s.n_head * 2)),  # queries and their output gate, interleaved per head
-        ("attn_k.weight", (E, hd * s.n_head_kv)),
-        ("attn_v.weight", (E, hd * s.n_head_kv)),
-        ("attn_output.weight", (hd * s.n_head, E)),
-        ("attn_q_norm.weight", (hd,)),
-        ("attn_k_norm.weight", (hd,)),
-    ]
+    attention = gated_attention(E, hd, s.n_head, s.n_head_kv)
     linear = [
         ("attn_qkv.weight", (E, 2 * key_dim + value_dim)),
         ("attn_gate.weight", (E, value_dim)),
-        ("ssm_conv1d.weight", (p["linear_conv_kernel_dim"], 2 * key_dim + value_dim)),
+        ("ssm_conv1d.weight", (p["ssm_conv_kernel"], 2 * key_dim + value_dim)),
         ("ssm_dt.bias", (n_v_heads,)),
         ("ssm_a", (n_v_heads,)),
         ("ssm_ba.weight", (E, 2 * n_v_heads)),
@@ -105,13 +98,13 @@ def metadata(s: Any) -> dict[str, Any]:
     _, value_dim = _linear_dims(s)
     n_nextn = p["nextn_predict_layers"]
     keys: dict[str, Any] = {
-        f"{a}.expert_shared_feed_forward_length": p["shared_expert_intermediate_size"],
+        f"{a}.expert_shared_feed_forward_length": p["n_ff_shexp"],
     }
     if n_nextn:
         keys[f"{a}.nextn_predict_layers"] = n_nextn
     keys.update(
         {
-            f"{a}.ssm.conv_kernel": p["linear_conv_kernel_dim"],
+            f"{a}.ssm.conv_kernel": p["ssm_conv_kernel"],
             f"{a}.ssm.state_size": p["linear_key_head_dim"],
             f"{a}.ssm.group_count": p["linear_num_key_heads"],
             f"{a}.ssm.time_step_rank": p["linear_num_value_heads"],
