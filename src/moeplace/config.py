@@ -141,7 +141,7 @@ class BenchSettings:
     noisy_cv: float = 0.05
     max_repetitions: int = 0  # 0: exactly `repetitions`
     precision: float = 0.05
-    time_budget_s: float = 150
+    time_budget_s: float = 60
     quiet_wait_s: float = 0
     ubatch: int = 512
     flash_attn: str = "auto"
