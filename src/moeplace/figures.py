@@ -132,22 +132,26 @@ def variants_figure(variants: pd.DataFrame, ctx: int, out: str | Path) -> None:
             high = 100 * (v.delta_ci95_high / v.baseline_ts)
             err = np.vstack([(v.delta_pct - low).fillna(0), (high - v.delta_pct).fillna(0)])
             ax.barh(y, v.delta_pct.fillna(0), height, xerr=err, capsize=3, color=f"C{k}", label=model)
-            for yi, row in zip(y, v.itertuples()):
+            # Each label right of its bar and interval, so neither hides it.
+            ends = np.nanmax(np.vstack([v.delta_pct.fillna(0), high.fillna(0), np.zeros(len(v))]), axis=0)
+            for yi, end, row in zip(y, ends, v.itertuples()):
                 if pd.isna(row.delta_pct):
                     text = "not measured"
                 elif row.distinguishable:
                     text = f"{row.delta_pct:+.1f}% (MDE {row.mde_pct:.0f}%)"
                 else:
                     text = f"not distinguishable (MDE {row.mde_pct:.0f}%)"
-                ax.annotate(text, (0, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
+                ax.annotate(text, (end, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
         ax.axvline(0, color="black", lw=0.8)
+        left, right = ax.get_xlim()
+        ax.set_xlim(left, right + 0.6 * (right - left))  # room for the labels
         ax.set_yticks(np.arange(len(names)) + height * (len(models) - 1) / 2, names)
         ax.invert_yaxis()
         what = "decode (tg)" if test == "tg" else "prefill (pp)"
         ax.set_xlabel(f"{what} speed vs --n-cpu-moe at equal host bytes, % (95% interval)")
         ax.set_title("Decode" if test == "tg" else "Prefill", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(models), frameon=False)
     devices = "; ".join(sorted(set(variants.get("device", pd.Series(dtype=str)).dropna())))
     title = f"Expert placements vs --n-cpu-moe, {Context(ctx)} context ({ctx:,} tokens), measured interleaved"
     fig.suptitle(f"{title}\n{devices}" if devices else title, fontsize=10)
