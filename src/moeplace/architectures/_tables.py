@@ -111,3 +111,15 @@ def gated_attention(n_embd: int, head_dim: int, n_head: int, n_head_kv: int) -> 
         ("attn_q_norm.weight", (head_dim,)),
         ("attn_k_norm.weight", (head_dim,)),
     ]
+
+
+def moe_ffn(
+    n_embd: int, n_ff_exp: int, n_expert: int, n_ff_shared: int = 0, probs_bias: Shape | None = None
+) -> Tensors:
+    """A routed-expert FFN: the router, the expert-score bias where the model has one (shape as its converter
+    writes it), the experts, and a shared expert n_ff_shared wide (none at 0)."""
+    out: Tensors = [("ffn_gate_inp.weight", (n_embd, n_expert))]
+    if probs_bias:
+        out.append(("exp_probs_b.bias", probs_bias))
+    out += routed_experts(n_embd, n_ff_exp, n_expert)
+    return out + (dense_ffn(n_embd, n_ff_shared, "_shexp") if n_ff_shared else [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tables import Tensors, dense_ffn, globals_, layer, mla, routed_experts
+from ._tables import Tensors, dense_ffn, globals_, layer, mla, moe_ffn
 
 ARCHS = ("deepseek2",)
 PARAMS: dict[str, Any] = {
@@ -28,12 +28,8 @@ def tensors(s: Any) -> Tensors:
         if il < s.n_layer_dense_lead:
             block += dense_ffn(E, s.n_ff)
         else:
-            block += [
-                ("ffn_gate_inp.weight", (E, s.n_expert)),
-                *([("exp_probs_b.bias", (s.n_expert,))] if s.params["expert_probs_bias"] else []),
-                *routed_experts(E, s.n_ff_exp, s.n_expert),
-                *dense_ffn(E, s.n_ff_exp * s.n_expert_shared, "_shexp"),
-            ]
+            bias = (s.n_expert,) if s.params["expert_probs_bias"] else None
+            block += moe_ffn(E, s.n_ff_exp, s.n_expert, s.n_ff_exp * s.n_expert_shared, bias)
         out += layer(il, block)
     return out
 

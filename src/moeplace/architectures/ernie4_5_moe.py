@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, attention, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("ernie4_5-moe",)
 PARAMS: dict[str, Any] = {"moe_layer_step": 1}
@@ -40,14 +40,8 @@ def tensors(s: Any) -> Tensors:
         if il < s.n_layer_dense_lead:
             block += dense_ffn(E, s.n_ff)
         else:
-            block += [
-                ("ffn_gate_inp.weight", (E, X)),
-                # e_score_correction_bias is [1, n_expert] in the checkpoint; the converter keeps both dims.
-                ("exp_probs_b.bias", (X, 1)),
-                *routed_experts(E, s.n_ff_exp, X),
-            ]
-            if s.n_expert_shared:
-                block += dense_ffn(E, s.n_ff_exp * s.n_expert_shared, "_shexp")
+            # e_score_correction_bias is [1, n_expert] in the checkpoint; the converter keeps both dims.
+            block += moe_ffn(E, s.n_ff_exp, X, s.n_ff_exp * s.n_expert_shared, (X, 1))
         out += layer(il, block)
     return out
 

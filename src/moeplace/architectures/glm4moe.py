@@ -15,7 +15,7 @@ from typing import Any
 import gguf
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, attention, dense_ffn, globals_, layer, nextn, routed_experts
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn, nextn
 
 ARCHS = ("glm4moe",)
 PARAMS: dict[str, Any] = {
@@ -53,12 +53,7 @@ def tensors(s: Any) -> Tensors:
         if il < s.n_layer_dense_lead:
             block += dense_ffn(E, s.n_ff)
         else:
-            block += [
-                ("ffn_gate_inp.weight", (E, X)),
-                ("exp_probs_b.bias", (X,)),
-                *routed_experts(E, s.n_ff_exp, X),
-                *(dense_ffn(E, s.n_ff_exp * s.n_expert_shared, "_shexp") if s.n_expert_shared else []),
-            ]
+            block += moe_ffn(E, s.n_ff_exp, X, s.n_ff_exp * s.n_expert_shared, (X,))
         if il >= n_main:  # the NextN/MTP block (HF model.layers.{n_main}.eh_proj/enorm/hnorm/shared_head/...)
             block += nextn(E, s.n_vocab)
         out += layer(il, block)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, attention, dense_ffn, globals_, layer, mamba2, routed_experts
+from ._tables import Tensors, attention, globals_, layer, mamba2, moe_ffn
 
 ARCHS = ("granitehybrid",)
 PARAMS: dict[str, Any] = {
@@ -81,11 +81,8 @@ def tensors(s: Any) -> Tensors:
             block += mamba2(E, d_inner, d_state, d_conv, n_ssm_head, n_group, s.params["ssm_conv_bias"])
         block += [
             ("ffn_norm.weight", (E,)),
-            ("ffn_gate_inp.weight", (E, s.n_expert)),
-            *routed_experts(E, s.n_ff_exp, s.n_expert),
+            *moe_ffn(E, s.n_ff_exp, s.n_expert, s.params["n_ff_shexp"]),
         ]
-        if s.params["n_ff_shexp"]:
-            block += dense_ffn(E, s.params["n_ff_shexp"], "_shexp")
         out += layer(il, block)
     return out
 

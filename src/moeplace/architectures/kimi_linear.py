@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tables import Tensors, dense_ffn, globals_, layer, mla, routed_experts
+from ._tables import Tensors, dense_ffn, globals_, layer, mla, moe_ffn
 
 ARCHS = ("kimi-linear",)
 PARAMS: dict[str, Any] = {
@@ -64,10 +64,7 @@ def tensors(s: Any) -> Tensors:
             block += dense_ffn(E, s.n_ff)
         else:
             block += [
-                ("ffn_gate_inp.weight", (E, s.n_expert)),
-                *routed_experts(E, s.n_ff_exp, s.n_expert),
-                *dense_ffn(E, s.n_ff_exp * max(s.n_expert_shared, 1), "_shexp"),
-                ("exp_probs_b.bias", (s.n_expert,)),
+                *moe_ffn(E, s.n_ff_exp, s.n_expert, s.n_ff_exp * max(s.n_expert_shared, 1), (s.n_expert,)),
             ]
         out += layer(il, block)
     return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, attention, dense_ffn, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, layer, moe_ffn
 
 ARCHS = ("lfm2moe",)
 PARAMS: dict[str, Any] = {
@@ -57,11 +57,7 @@ def tensors(s: Any) -> Tensors:
         if il < s.n_layer_dense_lead:
             block += dense_ffn(E, s.n_ff)
         else:
-            block += [
-                ("ffn_gate_inp.weight", (E, X)),
-                *routed_experts(E, s.n_ff_exp, X),
-                ("exp_probs_b.bias", (X,)),
-            ]
+            block += moe_ffn(E, s.n_ff_exp, X, probs_bias=(X,))
         out += layer(il, block)
     return out
 

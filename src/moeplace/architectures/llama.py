@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tables import Tensors, attention, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("llama",)
 PARAMS: dict[str, Any] = {}
@@ -27,7 +27,7 @@ def tensors(s: Any) -> Tensors:
             ("ffn_norm.weight", (E,)),
         ]
         if s.n_expert:
-            block += [("ffn_gate_inp.weight", (E, s.n_expert)), *routed_experts(E, s.n_ff_exp, s.n_expert)]
+            block += moe_ffn(E, s.n_ff_exp, s.n_expert)
         else:
             block += dense_ffn(E, s.n_ff)
         out += layer(il, block)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tables import Tensors, attention, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("llama4",)
 PARAMS: dict[str, Any] = {
@@ -39,11 +39,7 @@ def tensors(s: Any) -> Tensors:
             ("ffn_norm.weight", (E,)),
         ]
         if is_moe_layer(s, il):
-            block += [
-                ("ffn_gate_inp.weight", (E, X)),
-                *routed_experts(E, s.n_ff_exp, X),
-                *dense_ffn(E, s.n_ff_exp, "_shexp"),  # the shared expert is n_ff_exp wide
-            ]
+            block += moe_ffn(E, s.n_ff_exp, X, s.n_ff_exp)  # the shared expert is n_ff_exp wide
         else:
             block += dense_ffn(E, s.n_ff)
         out += layer(il, block)

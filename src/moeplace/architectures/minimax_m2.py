@@ -13,7 +13,7 @@ from typing import Any
 
 import gguf
 
-from ._tables import Tensors, attention, globals_, layer, routed_experts
+from ._tables import Tensors, attention, globals_, layer, moe_ffn
 
 ARCHS = ("minimax-m2",)
 PARAMS: dict[str, Any] = {"rotary_dim": 64}
@@ -30,9 +30,7 @@ def tensors(s: Any) -> Tensors:
             ("attn_q_norm.weight", (q,)),
             ("attn_k_norm.weight", (kv,)),
             ("ffn_norm.weight", (E,)),
-            ("ffn_gate_inp.weight", (E, X)),
-            ("exp_probs_b.bias", (X,)),
-            *routed_experts(E, s.n_ff_exp, X),
+            *moe_ffn(E, s.n_ff_exp, X, probs_bias=(X,)),
         ]
         out += layer(il, block)
     return out

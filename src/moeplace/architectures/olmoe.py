@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import MoeplaceError
-from ._tables import Tensors, attention, globals_, layer, routed_experts
+from ._tables import Tensors, attention, globals_, layer, moe_ffn
 
 ARCHS = ("olmoe",)
 PARAMS: dict[str, Any] = {}
@@ -32,8 +32,7 @@ def tensors(s: Any) -> Tensors:
             ("attn_q_norm.weight", (E,)),
             ("attn_k_norm.weight", (E,)),
             ("ffn_norm.weight", (E,)),
-            ("ffn_gate_inp.weight", (E, s.n_expert)),
-            *routed_experts(E, s.n_ff_exp, s.n_expert),
+            *moe_ffn(E, s.n_ff_exp, s.n_expert),
         ]
         out += layer(il, block)
     return out

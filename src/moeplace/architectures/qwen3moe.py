@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._tables import Tensors, attention, dense_ffn, globals_, layer, routed_experts
+from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("qwen3moe", "qwen3")
 PARAMS: dict[str, Any] = {}
@@ -22,7 +22,7 @@ def tensors(s: Any) -> Tensors:
             ("ffn_norm.weight", (E,)),
         ]
         if s.architecture == "qwen3moe":
-            block += [("ffn_gate_inp.weight", (E, s.n_expert)), *routed_experts(E, s.n_ff_exp, s.n_expert)]
+            block += moe_ffn(E, s.n_ff_exp, s.n_expert)
         else:
             block += dense_ffn(E, s.n_ff)
         out += layer(il, block)
