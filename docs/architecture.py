@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from generated import write_or_check
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 PACKAGE = ROOT / "src" / "moeplace"
@@ -134,14 +136,7 @@ def render() -> str:
 
 
 def main() -> int:
-    text = render()
-    if "--check" in sys.argv:
-        if not DOC.exists() or DOC.read_text() != text:
-            print(f"{DOC.relative_to(ROOT)} is out of date: run python docs/architecture.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(text)
-    return 0
+    return write_or_check(DOC, render(), str(DOC.relative_to(ROOT)), "architecture.py")
 
 
 if __name__ == "__main__":

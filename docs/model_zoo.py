@@ -10,6 +10,8 @@ import re
 import sys
 from pathlib import Path
 
+from generated import write_or_check
+
 from moeplace.model_zoo import markdown, zoo_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,16 +20,9 @@ BLOCK = re.compile(r"(<!-- model-zoo:start.*?-->\n)(.*?)(<!-- model-zoo:end -->)
 
 
 def main() -> int:
-    text = README.read_text()
     table = markdown(zoo_table(sorted((ROOT / "config/models").glob("*.yaml"))))
-    updated = BLOCK.sub(lambda m: m[1] + table + m[3], text)
-    if "--check" in sys.argv:
-        if updated != text:
-            print("README.md's model-zoo table is out of date: run python docs/model_zoo.py", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(updated)
-    return 0
+    updated = BLOCK.sub(lambda m: m[1] + table + m[3], README.read_text())
+    return write_or_check(README, updated, "README.md's model-zoo table", "model_zoo.py")
 
 
 if __name__ == "__main__":
