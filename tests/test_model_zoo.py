@@ -20,7 +20,7 @@ from moeplace.kvcache import kv_bytes
 from moeplace.memory import state_bytes
 from moeplace.metadata import inspect_model
 from moeplace.recipe import PRESETS, UNQUANTIZED
-from moeplace.twin import load_spec, twin_types, write_twin
+from moeplace.twin import load_spec, tensor_type_args, twin_types, write_twin
 
 SPECS = sorted((ROOT / "config/models").glob("*.yaml"))
 TINY = [p for p in SPECS if p.name.startswith("tiny-") and load_spec(p).n_expert]
@@ -60,7 +60,7 @@ def test_the_header_twin_has_llama_quantizes_types_for_every_preset(spec, tmp_pa
     spec's tensor_types as --tensor-type: llama-quantize --dry-run's type for each tensor is ours."""
     twin = load_spec(spec)
     f16 = write_twin(dataclasses.replace(twin, ftype="F16", tensor_types={}), tmp_path / "f16.gguf")
-    overrides = [arg for p, t in twin.tensor_types.items() for arg in ("--tensor-type", f"{p}={t.lower()}")]
+    overrides = tensor_type_args(twin.tensor_types)
     for preset in [p for p, qtype in PRESETS.items() if qtype not in UNQUANTIZED]:
         cmd = [bin_path("llama-quantize"), "--dry-run", *overrides, str(f16), preset]
         out = subprocess.run(cmd, capture_output=True, text=True)

@@ -99,6 +99,11 @@ def keeps_source_type(name: str, shape: tuple[int, ...]) -> bool:
     )
 
 
+def override(name: str, overrides: dict[str, str]) -> Q | None:
+    """The type of the first --tensor-type pattern that matches `name` (re.search), or None."""
+    return next((Q[t] for p, t in overrides.items() if re.search(p, name)), None)
+
+
 def quantize_order(name: str) -> tuple[int, str]:
     """The order llama-quantize visits tensors in (the loader's weights_map): by block, non-block ones first,
     then by name. Its attn_v and ffn counters count in this order."""
@@ -164,7 +169,7 @@ def quantized_types(
         if default in UNQUANTIZED:
             out[name] = default
             continue
-        chosen = next((Q[t] for p, t in (overrides or {}).items() if re.search(p, name)), None)
+        chosen = override(name, overrides or {})
         if chosen is None:
             chosen = _choose(name, shape, preset, default, category(name), counters, tied, n_attention_wv,
                              n_layer, n_expert, n_gqa)  # fmt: skip

@@ -26,7 +26,7 @@ from .architectures import ARCHITECTURES, MODULES
 from .errors import MoeplaceError
 from .gguf_file import tensor_nbytes
 from .outputs import atomic_path
-from .recipe import PRESETS, UNQUANTIZED, fit, keeps_source_type, quantized_types
+from .recipe import PRESETS, UNQUANTIZED, fit, keeps_source_type, override, quantized_types
 
 Q = GGMLQuantizationType
 
@@ -140,9 +140,13 @@ def common_metadata(s: TwinSpec) -> dict[str, Any]:
     return keys
 
 
+def gguf_keys(s: TwinSpec) -> dict[str, Any]:
+    """Every GGUF key the twin carries: the common ones with its architecture module's additions."""
+    return {**common_metadata(s), **MODULES[s.architecture].metadata(s)}
+
+
 def _write_metadata(w: GGUFWriter, s: TwinSpec) -> None:
-    keys = {**common_metadata(s), **MODULES[s.architecture].metadata(s)}
-    for key, value in keys.items():
+    for key, value in gguf_keys(s).items():
         if value is None:
             continue
         if isinstance(value, tuple):
@@ -172,7 +176,7 @@ def twin_types(spec: TwinSpec, tensors: list[tuple[str, tuple[int, ...]]] | None
     own mix, as gpt-oss's MXFP4 experts (llama-quantize ignores --tensor-type there)."""
     tensors = tensors or _tensors(spec)
     a = spec.architecture
-    keys = {**common_metadata(spec), **MODULES[a].metadata(spec)}
+    keys = gguf_keys(spec)
 
     def first(value: Any) -> int:
         return value[0] if isinstance(value, list) else value
@@ -189,9 +193,9 @@ def twin_types(spec: TwinSpec, tensors: list[tuple[str, tuple[int, ...]]] | None
     )
     if PRESETS[spec.ftype] in UNQUANTIZED:
         for name, shape in tensors:
-            if not keeps_source_type(name, shape):
-                chosen = next((Q[t] for p, t in spec.tensor_types.items() if re.search(p, name)), None)
-                types[name] = fit(chosen, shape[0]) if chosen is not None else types[name]
+            chosen = override(name, spec.tensor_types)
+            if chosen is not None and not keeps_source_type(name, shape):
+                types[name] = fit(chosen, shape[0])
     return types
 
 
@@ -287,6 +291,11 @@ def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def tensor_type_args(tensor_types: dict[str, str]) -> list[str]:
+    """A spec's tensor_types as llama-quantize's --tensor-type arguments."""
+    return [arg for p, t in tensor_types.items() for arg in ("--tensor-type", f"{p}={t.lower()}")]
+
+
 def quantize(
     llamacpp: dict[str, Any],
     f16: str | Path,
@@ -296,14 +305,13 @@ def quantize(
     tensor_types: dict[str, str] | None = None,
 ) -> Path:
     """llama-quantize an F16 twin to `quant` (its real recipe, with `tensor_types` overrides), written atomically."""
-    tensor_types = tensor_types or {}
     from .runtime.llamacpp import require_binary
     from .runtime.process import run_checked
 
     out = Path(out)
     with atomic_path(out) as tmp:
-        overrides = [arg for p, t in tensor_types.items() for arg in ("--tensor-type", f"{p}={t.lower()}")]
-        cmd = [str(require_binary(llamacpp, "llama-quantize")), *overrides, str(f16), str(tmp), quant]
+        cmd = [str(require_binary(llamacpp, "llama-quantize")), *tensor_type_args(tensor_types or {}), str(f16),
+               str(tmp), quant]  # fmt: skip
         run_checked(cmd, f"llama-quantize making a {quant} file from {f16}", log_file, stream_to_log=True)
     return out
 
