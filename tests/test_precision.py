@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from moeplace.aggregate import precision_table
+from moeplace.bench import next_batch
 from moeplace.placement import variants_table
 from moeplace.runtime import cpus
 from moeplace.stats import mean_halfwidth, min_detectable_effect, repetitions_for
@@ -25,6 +26,16 @@ def test_repetitions_for_a_target_grow_with_the_noise():
     assert repetitions_for(quiet, 0.05) == 3  # already there
     assert repetitions_for(noisy, 0.05) > 10
     assert repetitions_for([100.0, 100.0, 100.0], 0.05) == 3
+
+
+def test_a_batch_gets_what_its_fixed_cost_is_worth_within_the_budget():
+    # At 32K on this CPU: ~40 s to start, load, warm up and fill the depth, ~2.5 s per repetition of both tests.
+    assert next_batch(wanted=2, allowed=17, fixed_s=40, repetition_s=2.5, left_s=100) == 16  # not 2 per depth fill
+    assert next_batch(wanted=30, allowed=17, fixed_s=40, repetition_s=2.5, left_s=100) == 17  # the most allowed
+    assert next_batch(wanted=2, allowed=17, fixed_s=40, repetition_s=2.5, left_s=50) == 4  # what the budget pays
+    assert next_batch(wanted=2, allowed=17, fixed_s=40, repetition_s=2.5, left_s=42) == 0  # not even one
+    assert next_batch(wanted=2, allowed=0, fixed_s=1, repetition_s=1, left_s=100) == 0
+    assert next_batch(wanted=5, allowed=17, fixed_s=0.5, repetition_s=1, left_s=100) == 5  # cheap batches: as wanted
 
 
 def test_min_detectable_effect_is_welch_plus_power():

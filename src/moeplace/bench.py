@@ -82,7 +82,15 @@ class Arm:
     first: dict[str, dict[str, Any]] = field(default_factory=dict)  # llama-bench's JSON per test
     stderr: str = ""
     batches: int = 0
+    wall_s: float = 0.0  # all its batches' llama-bench processes, start to exit
+    measured_s: float = 0.0  # of which timed repetitions (llama-bench's samples_ns)
     failure: tuple[str, str, str] | None = None  # status, reason, stderr tail
+
+    def costs(self) -> tuple[float, float]:
+        """(seconds per batch outside the repetitions: start, load, warm-up, one depth fill; seconds per
+        repetition of all tests), from the batches so far."""
+        repetitions = len(next(iter(self.samples.values())))
+        return (self.wall_s - self.measured_s) / self.batches, self.measured_s / repetitions
 
 
 def _precise_enough(samples: dict[str, list[float]], baseline: dict[str, list[float]] | None, precision: float) -> bool:
@@ -97,6 +105,15 @@ def _precise_enough(samples: dict[str, list[float]], baseline: dict[str, list[fl
         elif mean_halfwidth(values) > precision:
             return False
     return True
+
+
+def next_batch(wanted: int, allowed: int, fixed_s: float, repetition_s: float, left_s: float) -> int:
+    """Repetitions for an arm's next batch (0: stop): the `wanted` more, but at least as many as the batch's
+    fixed part (start, load, warm-up, one depth fill: most of a batch at 32K) is worth, since another batch
+    would pay it again; at most `allowed`, and no more than the `left_s` seconds of its time budget pay for."""
+    affordable = int((left_s - fixed_s) // max(repetition_s, 1e-9))
+    worth = math.ceil(fixed_s / max(repetition_s, 1e-9))
+    return max(0, min(allowed, max(wanted, worth, 1), affordable))
 
 
 def run_bench(
@@ -146,6 +163,7 @@ def run_bench(
                 cmd = bench_command(manifest, model_path, depth, a.n_cpu_moe, settings, rpc, a.overrides, reps, threads)
                 result = run(cmd, timeout_s=settings.timeout_s, log_path=log_path, before_exec=lambda: pin(cpus.bench))
                 a.batches += 1
+                a.wall_s += result.wall_s
                 a.stderr = a.stderr or result.stderr
                 by_test = {}
                 for line in result.stdout.splitlines():
@@ -163,6 +181,7 @@ def run_bench(
                     a.failure = (status, reason, tail(result.stderr))
                     break
                 for test, r in by_test.items():
+                    a.measured_s += sum(r.get("samples_ns") or []) / 1e9
                     a.first.setdefault(test, r)
                     a.samples.setdefault(test, []).extend(r.get("samples_ts") or [r["avg_ts"]])
             if arm.failure:
@@ -177,17 +196,14 @@ def run_bench(
             paired = baseline.samples if baseline else None
             if not settings.adaptive or _precise_enough(arm.samples, paired, settings.precision):
                 break
-            # A repetition's cost so far (loads, warm-ups and depth fills included): no batch may run past the
-            # time budget, which is each configuration's (a paired comparison measures two).
-            elapsed = time.monotonic() - t0
-            per_repetition = elapsed / (n * len(arms))
-            affordable = int((settings.time_budget_s * len(arms) - elapsed) // (per_repetition * len(arms)))
-            if n >= settings.max_repetitions or affordable < 1:
-                break
             # A difference of two means is as precise as each mean is to precision / sqrt(2).
             target = settings.precision / math.sqrt(2) if baseline else settings.precision
-            wanted = max(repetitions_for(a.samples[t], target) for a in arms for t in tests)
-            reps = min(settings.max_repetitions - n, max(1, wanted - n), affordable)
+            wanted = max(repetitions_for(a.samples[t], target) for a in arms for t in tests) - n
+            fixed_s, repetition_s = (max(c) for c in zip(*(a.costs() for a in arms)))
+            left_s = settings.time_budget_s * len(arms) - (time.monotonic() - t0)
+            reps = next_batch(wanted, settings.max_repetitions - n, fixed_s, repetition_s, left_s / len(arms))
+            if reps < 1:
+                break
     parsed = parse_log(arm.stderr)
     contended = any(q["contended"] for q in quiet)
     base = {

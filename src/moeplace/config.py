@@ -129,7 +129,7 @@ class DeviceTarget:
 class BenchSettings:
     """One benchmark configuration's llama-bench settings. `repetitions` is exact unless `max_repetitions`
     is larger: then it is the minimum, and batches are added until the 95% CI half-width of the mean is
-    within `precision` of it, or `max_repetitions` or `time_budget_s` is reached."""
+    within `precision` of it, or `max_repetitions` is reached, or the next batch would run past `time_budget_s`."""
 
     prompt: int
     gen: int
@@ -141,7 +141,7 @@ class BenchSettings:
     noisy_cv: float = 0.05
     max_repetitions: int = 0  # 0: exactly `repetitions`
     precision: float = 0.05
-    time_budget_s: float = 60
+    time_budget_s: float = 150
     quiet_wait_s: float = 0
     ubatch: int = 512
     flash_attn: str = "auto"
