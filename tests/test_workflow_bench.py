@@ -193,6 +193,8 @@ def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
     assert set(zip(two_point.fit_depth, two_point.depth)) == {(992, 2016), (2016, 992)}
     loo = fidelity[fidelity.fit == "loo"]
     assert len(loo) == 2 * 2 * 4 and loo.error_pct.notna().all()  # models x tests x (n, depth)
+    prior = fidelity[fidelity.fit == "prior"]  # bandwidths alone: decode only, every point
+    assert len(prior) == 2 * 4 and (prior.test == "tg").all() and prior.fit_depth.isna().all()
     report = subprocess.run(
         [SNAKEMAKE, "--cores", "1", "--report", "results/report.html", *TARGETS, "results/figures/ncmoe_1k.png"],
         cwd=wd,

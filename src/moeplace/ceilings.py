@@ -21,6 +21,7 @@ import mmap
 import os
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import pandas as pd
 
 from .config import CeilingsSettings
 from .errors import MoeplaceError
-from .predict import bytes_per_token
+from .predict import Bandwidths, bytes_per_token
 from .runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, link_facts
 from .runtime.llamacpp import require_binary
 from .runtime.native import build_native
@@ -261,3 +262,15 @@ def measured_bandwidths(ceilings: pd.DataFrame) -> dict[str, float]:
     if value("disk_random_read"):
         out["bw_disk_gbps"] = value("disk_random_read") / 1e3
     return out
+
+
+def with_ceilings(bw: Bandwidths, ceilings: pd.DataFrame) -> Bandwidths:
+    """`bw` with the measured values the config's measured: section leaves unset taken from the ceilings."""
+    m = measured_bandwidths(ceilings)
+    return replace(
+        bw,
+        measured_ddr_gbps=bw.measured_ddr_gbps or m.get("bw_ddr_gbps"),
+        measured_vram_gbps=bw.measured_vram_gbps or m.get("bw_vram_gbps"),
+        measured_disk_gbps=bw.measured_disk_gbps or m.get("bw_disk_gbps"),
+        measured_hop_s=bw.measured_hop_s or m.get("hop_s"),
+    )

@@ -2,7 +2,8 @@
 
 For every model: "two_point" fits each test to the lowest and the highest n measured at one depth (what a
 user with two runs has) and predicts every other (n, depth, test) point; "loo" predicts each point from a
-fit to all the others. Errors are (predicted - measured) / measured.
+fit to all the others; "prior" predicts every decode point from the bandwidths alone (the datasheet's, or the
+ceilings stage's where measured), fitted to nothing. Errors are (predicted - measured) / measured.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ COLUMNS = [
 
 
 def fidelity_table(meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel) -> pd.DataFrame:
-    """One model's out-of-sample predictions: every two-point fit (one per depth) and leave-one-out."""
+    """One model's out-of-sample predictions: every two-point fit (one per depth), leave-one-out and the
+    uncalibrated prior `base`."""
     ok = [r for r in records if r.get("status") == "ok" and r.get("avg_ts")]
     runs = runs_from_records(meta, ok)
     rows = []
@@ -52,6 +54,8 @@ def fidelity_table(meta: dict[str, Any], records: list[dict[str, Any]], base: Sp
                 row(i, model.predict(meta, run), "two_point", depth)
     for i, pred in enumerate(leave_one_out(meta, runs, base)):
         row(i, pred, "loo", None)
+    for i, run in enumerate(runs):
+        row(i, base.predict(meta, run), "prior", None)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -79,7 +83,7 @@ def fidelity_figure(table: pd.DataFrame, out: str | Path, device: str) -> None:
     from .outputs import atomic_path
 
     fig, ax = plt.subplots(figsize=(6.5, 6))
-    markers = {"two_point": "o", "loo": "x"}
+    markers = {"two_point": "o", "loo": "x", "prior": "+"}
     for (fit, test), g in table.groupby(["fit", "test"]):
         err = g.error_pct.abs()
         label = f"{test} {fit.replace('_', '-')}: median |error| {err.median():.1f}%, p90 {np.percentile(err, 90):.1f}%"

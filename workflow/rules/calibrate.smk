@@ -16,6 +16,7 @@ rule calibrate:
 
 rule fidelity:
     input:
+        unpack(get_ceilings_table),
         bench=get_all_bench,
         metadata=expand(rules.metadata.output[0], model=BENCH_MODELS),
     output:

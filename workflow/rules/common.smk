@@ -138,11 +138,10 @@ def get_budget_inputs(wildcards):
     return inputs
 
 
-def get_predict_inputs(wildcards):
-    inputs = {"metadata": metadata_path(wildcards.model)}
-    if CEILINGS:
-        inputs["ceilings"] = rules.ceilings.output[0]
-    return inputs
+def get_ceilings_table(wildcards):
+    """The ceilings table where that stage runs: its measured bandwidths fill the speed model's priors and the
+    RAM tier's predicted column."""
+    return {"ceilings": rules.ceilings.output[0]} if CEILINGS else {}
 
 
 def get_ceilings_inputs(wildcards):
@@ -242,11 +241,6 @@ if config["quants"]["model"] and QUANTS_MODEL not in RANDOM_TWINS:
         + "."
     )
 QUANTS = bool(config["quants"]["enabled"] and QUANTS_MODEL)
-
-
-def get_ram_tier_inputs(wildcards):
-    """The measured ceilings, for the predicted column (RAM and disk bandwidth)."""
-    return {"ceilings": rules.ceilings.output[0]} if CEILINGS else {}
 
 
 def get_tools_manifest():

@@ -1,6 +1,7 @@
 rule predict:
     input:
-        unpack(get_predict_inputs),
+        unpack(get_ceilings_table),
+        metadata=rules.metadata.output[0],
     output:
         "results/tables/predicted/{model}.csv",
     log:

@@ -1,6 +1,6 @@
 rule ram_tier:
     input:
-        unpack(get_ram_tier_inputs),
+        unpack(get_ceilings_table),
         model=get_model_gguf,
         metadata=rules.metadata.output[0],
         llamacpp=rules.llamacpp.output[0],

@@ -3,6 +3,7 @@ figure)."""
 
 import pandas as pd
 
+from moeplace.ceilings import with_ceilings
 from moeplace.fidelity import fidelity_figure, fidelity_table, summary
 from moeplace.outputs import read_json, read_jsonl, stage, write_csv
 from moeplace.predict import Bandwidths
@@ -11,7 +12,10 @@ from moeplace.speed import prior
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params
     records = [r for path in i.bench for r in read_jsonl(path)]
-    base = prior(Bandwidths(**p.bandwidths))
+    bandwidths = Bandwidths(**p.bandwidths)
+    if "ceilings" in i.keys():
+        bandwidths = with_ceilings(bandwidths, pd.read_csv(i.ceilings))
+    base = prior(bandwidths)
     parts = [
         fidelity_table(read_json(meta), [r for r in records if r["model"] == model], base)
         for model, meta in zip(p.models, i.metadata)
