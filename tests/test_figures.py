@@ -159,13 +159,15 @@ def test_matrix_fidelity_quants_ram_tier_and_routing_figures(drawn, tmp_path):
         {
             "fit": ["loo", "two_point"],
             "test": ["tg", "pp"],
+            "depth": [0, 4096],
+            "fit_depth": [None, 0],
             "measured_tok_s": [10.0, 100.0],
             "predicted_tok_s": [11.0, 95.0],
             "error_pct": [10.0, -5.0],
         }  # fmt: skip
     )
     fidelity_figure(fidelity, tmp_path / "x.png", EMULATED)
-    check(drawn[-1], EMULATED, "predicted = measured", "median |error|")
+    check(drawn[-1], EMULATED, "predicted = measured", "median |error|", "two-point, other depth")
     q = [quant_row(name, meta(b, 10**8), records(t, c, f), 50) for name, b, t, c, f in
          (("Q4_K_M", 10**9, 10.0, 1.0, 300.0), ("Q2_K", 6 * 10**8, 14.0, 1.5, 200.0))]  # fmt: skip
     plot_quants(quants_table(q), tmp_path / "x.png", "tiny: quant types")

@@ -74,7 +74,8 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def fidelity_figure(table: pd.DataFrame, out: str | Path, device: str) -> None:
-    """Predicted against measured tok/s, log-log, y = x; one marker per fit, one colour per test."""
+    """Predicted against measured tok/s, log-log, y = x; one marker per fit (a two-point fit's own depth and
+    the other depths apart), one colour per test."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,11 +83,16 @@ def fidelity_figure(table: pd.DataFrame, out: str | Path, device: str) -> None:
 
     from .outputs import atomic_path
 
-    fig, ax = plt.subplots(figsize=(6.5, 6))
-    markers = {"two_point": "o", "loo": "x", "prior": "+"}
-    for (fit, test), g in table.groupby(["fit", "test"]):
+    fig, ax = plt.subplots(figsize=(7, 7.5))
+    # A two-point fit predicts its own depth and the others apart: one median over both would hide either.
+    kind = table.fit.where(
+        table.fit != "two_point",
+        np.where(table.depth == table.fit_depth, "two-point, same depth", "two-point, other depth"),
+    )
+    markers = {"two-point, same depth": "o", "two-point, other depth": "s", "loo": "x", "prior": "+"}
+    for (fit, test), g in table.groupby([kind, "test"]):
         err = g.error_pct.abs()
-        label = f"{test} {fit.replace('_', '-')}: median |error| {err.median():.1f}%, p90 {np.percentile(err, 90):.1f}%"
+        label = f"{test} {fit}: median |error| {err.median():.1f}%, p90 {np.percentile(err, 90):.1f}%"
         ax.scatter(g.measured_tok_s, g.predicted_tok_s, marker=markers.get(fit, "."), label=label,
                    color="C0" if test == "tg" else "C1", alpha=0.7)  # fmt: skip
     values = pd.concat([table.measured_tok_s, table.predicted_tok_s]).dropna()
@@ -101,7 +107,7 @@ def fidelity_figure(table: pd.DataFrame, out: str | Path, device: str) -> None:
     ax.set_ylabel("predicted speed (out of sample), tokens/s")
     ax.set_title(f"Speed model against runs it was not fitted to\n{device}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)  # off the points
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=130, format="png")
