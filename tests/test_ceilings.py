@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from conftest import SEED_CONSTANTS
 
-from moeplace.ceilings import bound, disk_read_mbps, measured_bandwidths, ram_read_gbps
+from moeplace.ceilings import attention_costs, bound, disk_read_mbps, measured_bandwidths, ram_read_gbps
 from moeplace.metadata import from_constants
 from moeplace.predict import Bandwidths, bytes_per_token, predict_table, ram_tier_tok_s
 from moeplace.units import GB
@@ -34,6 +34,16 @@ def test_measured_bandwidths_fill_the_corrected_column():
     # A GPU's dense-decode figure is only a lower bound: the configured bandwidth stays.
     gpu = pd.concat([table, pd.DataFrame([{"ceiling": "device_decode", "effective_gbps": 500.0}])])
     assert "bw_vram_gbps" not in measured_bandwidths(gpu)
+
+
+def test_attention_costs_are_each_models_own_and_name_the_runs_they_took():
+    rows = [{"ceiling": f"attention_{test}", "subject": model, "value": value, "n_cpu_moe": 8, "depths": "3584 32256"}
+            for model, test, value in (("a", "tg", 0.12), ("a", "pp", 0.03), ("b", "tg", -0.01))]  # fmt: skip
+    table = pd.DataFrame([{"ceiling": "ram_read", "subject": "host RAM", "threads": 1, "value": 12.0}, *rows])
+    assert attention_costs(table, "a") == ({"tg": 0.12, "pp": 0.03}, {(8, 3584), (8, 32256)})
+    # Decode no slower deeper in the context is noise, not a cost; its runs were still taken.
+    assert attention_costs(table, "b") == ({}, {(8, 3584), (8, 32256)})
+    assert attention_costs(table, "c") == ({}, set())
 
 
 def test_disk_term_pages_what_ram_cannot_hold():

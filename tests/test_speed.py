@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 
 from moeplace.calibrate import runs_from_records
+from moeplace.fidelity import fidelity_table
 from moeplace.metadata import inspect_model
 from moeplace.predict import Bandwidths
 from moeplace.speed import (
@@ -39,6 +40,7 @@ SPECS = {
     "gpt-oss-120b": ROOT / "config/models/gpt-oss-120b.yaml",
 }
 TRUE = {"layers": 3e-4, "device_gb": 1 / 20, "host_gb": 1 / 8, "hops": 2e-5, "kv_gb": 0.5}
+TRUE_PP = {"layers": 2e-5, "host_gb": 0.0, "link_gb": 0.3, "kv_gb": 0.05}
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +49,13 @@ def tiny(tmp_path_factory) -> dict:
     return inspect_model(write_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), path, "none"))
 
 
-def synthetic(meta: dict, depths=(4096, 32768), ns=(0, 2, 4, 6, 8)) -> list[Run]:
+def synthetic(meta: dict, depths=(4096, 32768), ns=(0, 2, 4, 6, 8), test="tg") -> list[Run]:
+    truth, size = (TRUE, 128) if test == "tg" else (TRUE_PP, 512)
     runs = []
     for depth in depths:
         for n in ns:
-            x = features(meta, Run(n, depth, "tg", 128))
-            runs.append(Run(n, depth, "tg", 128, tok_s=1 / sum(TRUE[k] * v for k, v in x.items())))
+            x = features(meta, Run(n, depth, test, size))
+            runs.append(Run(n, depth, test, size, tok_s=1 / sum(truth[k] * v for k, v in x.items())))
     return runs
 
 
@@ -86,6 +89,24 @@ def test_two_runs_are_enough_at_their_depth(tiny):
         # exact but for the hop cost, which two runs cannot tell from host bytes (Q6_K layers make them differ)
         assert p["tok_s"] == pytest.approx(r.tok_s, rel=5e-3)
         assert p["low"] < p["tok_s"] < p["high"]
+
+
+def test_a_measured_attention_cost_carries_two_runs_to_another_depth(tiny):
+    runs = synthetic(tiny) + synthetic(tiny, test="pp")
+    records = [{"status": "ok", "model": "tiny", "ctx": r.depth + 512, "test": r.test, "n_cpu_moe": r.n_cpu_moe,
+                "n_depth": r.depth, "n_prompt": 512 if r.test == "pp" else 0, "n_gen": 128 if r.test == "tg" else 0,
+                "avg_ts": r.tok_s, "overrides": ""} for r in runs]  # fmt: skip
+    measured = prior(Bandwidths(20, 20), {"tg": TRUE["kv_gb"], "pp": TRUE_PP["kv_gb"]})
+    assert measured.tests["tg"].source["kv_gb"] == "ceilings" and measured.predict(tiny, runs[-1]) is None
+    table = fidelity_table(tiny, records, measured, probed={(8, 4096), (8, 32768)})
+    other = table[(table.fit == "two_point") & (table.depth != table.fit_depth)]
+    assert set(other.test) == {"tg", "pp"} and other.error_pct.abs().max() < 1  # the hop cost's small share
+    assert not (table.n_cpu_moe == 8).any()  # the ceilings ran those: not scored
+    # With the KV bytes over the device's bandwidth instead, the other depth is far off, and prefill has no
+    # depth term at all.
+    bytes_only = fidelity_table(tiny, records, prior(Bandwidths(20, 20)))
+    other = bytes_only[(bytes_only.fit == "two_point") & (bytes_only.depth != bytes_only.fit_depth)]
+    assert other.groupby("test").error_pct.apply(lambda e: e.abs().median()).min() > 20
 
 
 def test_prior_is_seed_formula_plus_a_fixed_cost_per_layer(tiny):

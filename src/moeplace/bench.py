@@ -133,9 +133,8 @@ def run_bench(
     depth: int | None = None,
     paired_n_cpu_moe: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run one configuration at context depth `depth`; one record per test, successful or not. The default
-    depth fills the context so that the largest test holds exactly `ctx` cells, the cells the budget plans
-    (llama-bench allocates depth + prompt, or depth + generated, cells).
+    """Run one configuration at context depth `depth` (default: `settings.depth(ctx)`, so the largest test
+    holds exactly `ctx` cells); one record per test, successful or not.
 
     Repetitions come in batches (one llama-bench process each, its own warm-up and one fill of the depth
     first): one batch of `settings.repetitions`, or with adaptive settings more until the mean is precise
@@ -143,7 +142,7 @@ def run_bench(
     measured interleaved with it batch by batch (A B A B ...), so drift falls on both alike; the records carry
     both.
     """
-    depth = max(ctx - max(settings.prompt, settings.gen), 0) if depth is None else depth
+    depth = settings.depth(ctx) if depth is None else depth
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     facts = host_facts()

@@ -10,31 +10,40 @@
   host-to-device copies from pinned and from pageable memory, device-to-host, and the round trip of
   one hop's activations; the speed model's prior takes the device bandwidth and the hop cost from them;
 - on a GPU build, the dense model's decode fully on the device: a lower bound of its bandwidth,
-  recorded for reference only (launch overheads keep it far below the card's bandwidth on small models).
+  recorded for reference only (launch overheads keep it far below the card's bandwidth on small models);
+- each MoE model's attention on the device: decode and prefill at the benchmarks' depths with every routed
+  expert on the host; the extra time per GB of KV cache a token's attention reads (its bytes and its compute)
+  is the speed model's prior for the depth term, which two runs at one depth cannot tell.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import mmap
 import os
 import random
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from .config import CeilingsSettings
+from .bench import bench_command
+from .config import BenchSettings, CeilingsSettings
 from .errors import MoeplaceError
 from .predict import Bandwidths, bytes_per_token
-from .runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, link_facts
+from .runtime.cpus import pin, split_cpus
+from .runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, attached, link_facts
 from .runtime.llamacpp import require_binary
 from .runtime.native import build_native
 from .runtime.process import run_checked
 from .runtime.provenance import host_facts
+from .speed import TESTS, Run, features
 from .units import GB
 
 log = logging.getLogger("moeplace")
@@ -44,6 +53,7 @@ log = logging.getLogger("moeplace")
 # set its pace, as for models so small that a token's weights are read in well under a millisecond.
 BANDWIDTH_BOUND_FRACTION = 0.8
 SCALING_FLOOR = 1.2
+ATTENTION_ROUNDS = 3  # processes per depth when timing attention
 _PROBE = f"{LINK_PROBE_BYTES / 2**20:.0f} MiB"
 LINK_DETAILS = {
     "device_copy": f"{_PROBE} device-to-device copy counted as read + write: the card's memory bandwidth",
@@ -62,6 +72,8 @@ COLUMNS = [
     "fraction_of_ram_read",
     "thread_scaling",
     "bound",
+    "n_cpu_moe",
+    "depths",
     "detail",
 ]
 
@@ -127,6 +139,82 @@ def decode_tok_s(
     return float(rows[0]["avg_ts"])
 
 
+def attention_rows(
+    manifest: dict[str, Any],
+    name: str,
+    model: Path,
+    meta: dict[str, Any],
+    device: DeviceSetup,
+    bench: BenchSettings,
+    depths: tuple[int, ...],
+    log_file: Path,
+) -> list[dict[str, Any]]:
+    """Seconds per GB of KV cache one token's attention reads (its bytes and its compute), decode and prefill:
+    llama-bench as the benchmarks run it (their prompt, generated tokens, ubatch, KV types, flash attention,
+    CPU split) on the device at each of `depths`, every routed expert on the host so the cache fits; the slope
+    of time per token over those depths. At the benchmarks' own depths, not from 0: the first cached tokens
+    cost more per token, a step the fixed time of a fit takes up. One depth alone gets an eighth of it too.
+    The depths take turns, one process each, ATTENTION_ROUNDS times: a shared host's speed drifts by tens of
+    percent between processes minutes apart, and taking turns puts the drift on every depth alike."""
+    n_layer = meta["n_layer"]
+    depths = tuple(sorted(set(depths) | ({depths[0] // 8} if len(depths) == 1 else set())))
+    if len(depths) < 2 or not any(layer.get("has_kv") for layer in meta["layers"]):
+        return []
+    cpus = split_cpus(device.kind == "emulated")
+    threads = min(bench.threads, len(cpus.bench))
+    samples: dict[str, dict[int, list[float]]] = {test: {} for test in TESTS}
+    with attached(device, manifest, cpus, log_file) as rpc:
+        for _, depth in itertools.product(range(ATTENTION_ROUNDS), depths):
+            cmd = bench_command(manifest, str(model), depth, n_layer, bench, rpc, threads=threads)
+            try:
+                out = run_checked(cmd, f"timing {name}'s attention at depth {depth}", log_file,
+                                  timeout_s=bench.timeout_s, before_exec=lambda: pin(cpus.bench))  # fmt: skip
+            except MoeplaceError as e:  # e.g. this depth does not fit even with every expert on the host
+                log.warning("%s", e)
+                continue
+            for r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")):
+                test = "tg" if r["n_gen"] else "pp"
+                samples[test].setdefault(depth, []).extend(1 / v for v in r.get("samples_ts") or [] if v)
+    rows = []
+    for test, by_depth in samples.items():
+        if len(by_depth) < 2:
+            continue
+        seconds = {d: statistics.median(s) for d, s in by_depth.items()}
+        n_tokens = bench.gen if test == "tg" else bench.prompt
+        kv = [
+            features(meta, Run(n_layer, d, test, n_tokens, bench.ubatch, bench.type_k, bench.type_v))["kv_gb"]
+            for d in seconds
+        ]
+        slope = float(np.polyfit(kv, list(seconds.values()), 1)[0])
+        log.info("%s %s on the device, median ms per token by depth: %s", name, test,
+                 {d: round(t * 1e3, 3) for d, t in seconds.items()})  # fmt: skip
+        rows.append(
+            {
+                "ceiling": f"attention_{test}",
+                "subject": name,
+                "threads": threads,
+                "value": slope,
+                "unit": "s/GB",
+                "effective_gbps": 1 / slope if slope > 0 else None,
+                "n_cpu_moe": n_layer,
+                "depths": " ".join(map(str, seconds)),
+                "detail": f"llama-bench {test} on {device.label} at these depths, every routed expert on the host, "
+                f"{ATTENTION_ROUNDS} processes each, medians: the extra seconds per GB of KV cache a token's "
+                "attention reads, its bytes and its compute",
+            }
+        )
+    return rows
+
+
+def attention_costs(ceilings: pd.DataFrame, model: str) -> tuple[dict[str, float], set[tuple[int, int]]]:
+    """`model`'s measured attention cost per test (s/GB of KV cache read; a slope that is not positive is
+    noise, left out) and the (n_cpu_moe, depth) configurations its probe ran."""
+    rows = ceilings[ceilings.ceiling.str.startswith("attention_") & (ceilings.subject == model)]
+    costs = {r.ceiling.removeprefix("attention_"): float(r.value) for r in rows.itertuples() if r.value > 0}
+    probed = {(int(r.n_cpu_moe), int(d)) for r in rows.itertuples() for d in str(r.depths).split()}
+    return costs, probed
+
+
 def bound(fraction: float, scaling: float | None) -> str:
     """The verdict at the most threads; with one thread only, compute and overhead are not told apart."""
     if fraction >= BANDWIDTH_BOUND_FRACTION:
@@ -169,6 +257,7 @@ def measure_ceilings(
     models: dict[str, tuple[Path, dict[str, Any]]],
     device: DeviceSetup,
     settings: CeilingsSettings,
+    bench: BenchSettings,
     log_file: Path,
 ) -> pd.DataFrame:
     threads, seconds, gen, repetitions = settings.threads, settings.seconds, settings.gen, settings.repetitions
@@ -209,6 +298,7 @@ def measure_ceilings(
     for name, (path, meta) in models.items():
         speeds = {t: decode_tok_s(manifest, path, t, gen, repetitions, False, log_file) for t in thread_counts}
         rows += _decode_rows("moe_decode", name, speeds, bytes_per_token(meta), ram, "MoE model, all on the CPU")
+        rows += attention_rows(manifest, name, path, meta, device, bench, settings.attention_depths, log_file)
     if device.kind == "gpu" and manifest.get("backend") == "cuda":
         facts = link_facts(log_file)
         log.info("GPU links: %s", facts)

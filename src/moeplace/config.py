@@ -150,6 +150,11 @@ class BenchSettings:
     def adaptive(self) -> bool:
         return self.max_repetitions > self.repetitions
 
+    def depth(self, ctx: int) -> int:
+        """The KV depth a benchmark of context `ctx` fills first: its largest test then holds exactly `ctx`
+        cells, the cells the budget plans (llama-bench allocates depth + prompt, or depth + generated, cells)."""
+        return max(ctx - max(self.prompt, self.gen), 0)
+
 
 @dataclass(frozen=True)
 class TuneSettings:
@@ -166,6 +171,7 @@ class CeilingsSettings:
     repetitions: int
     threads: int
     random_block_bytes: int  # random disk reads of the size a page fault reads under the RAM tier's readahead
+    attention_depths: tuple[int, ...] = ()  # where each model's attention is timed: the benchmarks' depths
 
 
 @dataclass(frozen=True)
@@ -211,8 +217,25 @@ def parse_settings(config: dict[str, Any]) -> Settings:
     auto = bench["repetitions"] == "auto"
     vram = None if dev["vram"] == "auto" else parse_size(dev["vram"], "config device.vram")
     ram_tier = config["ram_tier"]
+    contexts = tuple(Context(c) for c in config["contexts"])
+    bench_settings = BenchSettings(
+        prompt=bench["prompt"],
+        gen=bench["gen"],
+        repetitions=MIN_AUTO_REPETITIONS if auto else bench["repetitions"],
+        threads=threads,
+        timeout_s=bench["timeout_s"],
+        type_k=config["cache_type_k"],
+        type_v=config["cache_type_v"],
+        noisy_cv=bench["noisy_cv"],
+        max_repetitions=bench["max_repetitions"] if auto else 0,
+        precision=bench["precision"],
+        time_budget_s=bench["time_budget_s"],
+        quiet_wait_s=bench["quiet_wait_s"],
+        ubatch=config["ubatch"],
+        flash_attn=config["flash_attn"],
+    )
     return Settings(
-        contexts=tuple(Context(c) for c in config["contexts"]),
+        contexts=contexts,
         device=DeviceTarget(dev["kind"], dev["name"], vram),
         memory=Device(vram, parse_size(dev["overhead"], "config device.overhead")),
         bandwidths=Bandwidths(
@@ -224,22 +247,7 @@ def parse_settings(config: dict[str, Any]) -> Settings:
             measured_disk_gbps=measured.get("bw_disk_gbps"),
             ram_bytes=parse_size(host["ram"], "config host.ram") if "ram" in host else None,
         ),
-        bench=BenchSettings(
-            prompt=bench["prompt"],
-            gen=bench["gen"],
-            repetitions=MIN_AUTO_REPETITIONS if auto else bench["repetitions"],
-            threads=threads,
-            timeout_s=bench["timeout_s"],
-            type_k=config["cache_type_k"],
-            type_v=config["cache_type_v"],
-            noisy_cv=bench["noisy_cv"],
-            max_repetitions=bench["max_repetitions"] if auto else 0,
-            precision=bench["precision"],
-            time_budget_s=bench["time_budget_s"],
-            quiet_wait_s=bench["quiet_wait_s"],
-            ubatch=config["ubatch"],
-            flash_attn=config["flash_attn"],
-        ),
+        bench=bench_settings,
         tune=TuneSettings(config["tune"]["margin"], config["tune"]["timeout_s"], threads),
         ceilings=CeilingsSettings(
             ram_probe_bytes=parse_size(config["ceilings"]["ram_probe"], "config ceilings.ram_probe"),
@@ -248,6 +256,7 @@ def parse_settings(config: dict[str, Any]) -> Settings:
             repetitions=config["ceilings"]["repetitions"],
             threads=threads,
             random_block_bytes=(ram_tier["readahead_kb"] or 4) * 1024,
+            attention_depths=tuple(sorted({bench_settings.depth(c.tokens) for c in contexts})),
         ),
         ram_tier=RamTierSettings(
             caps_pct=tuple(ram_tier["caps_pct"]),

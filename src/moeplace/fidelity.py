@@ -3,11 +3,14 @@
 For every model: "two_point" fits each test to the lowest and the highest n measured at one depth (what a
 user with two runs has) and predicts every other (n, depth, test) point; "loo" predicts each point from a
 fit to all the others; "prior" predicts every decode point from the bandwidths alone (the datasheet's, or the
-ceilings stage's where measured), fitted to nothing. Errors are (predicted - measured) / measured.
+ceilings stage's where measured), fitted to nothing. Predictions at a depth a fit never saw take the depth
+term from the prior: the attention cost the ceilings stage measured, or the KV bytes over the device's
+bandwidth. Errors are (predicted - measured) / measured.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +27,18 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def fidelity_table(meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel) -> pd.DataFrame:
+def fidelity_table(
+    meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel, probed: Collection[tuple[int, int]] = ()
+) -> pd.DataFrame:
     """One model's out-of-sample predictions: every two-point fit (one per depth), leave-one-out and the
-    uncalibrated prior `base`."""
+    uncalibrated prior `base`. The `-ncmoe` runs at a (n_cpu_moe, depth) in `probed` are not scored: the
+    ceilings stage ran that configuration to time attention, and `base` holds what it measured."""
     ok = [r for r in records if r.get("status") == "ok" and r.get("avg_ts")]
     runs = runs_from_records(meta, ok)
     rows = []
 
     def row(i: int, pred: dict[str, float] | None, how: str, fit_depth: int | None) -> None:
-        if pred is None:
+        if pred is None or (not runs[i].host_tensors and (runs[i].n_cpu_moe, runs[i].depth) in probed):
             return
         r, run = ok[i], runs[i]
         rows.append(
@@ -59,11 +65,19 @@ def fidelity_table(meta: dict[str, Any], records: list[dict[str, Any]], base: Sp
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def scope(table: pd.DataFrame) -> pd.Series:
+    """What each prediction was: a two-point fit's at its own depth or at another (one median over both
+    would hide either), else the fit's name."""
+    other = np.where(table.depth == table.fit_depth, "two_point, fit depth", "two_point, other depth")
+    return table.fit.where(table.fit != "two_point", other)
+
+
 def summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Median and 90th-percentile |error| per fit, test and depth (and over all depths)."""
+    """Median and 90th-percentile |error| per scope (see `scope`), test and depth (and over all depths)."""
+    table = table.assign(scope=scope(table))
     out = []
-    for keys, g in list(table.groupby(["fit", "test", "depth"])) + [
-        ((f, t, "all"), g) for (f, t), g in table.groupby(["fit", "test"])
+    for keys, g in list(table.groupby(["scope", "test", "depth"])) + [
+        ((f, t, "all"), g) for (f, t), g in table.groupby(["scope", "test"])
     ]:
         err = g.error_pct.abs()
         out.append(
@@ -84,15 +98,11 @@ def fidelity_figure(table: pd.DataFrame, out: str | Path, device: str) -> None:
     from .outputs import atomic_path
 
     fig, ax = plt.subplots(figsize=(7, 7.5))
-    # A two-point fit predicts its own depth and the others apart: one median over both would hide either.
-    kind = table.fit.where(
-        table.fit != "two_point",
-        np.where(table.depth == table.fit_depth, "two-point, same depth", "two-point, other depth"),
-    )
-    markers = {"two-point, same depth": "o", "two-point, other depth": "s", "loo": "x", "prior": "+"}
-    for (fit, test), g in table.groupby([kind, "test"]):
+    markers = {"two_point, fit depth": "o", "two_point, other depth": "s", "loo": "x", "prior": "+"}
+    for (fit, test), g in table.groupby([scope(table), "test"]):
         err = g.error_pct.abs()
-        label = f"{test} {fit}: median |error| {err.median():.1f}%, p90 {np.percentile(err, 90):.1f}%"
+        name = fit.replace("two_point", "two-point")
+        label = f"{test} {name}: median |error| {err.median():.1f}%, p90 {np.percentile(err, 90):.1f}%"
         ax.scatter(g.measured_tok_s, g.predicted_tok_s, marker=markers.get(fit, "."), label=label,
                    color="C0" if test == "tg" else "C1", alpha=0.7)  # fmt: skip
     values = pd.concat([table.measured_tok_s, table.predicted_tok_s]).dropna()

@@ -10,7 +10,7 @@ where, for a placement P (the routed-expert tensors kept in host RAM):
   hops  device<->host transitions per token: 2 per layer with experts on the host (activations out and back);
   KV    bytes of KV cache one token's attention reads at the run's mean depth (sliding-window layers capped at
         their window), in GB: its cost is the KV bandwidth plus attention compute per cached token, so
-        s_kv is fitted, not assumed to be 1/B_dev;
+        s_kv is fitted, or before a fit measured (the ceilings stage's attention rows), not assumed 1/B_dev;
   H/u   the host-resident expert bytes over the ubatch: what llama.cpp copies to the device once per ubatch
         when it offloads a large batch's host experts (op offload), per prompt token.
 Every coefficient has a unit (seconds per GB, per hop, per token) and a source: "fit" (moeplace calibrate,
@@ -138,7 +138,7 @@ class SpeedModel:
         """tok/s with its ~95% interval (tok_s / k .. tok_s * k), or None where this model cannot say (prefill
         before any calibration)."""
         model = self.tests.get(run.test)
-        if model is None:
+        if model is None or not set(FEATURES[run.test]) <= model.coef.keys():  # a prior's term alone, unfitted
             return None
         x = features(meta, run)
         t = model.seconds(x)
@@ -164,18 +164,26 @@ class SpeedModel:
             ) from None
 
 
-def prior(bw: Bandwidths) -> SpeedModel:
+def prior(bw: Bandwidths, attention: dict[str, float] | None = None) -> SpeedModel:
     """Decode from bandwidths alone (seed 000's formula, with the KV cache read from the device): measured
     bandwidths (the ceilings stage's, or the config's measured: section) where known, else the datasheet's;
-    a hop costs what the ceilings stage measured on a CUDA card, else nothing."""
+    a hop costs what the ceilings stage measured on a CUDA card, else nothing. `attention` (the ceilings
+    stage's, per test, s/GB of KV cache read) replaces the KV bytes over the device's bandwidth; prefill gets
+    that term alone, for a fit to build on: by itself it predicts nothing."""
     vram, ddr = bw.measured_vram_gbps or bw.vram_gbps, bw.measured_ddr_gbps or bw.ddr_gbps
     dev_source = "ceilings" if bw.measured_vram_gbps else "datasheet"
     host_source = "ceilings" if bw.measured_ddr_gbps else "datasheet"
     hop = bw.measured_hop_s or 0.0
-    coef = {"layers": FIXED_PER_LAYER_S, "device_gb": 1 / vram, "host_gb": 1 / ddr, "hops": hop, "kv_gb": 1 / vram}
+    attention = attention or {}
+    kv = attention.get("tg", 1 / vram)
+    coef = {"layers": FIXED_PER_LAYER_S, "device_gb": 1 / vram, "host_gb": 1 / ddr, "hops": hop, "kv_gb": kv}
     sources = {"layers": "default", "device_gb": dev_source, "host_gb": host_source,
-               "hops": "ceilings" if bw.measured_hop_s else "default", "kv_gb": dev_source}  # fmt: skip
-    return SpeedModel({"tg": TestModel(coef, sources, spread=0.5)})
+               "hops": "ceilings" if bw.measured_hop_s else "default",
+               "kv_gb": "ceilings" if "tg" in attention else dev_source}  # fmt: skip
+    tests = {"tg": TestModel(coef, sources, spread=0.5)}
+    if "pp" in attention:
+        tests["pp"] = TestModel({"kv_gb": attention["pp"]}, {"kv_gb": "ceilings"}, spread=0.5)
+    return SpeedModel(tests)
 
 
 def _free(test: str, rows: list[dict[str, float]]) -> list[str]:

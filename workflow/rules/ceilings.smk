@@ -37,6 +37,7 @@ rule ceilings:
     params:
         models=WEIGHT_MODELS,
         ceilings=params(SETTINGS.ceilings),
+        bench=params(SETTINGS.bench),
         device=params(SETTINGS.device),
     script:
         "../scripts/ceilings.py"

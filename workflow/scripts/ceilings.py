@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from moeplace.ceilings import measure_ceilings
-from moeplace.config import CeilingsSettings, DeviceTarget
+from moeplace.config import BenchSettings, CeilingsSettings, DeviceTarget
 from moeplace.metadata import inspect_model
 from moeplace.outputs import read_json, stage, write_csv
 from moeplace.runtime.device import device_setup
@@ -19,6 +19,7 @@ with stage(snakemake.log[0]) as log:
         models=models,
         device=device,
         settings=CeilingsSettings(**p.ceilings),
+        bench=BenchSettings(**p.bench),
         log_file=Path(snakemake.log[0]),
     )
     log.info("ceilings:\n%s", table.to_string())
