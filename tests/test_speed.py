@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
-from moeplace.calibrate import runs_from_records
+from moeplace.calibrate import calibrate, runs_from_records
 from moeplace.fidelity import fidelity_table
 from moeplace.metadata import inspect_model
 from moeplace.predict import Bandwidths
@@ -96,12 +96,18 @@ def test_a_measured_attention_cost_carries_two_runs_to_another_depth(tiny):
     records = [{"status": "ok", "model": "tiny", "ctx": r.depth + 512, "test": r.test, "n_cpu_moe": r.n_cpu_moe,
                 "n_depth": r.depth, "n_prompt": 512 if r.test == "pp" else 0, "n_gen": 128 if r.test == "tg" else 0,
                 "avg_ts": r.tok_s, "overrides": ""} for r in runs]  # fmt: skip
-    measured = prior(Bandwidths(20, 20), {"tg": TRUE["kv_gb"], "pp": TRUE_PP["kv_gb"]})
+    attention = {"tg": TRUE["kv_gb"], "pp": TRUE_PP["kv_gb"]}
+    measured = prior(Bandwidths(20, 20), attention)
     assert measured.tests["tg"].source["kv_gb"] == "ceilings" and measured.predict(tiny, runs[-1]) is None
     table = fidelity_table(tiny, records, measured, probed={(8, 4096), (8, 32768)})
     other = table[(table.fit == "two_point") & (table.depth != table.fit_depth)]
     assert set(other.test) == {"tg", "pp"} and other.error_pct.abs().max() < 1  # the hop cost's small share
     assert not (table.n_cpu_moe == 8).any()  # the ceilings ran those: not scored
+    # The pipeline's calibration from one context takes the same prior: its prefill reaches the other depth.
+    shallow = calibrate(tiny, [r for r in records if r["n_depth"] == 4096], Bandwidths(20, 20), attention)
+    assert shallow.tests["pp"].source["kv_gb"] == "ceilings" and "kv_gb" not in shallow.tests["pp"].fitted
+    deep = next(r for r in runs if r.test == "pp" and r.depth == 32768 and r.n_cpu_moe == 4)
+    assert shallow.predict(tiny, deep)["tok_s"] == pytest.approx(deep.tok_s, rel=1e-3)
     # With the KV bytes over the device's bandwidth instead, the other depth is far off, and prefill has no
     # depth term at all.
     bytes_only = fidelity_table(tiny, records, prior(Bandwidths(20, 20)))

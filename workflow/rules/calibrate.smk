@@ -1,5 +1,6 @@
 rule calibrate:
     input:
+        unpack(get_ceilings_table),
         bench=get_model_bench,
         metadata=rules.metadata.output[0],
     output:

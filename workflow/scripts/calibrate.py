@@ -1,13 +1,22 @@
-"""Stage 'calibrate': one model's bench records (every context) -> results/calibration/{model}.json."""
+"""Stage 'calibrate': one model's bench records (every context) -> results/calibration/{model}.json; the
+ceilings stage's measured bandwidths and attention cost, where it ran, are the priors."""
+
+import pandas as pd
 
 from moeplace.calibrate import calibration_file
+from moeplace.ceilings import attention_costs, with_ceilings
 from moeplace.outputs import read_json, read_jsonl, stage, write_json
 from moeplace.predict import Bandwidths
 
 with stage(snakemake.log[0]) as log:
-    i = snakemake.input
+    i, p = snakemake.input, snakemake.params
     records = [r for path in i.bench for r in read_jsonl(path)]
-    calibration = calibration_file(read_json(i.metadata), records, Bandwidths(**snakemake.params.bandwidths))
+    bandwidths, attention = Bandwidths(**p.bandwidths), {}
+    if "ceilings" in i.keys():
+        ceilings = pd.read_csv(i.ceilings)
+        bandwidths = with_ceilings(bandwidths, ceilings)
+        attention, _ = attention_costs(ceilings, snakemake.wildcards.model)
+    calibration = calibration_file(read_json(i.metadata), records, bandwidths, attention)
     for test, m in calibration["tests"].items():
         log.info("%s from %d runs: %s (sources %s)", test, m["runs"], m["coef"], m["source"])
     if "not_calibrated" in calibration:
