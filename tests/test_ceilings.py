@@ -6,7 +6,14 @@ import pandas as pd
 import pytest
 from conftest import SEED_CONSTANTS
 
-from moeplace.ceilings import attention_costs, bound, disk_read_mbps, measured_bandwidths, ram_read_gbps
+from moeplace.ceilings import (
+    attention_costs,
+    bound,
+    disk_read_mbps,
+    measured_bandwidths,
+    measured_prior,
+    ram_read_gbps,
+)
 from moeplace.metadata import from_constants
 from moeplace.predict import Bandwidths, bytes_per_token, predict_table, ram_tier_tok_s
 from moeplace.units import GB
@@ -44,6 +51,11 @@ def test_attention_costs_are_each_models_own_and_name_the_runs_they_took():
     # Decode no slower deeper in the context is noise, not a cost; its runs were still taken.
     assert attention_costs(table, "b") == ({}, {(8, 3584), (8, 32256)})
     assert attention_costs(table, "c") == ({}, set())
+    # The prior a stage builds on: the measured RAM bandwidth and the model's own attention cost.
+    base, probed = measured_prior(Bandwidths(20, 20), table, "a")
+    assert {t: m.coef["kv_gb"] for t, m in base.tests.items()} == {"tg": 0.12, "pp": 0.03}
+    assert base.tests["tg"].coef["host_gb"] == 1 / 12.0 and probed == {(8, 3584), (8, 32256)}
+    assert measured_prior(Bandwidths(20, 20), None, "a")[0].tests["tg"].coef["kv_gb"] == 1 / 20
 
 
 def test_disk_term_pages_what_ram_cannot_hold():

@@ -104,7 +104,7 @@ def test_a_measured_attention_cost_carries_two_runs_to_another_depth(tiny):
     assert set(other.test) == {"tg", "pp"} and other.error_pct.abs().max() < 1  # the hop cost's small share
     assert not (table.n_cpu_moe == 8).any()  # the ceilings ran those: not scored
     # The pipeline's calibration from one context takes the same prior: its prefill reaches the other depth.
-    shallow = calibrate(tiny, [r for r in records if r["n_depth"] == 4096], Bandwidths(20, 20), attention)
+    shallow = calibrate(tiny, [r for r in records if r["n_depth"] == 4096], measured)
     assert shallow.tests["pp"].source["kv_gb"] == "ceilings" and "kv_gb" not in shallow.tests["pp"].fitted
     deep = next(r for r in runs if r.test == "pp" and r.depth == 32768 and r.n_cpu_moe == 4)
     assert shallow.predict(tiny, deep)["tok_s"] == pytest.approx(deep.tok_s, rel=1e-3)

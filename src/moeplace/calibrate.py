@@ -14,8 +14,7 @@ from typing import Any
 from .errors import MoeplaceError
 from .kvcache import DEFAULT_UBATCH
 from .placement import matching_tensors
-from .predict import Bandwidths
-from .speed import Run, SpeedModel, fit, prior
+from .speed import Run, SpeedModel, fit
 
 
 def runs_from_records(meta: dict[str, Any], records: list[dict[str, Any]]) -> list[Run]:
@@ -64,23 +63,19 @@ def read_runs(paths: list[str | Path]) -> list[dict[str, Any]]:
     return records
 
 
-def calibration_file(
-    meta: dict[str, Any], records: list[dict[str, Any]], bw: Bandwidths, attention: dict[str, float] | None = None
-) -> dict[str, Any]:
+def calibration_file(meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel) -> dict[str, Any]:
     """What the pipeline's calibrate stage writes: the fitted model, or where the sweep cannot calibrate one
     (every run out of memory, say) an empty model and the reason, so that the rest of the run goes on."""
     try:
-        return calibrate(meta, records, bw, attention).to_json()
+        return calibrate(meta, records, base).to_json()
     except MoeplaceError as e:
         return {"tests": {}, "not_calibrated": str(e)}
 
 
-def calibrate(
-    meta: dict[str, Any], records: list[dict[str, Any]], bw: Bandwidths, attention: dict[str, float] | None = None
-) -> SpeedModel:
-    """The speed model for `meta` fitted to `records`, the priors (bandwidths, and the measured `attention`
-    cost where given: see speed.prior) for what the runs cannot tell apart."""
+def calibrate(meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel) -> SpeedModel:
+    """The speed model for `meta` fitted to `records`, the prior `base` (speed.prior) for what the runs cannot
+    tell apart."""
     runs = runs_from_records(meta, records)
     if not runs:
         raise MoeplaceError("no successful llama-bench runs to calibrate from.")
-    return fit(meta, runs, prior(bw, attention))
+    return fit(meta, runs, base)

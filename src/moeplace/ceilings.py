@@ -43,7 +43,7 @@ from .runtime.llamacpp import require_binary
 from .runtime.native import build_native
 from .runtime.process import run_checked
 from .runtime.provenance import host_facts
-from .speed import TESTS, Run, features
+from .speed import TESTS, Run, SpeedModel, features, prior
 from .units import GB
 
 log = logging.getLogger("moeplace")
@@ -213,6 +213,18 @@ def attention_costs(ceilings: pd.DataFrame, model: str) -> tuple[dict[str, float
     costs = {r.ceiling.removeprefix("attention_"): float(r.value) for r in rows.itertuples() if r.value > 0}
     probed = {(int(r.n_cpu_moe), int(d)) for r in rows.itertuples() for d in str(r.depths).split()}
     return costs, probed
+
+
+def measured_prior(
+    bw: Bandwidths, ceilings: pd.DataFrame | None, model: str
+) -> tuple[SpeedModel, set[tuple[int, int]]]:
+    """The speed model's prior for `model`: `bw` with the ceilings' measured values where the config leaves
+    them unset, and the model's measured attention cost; and the configurations its attention probe ran.
+    Without a ceilings table, the prior of `bw` alone."""
+    if ceilings is None:
+        return prior(bw), set()
+    attention, probed = attention_costs(ceilings, model)
+    return prior(with_ceilings(bw, ceilings), attention), probed
 
 
 def bound(fraction: float, scaling: float | None) -> str:

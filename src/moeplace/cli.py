@@ -80,10 +80,10 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from .calibrate import calibrate, read_runs
     from .outputs import write_json
     from .predict import Bandwidths
-    from .speed import UNITS
+    from .speed import UNITS, prior
 
     meta = inspect_model(args.model)
-    model = calibrate(meta, read_runs(args.runs), Bandwidths(args.bw_vram_gbps, args.bw_ddr_gbps))
+    model = calibrate(meta, read_runs(args.runs), prior(Bandwidths(args.bw_vram_gbps, args.bw_ddr_gbps)))
     for test, m in model.tests.items():
         print(f"{test} ({m.runs} runs, relative spread {100 * m.spread:.1f}%):")
         for k, v in m.coef.items():

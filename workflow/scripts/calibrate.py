@@ -4,19 +4,16 @@ ceilings stage's measured bandwidths and attention cost, where it ran, are the p
 import pandas as pd
 
 from moeplace.calibrate import calibration_file
-from moeplace.ceilings import attention_costs, with_ceilings
+from moeplace.ceilings import measured_prior
 from moeplace.outputs import read_json, read_jsonl, stage, write_json
 from moeplace.predict import Bandwidths
 
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params
     records = [r for path in i.bench for r in read_jsonl(path)]
-    bandwidths, attention = Bandwidths(**p.bandwidths), {}
-    if "ceilings" in i.keys():
-        ceilings = pd.read_csv(i.ceilings)
-        bandwidths = with_ceilings(bandwidths, ceilings)
-        attention, _ = attention_costs(ceilings, snakemake.wildcards.model)
-    calibration = calibration_file(read_json(i.metadata), records, bandwidths, attention)
+    ceilings = pd.read_csv(i.ceilings) if "ceilings" in i.keys() else None
+    base, _ = measured_prior(Bandwidths(**p.bandwidths), ceilings, snakemake.wildcards.model)
+    calibration = calibration_file(read_json(i.metadata), records, base)
     for test, m in calibration["tests"].items():
         log.info("%s from %d runs: %s (sources %s)", test, m["runs"], m["coef"], m["source"])
     if "not_calibrated" in calibration:
