@@ -168,8 +168,8 @@ def test_flash_attention_is_asked_for_alike_everywhere(tmp_path):
     """The CLI's llama-server line, its llama-bench line and the pipeline's llama-bench command all turn flash
     attention on exactly when llama.cpp needs it: a quantized V cache (a quantized K cache runs without)."""
     from moeplace import commands
-    from moeplace.bench import bench_command
     from moeplace.config import BenchSettings
+    from moeplace.runtime.llamacpp import bench_command
 
     (tmp_path / "llama-bench").touch()  # bench_command only names the binary
     manifest = {"bin_dir": str(tmp_path)}

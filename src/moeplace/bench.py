@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from .config import BenchSettings
-from .kvcache import cache_args
 from .runtime.allocation import on_host, parse_buffers
 from .runtime.cpus import pin, split_cpus, wait_for_quiet
 from .runtime.device import DeviceSetup, attached
-from .runtime.llamacpp import require_binary
+from .runtime.llamacpp import bench_command
 from .runtime.process import classify, run, tail
 from .runtime.provenance import build_facts, host_facts, pipeline_revision
 from .stats import delta_interval, mean_halfwidth, repetitions_for
@@ -35,28 +34,6 @@ TESTS = ("pp", "tg")
 _KV_BUFFER = re.compile(r"KV buffer size =\s+([\d.]+) MiB")
 _N_CTX = re.compile(r"llama_context: n_ctx\s+=\s+(\d+)")
 _OVERRIDE = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
-
-
-def bench_command(
-    manifest: dict[str, Any],
-    model: str,
-    depth: int,
-    n_cpu_moe: int,
-    s: BenchSettings,
-    rpc: str | None,
-    overrides: str | None = None,
-    repetitions: int | None = None,
-    threads: int | None = None,
-) -> list[str]:
-    cmd = [str(require_binary(manifest, "llama-bench"))]
-    if rpc:
-        cmd += ["--rpc", rpc]  # before -ot, so RPC buffer types are known when -ot is parsed
-    cmd += ["-m", model, "-d", str(depth), "-p", str(s.prompt), "-n", str(s.gen), "-ngl", "99"]
-    cmd += ["-ncmoe", str(n_cpu_moe), "-t", str(threads or s.threads), "-r", str(repetitions or s.repetitions)]
-    cmd += [*cache_args(s.type_k, s.type_v, s.flash_attn, s.ubatch), "-o", "jsonl", "-v"]
-    if overrides:
-        cmd += ["-ot", overrides]
-    return cmd
 
 
 def parse_log(stderr: str) -> dict[str, Any]:

@@ -33,13 +33,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .bench import bench_command
 from .config import BenchSettings, CeilingsSettings
 from .errors import MoeplaceError
 from .predict import Bandwidths, bytes_per_token
 from .runtime.cpus import pin, split_cpus
 from .runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, attached, link_facts
-from .runtime.llamacpp import require_binary
+from .runtime.llamacpp import bench_command, require_binary
 from .runtime.native import build_native
 from .runtime.process import run_checked
 from .runtime.provenance import host_facts

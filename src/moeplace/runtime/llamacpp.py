@@ -23,7 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..config import BenchSettings
 from ..errors import MoeplaceError
+from ..kvcache import cache_args
 from .backend import detect
 from .native import build_native, cache_root
 from .process import run, run_checked
@@ -294,3 +296,27 @@ def require_binary(manifest: dict[str, Any], name: str) -> Path:
             "and run the pipeline again to rebuild it."
         )
     return path
+
+
+def bench_command(
+    manifest: dict[str, Any],
+    model: str,
+    depth: int,
+    n_cpu_moe: int,
+    s: BenchSettings,
+    rpc: str | None,
+    overrides: str | None = None,
+    repetitions: int | None = None,
+    threads: int | None = None,
+) -> list[str]:
+    """The llama-bench command of one benchmark configuration, as the bench stage runs it and the ceilings
+    stage's attention probe repeats it: JSON lines out, llama.cpp's -v log (its buffers) on stderr."""
+    cmd = [str(require_binary(manifest, "llama-bench"))]
+    if rpc:
+        cmd += ["--rpc", rpc]  # before -ot, so RPC buffer types are known when -ot is parsed
+    cmd += ["-m", model, "-d", str(depth), "-p", str(s.prompt), "-n", str(s.gen), "-ngl", "99"]
+    cmd += ["-ncmoe", str(n_cpu_moe), "-t", str(threads or s.threads), "-r", str(repetitions or s.repetitions)]
+    cmd += [*cache_args(s.type_k, s.type_v, s.flash_attn, s.ubatch), "-o", "jsonl", "-v"]
+    if overrides:
+        cmd += ["-ot", overrides]
+    return cmd
