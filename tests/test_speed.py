@@ -28,6 +28,7 @@ from moeplace.speed import (
     leave_one_out,
     prior,
     two_point,
+    zero_fit_notes,
 )
 from moeplace.twin import load_spec, write_twin
 from moeplace.units import GB
@@ -89,6 +90,21 @@ def test_two_runs_are_enough_at_their_depth(tiny):
         # exact but for the hop cost, which two runs cannot tell from host bytes (Q6_K layers make them differ)
         assert p["tok_s"] == pytest.approx(r.tok_s, rel=5e-3)
         assert p["low"] < p["tok_s"] < p["high"]
+
+
+def test_a_fit_says_when_its_runs_push_a_term_to_zero(tiny):
+    """Two runs where the one with more experts on the host ran faster (noise can do that): the host term is
+    fitted to 0 and the calibration says so, in a sentence; a clean sweep's fit says nothing."""
+    slow, fast = synthetic(tiny, depths=(4096,), ns=(0, 8))
+    flipped = [Run(0, 4096, "tg", 128, tok_s=fast.tok_s), Run(8, 4096, "tg", 128, tok_s=slow.tok_s)]
+    model = fit(tiny, flipped, prior(Bandwidths(20, 20)))
+    assert model.tests["tg"].at_zero == ["host_gb"] and model.tests["tg"].coef["host_gb"] == 0
+    assert zero_fit_notes(model) == [
+        "tg: these 2 runs show no cost for experts on the host (host_gb fitted to 0), so predictions that differ "
+        "only in it come out the same; one noisy run of two is enough for that: measure both again, or add a third."
+    ]
+    assert SpeedModel.from_json(json.loads(json.dumps(model.to_json()))).tests["tg"].at_zero == ["host_gb"]
+    assert zero_fit_notes(fit(tiny, synthetic(tiny), prior(Bandwidths(20, 20)))) == []
 
 
 def test_a_measured_attention_cost_carries_two_runs_to_another_depth(tiny):

@@ -80,7 +80,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from .calibrate import calibrate, read_runs
     from .outputs import write_json
     from .predict import Bandwidths
-    from .speed import UNITS, prior
+    from .speed import UNITS, prior, zero_fit_notes
 
     meta = inspect_model(args.model)
     model = calibrate(meta, read_runs(args.runs), prior(Bandwidths(args.bw_vram_gbps, args.bw_ddr_gbps)))
@@ -89,6 +89,8 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         for k, v in m.coef.items():
             se = f" ± {m.se[k]:.3g}" if k in m.se else ""
             print(f"  {k:>10} = {v:.4g}{se} {UNITS[k]}  ({m.source[k]})")
+    for note in zero_fit_notes(model):
+        print(f"note: {note}")
     if args.output:
         write_json(args.output, model.to_json())
         print(f"wrote {args.output}")

@@ -117,6 +117,7 @@ class TestModel:
     cov: list[list[float]] | None = None  # of the fitted coefficients, in `fitted` order
     fitted: list[str] = field(default_factory=list)
     runs: int = 0
+    at_zero: list[str] = field(default_factory=list)  # fitted coefficients the runs pushed to their bound, 0
 
     def seconds(self, x: dict[str, float]) -> float:
         return sum(self.coef.get(k, 0.0) * v for k, v in x.items())
@@ -235,7 +236,8 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
         predicted = known + a @ solution
         rel = (predicted - y) / y
         dof = len(y) - len(free)
-        model = TestModel(coef, source, fitted=free, runs=len(y))
+        at_zero = [k for k, value in zip(free, solution) if value == 0]
+        model = TestModel(coef, source, fitted=free, runs=len(y), at_zero=at_zero)
         if dof > 0:
             sigma2 = float(((predicted - y) ** 2).sum() / dof)
             cov = sigma2 * np.linalg.pinv(a.T @ a)
@@ -248,6 +250,28 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
             "calibration needs at least two successful runs of one test at different placements or depths."
         )
     return SpeedModel(tests)
+
+
+TERMS = {
+    "layers": "a fixed time per token",
+    "device_gb": "reading weights on the device",
+    "host_gb": "experts on the host",
+    "hops": "host/device hops",
+    "kv_gb": "depth (the KV cache attention reads)",
+    "link_gb": "copying host experts to the device",
+}
+
+
+def zero_fit_notes(model: SpeedModel) -> list[str]:
+    """One sentence per coefficient a fit pushed to 0: its runs show no cost for that term (noise, or a
+    placement that ran as fast with more on the host), so predictions that differ in it come out flat."""
+    return [
+        f"{test}: these {m.runs} runs show no cost for {TERMS[k]} ({k} fitted to 0), so predictions that differ "
+        "only in it come out the same"
+        + ("; one noisy run of two is enough for that: measure both again, or add a third." if m.runs == 2 else ".")
+        for test, m in model.tests.items()
+        for k in m.at_zero
+    ]
 
 
 def leave_one_out(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None) -> list[dict[str, float] | None]:
