@@ -103,7 +103,8 @@ def test_a_fit_says_when_its_runs_push_a_term_to_zero(tiny):
         "tg: these 2 runs show no cost for experts on the host (host_gb fitted to 0), so predictions that differ "
         "only in it come out the same; one noisy run of two is enough for that: measure both again, or add a third."
     ]
-    assert SpeedModel.from_json(json.loads(json.dumps(model.to_json()))).tests["tg"].at_zero == ["host_gb"]
+    saved = json.loads(json.dumps(model.to_json()))
+    assert saved["notes"] == zero_fit_notes(model) and SpeedModel.from_json(saved).tests["tg"].at_zero == ["host_gb"]
     assert zero_fit_notes(fit(tiny, synthetic(tiny), prior(Bandwidths(20, 20)))) == []
 
 

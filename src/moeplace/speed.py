@@ -153,6 +153,7 @@ class SpeedModel:
             "tests": {k: asdict(v) for k, v in self.tests.items()},
             "units": UNITS,
             "model": "see moeplace.speed: t = sum(coef * feature) seconds per token",
+            "notes": zero_fit_notes(self),
         }
 
     @classmethod
