@@ -106,6 +106,15 @@ def test_a_fit_says_when_its_runs_push_a_term_to_zero(tiny):
     saved = json.loads(json.dumps(model.to_json()))
     assert saved["notes"] == zero_fit_notes(model) and SpeedModel.from_json(saved).tests["tg"].at_zero == ["host_gb"]
     assert zero_fit_notes(fit(tiny, synthetic(tiny), prior(Bandwidths(20, 20)))) == []
+    # The fidelity table names it beside each prediction of that two-point fit.
+    sweep = synthetic(tiny, depths=(4096,))
+    sweep[0], sweep[-1] = flipped
+    records = [{"status": "ok", "model": "tiny", "ctx": 4224, "test": "tg", "n_cpu_moe": r.n_cpu_moe, "n_depth": 4096,
+                "n_gen": 128, "avg_ts": r.tok_s} for r in sweep]  # fmt: skip
+    table = fidelity_table(tiny, records, prior(Bandwidths(20, 20)))
+    two_point_rows = table[table.fit == "two_point"]
+    assert len(two_point_rows) == 3 and (two_point_rows.fit_at_zero == "host_gb").all()
+    assert (table[table.fit != "two_point"].fit_at_zero == "").all()
 
 
 def test_a_measured_attention_cost_carries_two_runs_to_another_depth(tiny):

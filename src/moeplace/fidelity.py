@@ -5,7 +5,8 @@ user with two runs has) and predicts every other (n, depth, test) point; "loo" p
 fit to all the others; "prior" predicts every decode point from the bandwidths alone (the datasheet's, or the
 ceilings stage's where measured), fitted to nothing. Predictions at a depth a fit never saw take the depth
 term from the prior: the attention cost the ceilings stage measured, or the KV bytes over the device's
-bandwidth. Errors are (predicted - measured) / measured.
+bandwidth. Errors are (predicted - measured) / measured. A two-point row names the coefficients its fit pushed
+to zero (`fit_at_zero`): two runs where more experts on the host ran as fast make that fit flat across placements.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .speed import SpeedModel, leave_one_out, two_point
 
 COLUMNS = [
     "model", "ctx", "depth", "test", "n_cpu_moe", "overrides", "measured_tok_s", "predicted_tok_s",
-    "predicted_low", "predicted_high", "error_pct", "fit", "fit_depth",
+    "predicted_low", "predicted_high", "error_pct", "fit", "fit_depth", "fit_at_zero",
 ]  # fmt: skip
 
 
@@ -37,7 +38,7 @@ def fidelity_table(
     runs = runs_from_records(meta, ok)
     rows = []
 
-    def row(i: int, pred: dict[str, float] | None, how: str, fit_depth: int | None) -> None:
+    def row(i: int, pred: dict[str, float] | None, how: str, fit_depth: int | None, at_zero: str = "") -> None:
         if pred is None or (not runs[i].host_tensors and (runs[i].n_cpu_moe, runs[i].depth) in probed):
             return
         r, run = ok[i], runs[i]
@@ -47,6 +48,7 @@ def fidelity_table(
                 "n_cpu_moe": run.n_cpu_moe, "overrides": r.get("overrides") or "", "measured_tok_s": run.tok_s,
                 "predicted_tok_s": pred["tok_s"], "predicted_low": pred["low"], "predicted_high": pred["high"],
                 "error_pct": 100 * (pred["tok_s"] - run.tok_s) / run.tok_s, "fit": how, "fit_depth": fit_depth,
+                "fit_at_zero": at_zero,
             }
         )  # fmt: skip
 
@@ -57,7 +59,8 @@ def fidelity_table(
             continue
         for i, run in enumerate(runs):
             if i not in used:
-                row(i, model.predict(meta, run), "two_point", depth)
+                fitted = model.tests.get(run.test)
+                row(i, model.predict(meta, run), "two_point", depth, " ".join(fitted.at_zero) if fitted else "")
     for i, pred in enumerate(leave_one_out(meta, runs, base)):
         row(i, pred, "loo", None)
     for i, run in enumerate(runs):
