@@ -53,6 +53,24 @@ def test_failures_are_classified():
     assert classify(finished(None, "", False), oom_kills=1, capped=True)[0] == "oom"
 
 
+def test_a_run_stops_when_its_caller_has_enough_and_counts_as_a_success():
+    """stop_when sees stdout as it grows; the program is ended there, its output so far kept, and the run is ok
+    (a killed llama-bench that its caller stopped is not a crash)."""
+    import sys
+    import time
+
+    from moeplace.runtime.process import run
+
+    printer = "import time\nfor i in range(100):\n    print(i, flush=True)\n    time.sleep(0.05)"
+    t0 = time.monotonic()
+    result = run([sys.executable, "-c", printer], stop_when=lambda out: "3\n" in out.splitlines(keepends=True))
+    assert result.stopped and result.ok and classify(result) == ("ok", "")
+    assert result.stdout.startswith("0\n1\n2\n3\n") and "99" not in result.stdout
+    assert time.monotonic() - t0 < 4  # not the 5 s it would take to print them all
+    whole = run([sys.executable, "-c", "print('a')"], stop_when=lambda out: False)
+    assert whole.ok and not whole.stopped and whole.stdout == "a\n"
+
+
 def test_knee_of_the_seed_prediction():
     table = predict_table(from_constants("seed", SEED_CONSTANTS), Bandwidths(640, 57.6))
     feasible = table[table.n_cpu_moe >= 18]

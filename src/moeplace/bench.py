@@ -14,6 +14,7 @@ import math
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -84,6 +85,38 @@ def _precise_enough(samples: dict[str, list[float]], baseline: dict[str, list[fl
     return True
 
 
+def _test_of(row: dict[str, Any]) -> str:
+    return "pp" if row["n_gen"] == 0 else "tg"
+
+
+def _rows(stdout: str) -> list[dict[str, Any]]:
+    """llama-bench's JSON lines, whole lines only (a stopped run may have been cut mid-line)."""
+    return [json.loads(line) for line in stdout[: stdout.rfind("\n") + 1].splitlines() if line.startswith("{")]
+
+
+def _enough(arm: Arm, tests: tuple[str, ...], settings: BenchSettings, t0: float) -> Callable[[str], bool]:
+    """When to stop an open-ended batch, after a whole copy of its tests: every test precise enough, the most
+    repetitions allowed, or the next copy would run past the time budget at the last copy's pace."""
+    copy_ends = [time.monotonic()]
+
+    def enough(stdout: str) -> bool:
+        rows = _rows(stdout)
+        if len(rows) // len(tests) < len(copy_ends) or len(rows) % len(tests):
+            return False  # no new whole copy
+        copy_ends.append(time.monotonic())
+        samples = {t: [*arm.samples.get(t, [])] for t in tests}
+        for r in rows:
+            samples[_test_of(r)].extend(r.get("samples_ts") or [r["avg_ts"]])
+        next_end = copy_ends[-1] + copy_ends[-1] - copy_ends[-2]
+        return (
+            min(len(v) for v in samples.values()) >= settings.max_repetitions
+            or _precise_enough(samples, None, settings.precision)
+            or next_end - t0 > settings.time_budget_s
+        )
+
+    return enough
+
+
 def next_batch(wanted: int, allowed: int, fixed_s: float, repetition_s: float, left_s: float) -> int:
     """Repetitions for an arm's next batch (0: stop): the `wanted` more, but at least as many as the batch's
     fixed part (start, load, warm-up, one depth fill: most of a batch at 32K) is worth, since another batch
@@ -114,10 +147,11 @@ def run_bench(
     holds exactly `ctx` cells); one record per test, successful or not.
 
     Repetitions come in batches (one llama-bench process each, its own warm-up and one fill of the depth
-    first): one batch of `settings.repetitions`, or with adaptive settings more until the mean is precise
-    enough, the minimum always. With `paired_n_cpu_moe` the configuration is compared with that `-ncmoe` run,
-    measured interleaved with it batch by batch (A B A B ...), so drift falls on both alike; the records carry
-    both.
+    first): one batch of `settings.repetitions`; or with adaptive settings one open-ended batch, copies of
+    `settings.repetitions` each, stopped once the mean is precise enough (the minimum always), so a 32K
+    configuration pays its depth fill once. With `paired_n_cpu_moe` the configuration is compared with that
+    `-ncmoe` run, measured interleaved with it batch by batch (A B A B ...), so drift falls on both alike; the
+    records carry both.
     """
     depth = settings.depth(ctx) if depth is None else depth
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,18 +168,22 @@ def run_bench(
     t0 = time.monotonic()
     with attached(device, manifest, cpus, log_path) as rpc:
         while not arm.failure:
+            open_ended = settings.adaptive and len(arms) == 1
             for a in arms:
                 quiet.append(wait_for_quiet(settings.quiet_wait_s))
-                cmd = bench_command(manifest, model_path, depth, a.n_cpu_moe, settings, rpc, a.overrides, reps, threads)
-                result = run(cmd, timeout_s=settings.timeout_s, log_path=log_path, before_exec=lambda: pin(cpus.bench))
+                copies = max(1, (settings.max_repetitions - len(a.samples.get("tg", []))) // reps) if open_ended else 1
+                cmd = bench_command(
+                    manifest, model_path, depth, a.n_cpu_moe, settings, rpc, a.overrides, reps, threads, copies
+                )
+                stop_when = _enough(a, tests, settings, t0) if open_ended else None
+                result = run(cmd, timeout_s=settings.timeout_s, log_path=log_path, before_exec=lambda: pin(cpus.bench),
+                             stop_when=stop_when)  # fmt: skip
                 a.batches += 1
                 a.wall_s += result.wall_s
                 a.stderr = a.stderr or result.stderr
-                by_test = {}
-                for line in result.stdout.splitlines():
-                    if line.startswith("{"):
-                        r = json.loads(line)
-                        by_test["pp" if r["n_gen"] == 0 else "tg"] = r
+                by_test: dict[str, list[dict[str, Any]]] = {}
+                for r in _rows(result.stdout):
+                    by_test.setdefault(_test_of(r), []).append(r)
                 if rpc and result.ok and f"RPC0[{rpc}]" not in result.stderr:
                     # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
                     a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))
@@ -156,11 +194,12 @@ def run_bench(
                         status, reason = "error", f"llama-bench printed no {'/'.join(set(tests) - set(by_test))} result"
                     a.failure = (status, reason, tail(result.stderr))
                     break
-                for test, r in by_test.items():
-                    a.measured_s += sum(r.get("samples_ns") or []) / 1e9
-                    a.first.setdefault(test, r)
-                    a.samples.setdefault(test, []).extend(r.get("samples_ts") or [r["avg_ts"]])
-            if arm.failure:
+                for test, rows in by_test.items():
+                    a.first.setdefault(test, rows[0])
+                    for r in rows:
+                        a.measured_s += sum(r.get("samples_ns") or []) / 1e9
+                        a.samples.setdefault(test, []).extend(r.get("samples_ts") or [r["avg_ts"]])
+            if arm.failure or open_ended:  # an open-ended batch ran until it had enough
                 break
             if baseline and baseline.failure:  # nothing to pair with: measure this placement alone
                 log.warning(

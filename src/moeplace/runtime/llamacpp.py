@@ -308,13 +308,17 @@ def bench_command(
     overrides: str | None = None,
     repetitions: int | None = None,
     threads: int | None = None,
+    copies: int = 1,
 ) -> list[str]:
     """The llama-bench command of one benchmark configuration, as the bench stage runs it and the ceilings
-    stage's attention probe repeats it: JSON lines out, llama.cpp's -v log (its buffers) on stderr."""
+    stage's attention probe repeats it: JSON lines out, llama.cpp's -v log (its buffers) on stderr.
+    `copies` of it run one after another in the one process, each printing its lines when done: llama-bench
+    fills the depth once and restores that KV cache for every later copy, so a caller may stop it between
+    copies and have paid one fill."""
     cmd = [str(require_binary(manifest, "llama-bench"))]
     if rpc:
         cmd += ["--rpc", rpc]  # before -ot, so RPC buffer types are known when -ot is parsed
-    cmd += ["-m", model, "-d", str(depth), "-p", str(s.prompt), "-n", str(s.gen), "-ngl", "99"]
+    cmd += ["-m", model, "-d", ",".join([str(depth)] * copies), "-p", str(s.prompt), "-n", str(s.gen), "-ngl", "99"]
     cmd += ["-ncmoe", str(n_cpu_moe), "-t", str(threads or s.threads), "-r", str(repetitions or s.repetitions)]
     cmd += [*cache_args(s.type_k, s.type_v, s.flash_attn, s.ubatch), "-o", "jsonl", "-v"]
     if overrides:

@@ -43,10 +43,11 @@ class Finished:
     stdout: str
     stderr: str
     start_error: str = ""
+    stopped: bool = False  # ended by its caller's stop_when, having printed what the caller wanted
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out and not self.start_error
+        return (self.returncode == 0 or self.stopped) and not self.timed_out and not self.start_error
 
 
 def die_with_parent() -> None:
@@ -112,12 +113,15 @@ def run(
     stream_to_log: bool = False,
     before_exec: Callable[[], None] | None = None,
     max_poll_s: float = 0.05,
+    stop_when: Callable[[str], bool] | None = None,
 ) -> Finished:
     """Run `cmd` to its end or to `timeout_s` (then SIGTERM, and SIGKILL 5 s later, to its whole group).
 
     Output is captured (temp files, no pipe to fill), or with `stream_to_log` written straight into
     `log_path` as it comes (long builds). With a log and captured output, the command line and its
     stderr are appended to the log afterwards. `before_exec` runs in the child (e.g. join a cgroup).
+    `stop_when` sees the captured stdout so far each time it grows; when it says so, the run is ended the
+    same way and counts as a success (`stopped`).
     """
     log = Path(log_path) if log_path else None
     if log:
@@ -143,7 +147,7 @@ def run(
         except (OSError, subprocess.SubprocessError) as e:
             err.seek(0)
             return Finished(Path(cmd[0]).name, None, False, 0.0, None, 0, "", err.read(), start_error=str(e))
-        anon, timed_out, kill_at, status, rusage = 0, False, math.inf, 0, None
+        anon, timed_out, stopped, kill_at, status, rusage, seen = 0, False, False, math.inf, 0, None, 0
         try:
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -152,7 +156,15 @@ def run(
                     break
                 anon = max(anon, _rss_anon(proc.pid) or 0)
                 now = time.monotonic()
-                if now - t0 > timeout_s and not timed_out:
+                if stop_when and not stream_to_log and not (stopped or timed_out):
+                    size = os.fstat(out.fileno()).st_size
+                    if size > seen:  # pread: the child shares this file's offset, reading must not move it
+                        seen = size
+                        stopped = stop_when(os.pread(out.fileno(), size, 0).decode(errors="replace"))
+                        if stopped:
+                            kill_group(proc.pid, signal.SIGTERM)
+                            kill_at = now + 5
+                if now - t0 > timeout_s and not (timed_out or stopped):
                     timed_out = True
                     kill_group(proc.pid, signal.SIGTERM)
                     kill_at = now + 5
@@ -174,7 +186,9 @@ def run(
     if log and not stream_to_log:
         with log.open("a") as f:
             f.write(stderr)
-    return Finished(Path(cmd[0]).name, proc.returncode, timed_out, wall, rusage.ru_majflt, anon, stdout, stderr)
+    return Finished(
+        Path(cmd[0]).name, proc.returncode, timed_out, wall, rusage.ru_majflt, anon, stdout, stderr, stopped=stopped
+    )
 
 
 def spawn(
@@ -220,6 +234,8 @@ def classify(result: Finished, oom_kills: int = 0, capped: bool = False) -> tupl
         return "oom", f"killed by the memory cgroup's OOM killer ({oom_kills} kill(s))" + (
             "" if capped else " without a cap: the machine itself is out of memory"
         )
+    if result.stopped:
+        return "ok", ""
     if result.returncode is not None and result.returncode < 0:
         return "crash", f"killed by {signal.Signals(-result.returncode).name}"
     if result.returncode == 0:
