@@ -128,8 +128,9 @@ class DeviceTarget:
 @dataclass(frozen=True)
 class BenchSettings:
     """One benchmark configuration's llama-bench settings. `repetitions` is exact unless `max_repetitions`
-    is larger: then it is the minimum, and batches are added until the 95% CI half-width of the mean is
-    within `precision` of it, or `max_repetitions` is reached, or the next batch would run past `time_budget_s`."""
+    is larger: then it is the minimum, and more are run (bench.run_bench: copies in one process, or batches for
+    a paired comparison) until the 95% CI half-width of the mean is within `precision` of it, or
+    `max_repetitions` is reached, or the next copy or batch would run past `time_budget_s`."""
 
     prompt: int
     gen: int
