@@ -71,6 +71,57 @@ def test_a_run_stops_when_its_caller_has_enough_and_counts_as_a_success():
     assert whole.ok and not whole.stopped and whole.stdout == "a\n"
 
 
+FAKE_BENCH = """#!{python}
+import json, os, signal, sys, time
+rows = [{{"n_prompt": 16, "n_gen": 0, "samples_ts": [100.0, 101.0, 99.0], "samples_ns": [1, 1, 1]}},
+        {{"n_prompt": 0, "n_gen": 4, "samples_ts": [{tg}], "samples_ns": [1, 1, 1]}}]
+for copy in range({copies}):
+    for row in rows:
+        print(json.dumps({{**row, "avg_ts": sum(row["samples_ts"]) / 3}}), flush=True)
+        time.sleep(0.3)
+print('{{"n_prompt": 16, "n_ge', end="", flush=True)  # a line cut short
+os.kill(os.getpid(), signal.SIG{end})
+"""
+
+
+def fake_bench(tmp_path, tg: str, copies: int, end: str, precision: float) -> list[dict]:
+    """run_bench against a stand-in llama-bench that prints `copies` whole copies of its tests, half a line,
+    then ends by signal `end`."""
+    import sys
+    from dataclasses import replace
+
+    from moeplace.bench import run_bench
+    from moeplace.config import BenchSettings
+    from moeplace.runtime.device import DeviceSetup
+
+    program = tmp_path / "bin/llama-bench"
+    program.parent.mkdir()
+    program.write_text(FAKE_BENCH.format(python=sys.executable, tg=tg, copies=copies, end=end))
+    program.chmod(0o755)
+    auto = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, max_repetitions=9)
+    return run_bench(model_name="fake", model_path="fake.gguf", model_files=[], ctx=1024, n_cpu_moe=2,
+                     settings=replace(auto, precision=precision), device=DeviceSetup("gpu", "fake", 0),
+                     manifest={"bin_dir": str(program.parent)}, log_path=tmp_path / "bench.log",
+                     workdir=tmp_path)  # fmt: skip
+
+
+def test_an_open_ended_batch_stops_after_the_first_precise_copy(tmp_path):
+    records = fake_bench(tmp_path, tg="50.0, 50.5, 49.5", copies=3, end="TERM", precision=0.05)
+    assert [(r["test"], r["status"], r["repetitions"], r["batches"]) for r in records] == [
+        ("pp", "ok", 3, 1),
+        ("tg", "ok", 3, 1),
+    ]
+    assert all(r["target_reached"] and r["error"] == "" for r in records)
+
+
+def test_a_run_that_fails_mid_copy_keeps_the_copies_it_finished(tmp_path):
+    """Two whole copies, then half a line and SIGSEGV: six real repetitions per test, recorded with the crash."""
+    records = fake_bench(tmp_path, tg="50.0, 60.0, 40.0", copies=2, end="SEGV", precision=1e-6)
+    for r in records:
+        assert r["status"] == "ok" and r["repetitions"] == 6 and r["target_reached"] is False
+        assert r["error"] == "stopped after 6 repetitions: killed by SIGSEGV"
+
+
 def test_knee_of_the_seed_prediction():
     table = predict_table(from_constants("seed", SEED_CONSTANTS), Bandwidths(640, 57.6))
     feasible = table[table.n_cpu_moe >= 18]

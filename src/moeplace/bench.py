@@ -181,24 +181,22 @@ def run_bench(
                 a.batches += 1
                 a.wall_s += result.wall_s
                 a.stderr = a.stderr or result.stderr
-                by_test: dict[str, list[dict[str, Any]]] = {}
-                for r in _rows(result.stdout):
-                    by_test.setdefault(_test_of(r), []).append(r)
+                rows = _rows(result.stdout)
                 if rpc and result.ok and f"RPC0[{rpc}]" not in result.stderr:
                     # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
                     a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))
                     break
-                if not result.ok or set(by_test) != set(tests):
+                for r in rows[: len(rows) - len(rows) % len(tests)]:  # whole copies: those a failed run finished too
+                    a.first.setdefault(_test_of(r), r)
+                    a.measured_s += sum(r.get("samples_ns") or []) / 1e9
+                    a.samples.setdefault(_test_of(r), []).extend(r.get("samples_ts") or [r["avg_ts"]])
+                printed = {_test_of(r) for r in rows}
+                if not result.ok or printed != set(tests):
                     status, reason = classify(result)
                     if status == "ok":
-                        status, reason = "error", f"llama-bench printed no {'/'.join(set(tests) - set(by_test))} result"
+                        status, reason = "error", f"llama-bench printed no {'/'.join(set(tests) - printed)} result"
                     a.failure = (status, reason, tail(result.stderr))
                     break
-                for test, rows in by_test.items():
-                    a.first.setdefault(test, rows[0])
-                    for r in rows:
-                        a.measured_s += sum(r.get("samples_ns") or []) / 1e9
-                        a.samples.setdefault(test, []).extend(r.get("samples_ts") or [r["avg_ts"]])
             if arm.failure or open_ended:  # an open-ended batch ran until it had enough
                 break
             if baseline and baseline.failure:  # nothing to pair with: measure this placement alone
