@@ -89,6 +89,11 @@ def _test_of(row: dict[str, Any]) -> str:
     return "pp" if row["n_gen"] == 0 else "tg"
 
 
+def _samples_of(row: dict[str, Any]) -> list[float]:
+    """A llama-bench row's tok/s per repetition (its mean alone where it printed no samples)."""
+    return row.get("samples_ts") or [row["avg_ts"]]
+
+
 def _rows(stdout: str) -> list[dict[str, Any]]:
     """llama-bench's JSON lines, whole lines only (a stopped run may have been cut mid-line)."""
     return [json.loads(line) for line in stdout[: stdout.rfind("\n") + 1].splitlines() if line.startswith("{")]
@@ -106,7 +111,7 @@ def _enough(arm: Arm, tests: tuple[str, ...], settings: BenchSettings, t0: float
         copy_ends.append(time.monotonic())
         samples = {t: [*arm.samples.get(t, [])] for t in tests}
         for r in rows:
-            samples[_test_of(r)].extend(r.get("samples_ts") or [r["avg_ts"]])
+            samples[_test_of(r)].extend(_samples_of(r))
         next_end = copy_ends[-1] + copy_ends[-1] - copy_ends[-2]
         return (
             min(len(v) for v in samples.values()) >= settings.max_repetitions
@@ -189,7 +194,7 @@ def run_bench(
                 for r in rows[: len(rows) - len(rows) % len(tests)]:  # whole copies: those a failed run finished too
                     a.first.setdefault(_test_of(r), r)
                     a.measured_s += sum(r.get("samples_ns") or []) / 1e9
-                    a.samples.setdefault(_test_of(r), []).extend(r.get("samples_ts") or [r["avg_ts"]])
+                    a.samples.setdefault(_test_of(r), []).extend(_samples_of(r))
                 printed = {_test_of(r) for r in rows}
                 if not result.ok or printed != set(tests):
                     status, reason = classify(result)
