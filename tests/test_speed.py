@@ -71,6 +71,18 @@ def test_features_count_bytes_hops_and_kv(tiny):
     assert kv_read_gb(tiny, 2000, "q8_0", "q8_0") < kv_read_gb(tiny, 2000, "f16", "f16")
 
 
+def test_prefill_copies_host_experts_once_per_ubatch_of_the_prompt(tiny):
+    """Op offload copies a ubatch's routed host experts once: a 512-token prompt is one ubatch at -ub 2048 too,
+    a 2,048-token one is four at -ub 512; a 4-token ubatch copies only the experts its tokens route to."""
+    host = sum(layer["expert_bytes"] for layer in tiny["layers"][:4]) / GB
+    sizes = ((512, 512), (512, 2048), (2048, 512), (2048, 2048), (4, 4))
+    link = {(n, u): features(tiny, Run(4, 0, "pp", n, u))["link_gb"] for n, u in sizes}
+    assert link[512, 2048] == pytest.approx(link[512, 512]) == pytest.approx(host / 512)
+    assert link[2048, 2048] == pytest.approx(link[2048, 512] / 4)
+    k_over_e = tiny["n_expert_used"] / tiny["n_expert"]
+    assert link[4, 4] == pytest.approx(host / 4 * (1 - (1 - k_over_e) ** 4)) and k_over_e < 1
+
+
 def test_calibration_recovers_known_coefficients_and_predicts_left_out_runs(tiny):
     runs = synthetic(tiny)
     model = fit(tiny, runs, prior(Bandwidths(20, 20)))

@@ -346,7 +346,7 @@ def rank_placements(
     faster but its compute buffer takes device memory from the experts."""
     from .budget import plan
     from .memory import Workload
-    from .speed import Run
+    from .speed import PROMPT_TOKENS, Run
 
     ranked = []
     for (type_k, type_v), ubatch in itertools.product(cache_types, ubatches):
@@ -360,7 +360,7 @@ def rank_placements(
             candidates.append(("optimal", 0, frozenset(optimal)))
         for name, n, host in candidates:
             tg = model.predict(meta, Run(n, ctx, "tg", 128, ubatch, type_k, type_v, host))
-            pp = model.predict(meta, Run(n, ctx, "pp", 512, ubatch, type_k, type_v, host))
+            pp = model.predict(meta, Run(n, ctx, "pp", PROMPT_TOKENS, ubatch, type_k, type_v, host))
             ranked.append(
                 {"placement": name, "n_cpu_moe": n, "host_tensors": sorted(host), "type_k": type_k, "type_v": type_v,
                  "ubatch": ubatch, "tg": tg, "pp": pp, "score": objective_score(objective, tg, pp)}

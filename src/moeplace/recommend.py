@@ -171,14 +171,14 @@ def speed_model(args: argparse.Namespace):  # noqa: ANN202
 
 def expected(meta: dict[str, Any], model: Any, n: int, depth: int, args: argparse.Namespace) -> dict[str, Any]:
     """Decode at an empty context and at `depth`, prefill at `depth`: tok/s with ~95% intervals (None: unknown)."""
-    from .speed import Run
+    from .speed import PROMPT_TOKENS, Run
 
     kv = (args.cache_type_k, args.cache_type_v)
     ubatch = getattr(args, "ubatch", 512)
     return {
         "tg_empty": model.predict(meta, Run(n, 0, "tg", 128, ubatch, *kv)),
         "tg_at_depth": model.predict(meta, Run(n, depth, "tg", 128, ubatch, *kv)),
-        "pp_at_depth": model.predict(meta, Run(n, depth, "pp", 512, ubatch, *kv)),
+        "pp_at_depth": model.predict(meta, Run(n, depth, "pp", PROMPT_TOKENS, ubatch, *kv)),
     }
 
 

@@ -3,7 +3,7 @@
 Decode (tg), seconds per generated token:
     t = t0 * L + V/B_dev + D/B_host + h * hops + s_kv * KV
 Prefill (pp), seconds per prompt token:
-    t = q0 * L + q_host * D + q_link * H/u + q_kv * KV
+    t = q0 * L + q_host * D + q_link * C + q_kv * KV
 where, for a placement P (the routed-expert tensors kept in host RAM):
   L     the model's layers: a token's fixed cost (kernel launches, synchronisation) is t0 per layer;
   V, D  bytes one token reads from the device and from host RAM (predict.read_bytes, per tensor for -ot);
@@ -11,8 +11,9 @@ where, for a placement P (the routed-expert tensors kept in host RAM):
   KV    bytes of KV cache one token's attention reads at the run's mean depth (sliding-window layers capped at
         their window), in GB: its cost is the KV bandwidth plus attention compute per cached token, so
         s_kv is fitted, or before a fit measured (the ceilings stage's attention rows), not assumed 1/B_dev;
-  H/u   the host-resident expert bytes over the ubatch: what llama.cpp copies to the device once per ubatch
-        when it offloads a large batch's host experts (op offload), per prompt token.
+  C     host-resident expert bytes llama.cpp copies to the device per prompt token when it offloads a large
+        batch's host experts (op offload): once per ubatch, a ubatch being at most the prompt, and only the
+        experts some token of the ubatch routes to (see copied_bytes).
 Every coefficient has a unit (seconds per GB, per hop, per token) and a source: "fit" (moeplace calibrate,
 non-negative least squares on llama-bench runs), "datasheet" (the config's or the CLI's bandwidths),
 "ceilings" (this host's measured RAM bandwidth) or "default". A model from datasheets alone predicts decode
@@ -50,6 +51,9 @@ UNITS = {
 # A token's fixed cost before any calibration: kernel launches and synchronisation, per layer. Published
 # --n-cpu-moe sweeps on GPUs imply 2-12 ms per token for ~48-layer models; this is the low end.
 FIXED_PER_LAYER_S = 50e-6
+# The prompt a prefill prediction is for: a long one, as llama.cpp prefills it, in batches of n_batch (2048 by
+# default) split into ubatches. A 512-token benchmark prompt is one ubatch whatever -ub says.
+PROMPT_TOKENS = 2048
 # Relative spread of a prediction when the fit leaves no residual to measure it by (two runs, two parameters).
 DEFAULT_SPREAD = 0.10
 MIN_SPREAD = 0.01  # no run repeats to better than this
@@ -90,6 +94,15 @@ def kv_read_gb(meta: dict[str, Any], depth: float, type_k: str, type_v: str) -> 
     return total / GB
 
 
+def copied_bytes(meta: dict[str, Any], host_bytes: float, n_tokens: int, ubatch: int) -> float:
+    """Host expert bytes copied to the device per prompt token under op offload: llama.cpp copies once per
+    ubatch (at most the prompt) only the experts some token of it routes to, 1 - (1 - k/E)^u of them with
+    routing spread evenly (all of them from a few hundred tokens on)."""
+    u = max(min(ubatch, n_tokens), 1)
+    used = 1 - (1 - active_fraction(meta)) ** u
+    return host_bytes * used * math.ceil(n_tokens / u) / max(n_tokens, 1)
+
+
 def features(meta: dict[str, Any], run: Run) -> dict[str, float]:
     """The model's inputs for one run (see the module's docstring); depth is the run's mean KV depth."""
     host = host_set(meta, run)
@@ -103,7 +116,8 @@ def features(meta: dict[str, Any], run: Run) -> dict[str, float]:
     layers = float(meta["n_layer"])
     if run.test == "tg":
         return {"layers": layers, "device_gb": v / GB, "host_gb": d / GB, "hops": 2.0 * host_layers, "kv_gb": kv}
-    return {"layers": layers, "host_gb": d / GB, "link_gb": host_bytes / GB / max(run.ubatch, 1), "kv_gb": kv}
+    link = copied_bytes(meta, host_bytes, run.n_tokens, run.ubatch)
+    return {"layers": layers, "host_gb": d / GB, "link_gb": link / GB, "kv_gb": kv}
 
 
 @dataclass
