@@ -73,14 +73,15 @@ def test_features_count_bytes_hops_and_kv(tiny):
 
 def test_prefill_copies_host_experts_once_per_ubatch_of_the_prompt(tiny):
     """Op offload copies a ubatch's routed host experts once: a 512-token prompt is one ubatch at -ub 2048 too,
-    a 2,048-token one is four at -ub 512; a 4-token ubatch copies only the experts its tokens route to."""
+    a 2,048-token one is four at -ub 512; a 32-token ubatch copies only the experts its tokens route to (98.6% of
+    them for 4 of 32), a 16-token one nothing (the host computes them)."""
     host = sum(layer["expert_bytes"] for layer in tiny["layers"][:4]) / GB
-    sizes = ((512, 512), (512, 2048), (2048, 512), (2048, 2048), (4, 4))
+    sizes = ((512, 512), (512, 2048), (2048, 512), (2048, 2048), (32, 32), (16, 16))
     link = {(n, u): features(tiny, Run(4, 0, "pp", n, u))["link_gb"] for n, u in sizes}
     assert link[512, 2048] == pytest.approx(link[512, 512]) == pytest.approx(host / 512)
     assert link[2048, 2048] == pytest.approx(link[2048, 512] / 4)
-    k_over_e = tiny["n_expert_used"] / tiny["n_expert"]
-    assert link[4, 4] == pytest.approx(host / 4 * (1 - (1 - k_over_e) ** 4)) and k_over_e < 1
+    assert (tiny["n_expert_used"], tiny["n_expert"]) == (4, 32)
+    assert link[32, 32] == pytest.approx(host / 32 * (1 - (7 / 8) ** 32)) and link[16, 16] == 0
 
 
 def test_calibration_recovers_known_coefficients_and_predicts_left_out_runs(tiny):
@@ -178,24 +179,28 @@ def test_records_of_llama_bench_and_of_the_pipeline_both_calibrate(tiny):
     assert (b.test, b.n_cpu_moe, b.n_tokens, b.host_tensors) == ("pp", 2, 512, frozenset())
 
 
+SWEEP = ["setup", "model", "test", "size", "ubatch", "flash_attn", "type_k", "type_v"]  # one published sweep
+
+
 def published() -> pd.DataFrame:
     """The published points the speed model covers: a model with a twin spec, a placement, and no --swa-full
     (llama-bench always runs without it, and the KV bytes follow llama-bench); with the card's datasheet
     memory bandwidth (gpus.csv)."""
     t = pd.read_csv(PUBLISHED / "sweeps.csv")
-    t = t[t.model.isin(SPECS) & t.n_cpu_moe.notna() & ~t.notes.str.contains("with --swa-full", regex=False)].copy()
+    t = t[t.model.isin(SPECS) & t.n_cpu_moe.notna() & ~t.setup.str.endswith("-swafull")].copy()
     gpus = pd.read_csv(PUBLISHED / "gpus.csv").set_index("gpu").memory_gbps
     t["gpu_gbps"] = t.gpu.str.split(" (", regex=False).str[0].map(gpus)
     assert t.gpu_gbps.notna().all(), "a card without its bandwidth in gpus.csv"
     t["n_depth"] = t.n_depth.fillna(0).astype(int)
     t["ubatch"] = t.ubatch.fillna(512).astype(int)
     t[["type_k", "type_v"]] = t[["type_k", "type_v"]].fillna("f16")
+    t["flash_attn"] = t.flash_attn.fillna("").astype(str)
     t["size"] = np.where(t.test == "tg", t.n_gen, t.n_prompt)
     t = t[t["size"].notna()]
     # Where a source measured a point with a warm page cache (its log read less than half the model from disk),
     # that measurement stands: a run reading the model from disk measures the disk (gpt-oss-120b's, 2x slower).
     warm = t.disk_read_mib < t.model_size_gib * 1024 / 2
-    point = t[["setup", "test", "size", "n_cpu_moe", "n_depth"]].apply(tuple, axis=1)
+    point = t[["setup", *SWEEP[1:], "n_cpu_moe", "n_depth"]].apply(tuple, axis=1)
     return t[warm | ~point.isin(set(point[warm]))]
 
 
@@ -210,18 +215,17 @@ def spilled(meta: dict, point: pd.Series) -> bool:
 
 @pytest.fixture(scope="module")
 def published_sweeps(tmp_path_factory) -> list[tuple[str, str, dict, list[Run], SpeedModel]]:
-    """Each published sweep (setup, test, size, ubatch) as runs on its model's header-only twin, repeated runs of
-    a point averaged, spilled points left out; with the prior of the card's datasheet bandwidth."""
+    """Each published sweep (see SWEEP) as runs on its model's header-only twin, repeated runs of a point
+    averaged, spilled points left out; with the prior of the card's datasheet bandwidth."""
     tmp = tmp_path_factory.mktemp("published")
-    specs = enumerate(SPECS.items())
-    metas = {m: inspect_model(write_twin(load_spec(s), tmp / f"{i}.gguf", "none")) for i, (m, s) in specs}
+    twins = {spec: inspect_model(write_twin(load_spec(spec), tmp / spec.name, "none")) for spec in set(SPECS.values())}
     sweeps = []
-    for (setup, model, test, size, ubatch), g in published().groupby(["setup", "model", "test", "size", "ubatch"]):
-        meta = metas[model]
+    for (setup, model, test, size, ubatch, _, type_k, type_v), g in published().groupby(SWEEP):
+        meta = twins[SPECS[model]]
         base = prior(Bandwidths(float(g.gpu_gbps.iloc[0]), 50))
         g = g[~g.apply(lambda r: spilled(meta, r), axis=1)]
-        g = g.groupby(["n_cpu_moe", "n_depth", "type_k", "type_v"], as_index=False).tok_s.mean()
-        runs = [Run(min(int(r.n_cpu_moe), meta["n_layer"]), r.n_depth, test, int(size), ubatch, r.type_k, r.type_v,
+        g = g.groupby(["n_cpu_moe", "n_depth"], as_index=False).tok_s.mean()
+        runs = [Run(min(int(r.n_cpu_moe), meta["n_layer"]), r.n_depth, test, int(size), ubatch, type_k, type_v,
                     tok_s=r.tok_s) for r in g.itertuples()]  # fmt: skip
         sweeps.append((setup, test, meta, runs, base))
     return sweeps
@@ -242,14 +246,13 @@ def test_published_sweeps_two_runs_predict_the_rest(published_sweeps):
                                  "error_pct": 100 * (p - r.tok_s) / r.tok_s})  # fmt: skip
     errors = pd.DataFrame(rows)
     same = errors[errors.depth == errors.fit_depth]
-    assert same.setup.nunique() >= 5 and len(same) >= 40
-    for test, bound in (("tg", 5.0), ("pp", 7.5)):
+    assert same.setup.nunique() >= 15
+    # The bar is 5% for both. Prefill misses it on AMD's cards (see the README); its bound guards what it reaches.
+    for test, points, bound in (("tg", 85, 5.0), ("pp", 65, 7.5)):
         err = same[same.test == test].error_pct.abs()
         p90 = np.percentile(err, 90)
         print(f"published {test}: {len(err)} points, median |error| {err.median():.1f}%, p90 {p90:.1f}%")
-        # The bar is 5% for both. Prefill misses it on AMD's cards: there the first layers moved to the host cost
-        # more per layer than later ones (twice as much with Vulkan), a curve no line through two runs follows.
-        assert err.median() <= bound
+        assert len(err) >= points and err.median() <= bound
     other = errors[errors.depth != errors.fit_depth].error_pct.abs()
     print(f"published tg at another depth: {len(other)} points, median |error| {other.median():.1f}%")
 
@@ -274,7 +277,7 @@ def test_published_depth_slowdown_against_the_kv_bytes(published_sweeps):
     print(table.round(3).to_string())
     within = (table.error_pct.abs() <= 20).groupby(table.setup).all()
     print(f"slowdown within 20%: {within.sum()} of {len(within)} setups; median error {table.error_pct.median():.1f}%")
-    assert table.setup.nunique() >= 5
+    assert len(within) >= 8 and within.sum() >= 6
     assert (table.predicted <= table.measured * 1.05).all(), "the KV bytes alone predicted more slowdown than measured"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MoeplaceError
-from .kvcache import DEFAULT_UBATCH
+from .kvcache import DEFAULT_BATCH, DEFAULT_UBATCH
 from .placement import matching_tensors
 from .speed import Run, SpeedModel, fit
 
@@ -35,7 +35,8 @@ def runs_from_records(meta: dict[str, Any], records: list[dict[str, Any]]) -> li
                 depth=int(r.get("n_depth") or 0),
                 test=test,
                 n_tokens=gen if test == "tg" else int(r.get("n_prompt") or 0),
-                ubatch=int(r.get("n_ubatch") or DEFAULT_UBATCH),
+                # llama.cpp caps the ubatch at the batch
+                ubatch=min(int(r.get("n_ubatch") or DEFAULT_UBATCH), int(r.get("n_batch") or DEFAULT_BATCH)),
                 type_k=r.get("type_k") or "f16",
                 type_v=r.get("type_v") or "f16",
                 host_tensors=frozenset(matching_tensors(overrides, names)),

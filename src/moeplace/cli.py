@@ -48,7 +48,7 @@ def _n_values(text: str, n_layer: int) -> list[int]:
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
-    from .speed import PROMPT_TOKENS, Run
+    from .speed import Run, prefill_run
 
     meta = inspect_model(args.model)
     model = speed_model(args)
@@ -57,7 +57,7 @@ def cmd_predict(args: argparse.Namespace) -> None:
     for depth in parse_contexts(args.depth, "--depth", allow_zero=True):
         for n in _n_values(args.n_cpu_moe or f"0-{meta['n_layer']}", meta["n_layer"]):
             tg = model.predict(meta, Run(n, depth, "tg", 128, args.ubatch, *kv))
-            pp = model.predict(meta, Run(n, depth, "pp", PROMPT_TOKENS, args.ubatch, *kv))
+            pp = model.predict(meta, prefill_run(n, depth, args.ubatch, *kv))
             row = {"n_cpu_moe": n, "depth": depth, "ubatch": args.ubatch}
             for test, pred in (("tg", tg), ("pp", pp)):
                 row |= {f"{test}_tok_s": pred and pred["tok_s"], f"{test}_low": pred and pred["low"],

@@ -345,8 +345,9 @@ def rank_placements(
     best first by `objective` (decode, prefill or mix:W); ties keep the order given. A larger ubatch prefills
     faster but its compute buffer takes device memory from the experts."""
     from .budget import plan
+    from .kvcache import batch_for
     from .memory import Workload
-    from .speed import PROMPT_TOKENS, Run
+    from .speed import Run, prefill_run
 
     ranked = []
     for (type_k, type_v), ubatch in itertools.product(cache_types, ubatches):
@@ -360,7 +361,7 @@ def rank_placements(
             candidates.append(("optimal", 0, frozenset(optimal)))
         for name, n, host in candidates:
             tg = model.predict(meta, Run(n, ctx, "tg", 128, ubatch, type_k, type_v, host))
-            pp = model.predict(meta, Run(n, ctx, "pp", PROMPT_TOKENS, ubatch, type_k, type_v, host))
+            pp = model.predict(meta, prefill_run(n, max(ctx - batch_for(ubatch), 0), ubatch, type_k, type_v, host))
             ranked.append(
                 {"placement": name, "n_cpu_moe": n, "host_tensors": sorted(host), "type_k": type_k, "type_v": type_v,
                  "ubatch": ubatch, "tg": tg, "pp": pp, "score": objective_score(objective, tg, pp)}

@@ -37,6 +37,12 @@ def active_fraction(meta: dict[str, Any]) -> float:
     return meta["n_expert_used"] / meta["n_expert"] if meta["n_expert"] else 1.0
 
 
+def routed_share(k: int, n_expert: int, tokens: int) -> float:
+    """The expected share of a layer's experts that at least one of `tokens` tokens routes to, with routing
+    spread evenly: 1 - (1 - k/E)^tokens (1 for a dense model)."""
+    return 1 - (1 - k / n_expert) ** tokens if n_expert else 1.0
+
+
 def unread_bytes(meta: dict[str, Any]) -> int:
     """Non-expert bytes a decode step does not read: the embedding table, of which one row is gathered
     (unless it doubles as the output matrix, which is read whole)."""

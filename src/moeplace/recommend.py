@@ -170,15 +170,17 @@ def speed_model(args: argparse.Namespace):  # noqa: ANN202
 
 
 def expected(meta: dict[str, Any], model: Any, n: int, depth: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Decode at an empty context and at `depth`, prefill at `depth`: tok/s with ~95% intervals (None: unknown)."""
-    from .speed import PROMPT_TOKENS, Run
+    """Decode at an empty context and at `depth`, prefill of a prompt's last batch up to `depth`: tok/s with ~95%
+    intervals (None: unknown)."""
+    from .kvcache import batch_for
+    from .speed import Run, prefill_run
 
     kv = (args.cache_type_k, args.cache_type_v)
     ubatch = getattr(args, "ubatch", 512)
     return {
         "tg_empty": model.predict(meta, Run(n, 0, "tg", 128, ubatch, *kv)),
         "tg_at_depth": model.predict(meta, Run(n, depth, "tg", 128, ubatch, *kv)),
-        "pp_at_depth": model.predict(meta, Run(n, depth, "pp", PROMPT_TOKENS, ubatch, *kv)),
+        "pp_at_depth": model.predict(meta, prefill_run(n, max(depth - batch_for(ubatch), 0), ubatch, *kv)),
     }
 
 

@@ -21,6 +21,7 @@ import pandas as pd
 
 from .errors import MoeplaceError
 from .outputs import atomic_path
+from .predict import routed_share
 from .runtime.native import build_tool
 from .runtime.process import run
 
@@ -224,7 +225,7 @@ def routing_table(trace: RoutingTrace, part: str = "all") -> pd.DataFrame:
             "experts_80pct": _fewest_covering(counts, COVERAGE),
             "experts_80pct_uniform": -(-COVERAGE.numerator * n_expert // COVERAGE.denominator),  # ceil(0.8 E)
             "distinct_experts": int((counts > 0).sum()),
-            "distinct_uniform": n_expert * (1 - (1 - k / n_expert) ** n_tok),
+            "distinct_uniform": n_expert * routed_share(k, n_expert, n_tok),
         }
         for d in DISTANCES:
             row[f"overlap_d{d}"] = _overlap(onehot, d, k)

@@ -31,8 +31,8 @@ import numpy as np
 from scipy.optimize import nnls
 
 from .errors import MoeplaceError
-from .kvcache import DEFAULT_UBATCH, KV_PAD, row_size
-from .predict import Bandwidths, active_fraction, unread_bytes
+from .kvcache import DEFAULT_UBATCH, KV_PAD, batch_for, row_size
+from .predict import Bandwidths, active_fraction, routed_share, unread_bytes
 from .units import GB
 
 TESTS = ("tg", "pp")
@@ -51,9 +51,9 @@ UNITS = {
 # A token's fixed cost before any calibration: kernel launches and synchronisation, per layer. Published
 # --n-cpu-moe sweeps on GPUs imply 2-12 ms per token for ~48-layer models; this is the low end.
 FIXED_PER_LAYER_S = 50e-6
-# The prompt a prefill prediction is for: a long one, as llama.cpp prefills it, in batches of n_batch (2048 by
-# default) split into ubatches. A 512-token benchmark prompt is one ubatch whatever -ub says.
-PROMPT_TOKENS = 2048
+# llama.cpp's GPU backends offload an op on host weights (copy them, compute on the device) from this batch up;
+# below it the host computes its experts itself.
+OP_OFFLOAD_MIN_BATCH = 32
 # Relative spread of a prediction when the fit leaves no residual to measure it by (two runs, two parameters).
 DEFAULT_SPREAD = 0.10
 MIN_SPREAD = 0.01  # no run repeats to better than this
@@ -96,11 +96,22 @@ def kv_read_gb(meta: dict[str, Any], depth: float, type_k: str, type_v: str) -> 
 
 def copied_bytes(meta: dict[str, Any], host_bytes: float, n_tokens: int, ubatch: int) -> float:
     """Host expert bytes copied to the device per prompt token under op offload: llama.cpp copies once per
-    ubatch (at most the prompt) only the experts some token of it routes to, 1 - (1 - k/E)^u of them with
-    routing spread evenly (all of them from a few hundred tokens on)."""
-    u = max(min(ubatch, n_tokens), 1)
-    used = 1 - (1 - active_fraction(meta)) ** u
-    return host_bytes * used * math.ceil(n_tokens / u) / max(n_tokens, 1)
+    ubatch (at most the prompt) only the experts some token of it routes to (all of them from a few hundred
+    tokens on); nothing below OP_OFFLOAD_MIN_BATCH tokens."""
+    u = min(ubatch, n_tokens)
+    if u < OP_OFFLOAD_MIN_BATCH:
+        return 0.0
+    used = routed_share(meta["n_expert_used"], meta["n_expert"], u)
+    return host_bytes * used * math.ceil(n_tokens / u) / n_tokens
+
+
+def prefill_run(
+    n_cpu_moe: int, depth: int, ubatch: int, type_k: str = "f16", type_v: str = "f16",
+    host_tensors: frozenset[str] = frozenset(),
+) -> Run:  # fmt: skip
+    """The prefill a prediction is for: one batch of a long prompt with `depth` tokens already cached, as llama.cpp
+    prefills it, n_batch tokens at a time (2,048 by default, raised to the ubatch as moeplace's commands do)."""
+    return Run(n_cpu_moe, depth, "pp", batch_for(ubatch), ubatch, type_k, type_v, host_tensors)
 
 
 def features(meta: dict[str, Any], run: Run) -> dict[str, float]:
