@@ -44,16 +44,20 @@ def test_measured_bandwidths_fill_the_corrected_column():
 
 
 def test_attention_costs_are_each_models_own_and_name_the_runs_they_took():
-    rows = [{"ceiling": f"attention_{test}", "subject": model, "value": value, "n_cpu_moe": 8, "depths": "3584 32256"}
-            for model, test, value in (("a", "tg", 0.12), ("a", "pp", 0.03), ("b", "tg", -0.01))]  # fmt: skip
+    measured = (("a", "tg", 0.12, 0.02), ("a", "pp", 0.03, None), ("b", "tg", -0.01, 0.1))
+    rows = [{"ceiling": f"attention_{test}", "subject": model, "value": value, "value_sd": sd, "n_cpu_moe": 8,
+             "depths": "3584 32256"} for model, test, value, sd in measured]  # fmt: skip
     table = pd.DataFrame([{"ceiling": "ram_read", "subject": "host RAM", "threads": 1, "value": 12.0}, *rows])
-    assert attention_costs(table, "a") == ({"tg": 0.12, "pp": 0.03}, {(8, 3584), (8, 32256)})
+    assert attention_costs(table, "a") == ({"tg": 0.12, "pp": 0.03}, {"tg": 0.02}, {(8, 3584), (8, 32256)})
     # Decode no slower deeper in the context is noise, not a cost; its runs were still taken.
-    assert attention_costs(table, "b") == ({}, {(8, 3584), (8, 32256)})
-    assert attention_costs(table, "c") == ({}, set())
-    # The prior a stage builds on: the measured RAM bandwidth and the model's own attention cost.
+    assert attention_costs(table, "b") == ({}, {}, {(8, 3584), (8, 32256)})
+    assert attention_costs(table, "c") == ({}, {}, set())
+    # A table written before the spread was measured has no value_sd column.
+    assert attention_costs(table.drop(columns="value_sd"), "a")[1] == {}
+    # The prior a stage builds on: the measured RAM bandwidth and the model's own attention cost and spread.
     base, probed = measured_prior(Bandwidths(20, 20), table, "a")
     assert {t: m.coef["kv_gb"] for t, m in base.tests.items()} == {"tg": 0.12, "pp": 0.03}
+    assert base.tests["tg"].se == {"kv_gb": 0.02} and base.tests["pp"].se == {}
     assert base.tests["tg"].coef["host_gb"] == 1 / 12.0 and probed == {(8, 3584), (8, 32256)}
     assert measured_prior(Bandwidths(20, 20), None, "a")[0].tests["tg"].coef["kv_gb"] == 1 / 20
 

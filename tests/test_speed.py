@@ -156,6 +156,26 @@ def test_a_measured_attention_cost_carries_two_runs_to_another_depth(tiny):
     assert other.groupby("test").error_pct.apply(lambda e: e.abs().median()).min() > 20
 
 
+def test_an_attention_costs_spread_widens_predictions_at_another_depth_only(tiny):
+    """Two runs at 4K take up the measured attention cost's error there: its spread between the probe's rounds
+    leaves the interval at 4K alone and widens the one at 32K by what that error becomes there."""
+    runs = synthetic(tiny)
+    depth_4k = [r for r in runs if r.depth == 4096]
+    fits = {sd: two_point(tiny, depth_4k, 4096, prior(Bandwidths(20, 20), {"tg": TRUE["kv_gb"]}, {"tg": sd}))[0]
+            for sd in (0.0, 0.1)}  # fmt: skip
+    near, far = (next(r for r in runs if r.depth == d and r.n_cpu_moe == 4) for d in (4096, 32768))
+    assert fits[0.1].tests["tg"].lever["kv_gb"][0] == pytest.approx(features(tiny, near)["kv_gb"] / tiny["n_layer"])
+    model, base = fits[0.1].tests["tg"], fits[0.0].tests["tg"]
+    assert model.relative_sd(features(tiny, near)) == pytest.approx(base.relative_sd(features(tiny, near)))
+    x = features(tiny, far)
+    extra = (x["kv_gb"] - features(tiny, near)["kv_gb"]) * 0.1 / model.seconds(x)
+    assert model.relative_sd(x) ** 2 == pytest.approx(base.relative_sd(x) ** 2 + extra**2)
+    assert extra > 0.1  # the band at 32K grows by more than 10%
+    # The calibration file keeps the spread and the lever: a later prediction carries them.
+    again = SpeedModel.from_json(json.loads(json.dumps(fits[0.1].to_json())))
+    assert again.tests["tg"].relative_sd(x) == pytest.approx(model.relative_sd(x))
+
+
 def test_prior_is_seed_formula_plus_a_fixed_cost_per_layer(tiny):
     model = prior(Bandwidths(640, 57.6, measured_ddr_gbps=40.0))
     x = features(tiny, Run(4, 0, "tg", 1))

@@ -61,6 +61,7 @@ def test_ceilings_feed_the_uncalibrated_prediction(wd):
     assert set(attention.index) == {"attention_tg", "attention_pp"} and (attention.subject == "tiny-qwen3moe").all()
     assert (attention.depths == "64 512").all() and (attention.n_cpu_moe == meta["n_layer"]).all()
     assert attention.value.notna().all() and (attention.unit == "s/GB").all()
+    assert (attention.value_sd > 0).all()  # three rounds, each with its own slope
     # No GPU: the emulated device's memory is host RAM, so both terms use the 2-thread RAM ceiling.
     predicted = pd.read_csv(wd / "results/tables/predicted/tiny-qwen3moe.csv").set_index("n_cpu_moe")
     d, v = read_bytes(meta, 4)

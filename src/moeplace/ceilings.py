@@ -66,6 +66,7 @@ COLUMNS = [
     "subject",
     "threads",
     "value",
+    "value_sd",
     "unit",
     "effective_gbps",
     "fraction_of_ram_read",
@@ -154,16 +155,18 @@ def attention_rows(
     of time per token over those depths. At the benchmarks' own depths, not from 0: the first cached tokens
     cost more per token, a step the fixed time of a fit takes up. One depth alone gets an eighth of it too.
     The depths take turns, one process each, ATTENTION_ROUNDS times: a shared host's speed drifts by tens of
-    percent between processes minutes apart, and taking turns puts the drift on every depth alike."""
+    percent between processes minutes apart, and taking turns puts the drift on every depth alike. The spread
+    of each round's own slope (value_sd) says how far one process's depth cost lands from another's: what a
+    prediction carrying this cost to another depth inherits."""
     n_layer = meta["n_layer"]
     depths = tuple(sorted(set(depths) | ({depths[0] // 8} if len(depths) == 1 else set())))
     if len(depths) < 2 or not any(layer.get("has_kv") for layer in meta["layers"]):
         return []
     cpus = split_cpus(device.kind == "emulated")
     threads = min(bench.threads, len(cpus.bench))
-    samples: dict[str, dict[int, list[float]]] = {test: {} for test in TESTS}
+    samples: dict[str, dict[tuple[int, int], list[float]]] = {test: {} for test in TESTS}
     with attached(device, manifest, cpus, log_file) as rpc:
-        for _, depth in itertools.product(range(ATTENTION_ROUNDS), depths):
+        for round_, depth in itertools.product(range(ATTENTION_ROUNDS), depths):
             cmd = bench_command(manifest, str(model), depth, n_layer, bench, rpc, threads=threads)
             try:
                 out = run_checked(cmd, f"timing {name}'s attention at depth {depth}", log_file,
@@ -173,57 +176,74 @@ def attention_rows(
                 continue
             for r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")):
                 test = "tg" if r["n_gen"] else "pp"
-                samples[test].setdefault(depth, []).extend(1 / v for v in r.get("samples_ts") or [] if v)
+                samples[test].setdefault((round_, depth), []).extend(1 / v for v in r.get("samples_ts") or [] if v)
     rows = []
-    for test, by_depth in samples.items():
-        if len(by_depth) < 2:
+    for test, by_run in samples.items():
+        timed = sorted({d for _, d in by_run})
+        if len(timed) < 2:
             continue
-        seconds = {d: statistics.median(s) for d, s in by_depth.items()}
         n_tokens = bench.gen if test == "tg" else bench.prompt
-        kv = [
-            features(meta, Run(n_layer, d, test, n_tokens, bench.ubatch, bench.type_k, bench.type_v))["kv_gb"]
-            for d in seconds
-        ]
-        slope = float(np.polyfit(kv, list(seconds.values()), 1)[0])
-        log.info("%s %s on the device, median ms per token by depth: %s", name, test,
-                 {d: round(t * 1e3, 3) for d, t in seconds.items()})  # fmt: skip
+        kv = {
+            d: features(meta, Run(n_layer, d, test, n_tokens, bench.ubatch, bench.type_k, bench.type_v))["kv_gb"]
+            for d in timed
+        }
+
+        def slope(seconds: dict[int, float]) -> float:
+            return float(np.polyfit([kv[d] for d in seconds], list(seconds.values()), 1)[0])
+
+        seconds = {d: statistics.median(x for (_, dd), s in by_run.items() if dd == d for x in s) for d in timed}
+        rounds = [{d: statistics.median(by_run[r, d]) for d in timed} for r in range(ATTENTION_ROUNDS)
+                  if all((r, d) in by_run for d in timed)]  # fmt: skip
+        cost, per_round = slope(seconds), [slope(r) for r in rounds]
+        log.info("%s %s on the device, median ms per token by depth: %s; each round's s/GB: %s", name, test,
+                 {d: round(t * 1e3, 3) for d, t in seconds.items()}, [round(x, 4) for x in per_round])  # fmt: skip
         rows.append(
             {
                 "ceiling": f"attention_{test}",
                 "subject": name,
                 "threads": threads,
-                "value": slope,
+                "value": cost,
+                "value_sd": statistics.stdev(per_round) if len(per_round) >= 2 else None,
                 "unit": "s/GB",
-                "effective_gbps": 1 / slope if slope > 0 else None,
+                "effective_gbps": 1 / cost if cost > 0 else None,
                 "n_cpu_moe": n_layer,
                 "depths": " ".join(map(str, seconds)),
                 "detail": f"llama-bench {test} on {device.label} at these depths, every routed expert on the host, "
                 f"{ATTENTION_ROUNDS} processes each, medians: the extra seconds per GB of KV cache a token's "
-                "attention reads, its bytes and its compute",
+                "attention reads, its bytes and its compute; value_sd: the spread of each round's own slope",
             }
         )
     return rows
 
 
-def attention_costs(ceilings: pd.DataFrame, model: str) -> tuple[dict[str, float], set[tuple[int, int]]]:
+def attention_costs(
+    ceilings: pd.DataFrame, model: str
+) -> tuple[dict[str, float], dict[str, float], set[tuple[int, int]]]:
     """`model`'s measured attention cost per test (s/GB of KV cache read; a slope that is not positive is
-    noise, left out) and the (n_cpu_moe, depth) configurations its probe ran."""
+    noise, left out), its spread between the probe's rounds where measured, and the (n_cpu_moe, depth)
+    configurations its probe ran."""
     rows = ceilings[ceilings.ceiling.str.startswith("attention_") & (ceilings.subject == model)]
-    costs = {r.ceiling.removeprefix("attention_"): float(r.value) for r in rows.itertuples() if r.value > 0}
+    costs, spreads = {}, {}
+    for r in rows.itertuples():
+        test = r.ceiling.removeprefix("attention_")
+        if r.value > 0:
+            costs[test] = float(r.value)
+            if pd.notna(getattr(r, "value_sd", None)):  # tables written before the spread was measured lack it
+                spreads[test] = float(r.value_sd)
     probed = {(int(r.n_cpu_moe), int(d)) for r in rows.itertuples() for d in str(r.depths).split()}
-    return costs, probed
+    return costs, spreads, probed
 
 
 def measured_prior(
     bw: Bandwidths, ceilings: pd.DataFrame | None, model: str
 ) -> tuple[SpeedModel, set[tuple[int, int]]]:
     """The speed model's prior for `model`: `bw` with the ceilings' measured values where the config leaves
-    them unset, and the model's measured attention cost; and the configurations its attention probe ran.
-    Without a ceilings table, the prior of `bw` alone."""
+    them unset, and the model's measured attention cost with its spread; and the configurations its attention
+    probe ran. Without a ceilings table, the prior of `bw` alone."""
     if ceilings is None:
         return prior(bw), set()
-    attention, probed = attention_costs(ceilings, model)
-    return prior(with_ceilings(bw, ceilings), attention), probed
+    attention, spread, probed = attention_costs(ceilings, model)
+    return prior(with_ceilings(bw, ceilings), attention, spread), probed
 
 
 def bound(fraction: float, scaling: float | None) -> str:

@@ -143,16 +143,25 @@ class TestModel:
     fitted: list[str] = field(default_factory=list)
     runs: int = 0
     at_zero: list[str] = field(default_factory=list)  # fitted coefficients the runs pushed to their bound, 0
+    # For a coefficient kept from the prior with an sd in `se` (a measured attention cost): how the fitted
+    # coefficients move per unit of it (in `fitted` order), the fit having absorbed what it got wrong.
+    lever: dict[str, list[float]] = field(default_factory=dict)
 
     def seconds(self, x: dict[str, float]) -> float:
         return sum(self.coef.get(k, 0.0) * v for k, v in x.items())
 
     def relative_sd(self, x: dict[str, float]) -> float:
+        """The fitted coefficients' uncertainty, a prior coefficient's sd as far as the fit does not cancel it (a
+        fit at one depth takes up an attention cost's error there, not at another depth), and the spread."""
         t = self.seconds(x)
         var = 0.0
         if self.cov is not None and self.fitted:
             xv = np.array([x[k] for k in self.fitted])
             var = float(xv @ np.array(self.cov) @ xv)
+        for k, sd in self.se.items():
+            if k not in self.fitted:
+                lever = self.lever.get(k, [0.0] * len(self.fitted))
+                var += ((x[k] - sum(x[f] * w for f, w in zip(self.fitted, lever))) * sd) ** 2
         return math.sqrt(var / t**2 + self.spread**2) if t > 0 else math.inf
 
 
@@ -191,25 +200,29 @@ class SpeedModel:
             ) from None
 
 
-def prior(bw: Bandwidths, attention: dict[str, float] | None = None) -> SpeedModel:
+def prior(
+    bw: Bandwidths, attention: dict[str, float] | None = None, attention_sd: dict[str, float] | None = None
+) -> SpeedModel:
     """Decode from bandwidths alone (seed 000's formula, with the KV cache read from the device): measured
     bandwidths (the ceilings stage's, or the config's measured: section) where known, else the datasheet's;
     a hop costs what the ceilings stage measured on a CUDA card, else nothing. `attention` (the ceilings
-    stage's, per test, s/GB of KV cache read) replaces the KV bytes over the device's bandwidth; prefill gets
-    that term alone, for a fit to build on: by itself it predicts nothing."""
+    stage's, per test, s/GB of KV cache read, with its spread between rounds in `attention_sd`) replaces the KV
+    bytes over the device's bandwidth; prefill gets that term alone, for a fit to build on: by itself it
+    predicts nothing."""
     vram, ddr = bw.measured_vram_gbps or bw.vram_gbps, bw.measured_ddr_gbps or bw.ddr_gbps
     dev_source = "ceilings" if bw.measured_vram_gbps else "datasheet"
     host_source = "ceilings" if bw.measured_ddr_gbps else "datasheet"
     hop = bw.measured_hop_s or 0.0
-    attention = attention or {}
+    attention, attention_sd = attention or {}, attention_sd or {}
+    sd = {t: {"kv_gb": attention_sd[t]} for t in attention_sd if t in attention}
     kv = attention.get("tg", 1 / vram)
     coef = {"layers": FIXED_PER_LAYER_S, "device_gb": 1 / vram, "host_gb": 1 / ddr, "hops": hop, "kv_gb": kv}
     sources = {"layers": "default", "device_gb": dev_source, "host_gb": host_source,
                "hops": "ceilings" if bw.measured_hop_s else "default",
                "kv_gb": "ceilings" if "tg" in attention else dev_source}  # fmt: skip
-    tests = {"tg": TestModel(coef, sources, spread=0.5)}
+    tests = {"tg": TestModel(coef, sources, sd.get("tg", {}), spread=0.5)}
     if "pp" in attention:
-        tests["pp"] = TestModel({"kv_gb": attention["pp"]}, {"kv_gb": "ceilings"}, spread=0.5)
+        tests["pp"] = TestModel({"kv_gb": attention["pp"]}, {"kv_gb": "ceilings"}, sd.get("pp", {}), spread=0.5)
     return SpeedModel(tests)
 
 
@@ -264,11 +277,15 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
         dof = len(y) - len(free)
         at_zero = [k for k, value in zip(free, solution) if value == 0]
         model = TestModel(coef, source, fitted=free, runs=len(y), at_zero=at_zero)
+        for k, sd in (prior_model.se if prior_model else {}).items():
+            if k not in free:  # a prior term's error, taken up by the coefficients the runs leave free
+                model.se[k] = sd
+                model.lever[k] = np.linalg.lstsq(a, np.array([row[k] for row in rows]), rcond=None)[0].tolist()
         if dof > 0:
             sigma2 = float(((predicted - y) ** 2).sum() / dof)
             cov = sigma2 * np.linalg.pinv(a.T @ a)
             model.cov = cov.tolist()
-            model.se = {k: float(math.sqrt(max(cov[i, i], 0))) for i, k in enumerate(free)}
+            model.se |= {k: float(math.sqrt(max(cov[i, i], 0))) for i, k in enumerate(free)}
             model.spread = max(MIN_SPREAD, float(statistics.pstdev(rel) * math.sqrt(len(y) / dof)))
         tests[test] = model
     if not tests:
