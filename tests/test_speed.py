@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 from moeplace.calibrate import calibrate, runs_from_records
-from moeplace.fidelity import fidelity_table
+from moeplace.fidelity import fidelity_table, summary
 from moeplace.memory import device_weight_bytes
 from moeplace.metadata import inspect_model
 from moeplace.predict import Bandwidths
@@ -130,6 +130,15 @@ def test_a_fit_says_when_its_runs_push_a_term_to_zero(tiny):
     two_point_rows = table[table.fit == "two_point"]
     assert len(two_point_rows) == 3 and (two_point_rows.fit_at_zero == "host_gb").all()
     assert (table[table.fit != "two_point"].fit_at_zero == "").all()
+
+
+def test_fidelity_summary_says_how_often_the_interval_held_the_measurement():
+    table = pd.DataFrame({"fit": "loo", "test": "tg", "depth": 4096, "fit_depth": None, "measured_tok_s": 10.0,
+                          "predicted_tok_s": [10.5, 9.0, 12.0, 10.0], "predicted_low": [9.0, 8.5, 11.0, 10.0],
+                          "predicted_high": [11.0, 9.5, 13.0, 10.0], "error_pct": [5.0, -10.0, 20.0, 0.0]})  # fmt: skip
+    rows = summary(table).set_index("depth")
+    assert rows.loc[4096, "covered_pct"] == rows.loc["all", "covered_pct"] == 50.0  # bounds count as inside
+    assert rows.loc[4096, "median_abs_error_pct"] == 7.5
 
 
 def test_a_measured_attention_cost_carries_two_runs_to_another_depth(tiny):

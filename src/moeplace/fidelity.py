@@ -76,16 +76,19 @@ def scope(table: pd.DataFrame) -> pd.Series:
 
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Median and 90th-percentile |error| per scope (see `scope`), test and depth (and over all depths)."""
+    """Median and 90th-percentile |error| per scope (see `scope`), test and depth (and over all depths), and how
+    often the prediction's ~95% interval held the measured speed."""
     table = table.assign(scope=scope(table))
     out = []
     for keys, g in list(table.groupby(["scope", "test", "depth"])) + [
         ((f, t, "all"), g) for (f, t), g in table.groupby(["scope", "test"])
     ]:
         err = g.error_pct.abs()
+        inside = g.measured_tok_s.between(g.predicted_low, g.predicted_high)
         out.append(
             {"fit": keys[0], "test": keys[1], "depth": keys[2], "points": len(g),
-             "median_abs_error_pct": float(err.median()), "p90_abs_error_pct": float(np.percentile(err, 90))}
+             "median_abs_error_pct": float(err.median()), "p90_abs_error_pct": float(np.percentile(err, 90)),
+             "covered_pct": 100 * float(inside.mean())}
         )  # fmt: skip
     return pd.DataFrame(out)
 
