@@ -345,9 +345,8 @@ def rank_placements(
     best first by `objective` (decode, prefill or mix:W); ties keep the order given. A larger ubatch prefills
     faster but its compute buffer takes device memory from the experts."""
     from .budget import plan
-    from .kvcache import batch_for
     from .memory import Workload
-    from .speed import Run, prefill_run
+    from .speed import Run, prefill_up_to
 
     ranked = []
     for (type_k, type_v), ubatch in itertools.product(cache_types, ubatches):
@@ -361,7 +360,7 @@ def rank_placements(
             candidates.append(("optimal", 0, frozenset(optimal)))
         for name, n, host in candidates:
             tg = model.predict(meta, Run(n, ctx, "tg", 128, ubatch, type_k, type_v, host))
-            pp = model.predict(meta, prefill_run(n, max(ctx - batch_for(ubatch), 0), ubatch, type_k, type_v, host))
+            pp = model.predict(meta, prefill_up_to(n, ctx, ubatch, type_k, type_v, host))
             ranked.append(
                 {"placement": name, "n_cpu_moe": n, "host_tensors": sorted(host), "type_k": type_k, "type_v": type_v,
                  "ubatch": ubatch, "tg": tg, "pp": pp, "score": objective_score(objective, tg, pp)}

@@ -172,15 +172,14 @@ def speed_model(args: argparse.Namespace):  # noqa: ANN202
 def expected(meta: dict[str, Any], model: Any, n: int, depth: int, args: argparse.Namespace) -> dict[str, Any]:
     """Decode at an empty context and at `depth`, prefill of a prompt's last batch up to `depth`: tok/s with ~95%
     intervals (None: unknown)."""
-    from .kvcache import batch_for
-    from .speed import Run, prefill_run
+    from .speed import Run, prefill_up_to
 
     kv = (args.cache_type_k, args.cache_type_v)
     ubatch = getattr(args, "ubatch", 512)
     return {
         "tg_empty": model.predict(meta, Run(n, 0, "tg", 128, ubatch, *kv)),
         "tg_at_depth": model.predict(meta, Run(n, depth, "tg", 128, ubatch, *kv)),
-        "pp_at_depth": model.predict(meta, prefill_run(n, max(depth - batch_for(ubatch), 0), ubatch, *kv)),
+        "pp_at_depth": model.predict(meta, prefill_up_to(n, depth, ubatch, *kv)),
     }
 
 

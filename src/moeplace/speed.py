@@ -114,6 +114,14 @@ def prefill_run(
     return Run(n_cpu_moe, depth, "pp", batch_for(ubatch), ubatch, type_k, type_v, host_tensors)
 
 
+def prefill_up_to(
+    n_cpu_moe: int, ctx: int, ubatch: int, type_k: str = "f16", type_v: str = "f16",
+    host_tensors: frozenset[str] = frozenset(),
+) -> Run:  # fmt: skip
+    """The last batch of a long prompt that fills `ctx` (see prefill_run): what a context's prefill ends with."""
+    return prefill_run(n_cpu_moe, max(ctx - batch_for(ubatch), 0), ubatch, type_k, type_v, host_tensors)
+
+
 def features(meta: dict[str, Any], run: Run) -> dict[str, float]:
     """The model's inputs for one run (see the module's docstring); depth is the run's mean KV depth."""
     host = host_set(meta, run)
