@@ -286,28 +286,61 @@ def test_published_sweeps_two_runs_predict_the_rest(published_sweeps):
     print(f"published tg at another depth: {len(other)} points, median |error| {other.median():.1f}%")
 
 
+def deep_decode(published_sweeps):
+    """Each published decode run at depth >= 16K with a run at depth 0 at its placement: (setup, meta, the
+    sweep's runs, its prior, the depth-0 run, the deep run)."""
+    for setup, test, meta, runs, base in published_sweeps:
+        at_zero = {r.n_cpu_moe: r for r in runs if r.depth == 0}
+        for r in runs:
+            if test == "tg" and r.depth >= 16384 and r.n_cpu_moe in at_zero:
+                yield setup, meta, runs, base, at_zero[r.n_cpu_moe], r
+
+
+def slowdowns(rows: list[dict]) -> pd.DataFrame:
+    """The measured and predicted slowdowns, their error, and how many setups stay within the bar's 20%."""
+    table = pd.DataFrame(rows).assign(error_pct=lambda t: 100 * (t.predicted / t.measured - 1))
+    print(table.round(3).to_string())
+    within = (table.error_pct.abs() <= 20).groupby(table.setup).all()
+    print(f"slowdown within 20%: {within.sum()} of {len(within)} setups; median |error| "
+          f"{table.error_pct.abs().median():.1f}%")  # fmt: skip
+    return table.assign(setup_within=table.setup.map(within))
+
+
 def test_published_depth_slowdown_against_the_kv_bytes(published_sweeps):
     """Decode's slowdown from depth 0 to >= 16K at one placement, measured, against what the prior's depth term
     adds to the measured depth-0 time (the KV bytes over the card's datasheet bandwidth). Attention reads at
     least those bytes, so the prediction is a floor; how far below the measured slowdown it lands is the
     attention compute a datasheet does not give (the ceilings stage measures it on the user's device)."""
     rows = []
-    for setup, test, meta, runs, base in published_sweeps:
-        if test != "tg":  # a datasheet says nothing about prefill
-            continue
-        at_zero = {r.n_cpu_moe: r for r in runs if r.depth == 0}
-        for r in runs:
-            if r.depth >= 16384 and r.n_cpu_moe in at_zero:
-                r0 = at_zero[r.n_cpu_moe]
-                extra = base.tests["tg"].seconds(features(meta, r)) - base.tests["tg"].seconds(features(meta, r0))
-                rows.append({"setup": setup, "n_cpu_moe": r.n_cpu_moe, "depth": r.depth,
-                             "measured": r0.tok_s / r.tok_s, "predicted": 1 + extra * r0.tok_s})  # fmt: skip
-    table = pd.DataFrame(rows).assign(error_pct=lambda t: 100 * (t.predicted / t.measured - 1))
-    print(table.round(3).to_string())
-    within = (table.error_pct.abs() <= 20).groupby(table.setup).all()
-    print(f"slowdown within 20%: {within.sum()} of {len(within)} setups; median error {table.error_pct.median():.1f}%")
-    assert len(within) >= 8 and within.sum() >= 6
+    for setup, meta, _, base, r0, r in deep_decode(published_sweeps):
+        extra = base.tests["tg"].seconds(features(meta, r)) - base.tests["tg"].seconds(features(meta, r0))
+        rows.append({"setup": setup, "n_cpu_moe": r.n_cpu_moe, "depth": r.depth,
+                     "measured": r0.tok_s / r.tok_s, "predicted": 1 + extra * r0.tok_s})  # fmt: skip
+    table = slowdowns(rows)
+    assert table.setup.nunique() >= 8 and table.drop_duplicates("setup").setup_within.sum() >= 6
     assert (table.predicted <= table.measured * 1.05).all(), "the KV bytes alone predicted more slowdown than measured"
+
+
+def test_published_depth_slowdown_from_runs_at_half_the_depth(published_sweeps):
+    """The same slowdowns predicted by the model fitted to the sweep's runs at no more than half the depth:
+    the attention cost per cached token then comes from runs, as the ceilings stage measures it on the user's
+    device, and nothing measured deeper than half the depth is seen. A setup with no run between depth 0 and
+    half the depth is not scored."""
+    rows = []
+    for setup, meta, runs, base, r0, r in deep_decode(published_sweeps):
+        shallow = [s for s in runs if s.depth <= r.depth / 2]
+        if any(s.depth for s in shallow):
+            model_fit = fit(meta, shallow, base)
+            speed = [model_fit.predict(meta, run)["tok_s"] for run in (r0, r)]
+            rows.append({"setup": setup, "n_cpu_moe": r.n_cpu_moe, "depth": r.depth,
+                         "fit_depths": " ".join(map(str, sorted({s.depth for s in shallow}))),
+                         "measured": r0.tok_s / r.tok_s, "predicted": speed[0] / speed[1]})  # fmt: skip
+    table = slowdowns(rows)
+    # gpt-oss-120b on the Arc B580 misses (+20%): its shallow runs come from a file that read the model from
+    # disk 1.35 times, warming its page cache run by run (13 -> 21 -> 27 -> 29 tok/s), a warming the fit takes
+    # for the cost of depth.
+    assert table.setup.nunique() >= 8 and table.drop_duplicates("setup").setup_within.sum() >= 7
+    assert table.error_pct.abs().median() <= 5
 
 
 def test_predict_cli_answers_json_fast_on_a_large_split_header_twin(tmp_path):
