@@ -9,6 +9,7 @@ from moeplace.aggregate import compare_table, knee, measured_table
 from moeplace.bench import auto_sweep, parse_log
 from moeplace.metadata import from_constants, inspect_model
 from moeplace.predict import Bandwidths, predict_table
+from moeplace.runtime.llamacpp import bench_records
 from moeplace.runtime.process import Finished, classify
 
 LOG = """\
@@ -120,6 +121,12 @@ def test_a_run_that_fails_mid_copy_keeps_the_copies_it_finished(tmp_path):
     for r in records:
         assert r["status"] == "ok" and r["repetitions"] == 6 and r["target_reached"] is False
         assert r["error"] == "stopped after 6 repetitions: killed by SIGSEGV"
+
+
+def test_bench_records_are_whole_json_lines_only():
+    """A log line, a garbled record and a last record cut mid-line (a killed run) are not results."""
+    out = '{"n_gen": 0, "avg_ts": 1.5}\nmain: done\n{"n_gen": 64, "avg_ts" 2}\n{"n_gen": 64, "avg_ts": 3.5}\n{"n_ge'
+    assert [r["avg_ts"] for r in bench_records(out)] == [1.5, 3.5]
 
 
 def test_knee_of_the_seed_prediction():

@@ -8,7 +8,6 @@ one (runtime/device.py).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -24,7 +23,7 @@ from .config import BenchSettings
 from .runtime.allocation import on_host, parse_buffers
 from .runtime.cpus import pin, split_cpus, wait_for_quiet
 from .runtime.device import DeviceSetup, attached
-from .runtime.llamacpp import bench_command
+from .runtime.llamacpp import bench_command, bench_records
 from .runtime.process import classify, run, tail
 from .runtime.provenance import build_facts, host_facts, pipeline_revision
 from .stats import delta_interval, mean_halfwidth, repetitions_for
@@ -94,18 +93,13 @@ def _samples_of(row: dict[str, Any]) -> list[float]:
     return row.get("samples_ts") or [row["avg_ts"]]
 
 
-def _rows(stdout: str) -> list[dict[str, Any]]:
-    """llama-bench's JSON lines, whole lines only (a stopped run may have been cut mid-line)."""
-    return [json.loads(line) for line in stdout[: stdout.rfind("\n") + 1].splitlines() if line.startswith("{")]
-
-
 def _enough(arm: Arm, tests: tuple[str, ...], settings: BenchSettings, t0: float) -> Callable[[str], bool]:
     """When to stop an open-ended batch, after a whole copy of its tests: every test precise enough, the most
     repetitions allowed, or the next copy would run past the time budget at the last copy's pace."""
     copy_ends = [time.monotonic()]
 
     def enough(stdout: str) -> bool:
-        rows = _rows(stdout)
+        rows = bench_records(stdout)
         if len(rows) // len(tests) < len(copy_ends) or len(rows) % len(tests):
             return False  # no new whole copy
         copy_ends.append(time.monotonic())
@@ -186,7 +180,7 @@ def run_bench(
                 a.batches += 1
                 a.wall_s += result.wall_s
                 a.stderr = a.stderr or result.stderr
-                rows = _rows(result.stdout)
+                rows = bench_records(result.stdout)
                 if rpc and result.ok and f"RPC0[{rpc}]" not in result.stderr:
                     # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
                     a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))

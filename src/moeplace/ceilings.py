@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import mmap
 import os
@@ -38,7 +37,7 @@ from .errors import MoeplaceError
 from .predict import Bandwidths, bytes_per_token
 from .runtime.cpus import pin, split_cpus
 from .runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, attached, link_facts
-from .runtime.llamacpp import bench_command, require_binary
+from .runtime.llamacpp import bench_command, bench_records, require_binary
 from .runtime.native import build_native
 from .runtime.process import run_checked
 from .runtime.provenance import host_facts
@@ -133,7 +132,7 @@ def decode_tok_s(
     cmd = [str(require_binary(manifest, "llama-bench")), "-m", str(model), "-p", "0", "-n", str(gen)]
     cmd += ["-r", str(repetitions), "-t", str(threads), "-ngl", "99" if on_device else "0", "-o", "jsonl"]
     out = run_checked(cmd, f"decoding {model.name} with llama-bench", log_file, timeout_s=timeout_s)
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    rows = bench_records(out.stdout)
     if not rows:
         raise MoeplaceError(f"llama-bench printed no result decoding {model.name}; see {log_file}.")
     return float(rows[0]["avg_ts"])
@@ -174,7 +173,7 @@ def attention_rows(
             except MoeplaceError as e:  # e.g. this depth does not fit even with every expert on the host
                 log.warning("%s", e)
                 continue
-            for r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")):
+            for r in bench_records(out.stdout):
                 test = "tg" if r["n_gen"] else "pp"
                 samples[test].setdefault((round_, depth), []).extend(1 / v for v in r.get("samples_ts") or [] if v)
     rows = []

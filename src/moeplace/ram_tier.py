@@ -36,7 +36,6 @@ cache the cap leaves serves the experts. "none" locks nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -59,7 +58,7 @@ from .metadata import tensor_role
 from .outputs import atomic_path
 from .predict import ram_tier_tok_s
 from .runtime.cgroup import MIB, CgroupSite, cgroup_site, memory_cgroup
-from .runtime.llamacpp import require_binary, require_flags
+from .runtime.llamacpp import bench_records, require_binary, require_flags
 from .runtime.native import build_native
 from .runtime.pagecache import PAGE, evict_page_cache, readahead_control
 from .runtime.pagelock import parse_shim, shim_env, tensor_ranges
@@ -135,15 +134,7 @@ def run_capped(
 
 
 def _tg_result(stdout: str) -> dict[str, Any] | None:
-    for line in stdout.splitlines():
-        if line.startswith("{"):
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if r.get("n_gen"):
-                return r
-    return None
+    return next((r for r in bench_records(stdout) if r.get("n_gen")), None)
 
 
 def classify_run(run: CappedRun, capped: bool) -> tuple[str, str]:

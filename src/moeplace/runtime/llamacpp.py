@@ -298,6 +298,18 @@ def require_binary(manifest: dict[str, Any], name: str) -> Path:
     return path
 
 
+def bench_records(stdout: str) -> list[dict[str, Any]]:
+    """llama-bench's `-o jsonl` records, whole lines only: a stopped or killed run may have been cut mid-line."""
+    records = []
+    for line in stdout[: stdout.rfind("\n") + 1].splitlines():
+        if line.startswith("{"):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # another process's output interleaved into the line
+                continue
+    return records
+
+
 def bench_command(
     manifest: dict[str, Any],
     model: str,
