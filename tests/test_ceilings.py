@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from conftest import SEED_CONSTANTS
+from conftest import ROOT, SEED_CONSTANTS
 
 from moeplace.ceilings import (
     attention_costs,
@@ -14,11 +14,14 @@ from moeplace.ceilings import (
     measured_prior,
     ram_read_gbps,
 )
-from moeplace.metadata import from_constants
+from moeplace.config import BenchSettings
+from moeplace.metadata import from_constants, inspect_model
 from moeplace.predict import Bandwidths, bytes_per_token, predict_table, ram_tier_tok_s
+from moeplace.twin import load_spec, write_twin
 from moeplace.units import GB
 
 SEED = from_constants("seed", SEED_CONSTANTS)
+BENCH = BenchSettings(prompt=512, gen=64, repetitions=3, threads=2, timeout_s=600)
 
 
 def test_boundness_verdicts():
@@ -43,7 +46,8 @@ def test_measured_bandwidths_fill_the_corrected_column():
     assert "bw_vram_gbps" not in measured_bandwidths(gpu)
 
 
-def test_attention_costs_are_each_models_own_and_name_the_runs_they_took():
+def test_attention_costs_are_each_models_own_and_name_the_runs_they_took(tmp_path):
+    tiny = inspect_model(write_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), tmp_path / "t.gguf", "none"))
     measured = (("a", "tg", 0.12, 0.02), ("a", "pp", 0.03, None), ("b", "tg", -0.01, 0.1))
     rows = [{"ceiling": f"attention_{test}", "subject": model, "value": value, "value_sd": sd, "n_cpu_moe": 8,
              "depths": "3584 32256"} for model, test, value, sd in measured]  # fmt: skip
@@ -55,11 +59,18 @@ def test_attention_costs_are_each_models_own_and_name_the_runs_they_took():
     # A table written before the spread was measured has no value_sd column.
     assert attention_costs(table.drop(columns="value_sd"), "a")[1] == {}
     # The prior a stage builds on: the measured RAM bandwidth and the model's own attention cost and spread.
-    base, probed = measured_prior(Bandwidths(20, 20), table, "a")
+    base, probed = measured_prior(Bandwidths(20, 20), table, "a", tiny, BENCH)
     assert {t: m.coef["kv_gb"] for t, m in base.tests.items()} == {"tg": 0.12, "pp": 0.03}
     assert base.tests["tg"].se == {"kv_gb": 0.02} and base.tests["pp"].se == {}
     assert base.tests["tg"].coef["host_gb"] == 1 / 12.0 and probed == {(8, 3584), (8, 32256)}
-    assert measured_prior(Bandwidths(20, 20), None, "a")[0].tests["tg"].coef["kv_gb"] == 1 / 20
+    assert base.tests["tg"].source["layers"] == "default" and "layers" not in base.tests["pp"].coef
+    assert measured_prior(Bandwidths(20, 20), None, "a", tiny, BENCH)[0].tests["tg"].coef["kv_gb"] == 1 / 20
+    # The probe's times at its first depth, all experts on the host and none: the fixed time and host cost.
+    times = [{"ceiling": f"time_{test}", "subject": "a", "value": value, "n_cpu_moe": n, "depths": 3584}
+             for test, n, value in (("tg", 8, 0.04), ("tg", 0, 0.02), ("pp", 8, 0.004), ("pp", 0, 0.001))]  # fmt: skip
+    base, probed = measured_prior(Bandwidths(20, 20), pd.concat([table, pd.DataFrame(times)]), "a", tiny, BENCH)
+    assert (0, 3584) in probed and base.tests["tg"].coef["layers"] > 0 and base.tests["pp"].coef["link_gb"] > 0
+    assert {k for m in base.tests.values() for k, s in m.source.items() if s == "ceilings"} >= {"hops", "link_gb"}
 
 
 def test_disk_term_pages_what_ram_cannot_hold():

@@ -20,8 +20,10 @@ from moeplace.metadata import inspect_model
 from moeplace.predict import Bandwidths
 from moeplace.speed import (
     FIXED_PER_LAYER_S,
+    TESTS,
     Run,
     SpeedModel,
+    anchored,
     features,
     fit,
     kv_read_gb,
@@ -183,6 +185,22 @@ def test_an_attention_costs_spread_widens_predictions_at_another_depth_only(tiny
     # The calibration file keeps the spread and the lever: a later prediction carries them.
     again = SpeedModel.from_json(json.loads(json.dumps(fits[0.1].to_json())))
     assert again.tests["tg"].relative_sd(x) == pytest.approx(model.relative_sd(x))
+
+
+def test_the_probes_own_runs_anchor_the_priors_fixed_time_and_host_cost(tiny):
+    """The ceilings probe's runs at one depth, every expert on the host and none, with the bandwidths and the
+    attention cost known: the prior then predicts every placement and depth, decode and prefill, as the truth."""
+    base = prior(Bandwidths(20, 8), attention={"tg": TRUE["kv_gb"], "pp": TRUE_PP["kv_gb"]})
+    probe = [r for test in TESTS for r in synthetic(tiny, depths=(4096,), ns=(0, 8), test=test)]
+    model = anchored(tiny, base, probe)
+    assert model.tests["tg"].coef == pytest.approx(TRUE) and model.tests["pp"].coef == pytest.approx(TRUE_PP)
+    assert model.tests["tg"].source["hops"] == "ceilings" and not model.tests["tg"].fitted  # a prior, not a fit
+    for run in synthetic(tiny, depths=(512, 32768), ns=(2, 5)) + synthetic(tiny, depths=(32768,), test="pp"):
+        assert model.predict(tiny, run)["tok_s"] == pytest.approx(run.tok_s)
+    # With every expert on the host alone, decode gets the fixed time (the hop stays unknown), prefill nothing.
+    alone = anchored(tiny, base, [r for r in probe if r.n_cpu_moe == 8])
+    assert alone.tests["tg"].coef["hops"] == 0 and alone.tests["tg"].coef["layers"] > TRUE["layers"]
+    assert alone.tests["pp"] == base.tests["pp"]
 
 
 def test_prior_is_seed_formula_plus_a_fixed_cost_per_layer(tiny):

@@ -62,6 +62,10 @@ def test_ceilings_feed_the_uncalibrated_prediction(wd):
     assert (attention.depths == "64 512").all() and (attention.n_cpu_moe == meta["n_layer"]).all()
     assert attention.value.notna().all() and (attention.unit == "s/GB").all()
     assert (attention.value_sd > 0).all()  # three rounds, each with its own slope
+    # At the first depth the probe also ran with no expert on the host: the prior's fixed time and host cost.
+    times = ceilings[ceilings.ceiling.str.startswith("time_")]
+    assert sorted(zip(times.ceiling, times.n_cpu_moe)) == [(f"time_{t}", n) for t in ("pp", "tg") for n in (0, 8)]
+    assert (times.depths.astype(str) == "64").all() and (times.value > 0).all() and (times.unit == "s/token").all()
     # No GPU: the emulated device's memory is host RAM, so both terms use the 2-thread RAM ceiling.
     predicted = pd.read_csv(wd / "results/tables/predicted/tiny-qwen3moe.csv").set_index("n_cpu_moe")
     d, v = read_bytes(meta, 4)

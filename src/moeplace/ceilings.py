@@ -41,7 +41,7 @@ from .runtime.llamacpp import bench_command, bench_records, require_binary
 from .runtime.native import build_native
 from .runtime.process import run_checked
 from .runtime.provenance import host_facts
-from .speed import TESTS, Run, SpeedModel, features, prior
+from .speed import TESTS, Run, SpeedModel, anchored, features, prior
 from .units import GB
 
 log = logging.getLogger("moeplace")
@@ -138,6 +138,41 @@ def decode_tok_s(
     return float(rows[0]["avg_ts"])
 
 
+def _placement_rows(
+    name: str,
+    test: str,
+    timed_runs: dict[tuple[int, int, int], list[float]],
+    at: tuple[int, int],
+    threads: int,
+    device: str,
+) -> list[dict[str, Any]]:
+    """The probe's seconds per token at its first depth, with every routed expert on the host and, where that
+    fits, with none: the median over rounds, and the spread of each round's own median."""
+    depth, n_layer = at
+    rows = []
+    for n in (0, n_layer):
+        rounds = [statistics.median(s) for (_, d, k), s in sorted(timed_runs.items()) if (d, k) == (depth, n) and s]
+        if not rounds:
+            continue
+        where = "every routed expert on the host" if n else "every routed expert on the device"
+        rows.append(
+            {
+                "ceiling": f"time_{test}",
+                "subject": name,
+                "threads": threads,
+                "value": statistics.median(x for (_, d, k), s in timed_runs.items() if (d, k) == (depth, n) for x in s),
+                "value_sd": statistics.stdev(rounds) if len(rounds) >= 2 else None,
+                "unit": "s/token",
+                "n_cpu_moe": n,
+                "depths": str(depth),
+                "detail": f"llama-bench {test} on {device} at this depth, {where}, {len(rounds)} processes, median; "
+                "the prior's fixed time and host cost come from these (speed.anchored); value_sd: the spread of "
+                "each round's median",
+            }
+        )
+    return rows
+
+
 def attention_rows(
     manifest: dict[str, Any],
     name: str,
@@ -156,28 +191,36 @@ def attention_rows(
     The depths take turns, one process each, ATTENTION_ROUNDS times: a shared host's speed drifts by tens of
     percent between processes minutes apart, and taking turns puts the drift on every depth alike. The spread
     of each round's own slope (value_sd) says how far one process's depth cost lands from another's: what a
-    prediction carrying this cost to another depth inherits."""
+    prediction carrying this cost to another depth inherits.
+    At the first depth a run with every routed expert on the device takes its turn too, where it fits: with the
+    host placement's time there (rows time_tg, time_pp) it gives the prior its fixed time and the cost of
+    placing experts on the host (speed.anchored)."""
     n_layer = meta["n_layer"]
     depths = tuple(sorted(set(depths) | ({depths[0] // 8} if len(depths) == 1 else set())))
     if len(depths) < 2 or not any(layer.get("has_kv") for layer in meta["layers"]):
         return []
     cpus = split_cpus(device.kind == "emulated")
     threads = min(bench.threads, len(cpus.bench))
-    samples: dict[str, dict[tuple[int, int], list[float]]] = {test: {} for test in TESTS}
+    placements = [(depth, n_layer) for depth in depths] + [(depths[0], 0)]
+    # (round, depth, n_cpu_moe) -> seconds per token of each repetition, per test
+    samples: dict[str, dict[tuple[int, int, int], list[float]]] = {test: {} for test in TESTS}
     with attached(device, manifest, cpus, log_file) as rpc:
-        for round_, depth in itertools.product(range(ATTENTION_ROUNDS), depths):
-            cmd = bench_command(manifest, str(model), depth, n_layer, bench, rpc, threads=threads)
+        for round_, (depth, n) in itertools.product(range(ATTENTION_ROUNDS), placements):
+            cmd = bench_command(manifest, str(model), depth, n, bench, rpc, threads=threads)
             try:
-                out = run_checked(cmd, f"timing {name}'s attention at depth {depth}", log_file,
+                out = run_checked(cmd, f"timing {name} at depth {depth} with -ncmoe {n}", log_file,
                                   timeout_s=bench.timeout_s, before_exec=lambda: pin(cpus.bench))  # fmt: skip
             except MoeplaceError as e:  # e.g. this depth does not fit even with every expert on the host
                 log.warning("%s", e)
                 continue
             for r in bench_records(out.stdout):
                 test = "tg" if r["n_gen"] else "pp"
-                samples[test].setdefault((round_, depth), []).extend(1 / v for v in r.get("samples_ts") or [] if v)
+                times = samples[test].setdefault((round_, depth, n), [])
+                times.extend(1 / v for v in r.get("samples_ts") or [] if v)
     rows = []
-    for test, by_run in samples.items():
+    for test, timed_runs in samples.items():
+        rows += _placement_rows(name, test, timed_runs, (depths[0], n_layer), threads, device.label)
+        by_run = {(round_, depth): s for (round_, depth, n), s in timed_runs.items() if n == n_layer}
         timed = sorted({d for _, d in by_run})
         if len(timed) < 2:
             continue
@@ -221,7 +264,8 @@ def attention_costs(
     """`model`'s measured attention cost per test (s/GB of KV cache read; a slope that is not positive is
     noise, left out), its spread between the probe's rounds where measured, and the (n_cpu_moe, depth)
     configurations its probe ran."""
-    rows = ceilings[ceilings.ceiling.str.startswith("attention_") & (ceilings.subject == model)]
+    mine = ceilings[ceilings.subject == model]
+    rows = mine[mine.ceiling.str.startswith("attention_")]
     costs, spreads = {}, {}
     for r in rows.itertuples():
         test = r.ceiling.removeprefix("attention_")
@@ -229,20 +273,30 @@ def attention_costs(
             costs[test] = float(r.value)
             if pd.notna(getattr(r, "value_sd", None)):  # tables written before the spread was measured lack it
                 spreads[test] = float(r.value_sd)
-    probed = {(int(r.n_cpu_moe), int(d)) for r in rows.itertuples() for d in str(r.depths).split()}
+    runs = mine[mine.ceiling.str.startswith(("attention_", "time_"))]
+    probed = {(int(r.n_cpu_moe), int(d)) for r in runs.itertuples() for d in str(r.depths).split()}
     return costs, spreads, probed
 
 
 def measured_prior(
-    bw: Bandwidths, ceilings: pd.DataFrame | None, model: str
+    bw: Bandwidths, ceilings: pd.DataFrame | None, model: str, meta: dict[str, Any], bench: BenchSettings
 ) -> tuple[SpeedModel, set[tuple[int, int]]]:
-    """The speed model's prior for `model`: `bw` with the ceilings' measured values where the config leaves
-    them unset, and the model's measured attention cost with its spread; and the configurations its attention
-    probe ran. Without a ceilings table, the prior of `bw` alone."""
+    """The speed model's prior for `model` (`meta`): `bw` with the ceilings' measured values where the config
+    leaves them unset, the model's measured attention cost with its spread, and its fixed time and host cost
+    from the probe's own runs (made with `bench`); and the configurations the probe ran. Without a ceilings
+    table, the prior of `bw` alone."""
     if ceilings is None:
         return prior(bw), set()
     attention, spread, probed = attention_costs(ceilings, model)
-    return prior(with_ceilings(bw, ceilings), attention, spread), probed
+    times = ceilings[(ceilings.subject == model) & ceilings.ceiling.str.startswith("time_")]
+    anchors = []
+    for r in times.itertuples():
+        test = r.ceiling.removeprefix("time_")
+        if r.value > 0:
+            n_tokens = bench.gen if test == "tg" else bench.prompt
+            anchors.append(Run(int(r.n_cpu_moe), int(r.depths), test, n_tokens, bench.ubatch, bench.type_k,
+                               bench.type_v, tok_s=1 / r.value))  # fmt: skip
+    return anchored(meta, prior(with_ceilings(bw, ceilings), attention, spread), anchors), probed
 
 
 def bound(fraction: float, scaling: float | None) -> str:

@@ -2,11 +2,13 @@
 
 For every model: "two_point" fits each test to the lowest and the highest n measured at one depth (what a
 user with two runs has) and predicts every other (n, depth, test) point; "loo" predicts each point from a
-fit to all the others; "prior" predicts every decode point from the bandwidths alone (the datasheet's, or the
-ceilings stage's where measured), fitted to nothing. Predictions at a depth a fit never saw take the depth
-term from the prior: the attention cost the ceilings stage measured, or the KV bytes over the device's
-bandwidth. Errors are (predicted - measured) / measured. A two-point row names the coefficients its fit pushed
-to zero (`fit_at_zero`): two runs where more experts on the host ran as fast make that fit flat across placements.
+fit to all the others; "prior" predicts every point from what the ceilings stage measured (bandwidths, the
+model's attention cost, and its fixed time and host cost from the probe's own runs) or else the datasheet's
+bandwidths, fitted to no run of the sweep (prefill only where the probe measured it). Predictions at a depth a
+fit never saw take the depth term from the prior: the attention cost the ceilings stage measured, or the KV
+bytes over the device's bandwidth. Errors are (predicted - measured) / measured. A two-point row names the
+coefficients its fit pushed to zero (`fit_at_zero`): two runs where more experts on the host ran as fast make
+that fit flat across placements.
 """
 
 from __future__ import annotations

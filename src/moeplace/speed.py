@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -256,6 +256,43 @@ def _free(test: str, rows: list[dict[str, float]]) -> list[str]:
     return free
 
 
+def _nonnegative(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares of a @ x = y, the columns scaled alike first (features span 1e-3..1e2)."""
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1
+    return nnls(a / scale, y)[0] / scale
+
+
+# What a placement with experts on the host costs beyond their bytes: decode's hops, prefill's copy of them.
+HOST_TERM = {"tg": "hops", "pp": "link_gb"}
+
+
+def anchored(meta: dict[str, Any], base: SpeedModel, anchors: list[Run]) -> SpeedModel:
+    """The prior `base` with its fixed time per layer, and from runs at two placements also the host term of
+    HOST_TERM, solved from the ceilings stage's own runs of the model (`anchors`, at one depth: every routed
+    expert on the device and every one on the host): what no datasheet gives, measured on the device, and no run
+    of a sweep. From the host placement alone decode gets the fixed time only (the hop stays the measured or
+    default one); prefill needs both, its copy being most of what placement changes."""
+    tests = dict(base.tests)
+    for test, m in base.tests.items():
+        mine = [r for r in anchors if r.test == test and r.tok_s]
+        both = len({r.n_cpu_moe for r in mine}) > 1
+        if not mine or (test == "pp" and not both):
+            continue
+        free = ["layers", HOST_TERM[test]] if both else ["layers"]
+        coef = {k: m.coef.get(k, 0.0) for k in FEATURES[test]}
+        rows = [features(meta, r) for r in mine]
+        known = np.array([sum(coef[k] * x[k] for k in coef if k not in free) for x in rows])
+        solution = _nonnegative(
+            np.array([[x[k] for k in free] for x in rows]), 1 / np.array([r.tok_s for r in mine]) - known
+        )
+        coef |= {k: float(v) for k, v in zip(free, solution)}
+        tests[test] = replace(
+            m, coef=coef, source={k: m.source.get(k, "default") for k in coef} | dict.fromkeys(free, "ceilings")
+        )
+    return SpeedModel(tests)
+
+
 def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -> SpeedModel:
     """Calibrate per test by non-negative least squares on time per token: the coefficients the runs can
     tell apart (see _free) are fitted, the others keep `base`'s (bandwidth priors) or are 0."""
@@ -274,10 +311,7 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
         free = _free(test, rows)
         known = np.array([sum(coef[k] * row[k] for k in FEATURES[test] if k not in free) for row in rows])
         a = np.array([[row[k] for k in free] for row in rows])
-        scale = np.abs(a).max(axis=0)
-        scale[scale == 0] = 1
-        solution, _ = nnls(a / scale, y - known)
-        solution = solution / scale
+        solution = _nonnegative(a, y - known)
         for k, value in zip(free, solution):
             coef[k], source[k] = float(value), "fit"
         predicted = known + a @ solution

@@ -11,6 +11,7 @@ rule calibrate:
         "../../environment.yml"
     params:
         bandwidths=params(SETTINGS.bandwidths),
+        bench=params(SETTINGS.bench),  # the ceilings probe's runs, which the prior is anchored to
     script:
         "../scripts/calibrate.py"
 
@@ -43,5 +44,6 @@ rule fidelity:
     params:
         models=BENCH_MODELS,
         bandwidths=params(SETTINGS.bandwidths),
+        bench=params(SETTINGS.bench),  # the ceilings probe's runs, which the prior is anchored to
     script:
         "../scripts/fidelity.py"

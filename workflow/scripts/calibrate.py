@@ -5,6 +5,7 @@ import pandas as pd
 
 from moeplace.calibrate import calibration_file
 from moeplace.ceilings import measured_prior
+from moeplace.config import BenchSettings
 from moeplace.outputs import read_json, read_jsonl, stage, write_json
 from moeplace.predict import Bandwidths
 
@@ -12,8 +13,11 @@ with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params
     records = [r for path in i.bench for r in read_jsonl(path)]
     ceilings = pd.read_csv(i.ceilings) if "ceilings" in i.keys() else None
-    base, _ = measured_prior(Bandwidths(**p.bandwidths), ceilings, snakemake.wildcards.model)
-    calibration = calibration_file(read_json(i.metadata), records, base)
+    meta = read_json(i.metadata)
+    base, _ = measured_prior(
+        Bandwidths(**p.bandwidths), ceilings, snakemake.wildcards.model, meta, BenchSettings(**p.bench)
+    )
+    calibration = calibration_file(meta, records, base)
     for test, m in calibration["tests"].items():
         log.info("%s from %d runs: %s (sources %s)", test, m["runs"], m["coef"], m["source"])
     if "not_calibrated" in calibration:

@@ -4,6 +4,7 @@ figure)."""
 import pandas as pd
 
 from moeplace.ceilings import measured_prior
+from moeplace.config import BenchSettings
 from moeplace.fidelity import fidelity_figure, fidelity_table, summary
 from moeplace.outputs import read_json, read_jsonl, stage, write_csv
 from moeplace.predict import Bandwidths
@@ -13,11 +14,12 @@ with stage(snakemake.log[0]) as log:
     records = [r for path in i.bench for r in read_jsonl(path)]
     ceilings = pd.read_csv(i.ceilings) if "ceilings" in i.keys() else None
     parts = []
-    for model, meta in zip(p.models, i.metadata):
-        base, probed = measured_prior(Bandwidths(**p.bandwidths), ceilings, model)
-        log.info("%s: the prior's KV cost, s/GB: %s", model, {t: m.coef["kv_gb"] for t, m in base.tests.items()})
+    for model, path in zip(p.models, i.metadata):
+        meta = read_json(path)
+        base, probed = measured_prior(Bandwidths(**p.bandwidths), ceilings, model, meta, BenchSettings(**p.bench))
+        log.info("%s: the prior, %s", model, {t: (m.coef, m.source) for t, m in base.tests.items()})
         mine = [r for r in records if r["model"] == model]
-        parts.append(fidelity_table(read_json(meta), mine, base, probed))
+        parts.append(fidelity_table(meta, mine, base, probed))
     table = pd.concat(parts, ignore_index=True)
     write_csv(o.table, table)
     overview = summary(table)
