@@ -309,6 +309,8 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
         coef = {k: (prior_model.coef.get(k, 0.0) if prior_model else 0.0) for k in FEATURES[test]}
         source = {k: (prior_model.source.get(k, "default") if prior_model else "default") for k in FEATURES[test]}
         free = _free(test, rows)
+        if test == "tg" and "host_gb" in free and "hops" not in free:  # hops are host bytes by another name here:
+            coef["hops"], source["hops"] = 0.0, "fit"  # the host term takes both, not a prior's hop as its floor
         known = np.array([sum(coef[k] * row[k] for k in FEATURES[test] if k not in free) for row in rows])
         a = np.array([[row[k] for k in free] for row in rows])
         solution = _nonnegative(a, y - known)
