@@ -10,10 +10,10 @@ from conftest import ROOT
 from workflow_helpers import snakemake, workflow_copy
 
 from moeplace.metadata import inspect_model
-from moeplace.predict import bytes_per_token, read_bytes
+from moeplace.predict import bytes_per_token
 from moeplace.ram_tier import non_expert_ranges
 from moeplace.runtime.cgroup import cgroup_support
-from moeplace.speed import FIXED_PER_LAYER_S, kv_read_gb
+from moeplace.speed import kv_read_gb
 from moeplace.units import GB
 
 pytestmark = pytest.mark.llamacpp
@@ -66,13 +66,17 @@ def test_ceilings_feed_the_uncalibrated_prediction(wd):
     times = ceilings[ceilings.ceiling.str.startswith("time_")]
     assert sorted(zip(times.ceiling, times.n_cpu_moe)) == [(f"time_{t}", n) for t in ("pp", "tg") for n in (0, 8)]
     assert (times.depths.astype(str) == "64").all() and (times.value > 0).all() and (times.unit == "s/token").all()
-    # No GPU: the emulated device's memory is host RAM, so both terms use the 2-thread RAM ceiling.
+    # The prior before any calibration (predicted tables): the probe's two placements at its first depth, brought
+    # to an empty cache by the measured depth cost (else the KV bytes at the RAM ceiling: the emulated device's
+    # memory is host RAM); halfway between them in experts on the host, halfway in time.
     predicted = pd.read_csv(wd / "results/tables/predicted/tiny-qwen3moe.csv").set_index("n_cpu_moe")
-    d, v = read_bytes(meta, 4)
-    seconds = (
-        FIXED_PER_LAYER_S * meta["n_layer"] + (d + v) / (ram[2] * GB) + kv_read_gb(meta, 0.5, "f16", "f16") / ram[2]
-    )
-    assert predicted.loc[4, "tg_tok_s"] == pytest.approx(1 / seconds, rel=1e-6)
+    seconds = 1 / predicted.tg_tok_s
+    cost = attention.loc["attention_tg", "value"]
+    deeper = kv_read_gb(meta, 64 + CFG["bench"]["gen"] / 2, "f16", "f16") - kv_read_gb(meta, 0.5, "f16", "f16")
+    times = ceilings[ceilings.ceiling == "time_tg"].set_index("n_cpu_moe").value
+    for n in (0, 8):
+        assert seconds[n] + (cost if cost > 0 else 1 / ram[2]) * deeper == pytest.approx(times[n], rel=1e-6)
+    assert seconds[4] == pytest.approx((seconds[0] + seconds[8]) / 2, rel=1e-6)
 
 
 def test_routing_trace_and_table(wd):

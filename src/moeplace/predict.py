@@ -10,12 +10,15 @@ is the part of D(n) that does not fit in the host RAM given (host.ram) and is pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from .errors import MoeplaceError
 from .units import GB
+
+if TYPE_CHECKING:  # the speed model imports this module
+    from .speed import SpeedModel
 
 
 @dataclass(frozen=True)
@@ -85,12 +88,13 @@ def token_seconds(
     return t
 
 
-def predict_table(meta: dict[str, Any], bw: Bandwidths) -> pd.DataFrame:
+def predict_table(meta: dict[str, Any], bw: Bandwidths, model: SpeedModel | None = None) -> pd.DataFrame:
     """Seed 000's table (tok_s, from theoretical bandwidths) and the speed model's decode before any calibration
-    (tg_tok_s with its interval: measured bandwidths where known, at an empty context)."""
+    (tg_tok_s with its interval, at an empty context): `model`, the prior the ceilings stage measured
+    (ceilings.measured_prior), else the prior of `bw`."""
     from .speed import Run, prior  # the speed model builds on this module's byte counts
 
-    model = prior(bw)
+    model = model or prior(bw)
     dense_tok_s = bw.ddr_gbps * GB / meta["total_bytes"]
     rows = []
     for n in range(meta["n_layer"] + 1):

@@ -10,5 +10,6 @@ rule predict:
         "../../environment.yml"
     params:
         bandwidths=params(SETTINGS.bandwidths),
+        bench=params(SETTINGS.bench),  # the ceilings probe's runs, which the prior is anchored to
     script:
         "../scripts/predict.py"

@@ -2,16 +2,20 @@
 
 import pandas as pd
 
-from moeplace.ceilings import with_ceilings
+from moeplace.ceilings import measured_prior, with_ceilings
+from moeplace.config import BenchSettings
 from moeplace.outputs import read_json, stage, write_csv
 from moeplace.predict import Bandwidths, predict_table
 
 with stage(snakemake.log[0]) as log:
-    meta = read_json(snakemake.input.metadata)
-    bw = Bandwidths(**snakemake.params.bandwidths)
-    if "ceilings" in snakemake.input.keys():  # measured values fill what the config's measured section leaves unset
-        bw = with_ceilings(bw, pd.read_csv(snakemake.input.ceilings))
-        log.info("corrected column with %s", bw)
-    table = predict_table(meta, bw)
+    i, p = snakemake.input, snakemake.params
+    meta = read_json(i.metadata)
+    bw = Bandwidths(**p.bandwidths)
+    ceilings = pd.read_csv(i.ceilings) if "ceilings" in i.keys() else None
+    model, _ = measured_prior(bw, ceilings, snakemake.wildcards.model, meta, BenchSettings(**p.bench))
+    if ceilings is not None:  # measured values fill what the config's measured section leaves unset
+        bw = with_ceilings(bw, ceilings)
+        log.info("corrected column with %s; the prior %s", bw, {t: m.coef for t, m in model.tests.items()})
+    table = predict_table(meta, bw, model)
     log.info("predicted %d rows; n=0 %.1f tok/s, n=L %.1f tok/s", len(table), table.tok_s.iloc[0], table.tok_s.iloc[-1])
     write_csv(snakemake.output[0], table)
