@@ -59,17 +59,23 @@ def test_attention_costs_are_each_models_own_and_name_the_runs_they_took(tmp_pat
     # A table written before the spread was measured has no value_sd column.
     assert attention_costs(table.drop(columns="value_sd"), "a")[1] == {}
     # The prior a stage builds on: the measured RAM bandwidth and the model's own attention cost and spread.
-    base, probed = measured_prior(Bandwidths(20, 20), table, "a", tiny, BENCH)
+    base, probed, anchors = measured_prior(Bandwidths(20, 20), table, "a", tiny, BENCH)
     assert {t: m.coef["kv_gb"] for t, m in base.tests.items()} == {"tg": 0.12, "pp": 0.03}
     assert base.tests["tg"].se == {"kv_gb": 0.02} and base.tests["pp"].se == {}
-    assert base.tests["tg"].coef["host_gb"] == 1 / 12.0 and probed == {(8, 3584), (8, 32256)}
+    assert base.tests["tg"].coef["host_gb"] == 1 / 12.0 and probed == {(8, 3584), (8, 32256)} and anchors == set()
     assert base.tests["tg"].source["layers"] == "default" and "layers" not in base.tests["pp"].coef
     assert measured_prior(Bandwidths(20, 20), None, "a", tiny, BENCH)[0].tests["tg"].coef["kv_gb"] == 1 / 20
     # The probe's times at its first depth, all experts on the host and none: the fixed time and host cost.
     times = [{"ceiling": f"time_{test}", "subject": "a", "value": value, "n_cpu_moe": n, "depths": 3584}
              for test, n, value in (("tg", 8, 0.04), ("tg", 0, 0.02), ("pp", 8, 0.004), ("pp", 0, 0.001))]  # fmt: skip
-    base, probed = measured_prior(Bandwidths(20, 20), pd.concat([table, pd.DataFrame(times)]), "a", tiny, BENCH)
-    assert (0, 3584) in probed and base.tests["tg"].coef["layers"] > 0 and base.tests["pp"].coef["link_gb"] > 0
+    base, probed, anchors = measured_prior(
+        Bandwidths(20, 20), pd.concat([table, pd.DataFrame(times)]), "a", tiny, BENCH
+    )
+    assert (
+        anchors == {(0, 3584), (8, 3584)}
+        and base.tests["tg"].coef["layers"] > 0
+        and base.tests["pp"].coef["link_gb"] > 0
+    )
     assert {k for m in base.tests.values() for k, s in m.source.items() if s == "ceilings"} >= {"hops", "link_gb"}
 
 

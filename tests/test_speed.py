@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -143,11 +144,16 @@ def test_fidelity_summary_says_how_often_the_interval_held_the_measurement():
     assert rows.loc[4096, "median_abs_error_pct"] == 7.5
 
 
+def as_records(runs: list[Run]) -> list[dict]:
+    """The pipeline's bench records of synthetic runs."""
+    return [{"status": "ok", "model": "tiny", "ctx": r.depth + 512, "test": r.test, "n_cpu_moe": r.n_cpu_moe,
+             "n_depth": r.depth, "n_prompt": r.n_tokens if r.test == "pp" else 0, "avg_ts": r.tok_s,
+             "n_gen": r.n_tokens if r.test == "tg" else 0, "overrides": ""} for r in runs]  # fmt: skip
+
+
 def test_a_measured_attention_cost_carries_two_runs_to_another_depth(tiny):
     runs = synthetic(tiny) + synthetic(tiny, test="pp")
-    records = [{"status": "ok", "model": "tiny", "ctx": r.depth + 512, "test": r.test, "n_cpu_moe": r.n_cpu_moe,
-                "n_depth": r.depth, "n_prompt": 512 if r.test == "pp" else 0, "n_gen": 128 if r.test == "tg" else 0,
-                "avg_ts": r.tok_s, "overrides": ""} for r in runs]  # fmt: skip
+    records = as_records(runs)
     attention = {"tg": TRUE["kv_gb"], "pp": TRUE_PP["kv_gb"]}
     measured = prior(Bandwidths(20, 20), attention)
     assert measured.tests["tg"].source["kv_gb"] == "ceilings" and measured.predict(tiny, runs[-1]) is None
@@ -201,6 +207,21 @@ def test_the_probes_own_runs_anchor_the_priors_fixed_time_and_host_cost(tiny):
     alone = anchored(tiny, base, [r for r in probe if r.n_cpu_moe == 8])
     assert alone.tests["tg"].coef["hops"] == 0 and alone.tests["tg"].coef["layers"] > TRUE["layers"]
     assert alone.tests["pp"] == base.tests["pp"]
+    # Scoring: the probe's placements are not scored against the prior they anchor, and are against a fit (which
+    # frees the fixed time and the host term). A test with one n at a depth has no two-point fit there.
+    sweep = synthetic(tiny, depths=(4096,)) + synthetic(tiny, depths=(4096,), ns=(0,), test="pp")
+    table = fidelity_table(tiny, as_records(sweep), model, anchors={(0, 4096), (8, 4096)})
+    prior_rows = table[table.fit == "prior"]
+    assert set(prior_rows.n_cpu_moe) == {2, 4, 6} and prior_rows.error_pct.abs().max() < 1e-6
+    assert {0, 8} <= set(table[table.fit == "loo"].n_cpu_moe)
+    assert set(table[table.fit == "two_point"].test) == {"tg"}
+    # A sweep whose hops follow its host bytes cannot tell them apart: its host term takes both, whatever hop
+    # the prior measured (a hop kept from a prior that overstates it would be a floor no fit could go below).
+    overstated = SpeedModel({"tg": replace(model.tests["tg"], coef=model.tests["tg"].coef | {"hops": 1e-3})})
+    refit = fit(tiny, synthetic(tiny, depths=(4096,)), overstated)
+    assert refit.tests["tg"].coef["hops"] == 0 and refit.tests["tg"].source["hops"] == "fit (in host_gb)"
+    for run in synthetic(tiny, depths=(4096,), ns=(1, 3, 7)):
+        assert refit.predict(tiny, run)["tok_s"] == pytest.approx(run.tok_s, rel=1e-3)
 
 
 def test_prior_is_seed_formula_plus_a_fixed_cost_per_layer(tiny):

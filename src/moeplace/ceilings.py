@@ -13,7 +13,9 @@
   recorded for reference only (launch overheads keep it far below the card's bandwidth on small models);
 - each MoE model's attention on the device: decode and prefill at the benchmarks' depths with every routed
   expert on the host; the extra time per GB of KV cache a token's attention reads (its bytes and its compute)
-  is the speed model's prior for the depth term, which two runs at one depth cannot tell.
+  is the speed model's prior for the depth term, which two runs at one depth cannot tell; at the first depth the
+  probe also runs with no routed expert on the host where that fits, and the two placements' times anchor the
+  prior's fixed time and host term (speed.anchored), which then replace the default and the link probe's hop.
 """
 
 from __future__ import annotations
@@ -138,6 +140,12 @@ def decode_tok_s(
     return float(rows[0]["avg_ts"])
 
 
+def probe_run(bench: BenchSettings, n_cpu_moe: int, depth: int, test: str) -> Run:
+    """A run of the attention probe: llama-bench with the benchmarks' settings (see bench_command)."""
+    n_tokens = bench.gen if test == "tg" else bench.prompt
+    return Run(n_cpu_moe, depth, test, n_tokens, bench.ubatch, bench.type_k, bench.type_v)
+
+
 def _placement_rows(
     name: str,
     test: str,
@@ -204,14 +212,18 @@ def attention_rows(
     placements = [(depth, n_layer) for depth in depths] + [(depths[0], 0)]
     # (round, depth, n_cpu_moe) -> seconds per token of each repetition, per test
     samples: dict[str, dict[tuple[int, int, int], list[float]]] = {test: {} for test in TESTS}
+    failed: set[tuple[int, int]] = set()  # e.g. every expert on the device does not fit: not tried again
     with attached(device, manifest, cpus, log_file) as rpc:
         for round_, (depth, n) in itertools.product(range(ATTENTION_ROUNDS), placements):
+            if (depth, n) in failed:
+                continue
             cmd = bench_command(manifest, str(model), depth, n, bench, rpc, threads=threads)
             try:
                 out = run_checked(cmd, f"timing {name} at depth {depth} with -ncmoe {n}", log_file,
                                   timeout_s=bench.timeout_s, before_exec=lambda: pin(cpus.bench))  # fmt: skip
             except MoeplaceError as e:  # e.g. this depth does not fit even with every expert on the host
                 log.warning("%s", e)
+                failed.add((depth, n))
                 continue
             for r in bench_records(out.stdout):
                 test = "tg" if r["n_gen"] else "pp"
@@ -224,11 +236,7 @@ def attention_rows(
         timed = sorted({d for _, d in by_run})
         if len(timed) < 2:
             continue
-        n_tokens = bench.gen if test == "tg" else bench.prompt
-        kv = {
-            d: features(meta, Run(n_layer, d, test, n_tokens, bench.ubatch, bench.type_k, bench.type_v))["kv_gb"]
-            for d in timed
-        }
+        kv = {d: features(meta, probe_run(bench, n_layer, d, test))["kv_gb"] for d in timed}
 
         def slope(seconds: dict[int, float]) -> float:
             return float(np.polyfit([kv[d] for d in seconds], list(seconds.values()), 1)[0])
@@ -273,30 +281,29 @@ def attention_costs(
             costs[test] = float(r.value)
             if pd.notna(getattr(r, "value_sd", None)):  # tables written before the spread was measured lack it
                 spreads[test] = float(r.value_sd)
-    runs = mine[mine.ceiling.str.startswith(("attention_", "time_"))]
-    probed = {(int(r.n_cpu_moe), int(d)) for r in runs.itertuples() for d in str(r.depths).split()}
+    probed = {(int(r.n_cpu_moe), int(float(d))) for r in rows.itertuples() for d in str(r.depths).split()}
     return costs, spreads, probed
 
 
 def measured_prior(
     bw: Bandwidths, ceilings: pd.DataFrame | None, model: str, meta: dict[str, Any], bench: BenchSettings
-) -> tuple[SpeedModel, set[tuple[int, int]]]:
+) -> tuple[SpeedModel, set[tuple[int, int]], set[tuple[int, int]]]:
     """The speed model's prior for `model` (`meta`): `bw` with the ceilings' measured values where the config
     leaves them unset, the model's measured attention cost with its spread, and its fixed time and host cost
-    from the probe's own runs (made with `bench`); and the configurations the probe ran. Without a ceilings
-    table, the prior of `bw` alone."""
+    from the probe's own runs (made with `bench`); the (n_cpu_moe, depth) configurations the attention cost
+    came from (every fit carries it), and those the fixed time and host cost came from (the prior alone holds
+    them: a fit frees both). Without a ceilings table, the prior of `bw` alone."""
     if ceilings is None:
-        return prior(bw), set()
+        return prior(bw), set(), set()
     attention, spread, probed = attention_costs(ceilings, model)
     times = ceilings[(ceilings.subject == model) & ceilings.ceiling.str.startswith("time_")]
-    anchors = []
-    for r in times.itertuples():
-        test = r.ceiling.removeprefix("time_")
-        if r.value > 0:
-            n_tokens = bench.gen if test == "tg" else bench.prompt
-            anchors.append(Run(int(r.n_cpu_moe), int(r.depths), test, n_tokens, bench.ubatch, bench.type_k,
-                               bench.type_v, tok_s=1 / r.value))  # fmt: skip
-    return anchored(meta, prior(with_ceilings(bw, ceilings), attention, spread), anchors), probed
+    anchors = [
+        replace(probe_run(bench, int(r.n_cpu_moe), int(r.depths), r.ceiling.removeprefix("time_")), tok_s=1 / r.value)
+        for r in times.itertuples()
+        if r.value > 0
+    ]
+    base = anchored(meta, prior(with_ceilings(bw, ceilings), attention, spread), anchors)
+    return base, probed, {(r.n_cpu_moe, r.depth) for r in anchors}
 
 
 def bound(fraction: float, scaling: float | None) -> str:

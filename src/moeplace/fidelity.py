@@ -4,7 +4,7 @@ For every model: "two_point" fits each test to the lowest and the highest n meas
 user with two runs has) and predicts every other (n, depth, test) point; "loo" predicts each point from a
 fit to all the others; "prior" predicts every point from what the ceilings stage measured (bandwidths, the
 model's attention cost, and its fixed time and host cost from the probe's own runs) or else the datasheet's
-bandwidths, fitted to no run of the sweep (prefill only where the probe measured it). Predictions at a depth a
+bandwidths, fitted to no run of the sweep (prefill only where the probe ran both placements). Predictions at a depth a
 fit never saw take the depth term from the prior: the attention cost the ceilings stage measured, or the KV
 bytes over the device's bandwidth. Errors are (predicted - measured) / measured. A two-point row names the
 coefficients its fit pushed to zero (`fit_at_zero`): two runs where more experts on the host ran as fast make
@@ -31,17 +31,23 @@ COLUMNS = [
 
 
 def fidelity_table(
-    meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel, probed: Collection[tuple[int, int]] = ()
+    meta: dict[str, Any],
+    records: list[dict[str, Any]],
+    base: SpeedModel,
+    probed: Collection[tuple[int, int]] = (),
+    anchors: Collection[tuple[int, int]] = (),
 ) -> pd.DataFrame:
     """One model's out-of-sample predictions: every two-point fit (one per depth), leave-one-out and the
     uncalibrated prior `base`. The `-ncmoe` runs at a (n_cpu_moe, depth) in `probed` are not scored: the
-    ceilings stage ran that configuration to time attention, and `base` holds what it measured."""
+    ceilings stage ran that configuration to time attention, and `base` holds what it measured, which every fit
+    carries. Those in `anchors` are not scored against the prior, whose fixed time and host cost they gave."""
     ok = [r for r in records if r.get("status") == "ok" and r.get("avg_ts")]
     runs = runs_from_records(meta, ok)
     rows = []
 
     def row(i: int, pred: dict[str, float] | None, how: str, fit_depth: int | None, at_zero: str = "") -> None:
-        if pred is None or (not runs[i].host_tensors and (runs[i].n_cpu_moe, runs[i].depth) in probed):
+        config = (runs[i].n_cpu_moe, runs[i].depth)
+        if pred is None or (not runs[i].host_tensors and (config in probed or (how == "prior" and config in anchors))):
             return
         r, run = ok[i], runs[i]
         rows.append(
@@ -60,9 +66,9 @@ def fidelity_table(
         except MoeplaceError:  # a depth with too few runs has no two-point fit
             continue
         for i, run in enumerate(runs):
-            if i not in used:
-                fitted = model.tests.get(run.test)
-                row(i, model.predict(meta, run), "two_point", depth, " ".join(fitted.at_zero) if fitted else "")
+            fitted = model.tests.get(run.test)
+            if i not in used and fitted and fitted.fitted:  # a test without two n here keeps the prior: no fit
+                row(i, model.predict(meta, run), "two_point", depth, " ".join(fitted.at_zero))
     for i, pred in enumerate(leave_one_out(meta, runs, base)):
         row(i, pred, "loo", None)
     for i, run in enumerate(runs):

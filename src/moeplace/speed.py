@@ -16,8 +16,9 @@ where, for a placement P (the routed-expert tensors kept in host RAM):
         experts some token of the ubatch routes to (see copied_bytes).
 Every coefficient has a unit (seconds per GB, per hop, per token) and a source: "fit" (moeplace calibrate,
 non-negative least squares on llama-bench runs), "datasheet" (the config's or the CLI's bandwidths),
-"ceilings" (this host's measured RAM bandwidth) or "default". A model from datasheets alone predicts decode
-only: prefill is compute-bound, and nothing but a run says how fast this machine computes.
+"ceilings" (this host's measured bandwidths and attention cost, and the fixed time and host term of the ceilings
+probe's own runs: see anchored) or "default". A model from datasheets alone predicts decode only: prefill is
+compute-bound, and nothing but a run (a sweep's, or the probe's) says how fast this machine computes.
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ class SpeedModel:
 
     def predict(self, meta: dict[str, Any], run: Run) -> dict[str, float] | None:
         """tok/s with its ~95% interval (tok_s / k .. tok_s * k), or None where this model cannot say (prefill
-        before any calibration)."""
+        from datasheets alone)."""
         model = self.tests.get(run.test)
         if model is None or not set(FEATURES[run.test]) <= model.coef.keys():  # a prior's term alone, unfitted
             return None
@@ -309,8 +310,9 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
         coef = {k: (prior_model.coef.get(k, 0.0) if prior_model else 0.0) for k in FEATURES[test]}
         source = {k: (prior_model.source.get(k, "default") if prior_model else "default") for k in FEATURES[test]}
         free = _free(test, rows)
-        if test == "tg" and "host_gb" in free and "hops" not in free:  # hops are host bytes by another name here:
-            coef["hops"], source["hops"] = 0.0, "fit"  # the host term takes both, not a prior's hop as its floor
+        if test == "tg" and "host_gb" in free and "hops" not in free and len({r["hops"] for r in rows}) > 1:
+            # hops are host bytes by another name here: the host term takes both, not a prior's hop as its floor
+            coef["hops"], source["hops"] = 0.0, "fit (in host_gb)"
         known = np.array([sum(coef[k] * row[k] for k in FEATURES[test] if k not in free) for row in rows])
         a = np.array([[row[k] for k in free] for row in rows])
         solution = _nonnegative(a, y - known)

@@ -14,7 +14,7 @@ with stage(snakemake.log[0]) as log:
     records = [r for path in i.bench for r in read_jsonl(path)]
     ceilings = pd.read_csv(i.ceilings) if "ceilings" in i.keys() else None
     meta = read_json(i.metadata)
-    base, _ = measured_prior(
+    base, _, _ = measured_prior(
         Bandwidths(**p.bandwidths), ceilings, snakemake.wildcards.model, meta, BenchSettings(**p.bench)
     )
     calibration = calibration_file(meta, records, base)

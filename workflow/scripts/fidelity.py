@@ -14,12 +14,13 @@ with stage(snakemake.log[0]) as log:
     records = [r for path in i.bench for r in read_jsonl(path)]
     ceilings = pd.read_csv(i.ceilings) if "ceilings" in i.keys() else None
     parts = []
+    bandwidths, bench = Bandwidths(**p.bandwidths), BenchSettings(**p.bench)
     for model, path in zip(p.models, i.metadata):
         meta = read_json(path)
-        base, probed = measured_prior(Bandwidths(**p.bandwidths), ceilings, model, meta, BenchSettings(**p.bench))
+        base, probed, anchors = measured_prior(bandwidths, ceilings, model, meta, bench)
         log.info("%s: the prior, %s", model, {t: (m.coef, m.source) for t, m in base.tests.items()})
         mine = [r for r in records if r["model"] == model]
-        parts.append(fidelity_table(meta, mine, base, probed))
+        parts.append(fidelity_table(meta, mine, base, probed, anchors))
     table = pd.concat(parts, ignore_index=True)
     write_csv(o.table, table)
     overview = summary(table)

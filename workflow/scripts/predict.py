@@ -12,7 +12,7 @@ with stage(snakemake.log[0]) as log:
     meta = read_json(i.metadata)
     bw = Bandwidths(**p.bandwidths)
     ceilings = pd.read_csv(i.ceilings) if "ceilings" in i.keys() else None
-    model, _ = measured_prior(bw, ceilings, snakemake.wildcards.model, meta, BenchSettings(**p.bench))
+    model, _, _ = measured_prior(bw, ceilings, snakemake.wildcards.model, meta, BenchSettings(**p.bench))
     if ceilings is not None:  # measured values fill what the config's measured section leaves unset
         bw = with_ceilings(bw, ceilings)
         log.info("corrected column with %s; the prior %s", bw, {t: m.coef for t, m in model.tests.items()})
