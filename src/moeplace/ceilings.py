@@ -159,16 +159,17 @@ def _placement_rows(
     depth, n_layer = at
     rows = []
     for n in (0, n_layer):
-        rounds = [statistics.median(s) for (_, d, k), s in sorted(timed_runs.items()) if (d, k) == (depth, n) and s]
-        if not rounds:
+        per_round = [s for (_, d, k), s in sorted(timed_runs.items()) if (d, k) == (depth, n) and s]
+        if not per_round:
             continue
+        rounds = [statistics.median(s) for s in per_round]
         where = "every routed expert on the host" if n else "every routed expert on the device"
         rows.append(
             {
                 "ceiling": f"time_{test}",
                 "subject": name,
                 "threads": threads,
-                "value": statistics.median(x for (_, d, k), s in timed_runs.items() if (d, k) == (depth, n) for x in s),
+                "value": statistics.median(x for s in per_round for x in s),
                 "value_sd": statistics.stdev(rounds) if len(rounds) >= 2 else None,
                 "unit": "s/token",
                 "n_cpu_moe": n,
