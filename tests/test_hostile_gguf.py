@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moeplace.errors import MoeplaceError
+from moeplace.gguf_file import quoted
 from moeplace.metadata import inspect_model
 
 
@@ -380,6 +381,9 @@ def test_a_misread_name_is_quoted_short(valid, layout, tmp_path):
         inspect_model(path)
     length = len(str(err.value))
     assert length <= MAX_MESSAGE, f"a {length:,}-character message"
+    # A name of control bytes takes four characters each to quote (the fuzzer found one at 1,600): its start only.
+    garbage = quoted("\x00\n" * 512)
+    assert len(garbage) < 400 and "\n" not in garbage and "1024 characters" in garbage
 
 
 def test_a_lying_string_length_costs_no_memory(valid, layout, tmp_path):

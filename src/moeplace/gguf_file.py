@@ -153,7 +153,7 @@ class _Cursor:
             return self.string(f"value of {key}")
         if vtype == _ARRAY:
             return self.array(key)
-        raise self.fail(f"key {key!r} has unknown value type {vtype}")
+        raise self.fail(f"key {key} has unknown value type {vtype}")
 
     def array(self, key: str) -> Any:
         etype = self.u32(f"element type of {key}")
@@ -178,7 +178,13 @@ class _Cursor:
                     self.skip_string(f"{key}[{i}]")
                 return {"array_length": count}
             return [self.string(f"{key}[{i}]") for i in range(count)]
-        raise self.fail(f"array {key!r} has unsupported element type {etype}")
+        raise self.fail(f"array {key} has unsupported element type {etype}")
+
+
+def quoted(text: str, keep: int = 80) -> str:
+    """A name read from a file, quoted for a one-line message: a name misread from garbage can be a kilobyte of
+    control bytes, so only its start is shown."""
+    return repr(text) if len(text) <= keep else f"{text[:keep]!r}... ({len(text)} characters)"
 
 
 def _type_name(type_id: int, path: Path, tensor: str) -> tuple[str, int]:
@@ -187,7 +193,7 @@ def _type_name(type_id: int, path: Path, tensor: str) -> tuple[str, int]:
         block = GGML_QUANT_SIZES[qtype][0]
     except (ValueError, KeyError):
         raise MoeplaceError(
-            f"{path}: tensor {tensor!r} has unknown ggml type {type_id}; "
+            f"{path}: tensor {tensor} has unknown ggml type {type_id}; "
             "update moeplace's gguf package or check the file."
         ) from None
     return qtype.name, block
@@ -237,38 +243,44 @@ def parse_header(
     metadata: dict[str, Any] = {}
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}", MAX_NAME)
-        vtype = cur.u32(f"type of {key}")
+        shown = quoted(key)
+        vtype = cur.u32(f"type of {shown}")
         if key in metadata:
-            raise cur.fail(f"metadata key {key!r} appears twice")
-        metadata[key] = cur.value(vtype, key)
+            raise cur.fail(f"metadata key {shown} appears twice")
+        metadata[key] = cur.value(vtype, shown)
 
     tensors: list[TensorInfo] = []
     seen: set[str] = set()
     for i in range(n_tensors):
         name = cur.string(f"tensor name #{i}", MAX_NAME)
+        shown = quoted(name)
         if name in seen:
-            raise cur.fail(f"tensor {name!r} appears twice")
+            raise cur.fail(f"tensor {shown} appears twice")
         seen.add(name)
-        n_dims = cur.u32(f"dimension count of {name}")
+        n_dims = cur.u32(f"dimension count of {shown}")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
-        shape = tuple(cur.u64(f"shape of {name}") for _ in range(n_dims))
-        type_name, block = _type_name(cur.u32(f"type of {name}"), path, name)
-        offset = cur.u64(f"data offset of {name}")
+            raise cur.fail(f"tensor {shown} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+        shape = tuple(cur.u64(f"shape of {shown}") for _ in range(n_dims))
+        type_name, block = _type_name(cur.u32(f"type of {shown}"), path, shown)
+        offset = cur.u64(f"data offset of {shown}")
         if any(d <= 0 for d in shape) or shape[0] % block:
-            raise cur.fail(f"tensor {name!r} has shape {list(shape)}, invalid for type {type_name}")
+            raise cur.fail(f"tensor {shown} has shape {list(shape)}, invalid for type {type_name}")
         tensors.append(TensorInfo(name, shape, type_name, tensor_nbytes(type_name, shape), offset))
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise cur.fail(f"general.alignment {alignment!r} is not a power of two")
+        raise cur.fail(f"general.alignment {alignment!r:.80} is not a power of two")
     data_start = -(-cur.pos // alignment) * alignment
     header_sha = hashlib.sha256(bytes(buf[: cur.pos])).hexdigest()
     for t in tensors:
         if t.offset % alignment:
-            raise MoeplaceError(f"{path}: tensor {t.name!r} data offset {t.offset} is not aligned to {alignment}.")
+            raise MoeplaceError(
+                f"{path}: tensor {quoted(t.name)} data offset {t.offset} is not aligned to {alignment}."
+            )
         if data_start + t.offset + t.n_bytes > size:
-            raise MoeplaceError(f"{path}: tensor {t.name!r} ends past the end of the file; the download is incomplete.")
+            raise MoeplaceError(
+                f"{path}: tensor {quoted(t.name)} ends past the end of the file; the download is incomplete."
+            )
     return metadata, tensors, size, header_sha, data_start
 
 
@@ -312,7 +324,7 @@ def read_header(path: str | Path) -> GGUFHeader:
             header.metadata = metadata
         for t in tensors:
             if t.name in names:
-                raise MoeplaceError(f"{shard}: tensor {t.name!r} also appears in another shard.")
+                raise MoeplaceError(f"{shard}: tensor {quoted(t.name)} also appears in another shard.")
             names.add(t.name)
         header.tensors.extend(replace(t, shard=no - 1) for t in tensors)
         header.file_sizes.append(size)
