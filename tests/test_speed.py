@@ -224,6 +224,41 @@ def test_the_probes_own_runs_anchor_the_priors_fixed_time_and_host_cost(tiny):
         assert refit.predict(tiny, run)["tok_s"] == pytest.approx(run.tok_s, rel=1e-3)
 
 
+def test_a_fit_at_one_depth_scales_the_probes_attention_cost_with_the_fixed_time(tiny):
+    """The sweep ran 1.3x slower than the ceilings probe (a shared host's hour): two runs at 32K, the fixed time
+    and the attention cost seen as one sum, keep the probe's proportion between them and carry the sweep to 4K as
+    it ran. Putting the whole difference on the fixed time instead is tens of percent off there."""
+    measured = Bandwidths(20, 8, measured_vram_gbps=20, measured_ddr_gbps=8)  # the ceilings stage's, this hour
+    base = prior(measured, attention={"tg": TRUE["kv_gb"], "pp": TRUE_PP["kv_gb"]})
+    probe = anchored(tiny, base, [r for test in TESTS for r in synthetic(tiny, depths=(4096,), ns=(0, 8), test=test)])
+    slower = [replace(r, tok_s=r.tok_s / 1.3) for test in TESTS for r in synthetic(tiny, test=test)]
+    deep = [r for r in slower if r.depth == 32768]
+    model, used = two_point(tiny, deep, 32768, probe)
+    assert model.tests["tg"].shares.keys() == {"device_gb", "kv_gb"} and model.tests["pp"].shares.keys() == {"kv_gb"}
+    assert model.tests["tg"].coef["kv_gb"] == pytest.approx(1.3 * TRUE["kv_gb"])
+    for run in slower:  # to the hop, which the host term takes in (layers' experts differ slightly in bytes)
+        assert model.predict(tiny, run)["tok_s"] == pytest.approx(run.tok_s, rel=1e-3)
+    # The probe's spread in the attention cost: the interval at 4K widens by what an error in it does there.
+    sd, h = 0.1, 1e-6
+    spread = {t: replace(m, se={"kv_gb": sd}) for t, m in probe.tests.items()}
+    nudged = {t: replace(m, coef=m.coef | {"kv_gb": m.coef["kv_gb"] + h}) for t, m in spread.items()}
+    fits = [two_point(tiny, deep, 32768, SpeedModel(tests))[0] for tests in (spread, nudged)]
+    for run in (r for r in slower if r.depth == 4096 and r.n_cpu_moe == 4):
+        x = features(tiny, run)
+        model_sd = fits[0].tests[run.test]
+        t = model_sd.seconds(x)
+        moved = (fits[1].tests[run.test].seconds(x) - t) / h * sd
+        assert math.sqrt(model_sd.relative_sd(x) ** 2 - model_sd.spread**2) * t == pytest.approx(abs(moved), rel=1e-3)
+    # The same prior with the fixed time not measured by the probe: the fit's fixed time takes it all.
+    unmeasured = SpeedModel({t: replace(m, source=m.source | {"layers": "default"}) for t, m in probe.tests.items()})
+    flat = two_point(tiny, deep, 32768, unmeasured)[0]
+    assert not flat.tests["tg"].shares and flat.tests["tg"].coef["kv_gb"] == TRUE["kv_gb"]
+    errors = [abs(flat.predict(tiny, r)["tok_s"] / r.tok_s - 1) for r in slower if r.depth == 4096]
+    assert min(errors) > 0.2
+    # A fit that sees both depths frees the attention cost: nothing to scale.
+    assert not fit(tiny, slower, probe).tests["tg"].shares
+
+
 def test_prior_is_seed_formula_plus_a_fixed_cost_per_layer(tiny):
     model = prior(Bandwidths(640, 57.6, measured_ddr_gbps=40.0))
     x = features(tiny, Run(4, 0, "tg", 1))

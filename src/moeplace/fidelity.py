@@ -5,8 +5,9 @@ user with two runs has) and predicts every other (n, depth, test) point; "loo" p
 fit to all the others; "prior" predicts every point from what the ceilings stage measured (bandwidths, the
 model's attention cost, and its fixed time and host cost from the probe's own runs) or else the datasheet's
 bandwidths, fitted to no run of the sweep (prefill only where the probe ran both placements). Predictions at a depth a
-fit never saw take the depth term from the prior: the attention cost the ceilings stage measured, or the KV
-bytes over the device's bandwidth. Errors are (predicted - measured) / measured. A two-point row names the
+fit never saw take the depth term from the prior: the attention cost the ceilings stage measured (scaled with
+the fit's fixed time where the probe measured that too: speed._shares), or the KV bytes over the device's
+bandwidth. Errors are (predicted - measured) / measured. A two-point row names the
 coefficients its fit pushed to zero (`fit_at_zero`): two runs where more experts on the host ran as fast make
 that fit flat across placements.
 """

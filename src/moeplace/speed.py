@@ -17,8 +17,10 @@ where, for a placement P (the routed-expert tensors kept in host RAM):
 Every coefficient has a unit (seconds per GB, per hop, per token) and a source: "fit" (moeplace calibrate,
 non-negative least squares on llama-bench runs), "datasheet" (the config's or the CLI's bandwidths),
 "ceilings" (this host's measured bandwidths and attention cost, and the fixed time and host term of the ceilings
-probe's own runs: see anchored) or "default". A model from datasheets alone predicts decode only: prefill is
-compute-bound, and nothing but a run (a sweep's, or the probe's) says how fast this machine computes.
+probe's own runs: see anchored) or "default"; "fit (in ...)" where a fit takes a term in with another it cannot
+tell it from (hops in host_gb, and at one depth the probe's attention cost in the fixed time: see _shares). A
+model from datasheets alone predicts decode only: prefill is compute-bound, and nothing but a run (a sweep's, or
+the probe's) says how fast this machine computes.
 """
 
 from __future__ import annotations
@@ -155,6 +157,8 @@ class TestModel:
     # For a coefficient kept from the prior with an sd in `se` (a measured attention cost): how the fitted
     # coefficients move per unit of it (in `fitted` order), the fit having absorbed what it got wrong.
     lever: dict[str, list[float]] = field(default_factory=dict)
+    # Coefficients the fit scaled with the fixed time per layer (see _shares): their value per unit of it.
+    shares: dict[str, float] = field(default_factory=dict)
 
     def seconds(self, x: dict[str, float]) -> float:
         return sum(self.coef.get(k, 0.0) * v for k, v in x.items())
@@ -164,13 +168,14 @@ class TestModel:
         fit at one depth takes up an attention cost's error there, not at another depth), and the spread."""
         t = self.seconds(x)
         var = 0.0
+        tied = sum(w * x[k] for k, w in self.shares.items())  # the fixed time's column carries its shares
+        xv = np.array([x[k] + (tied if k == "layers" else 0.0) for k in self.fitted])
         if self.cov is not None and self.fitted:
-            xv = np.array([x[k] for k in self.fitted])
             var = float(xv @ np.array(self.cov) @ xv)
         for k, sd in self.se.items():
             if k not in self.fitted:
                 lever = self.lever.get(k, [0.0] * len(self.fitted))
-                var += ((x[k] - sum(x[f] * w for f, w in zip(self.fitted, lever))) * sd) ** 2
+                var += ((x[k] - float(xv @ np.array(lever))) * sd) ** 2
         return math.sqrt(var / t**2 + self.spread**2) if t > 0 else math.inf
 
 
@@ -294,6 +299,21 @@ def anchored(meta: dict[str, Any], base: SpeedModel, anchors: list[Run]) -> Spee
     return SpeedModel(tests)
 
 
+def _shares(test: str, source: dict[str, str], prior_model: TestModel | None, free: list[str]) -> dict[str, float]:
+    """Where a fit cannot tell the fixed time from the cost of depth (its runs are at one depth) and the ceilings
+    probe measured both on this device (the fixed time from both placements): each coefficient the fit keeps from
+    the probe's measurements (`source`), per unit of the fixed time per layer; else nothing. The fit then scales
+    them with the fixed time it finds rather than putting the whole difference from the prior on the fixed time:
+    a shared host slows them all alike between the probe's hour and the sweep's, and at a deep fit a few percent
+    of attention would be most of the fixed time (carried to a shallow depth, tens of percent off)."""
+    if prior_model is None or "kv_gb" in free or "layers" not in free:
+        return {}
+    fixed = prior_model.coef.get("layers", 0.0)
+    if fixed <= 0 or not all(prior_model.source.get(k) == "ceilings" for k in ("layers", "kv_gb", HOST_TERM[test])):
+        return {}
+    return {k: prior_model.coef[k] / fixed for k in FEATURES[test] if k not in free and source[k] == "ceilings"}
+
+
 def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -> SpeedModel:
     """Calibrate per test by non-negative least squares on time per token: the coefficients the runs can
     tell apart (see _free) are fitted, the others keep `base`'s (bandwidth priors) or are 0."""
@@ -313,20 +333,27 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
         if test == "tg" and "host_gb" in free and "hops" not in free and len({r["hops"] for r in rows}) > 1:
             # hops are host bytes by another name here: the host term takes both, not a prior's hop as its floor
             coef["hops"], source["hops"] = 0.0, "fit (in host_gb)"
+        shares = _shares(test, source, prior_model, free)
+        coef |= dict.fromkeys(shares, 0.0)  # the fixed time's column carries them (see _shares)
         known = np.array([sum(coef[k] * row[k] for k in FEATURES[test] if k not in free) for row in rows])
-        a = np.array([[row[k] for k in free] for row in rows])
+        tied = [sum(w * row[k] for k, w in shares.items()) for row in rows]
+        a = np.array([[row[k] + (t if k == "layers" else 0.0) for k in free] for row, t in zip(rows, tied)])
         solution = _nonnegative(a, y - known)
         for k, value in zip(free, solution):
             coef[k], source[k] = float(value), "fit"
+        for k, w in shares.items():
+            coef[k], source[k] = w * coef["layers"], "fit (in layers)"
         predicted = known + a @ solution
         rel = (predicted - y) / y
         dof = len(y) - len(free)
         at_zero = [k for k, value in zip(free, solution) if value == 0]
-        model = TestModel(coef, source, fitted=free, runs=len(y), at_zero=at_zero)
+        model = TestModel(coef, source, fitted=free, runs=len(y), at_zero=at_zero, shares=shares)
         for k, sd in (prior_model.se if prior_model else {}).items():
             if k not in free:  # a prior term's error, taken up by the coefficients the runs leave free
-                model.se[k] = sd
-                model.lever[k] = np.linalg.lstsq(a, np.array([row[k] for row in rows]), rcond=None)[0].tolist()
+                lever = np.linalg.lstsq(a, np.array([row[k] for row in rows]), rcond=None)[0]
+                if k in shares:  # its error moves its share, which the fit scaled by this much
+                    sd *= coef["layers"] / prior_model.coef["layers"]
+                model.se[k], model.lever[k] = sd, lever.tolist()
         if dof > 0:
             sigma2 = float(((predicted - y) ** 2).sum() / dof)
             cov = sigma2 * np.linalg.pinv(a.T @ a)
