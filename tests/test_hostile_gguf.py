@@ -115,6 +115,9 @@ def test_missing_architecture_keys(tmp_path):
 
     path = write_gguf(tmp_path / "nokeys.gguf", "qwen3moe", {}, [("blk.0.attn_k.weight", (32, 4), Q.F32)])
     expect_clean_error(path, "qwen3moe.block_count")
+    # An architecture that is no name (it prefixes every key the reader looks up, and messages quote it).
+    path = write_gguf(tmp_path / "garbage.gguf", "\x00" * 600, {}, [("blk.0.attn_k.weight", (32, 4), Q.F32)])
+    expect_clean_error(path, "is not an architecture name")
 
 
 # Byte size of each GGUF scalar value type; 8 (string) and 9 (array) are walked apart.
@@ -382,8 +385,8 @@ def test_a_misread_name_is_quoted_short(valid, layout, tmp_path):
     length = len(str(err.value))
     assert length <= MAX_MESSAGE, f"a {length:,}-character message"
     # A name of control bytes takes four characters each to quote (the fuzzer found one at 1,600): its start only.
-    garbage = quoted("\x00\n" * 512)
-    assert len(garbage) < 400 and "\n" not in garbage and "1024 characters" in garbage
+    for garbage in (quoted("\x00\n" * 512), quoted("\U000e0001" * 256)):  # 4 and 10 characters each
+        assert len(garbage) < 120 and "\n" not in garbage and "characters)" in garbage
 
 
 def test_a_lying_string_length_costs_no_memory(valid, layout, tmp_path):

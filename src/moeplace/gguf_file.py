@@ -29,6 +29,7 @@ MAX_DIMS = 4
 # What a real file never exceeds (ggml names are 64 bytes; chat templates are kilobytes; vocabularies hold
 # ~10^5-10^6 tokens): a lying length or count fails here, before anything of its size is read or kept.
 MAX_NAME = 1024
+ARCHITECTURE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_STRING = 16 * 2**20
 MAX_STRINGS = 2**24
 
@@ -81,6 +82,11 @@ class GGUFHeader:
         if not isinstance(arch, str) or not arch:
             raise MoeplaceError(
                 f"{self.paths[0]}: the GGUF has no 'general.architecture' key; it is not a llama.cpp model file."
+            )
+        if not ARCHITECTURE_NAME.fullmatch(arch):  # it prefixes keys and is quoted in messages as it is
+            raise MoeplaceError(
+                f"{self.paths[0]}: general.architecture {quoted(arch)} is not an architecture name; "
+                "the file is damaged or not a llama.cpp model file."
             )
         return arch
 
@@ -181,10 +187,13 @@ class _Cursor:
         raise self.fail(f"array {key} has unsupported element type {etype}")
 
 
-def quoted(text: str, keep: int = 80) -> str:
-    """A name read from a file, quoted for a one-line message: a name misread from garbage can be a kilobyte of
-    control bytes, so only its start is shown."""
-    return repr(text) if len(text) <= keep else f"{text[:keep]!r}... ({len(text)} characters)"
+def quoted(value: Any, keep: int = 80) -> str:
+    """A value read from a file, as Python writes it, cut for a one-line message: a name misread from garbage can
+    be a kilobyte of control bytes, each written as four characters or more."""
+    text = repr(value)
+    if len(text) <= keep:
+        return text
+    return f"{text[:keep]}... ({len(value)} characters)" if isinstance(value, str) else f"{text[:keep]}..."
 
 
 def _type_name(type_id: int, path: Path, tensor: str) -> tuple[str, int]:
@@ -269,7 +278,7 @@ def parse_header(
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise cur.fail(f"general.alignment {alignment!r:.80} is not a power of two")
+        raise cur.fail(f"general.alignment {quoted(alignment)} is not a power of two")
     data_start = -(-cur.pos // alignment) * alignment
     header_sha = hashlib.sha256(bytes(buf[: cur.pos])).hexdigest()
     for t in tensors:

@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import MoeplaceError
-from .gguf_file import GGUFHeader, read_header
+from .gguf_file import GGUFHeader, quoted, read_header
 from .units import GB, parse_size
 
 ROLES = ("attention", "norm", "router", "shared_expert", "dense_ffn", "expert", "other")
@@ -78,7 +78,7 @@ def _per_layer(value: Any, n_layer: int, key: str, path: Path) -> list[int]:
             raise MoeplaceError(f"{path}: {key} has {len(value)} entries, expected {n_layer} integers.")
         return list(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise MoeplaceError(f"{path}: {key} must be an integer or per-layer array, got {value!r}.")
+        raise MoeplaceError(f"{path}: {key} must be an integer or per-layer array, got {quoted(value)}.")
     return [value] * n_layer
 
 
@@ -251,7 +251,7 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
             continue
         il, suffix = int(m[1]), m[2]
         if il >= n_layer:
-            raise MoeplaceError(f"{header.paths[0]}: tensor {t.name!r} names layer {il}, but the model has {n_layer}.")
+            raise MoeplaceError(f"{header.paths[0]}: tensor {quoted(t.name)} names a layer past the model's {n_layer}.")
         if il >= n_layer - n_nextn:
             nextn_bytes += t.n_bytes
             names[il].add(suffix)
