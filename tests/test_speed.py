@@ -229,8 +229,13 @@ def test_a_fit_at_one_depth_scales_the_probes_attention_cost_with_the_fixed_time
     and the attention cost seen as one sum, keep the probe's proportion between them and carry the sweep to 4K as
     it ran. Putting the whole difference on the fixed time instead is tens of percent off there."""
     measured = Bandwidths(20, 8, measured_vram_gbps=20, measured_ddr_gbps=8)  # the ceilings stage's, this hour
-    base = prior(measured, attention={"tg": TRUE["kv_gb"], "pp": TRUE_PP["kv_gb"]})
-    probe = anchored(tiny, base, [r for test in TESTS for r in synthetic(tiny, depths=(4096,), ns=(0, 8), test=test)])
+    anchors = [r for test in TESTS for r in synthetic(tiny, depths=(4096,), ns=(0, 8), test=test)]
+
+    def probe_with(kv: float, sd: float | None = None) -> SpeedModel:
+        base = prior(measured, {"tg": kv, "pp": TRUE_PP["kv_gb"]}, {"tg": sd} if sd else None)
+        return anchored(tiny, base, anchors)
+
+    probe = probe_with(TRUE["kv_gb"])
     slower = [replace(r, tok_s=r.tok_s / 1.3) for test in TESTS for r in synthetic(tiny, test=test)]
     deep = [r for r in slower if r.depth == 32768]
     model, used = two_point(tiny, deep, 32768, probe)
@@ -238,17 +243,25 @@ def test_a_fit_at_one_depth_scales_the_probes_attention_cost_with_the_fixed_time
     assert model.tests["tg"].coef["kv_gb"] == pytest.approx(1.3 * TRUE["kv_gb"])
     for run in slower:  # to the hop, which the host term takes in (layers' experts differ slightly in bytes)
         assert model.predict(tiny, run)["tok_s"] == pytest.approx(run.tok_s, rel=1e-3)
-    # The probe's spread in the attention cost: the interval at 4K widens by what an error in it does there.
+    # The probe's spread in the attention cost: the interval at 4K widens by what an error in it does there, the
+    # probe's fixed time having been solved with it (a numerical derivative, from the probe's runs on).
     sd, h = 0.1, 1e-6
-    spread = {t: replace(m, se={"kv_gb": sd}) for t, m in probe.tests.items()}
-    nudged = {t: replace(m, coef=m.coef | {"kv_gb": m.coef["kv_gb"] + h}) for t, m in spread.items()}
-    fits = [two_point(tiny, deep, 32768, SpeedModel(tests))[0] for tests in (spread, nudged)]
-    for run in (r for r in slower if r.depth == 4096 and r.n_cpu_moe == 4):
+    fits = [
+        two_point(tiny, deep, 32768, probe_with(kv, sd))[0].tests["tg"] for kv in (TRUE["kv_gb"], TRUE["kv_gb"] + h)
+    ]
+    for run in (r for r in slower if r.test == "tg" and r.depth == 4096):
         x = features(tiny, run)
-        model_sd = fits[0].tests[run.test]
-        t = model_sd.seconds(x)
-        moved = (fits[1].tests[run.test].seconds(x) - t) / h * sd
-        assert math.sqrt(model_sd.relative_sd(x) ** 2 - model_sd.spread**2) * t == pytest.approx(abs(moved), rel=1e-3)
+        t = fits[0].seconds(x)
+        moved = (fits[1].seconds(x) - t) / h * sd
+        assert math.sqrt(fits[0].relative_sd(x) ** 2 - fits[0].spread ** 2) * t == pytest.approx(abs(moved), rel=1e-3)
+    # Runs that leave no fixed time (n = 8 three times slower than n = 4: their line crosses 0 before n = 0) have
+    # none to scale: the probe's values stand, and n = 0 is still predicted.
+    odd = [
+        replace(r, tok_s=r.tok_s / (3 if r.n_cpu_moe == 8 else 1)) for r in deep if r.test == "tg" and r.n_cpu_moe >= 4
+    ]
+    no_fixed = two_point(tiny, odd, 32768, probe)[0]
+    assert no_fixed.tests["tg"].at_zero == ["layers"] and not no_fixed.tests["tg"].shares
+    assert no_fixed.tests["tg"].coef["kv_gb"] == TRUE["kv_gb"] and no_fixed.predict(tiny, deep[0]) is not None
     # The same prior with the fixed time not measured by the probe: the fit's fixed time takes it all.
     unmeasured = SpeedModel({t: replace(m, source=m.source | {"layers": "default"}) for t, m in probe.tests.items()})
     flat = two_point(tiny, deep, 32768, unmeasured)[0]

@@ -159,6 +159,9 @@ class TestModel:
     lever: dict[str, list[float]] = field(default_factory=dict)
     # Coefficients the fit scaled with the fixed time per layer (see _shares): their value per unit of it.
     shares: dict[str, float] = field(default_factory=dict)
+    # For a prior coefficient with an sd: how the probe's fixed time per layer moves per unit of it (anchored
+    # solves the fixed time with it), which moves the shares of a fit at one depth too.
+    fixed_lever: dict[str, float] = field(default_factory=dict)
 
     def seconds(self, x: dict[str, float]) -> float:
         return sum(self.coef.get(k, 0.0) * v for k, v in x.items())
@@ -175,7 +178,8 @@ class TestModel:
         for k, sd in self.se.items():
             if k not in self.fitted:
                 lever = self.lever.get(k, [0.0] * len(self.fitted))
-                var += ((x[k] - float(xv @ np.array(lever))) * sd) ** 2
+                moved = x[k] - (self.fixed_lever.get(k, 0.0) * tied if self.shares else 0.0)
+                var += ((moved - float(xv @ np.array(lever))) * sd) ** 2
         return math.sqrt(var / t**2 + self.spread**2) if t > 0 else math.inf
 
 
@@ -289,23 +293,26 @@ def anchored(meta: dict[str, Any], base: SpeedModel, anchors: list[Run]) -> Spee
         coef = {k: m.coef.get(k, 0.0) for k in FEATURES[test]}
         rows = [features(meta, r) for r in mine]
         known = np.array([sum(coef[k] * x[k] for k in coef if k not in free) for x in rows])
-        solution = _nonnegative(
-            np.array([[x[k] for k in free] for x in rows]), 1 / np.array([r.tok_s for r in mine]) - known
-        )
+        a = np.array([[x[k] for k in free] for x in rows])
+        solution = _nonnegative(a, 1 / np.array([r.tok_s for r in mine]) - known)
         coef |= {k: float(v) for k, v in zip(free, solution)}
+        # the anchors' times less the term: a cost measured too high leaves that much less fixed time
+        fixed_lever = {k: -float(np.linalg.lstsq(a, np.array([x[k] for x in rows]), rcond=None)[0][0]) for k in m.se}
         tests[test] = replace(
-            m, coef=coef, source={k: m.source.get(k, "default") for k in coef} | dict.fromkeys(free, "ceilings")
-        )
+            m, coef=coef, source={k: m.source.get(k, "default") for k in coef} | dict.fromkeys(free, "ceilings"),
+            fixed_lever=fixed_lever,
+        )  # fmt: skip
     return SpeedModel(tests)
 
 
 def _shares(test: str, source: dict[str, str], prior_model: TestModel | None, free: list[str]) -> dict[str, float]:
     """Where a fit cannot tell the fixed time from the cost of depth (its runs are at one depth) and the ceilings
-    probe measured both on this device (the fixed time from both placements): each coefficient the fit keeps from
-    the probe's measurements (`source`), per unit of the fixed time per layer; else nothing. The fit then scales
-    them with the fixed time it finds rather than putting the whole difference from the prior on the fixed time:
-    a shared host slows them all alike between the probe's hour and the sweep's, and at a deep fit a few percent
-    of attention would be most of the fixed time (carried to a shallow depth, tens of percent off)."""
+    stage measured the fixed time, the host term and the attention cost on this device (the fixed time from the
+    probe's own runs): each coefficient the fit keeps from those measurements (`source`), per unit of the fixed
+    time per layer; else nothing. The fit then scales them with the fixed time it finds rather than putting the
+    whole difference from the prior on the fixed time: a shared host slows them all alike between the probe's
+    hour and the sweep's, and at a deep fit a few percent of attention would be most of the fixed time (carried
+    to a shallow depth, tens of percent off)."""
     if prior_model is None or "kv_gb" in free or "layers" not in free:
         return {}
     fixed = prior_model.coef.get("layers", 0.0)
@@ -316,7 +323,8 @@ def _shares(test: str, source: dict[str, str], prior_model: TestModel | None, fr
 
 def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -> SpeedModel:
     """Calibrate per test by non-negative least squares on time per token: the coefficients the runs can
-    tell apart (see _free) are fitted, the others keep `base`'s (bandwidth priors) or are 0."""
+    tell apart (see _free) are fitted, the others keep `base`'s (bandwidth priors; at one depth, those the ceilings
+    probe measured scale with the fitted fixed time: see _shares) or are 0."""
     tests = {}
     for test in TESTS:
         mine = [r for r in runs if r.test == test and r.tok_s and r.tok_s > 0]
@@ -333,12 +341,16 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
         if test == "tg" and "host_gb" in free and "hops" not in free and len({r["hops"] for r in rows}) > 1:
             # hops are host bytes by another name here: the host term takes both, not a prior's hop as its floor
             coef["hops"], source["hops"] = 0.0, "fit (in host_gb)"
-        shares = _shares(test, source, prior_model, free)
-        coef |= dict.fromkeys(shares, 0.0)  # the fixed time's column carries them (see _shares)
-        known = np.array([sum(coef[k] * row[k] for k in FEATURES[test] if k not in free) for row in rows])
-        tied = [sum(w * row[k] for k, w in shares.items()) for row in rows]
-        a = np.array([[row[k] + (t if k == "layers" else 0.0) for k in free] for row, t in zip(rows, tied)])
-        solution = _nonnegative(a, y - known)
+        # Where the fit finds no fixed time to scale the shares with, the prior's values stand.
+        for shares in (_shares(test, source, prior_model, free), {}):
+            kept = {k: 0.0 if k in shares else v for k, v in coef.items()}  # the fixed time's column carries shares
+            known = np.array([sum(kept[k] * row[k] for k in FEATURES[test] if k not in free) for row in rows])
+            tied = [sum(w * row[k] for k, w in shares.items()) for row in rows]
+            a = np.array([[row[k] + (t if k == "layers" else 0.0) for k in free] for row, t in zip(rows, tied)])
+            solution = _nonnegative(a, y - known)
+            if not shares or solution[free.index("layers")] > 0:
+                break
+        coef = kept
         for k, value in zip(free, solution):
             coef[k], source[k] = float(value), "fit"
         for k, w in shares.items():
@@ -350,9 +362,13 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
         model = TestModel(coef, source, fitted=free, runs=len(y), at_zero=at_zero, shares=shares)
         for k, sd in (prior_model.se if prior_model else {}).items():
             if k not in free:  # a prior term's error, taken up by the coefficients the runs leave free
-                lever = np.linalg.lstsq(a, np.array([row[k] for row in rows]), rcond=None)[0]
-                if k in shares:  # its error moves its share, which the fit scaled by this much
+                # with shares, the error moves them all: its own, and every one through the probe's fixed time
+                move = prior_model.fixed_lever.get(k, 0.0) if shares else 0.0
+                moved = [row[k] - move * t for row, t in zip(rows, tied)]
+                lever = np.linalg.lstsq(a, np.array(moved), rcond=None)[0]
+                if shares:  # in units of the shares, which the fit scaled by this much
                     sd *= coef["layers"] / prior_model.coef["layers"]
+                    model.fixed_lever[k] = move
                 model.se[k], model.lever[k] = sd, lever.tolist()
         if dof > 0:
             sigma2 = float(((predicted - y) ** 2).sum() / dof)
