@@ -202,6 +202,25 @@ def test_emit_bench_and_llama_swap(small_moe):
     assert swap.startswith('models:\n  "') and "cmd: llama-server --port ${PORT} -m " in swap and "-c 32768" in swap
 
 
+def test_a_models_name_is_a_short_line_and_quoted_in_llama_swap():
+    """general.name goes into commands and configs: a name that is no line of text gives way to the file's name,
+    and a quote in a good one stays inside llama-swap's YAML key."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from moeplace.commands import llama_swap
+    from moeplace.metadata import model_name
+
+    def named(name):
+        return model_name(SimpleNamespace(metadata={"general.name": name}, paths=[Path("/m/model-Q4.gguf")]))
+
+    assert named('Qwen3 "Coder"') == 'Qwen3 "Coder"'
+    assert named("x\n  evil: 1") == named("n" * 129) == named(None) == "model-Q4"
+    entry = yaml.safe_load(llama_swap('Qwen3 "Coder": v2-32k', "llama-server -m m.gguf"))
+    assert list(entry["models"]) == ['Qwen3 "Coder": v2-32k']
+
+
 def test_the_config_takes_a_store_reference(tmp_path, small_moe, monkeypatch):
     import yaml
     from workflow_helpers import snakemake, workflow_copy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from .kvcache import DEFAULT_UBATCH, cache_args
@@ -43,7 +44,7 @@ def llama_bench(
 def llama_swap(name: str, server_line: str) -> str:
     """A llama-swap `models:` entry that starts this server on the port llama-swap gives it."""
     cmd = server_line.replace("llama-server ", "llama-server --port ${PORT} ", 1)
-    return f'models:\n  "{name}":\n    cmd: {cmd}\n'
+    return f"models:\n  {json.dumps(name)}:\n    cmd: {cmd}\n"  # a JSON string is a YAML string
 
 
 def ollama_modelfile(

@@ -189,11 +189,13 @@ class _Cursor:
 
 def quoted(value: Any, keep: int = 80) -> str:
     """A value read from a file, as Python writes it, cut for a one-line message: a name misread from garbage can
-    be a kilobyte of control bytes, each written as four characters or more."""
-    text = repr(value)
-    if len(text) <= keep:
-        return text
-    return f"{text[:keep]}... ({len(value)} characters)" if isinstance(value, str) else f"{text[:keep]}..."
+    be a kilobyte of control bytes, each written as four characters or more, and a value megabytes long."""
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    text = repr(value[:keep] if isinstance(value, str) else value)
+    if isinstance(value, str) and len(value) > keep:
+        return f"{text[:keep]}... ({len(value)} characters)"
+    return text if len(text) <= keep else f"{text[:keep]}..."
 
 
 def _type_name(type_id: int, path: Path, tensor: str) -> tuple[str, int]:
@@ -326,8 +328,8 @@ def read_header(path: str | Path) -> GGUFHeader:
             count = metadata.get("split.count")
             if count != len(paths) or metadata.get("split.no") != no - 1:
                 raise MoeplaceError(
-                    f"{shard}: its split.count/split.no ({count}/{metadata.get('split.no')}) do not match "
-                    f"shard {no} of {len(paths)}; the shards come from different models."
+                    f"{shard}: its split.count/split.no ({quoted(count)}/{quoted(metadata.get('split.no'))}) do not "
+                    f"match shard {no} of {len(paths)}; the shards come from different models."
                 )
         if no == 1:
             header.metadata = metadata
@@ -342,6 +344,7 @@ def read_header(path: str | Path) -> GGUFHeader:
     expected = header.metadata.get("split.tensors.count")
     if len(paths) > 1 and expected is not None and expected != len(header.tensors):
         raise MoeplaceError(
-            f"{paths[0]}: the shards hold {len(header.tensors)} tensors but split.tensors.count says {expected}."
+            f"{paths[0]}: the shards hold {len(header.tensors)} tensors, but split.tensors.count says "
+            f"{quoted(expected)}."
         )
     return header

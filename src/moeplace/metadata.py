@@ -273,7 +273,7 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
     up = next((s for name, s in shapes.items() if _LAYER.match(name) and "_up_exps" in name), None)
     n_ff_exp = header.arch_key("expert_feed_forward_length", 0) or (up[1] if up and len(up) == 3 else 0)
     return {
-        "name": header.metadata.get("general.name") or PurePosixPath(str(header.paths[0]).split("?")[0]).stem,
+        "name": model_name(header),
         "source": "gguf",
         "architecture": arch,
         "n_layer": n_layer,
@@ -301,6 +301,14 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
         ],
         **file_identity(header),
     }
+
+
+def model_name(header: GGUFHeader) -> str:
+    """general.name where it is a short line of text (commands and configs quote it), else the file's name."""
+    name = header.metadata.get("general.name")
+    if isinstance(name, str) and 0 < len(name) <= 128 and name.isprintable():
+        return name
+    return PurePosixPath(str(header.paths[0]).split("?")[0]).stem
 
 
 def inspect_model(path: str | Path) -> dict[str, Any]:
