@@ -254,14 +254,14 @@ def test_a_fit_at_one_depth_scales_the_probes_attention_cost_with_the_fixed_time
         t = fits[0].seconds(x)
         moved = (fits[1].seconds(x) - t) / h * sd
         assert math.sqrt(fits[0].relative_sd(x) ** 2 - fits[0].spread ** 2) * t == pytest.approx(abs(moved), rel=1e-3)
-    # Runs that leave no fixed time (n = 8 three times slower than n = 4: their line crosses 0 before n = 0) have
-    # none to scale: the probe's values stand, and n = 0 is still predicted.
-    odd = [
-        replace(r, tok_s=r.tok_s / (3 if r.n_cpu_moe == 8 else 1)) for r in deep if r.test == "tg" and r.n_cpu_moe >= 4
-    ]
-    no_fixed = two_point(tiny, odd, 32768, probe)[0]
-    assert no_fixed.tests["tg"].at_zero == ["layers"] and not no_fixed.tests["tg"].shares
-    assert no_fixed.tests["tg"].coef["kv_gb"] == TRUE["kv_gb"] and no_fixed.predict(tiny, deep[0]) is not None
+    # Runs that leave no fixed time, or almost none (n = 8 three and 1.95 times slower than n = 4: their line
+    # crosses 0 before or near n = 0), are no hour's drift: the probe's values stand, and n = 0 is still predicted.
+    for slower_by in (3, 1.95):
+        odd = [replace(r, tok_s=r.tok_s / (slower_by if r.n_cpu_moe == 8 else 1)) for r in deep
+               if r.test == "tg" and r.n_cpu_moe >= 4]  # fmt: skip
+        kept = two_point(tiny, odd, 32768, probe)[0]
+        assert not kept.tests["tg"].shares and kept.tests["tg"].coef["kv_gb"] == TRUE["kv_gb"]
+        assert kept.predict(tiny, deep[0]) is not None
     # The same prior with the fixed time not measured by the probe: the fit's fixed time takes it all.
     unmeasured = SpeedModel({t: replace(m, source=m.source | {"layers": "default"}) for t, m in probe.tests.items()})
     flat = two_point(tiny, deep, 32768, unmeasured)[0]

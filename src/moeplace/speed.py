@@ -273,6 +273,9 @@ def _nonnegative(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return nnls(a / scale, y)[0] / scale
 
 
+# How much slower or faster than the ceilings probe a fit at one depth may find the device, and keep the probe's
+# proportions (see _shares): this VM drifts by tens of percent between hours; 4x is two runs that disagree with it.
+MAX_DRIFT = 4.0
 # What a placement with experts on the host costs beyond their bytes: decode's hops, prefill's copy of them.
 HOST_TERM = {"tg": "hops", "pp": "link_gb"}
 
@@ -341,14 +344,16 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
         if test == "tg" and "host_gb" in free and "hops" not in free and len({r["hops"] for r in rows}) > 1:
             # hops are host bytes by another name here: the host term takes both, not a prior's hop as its floor
             coef["hops"], source["hops"] = 0.0, "fit (in host_gb)"
-        # Where the fit finds no fixed time to scale the shares with, the prior's values stand.
+        # Where the fit's fixed time is no hour's drift from the probe's, its runs disagree with the probe: the
+        # probe's values stand.
         for shares in (_shares(test, source, prior_model, free), {}):
             kept = {k: 0.0 if k in shares else v for k, v in coef.items()}  # the fixed time's column carries shares
             known = np.array([sum(kept[k] * row[k] for k in FEATURES[test] if k not in free) for row in rows])
             tied = [sum(w * row[k] for k, w in shares.items()) for row in rows]
             a = np.array([[row[k] + (t if k == "layers" else 0.0) for k in free] for row, t in zip(rows, tied)])
             solution = _nonnegative(a, y - known)
-            if not shares or solution[free.index("layers")] > 0:
+            drift = solution[free.index("layers")] / prior_model.coef["layers"] if shares else 1.0
+            if 1 / MAX_DRIFT <= drift <= MAX_DRIFT:
                 break
         coef = kept
         for k, value in zip(free, solution):
