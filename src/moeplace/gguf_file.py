@@ -198,14 +198,14 @@ def quoted(value: Any, keep: int = 80) -> str:
     return text if len(text) <= keep else f"{text[:keep]}..."
 
 
-def _type_name(type_id: int, path: Path, tensor: str) -> tuple[str, int]:
+def _type_name(type_id: int, path: Path, shown: str) -> tuple[str, int]:
+    """The ggml type's name and block size; `shown` is the tensor's name as messages quote it."""
     try:
         qtype = GGMLQuantizationType(type_id)
         block = GGML_QUANT_SIZES[qtype][0]
     except (ValueError, KeyError):
         raise MoeplaceError(
-            f"{path}: tensor {tensor} has unknown ggml type {type_id}; "
-            "update moeplace's gguf package or check the file."
+            f"{path}: tensor {shown} has unknown ggml type {type_id}; update moeplace's gguf package or check the file."
         ) from None
     return qtype.name, block
 

@@ -178,7 +178,7 @@ class TestModel:
         for k, sd in self.se.items():
             if k not in self.fitted:
                 lever = self.lever.get(k, [0.0] * len(self.fitted))
-                moved = x[k] - (self.fixed_lever.get(k, 0.0) * tied if self.shares else 0.0)
+                moved = x[k] - self.fixed_lever.get(k, 0.0) * tied
                 var += ((moved - float(xv @ np.array(lever))) * sd) ** 2
         return math.sqrt(var / t**2 + self.spread**2) if t > 0 else math.inf
 
@@ -368,7 +368,7 @@ def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -
         for k, sd in (prior_model.se if prior_model else {}).items():
             if k not in free:  # a prior term's error, taken up by the coefficients the runs leave free
                 # with shares, the error moves them all: its own, and every one through the probe's fixed time
-                move = prior_model.fixed_lever.get(k, 0.0) if shares else 0.0
+                move = prior_model.fixed_lever.get(k, 0.0)
                 moved = [row[k] - move * t for row, t in zip(rows, tied)]
                 lever = np.linalg.lstsq(a, np.array(moved), rcond=None)[0]
                 if shares:  # in units of the shares, which the fit scaled by this much
