@@ -78,3 +78,60 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     assert result.lowest_n == lowest
     assert result.loads < len(exhaustive)
     assert result.loads <= (2 if predicted == lowest else math.ceil(math.log2(meta["n_layer"] + 1)) + 2)
+
+
+def speed_calibration(meta: dict, folder) -> str:
+    """A calibration of both tests (from two made-up runs each: this checks the wiring, not the fit)."""
+    from moeplace.outputs import write_json
+    from moeplace.speed import Run, fit
+
+    made_up = [(0, "tg", 128, 50.0), (8, "tg", 128, 20.0), (0, "pp", 512, 500.0), (8, "pp", 512, 200.0)]
+    model = fit(meta, [Run(n, 0, test, size, tok_s=tok_s) for n, test, size, tok_s in made_up])
+    write_json(folder / "calibration.json", model.to_json())
+    return str(folder / "calibration.json")
+
+
+def test_tune_reads_its_calibration_before_any_load(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from moeplace.twin import load_spec, write_twin
+
+    path = write_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), tmp_path / "tiny.gguf", "none")
+    (tmp_path / "bad.json").write_text("{not json")
+    args = [str(path), "--ctx", "4096", "--vram", "1GB", "--bin-dir", str(tmp_path / "none"), "--calibration"]
+    done = subprocess.run([sys.executable, "-m", "moeplace.cli", "tune", *args, str(tmp_path / "bad.json")],
+                          capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"moeplace: --calibration {tmp_path / 'bad.json'}: cannot read it")
+    assert len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.llamacpp
+def test_tune_prints_the_speed_its_calibration_expects_at_the_chosen_n(tmp_path):
+    """moeplace tune --calibration: beside the measured probe, decode at an empty context and at the target, and
+    prefill, as recommend computes them for the n the loads chose."""
+    import argparse
+    import subprocess
+    import sys
+
+    from llamacpp_helpers import manifest, tiny_twin
+
+    from moeplace.metadata import inspect_model
+    from moeplace.recommend import describe_speed, expected
+    from moeplace.speed import SpeedModel
+
+    path = tiny_twin(tmp_path)
+    meta = inspect_model(path)
+    calibration = speed_calibration(meta, tmp_path)
+    args = [str(path), "--ctx", "8192", "--vram", "50MB", "--device", "emulated", "--calibration", calibration,
+            "--bin-dir", manifest()["bin_dir"], "--log", str(tmp_path / "tune.log")]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "moeplace.cli", "tune", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    chosen = int(done.stdout.split("chosen n = ")[1].split()[0])
+    model = SpeedModel.from_json(__import__("json").loads((tmp_path / "calibration.json").read_text()))
+    kv = argparse.Namespace(cache_type_k="f16", cache_type_v="f16", ubatch=512)
+    line = "  expected: " + describe_speed(expected(meta, model, chosen, 8192, kv), 8192)
+    assert line in done.stdout.splitlines() and "prefill unknown" not in line

@@ -108,6 +108,7 @@ def cmd_twin(args: argparse.Namespace) -> None:
 def cmd_tune(args: argparse.Namespace) -> int:
     from .config import DeviceTarget, TuneSettings
     from .outputs import append_csv_row
+    from .recommend import describe_speed, expected, speed_model
     from .runtime.llamacpp import PINNED, provision
     from .runtime.model_ref import is_remote
     from .tune import tune_model
@@ -115,6 +116,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if is_remote(args.model):
         raise MoeplaceError(f"{args.model_ref}: tune runs the model, so it needs the file on disk; download it first.")
     meta = inspect_model(args.model)
+    speeds = speed_model(args)  # before the probes: a bad --calibration fails at once
     log_path = Path(args.log)
     manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
     print(f"probing {meta['name']} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
@@ -150,6 +152,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"{result.loads} loads; lowest feasible n = {result.lowest_n}, chosen n = {result.chosen_n} "
         f"(margin {args.margin}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens"
     )
+    print("  expected: " + describe_speed(expected(meta, speeds, result.chosen_n, args.ctx, args), args.ctx))
     note = "  # add --rpc HOST:PORT for the emulated device" if record["device_kind"] == "emulated" else ""
     kv = (args.cache_type_k, args.cache_type_v)
     print("  " + commands.llama_server(args.model, args.ctx, result.chosen_n, *kv) + note)
@@ -241,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa the probes run with")
     tu.add_argument("--record", help="append the result to this CSV, e.g. results/tables/tune.csv")
     tu.add_argument("--log", default="moeplace-tune.log", help="llama.cpp's output goes here")
+    _speed_options(tu)
     tu.set_defaults(func=cmd_tune)
 
     pr = sub.add_parser("predict", help="decode and prefill speed per --n-cpu-moe and context depth")
