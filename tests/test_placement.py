@@ -156,6 +156,68 @@ def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
     )  # prefill needs a calibration
 
 
+def test_optimal_placement_weighs_scattered_tensors_against_their_hops():
+    from moeplace.placement import optimal_placement
+
+    meta = uniform_meta(n_layer=4)
+    for layer in meta["layers"]:  # 2 + 2 + 3 MiB a layer, 28 MiB in all
+        layer["expert_tensors"] = {n: (3 if "down" in n else 2) * 2**20 for n in layer["expert_tensors"]}
+    room = 22 * 2**20  # one layer on the host leaves 21 MiB on the card; two down tensors leave 22
+
+    def host_layers(host: set[str]) -> int:
+        return len({n.split(".")[1] for n in host})
+
+    cheap = optimal_placement(meta, room, host_layer_bytes=0.5 * 2**20)  # a host layer's hops cost less than 1 MiB
+    assert tensor_bytes(meta, cheap) == 6 * 2**20 and host_layers(cheap) == 2
+    assert optimal_placement(meta, room, host_layer_bytes=1.5 * 2**20) == expert_tensors(meta, [0])  # they cost more
+
+
+def test_optimal_placement_finds_the_best_placement_by_brute_force():
+    """Every host set of a small model with unequal tensors, against the knapsack: the most resident bytes within
+    the budget, less the hop cost of each layer with an expert on the host."""
+    import itertools
+    import random
+
+    from moeplace.placement import optimal_placement
+
+    rng = random.Random(7)
+    for _ in range(20):
+        meta = uniform_meta(n_layer=4)
+        for layer in meta["layers"]:
+            layer["expert_tensors"] = {n: rng.randint(1, 6) * 2**20 for n in layer["expert_tensors"]}
+        sizes = {n: b for layer in meta["layers"] for n, b in layer["expert_tensors"].items()}
+        budget, hop = rng.randint(3, 50) * 2**20, rng.choice([0, 0.5, 2, 5]) * 2**20
+
+        def value(host: set[str]) -> float | None:
+            resident = sum(b for n, b in sizes.items() if n not in host)
+            return resident - hop * len({n.split(".")[1] for n in host}) if resident <= budget else None
+
+        every = (set(c) for k in range(len(sizes) + 1) for c in itertools.combinations(sizes, k))
+        best = max(v for v in map(value, every) if v is not None)
+        assert value(optimal_placement(meta, budget, hop)) == best
+
+
+def test_decode_ranks_the_placement_that_pays_for_its_hops_first(qwen3):
+    """With a hop cost, the most expert bytes on the card (Q6_K ffn_down tensors moved one by one to the host)
+    adds a host layer per tensor: at 20 us a hop it is slower than --n-cpu-moe, and the knapsack that prices the
+    hops finds a placement faster than both, with no more layers on the host than --n-cpu-moe."""
+    from moeplace.budget import Device
+    from moeplace.placement import rank_placements
+    from moeplace.predict import Bandwidths
+    from moeplace.speed import host_layer_bytes, prior
+
+    model = prior(Bandwidths(640, 57.6, measured_hop_s=20e-6))
+    # 2 hops of 20 us over (8/128 read) x (1/57.6 - 1/640) s/GB: 38.6 MiB
+    assert host_layer_bytes(qwen3, model) == pytest.approx(40e-6 / (8 / 128 * (1 / 57.6 - 1 / 640) / 1e9))
+    assert host_layer_bytes(qwen3, prior(Bandwidths(640, 57.6))) == 0  # no hop priced: bytes alone
+    ranked = rank_placements(qwen3, Device(16 * 10**9, 10**9), 32768, model, "decode", [("f16", "f16")], [512])
+    layers = [len({t.split(".")[1] for t in r["host_tensors"]}) or r["n_cpu_moe"] for r in ranked]
+    ncmoe = next(i for i, r in enumerate(ranked) if r["placement"] == "ncmoe")
+    assert len(ranked) == 3 and ncmoe == 1
+    assert layers[0] <= layers[ncmoe] < layers[2]
+    assert ranked[0]["score"] > ranked[1]["score"] > ranked[2]["score"]
+
+
 def test_the_check_compares_each_tensors_destination_and_stops_on_a_mismatch():
     import pandas as pd
 

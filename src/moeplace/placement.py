@@ -284,38 +284,57 @@ def _groups(meta: dict[str, Any]) -> list[tuple[int, str, set[str], int]]:
     return out
 
 
-def optimal_placement(meta: dict[str, Any], budget_bytes: float, max_units: int = 20_000) -> set[str]:
-    """The host set that keeps the most expert bytes on the device within the budget (0/1 knapsack).
+def optimal_placement(
+    meta: dict[str, Any], budget_bytes: float, host_layer_bytes: float = 0.0, max_units: int = 20_000
+) -> set[str]:
+    """The host set that keeps the most expert bytes on the device within the budget, less `host_layer_bytes`
+    for each layer with an expert on the host: a knapsack over each layer's choice of expert kinds to keep.
 
-    Every expert byte is read with the same probability (top-k of E), so predicted decode time falls
-    with every device-resident byte: maximising resident bytes maximises predicted speed. Groups are
-    (layer, kind), as -ot can move them; on ties later layers stay on the device, so a model whose
-    layers are alike gets --n-cpu-moe N plus at most a partial layer.
+    Every expert byte is read with the same probability (top-k of E), so predicted decode time falls with every
+    device-resident byte, and rises by a layer's hops when any of its experts is on the host (their cost in
+    resident bytes: speed.host_layer_bytes; 0 leaves bytes alone). Groups are (layer, kind), as -ot can move
+    them; on ties later layers stay on the device, so a model whose layers are alike gets --n-cpu-moe N plus at
+    most a partial layer, and none where a hop costs more than what the partial layer keeps.
     """
     import numpy as np
 
-    groups = sorted(_groups(meta), key=lambda g: -g[0])  # last layer first: it wins ties
-    if budget_bytes <= 0:
-        return set().union(*(g[2] for g in groups)) if groups else set()
+    layers: dict[int, list[tuple[set[str], int]]] = defaultdict(list)
+    for layer, _, names, size in _groups(meta):
+        layers[layer].append((names, size))
+    host = {name for groups in layers.values() for names, _ in groups for name in names}
+    if budget_bytes <= 0 or not host:
+        return host
     unit = max(2**20, budget_bytes / max_units)
     capacity = int(budget_bytes // unit)
-    weights = [int(-(-g[3] // unit)) for g in groups]  # round up: the chosen set never exceeds the budget
-    best = np.zeros(capacity + 1, dtype=np.int64)
-    take = np.zeros((len(groups), capacity + 1), dtype=bool)
-    for i, (w, g) in enumerate(zip(weights, groups)):
-        if w > capacity:
-            continue
-        candidate = best[: capacity + 1 - w] + g[3]
-        better = candidate > best[w:]  # strict: on ties the later layers, placed first, stay
-        take[i, w:] = better
-        best[w:] = np.where(better, candidate, best[w:])
-    resident: set[str] = set()
+    best = np.zeros(capacity + 1)  # the most value within each capacity, over the layers placed so far
+    order = sorted(layers, reverse=True)  # last layer first: it wins ties
+    choices = []
+    for layer in order:
+        # each subset of the layer's kinds it may keep on the device: (weight, value, tensors); keeping none first
+        options = [(0, -host_layer_bytes, set())]
+        for kept in itertools.chain.from_iterable(
+            itertools.combinations(layers[layer], k) for k in range(1, len(layers[layer]) + 1)
+        ):
+            weight = sum(int(-(-size // unit)) for _, size in kept)  # round up: never over the budget
+            resident = set().union(*(names for names, _ in kept))
+            on_host = len(kept) < len(layers[layer])
+            options.append((weight, sum(size for _, size in kept) - (host_layer_bytes if on_host else 0.0), resident))
+        merged, choice = best + options[0][1], np.zeros(capacity + 1, dtype=np.int8)
+        for i, (weight, value, _) in enumerate(options[1:], start=1):
+            if weight > capacity:
+                continue
+            candidate = best[: capacity + 1 - weight] + value
+            better = candidate > merged[weight:]  # strict: on ties this (earlier) layer keeps less
+            merged[weight:] = np.where(better, candidate, merged[weight:])
+            choice[weight:] = np.where(better, i, choice[weight:])
+        best = merged
+        choices.append((layer, options, choice))
     c = capacity
-    for i in range(len(groups) - 1, -1, -1):
-        if take[i, c]:
-            resident |= groups[i][2]
-            c -= weights[i]
-    return {name for g in groups for name in g[2]} - resident
+    for layer, options, choice in reversed(choices):
+        weight, _, resident = options[choice[c]]
+        host -= resident
+        c -= weight
+    return host
 
 
 def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, float] | None) -> float | None:
@@ -341,23 +360,26 @@ def rank_placements(
     ubatches: list[int],
 ) -> list[dict[str, Any]]:
     """Every placement that fits at `ctx` for each KV cache type and ubatch (--n-cpu-moe at the budget's minimum,
-    and the knapsack's -ot placement where it differs), with the speed model's decode and prefill at that depth,
-    best first by `objective` (decode, prefill or mix:W); ties keep the order given. A larger ubatch prefills
-    faster but its compute buffer takes device memory from the experts."""
+    and where they differ from it the knapsack's -ot placements: the most expert bytes on the device, prefill's
+    best, and the same less the hops the model prices, decode's best), with the speed model's decode and prefill
+    at that depth, best first by `objective` (decode, prefill or mix:W); ties keep the order given. A larger
+    ubatch prefills faster but its compute buffer takes device memory from the experts."""
     from .budget import plan
     from .memory import Workload
-    from .speed import Run, prefill_up_to
+    from .speed import Run, host_layer_bytes, prefill_up_to
 
     ranked = []
+    hop_bytes = host_layer_bytes(meta, model)
     for (type_k, type_v), ubatch in itertools.product(cache_types, ubatches):
         p = plan(meta, device, Workload(ctx, ubatch, type_k=type_k, type_v=type_v))
         if p["n_cpu_moe"] is None:
             continue
-        ncmoe = expert_tensors(meta, list(range(p["n_cpu_moe"])))
-        optimal = optimal_placement(meta, p["budget_bytes"])
+        ncmoe = frozenset(expert_tensors(meta, list(range(p["n_cpu_moe"]))))
         candidates = [("ncmoe", p["n_cpu_moe"], frozenset())]
-        if optimal != ncmoe:
-            candidates.append(("optimal", 0, frozenset(optimal)))
+        for cost in dict.fromkeys([0.0, hop_bytes]):
+            host = frozenset(optimal_placement(meta, p["budget_bytes"], cost))
+            if host != ncmoe and all(host != c[2] for c in candidates):
+                candidates.append(("optimal", 0, host))
         for name, n, host in candidates:
             tg = model.predict(meta, Run(n, ctx, "tg", 128, ubatch, type_k, type_v, host))
             pp = model.predict(meta, prefill_up_to(n, ctx, ubatch, type_k, type_v, host))

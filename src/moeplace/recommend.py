@@ -46,8 +46,11 @@ def _print_optimal(meta: dict[str, Any], model: Any, device: Any, ctx: int, args
     print(f"  placements by {args.objective} at {ctx} tokens, best first:")
     for r in ranked:
         ncmoe = r["placement"] == "ncmoe"
+        layers = len({name.split(".")[1] for name in r["host_tensors"]})
         what = (
-            f"--n-cpu-moe {r['n_cpu_moe']}" if ncmoe else f"-ot ({len(r['host_tensors'])} expert tensors on the host)"
+            f"--n-cpu-moe {r['n_cpu_moe']}"
+            if ncmoe
+            else f"-ot ({len(r['host_tensors'])} expert tensors on the host, in {layers} layers)"
         )
         print(f"    {what}, KV {r['type_k']}/{r['type_v']}, -ub {r['ubatch']}: decode {speed_text(r['tg'])}, "
               f"prefill {speed_text(r['pp'])}")  # fmt: skip

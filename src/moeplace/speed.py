@@ -218,6 +218,18 @@ class SpeedModel:
             ) from None
 
 
+def host_layer_bytes(meta: dict[str, Any], model: SpeedModel) -> float:
+    """What decode pays for one more layer with experts on the host (its two hops), in the expert bytes on the
+    device whose reading from the host instead would cost as much: what placement.optimal_placement weighs a
+    partial layer against. 0 where the model prices no hop, or a host byte no dearer than a device byte."""
+    tg = model.tests.get("tg")
+    if tg is None:
+        return 0.0
+    per_byte = active_fraction(meta) * (tg.coef.get("host_gb", 0.0) - tg.coef.get("device_gb", 0.0)) / GB
+    hop = tg.coef.get("hops", 0.0)
+    return 2 * hop / per_byte if hop > 0 and per_byte > 0 else 0.0
+
+
 def prior(
     bw: Bandwidths, attention: dict[str, float] | None = None, attention_sd: dict[str, float] | None = None
 ) -> SpeedModel:
