@@ -74,8 +74,9 @@ def test_a_run_stops_when_its_caller_has_enough_and_counts_as_a_success():
 
 FAKE_BENCH = """#!{python}
 import json, os, signal, sys, time
-rows = [{{"n_prompt": 16, "n_gen": 0, "samples_ts": [100.0, 101.0, 99.0], "samples_ns": [1, 1, 1]}},
-        {{"n_prompt": 0, "n_gen": 4, "samples_ts": [{tg}], "samples_ns": [1, 1, 1]}}]
+rows = [{{"n_prompt": 16, "n_gen": 0, "samples_ts": [100.0, 101.0, 99.0], "samples_ns": [1e8, 1e8, 1e8]}},
+        {{"n_prompt": 0, "n_gen": 4, "samples_ts": [{tg}], "samples_ns": [1e8, 1e8, 1e8]}}]
+time.sleep({fill})  # load, warm-up and the depth fill: the first copy's alone
 for copy in range({copies}):
     for row in rows:
         print(json.dumps({{**row, "avg_ts": sum(row["samples_ts"]) / 3}}), flush=True)
@@ -85,9 +86,11 @@ os.kill(os.getpid(), signal.SIG{end})
 """
 
 
-def fake_bench(tmp_path, tg: str, copies: int, end: str, precision: float) -> list[dict]:
-    """run_bench against a stand-in llama-bench that prints `copies` whole copies of its tests, half a line,
-    then ends by signal `end`."""
+def fake_bench(
+    tmp_path, tg: str, copies: int, end: str, precision: float, fill: float = 0.0, budget: float = 150
+) -> list[dict]:
+    """run_bench against a stand-in llama-bench that takes `fill` seconds, prints `copies` whole copies of its
+    tests (0.3 s a test, its three repetitions' time), half a line, then ends by signal `end`."""
     import sys
     from dataclasses import replace
 
@@ -97,11 +100,12 @@ def fake_bench(tmp_path, tg: str, copies: int, end: str, precision: float) -> li
 
     program = tmp_path / "bin/llama-bench"
     program.parent.mkdir()
-    program.write_text(FAKE_BENCH.format(python=sys.executable, tg=tg, copies=copies, end=end))
+    program.write_text(FAKE_BENCH.format(python=sys.executable, tg=tg, copies=copies, end=end, fill=fill))
     program.chmod(0o755)
     auto = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, max_repetitions=9)
     return run_bench(model_name="fake", model_path="fake.gguf", model_files=[], ctx=1024, n_cpu_moe=2,
-                     settings=replace(auto, precision=precision), device=DeviceSetup("gpu", "fake", 0),
+                     settings=replace(auto, precision=precision, time_budget_s=budget),
+                     device=DeviceSetup("gpu", "fake", 0),
                      manifest={"bin_dir": str(program.parent)}, log_path=tmp_path / "bench.log",
                      workdir=tmp_path)  # fmt: skip
 
@@ -113,6 +117,13 @@ def test_an_open_ended_batch_stops_after_the_first_precise_copy(tmp_path):
         ("tg", "ok", 3, 1),
     ]
     assert all(r["target_reached"] and r["error"] == "" for r in records)
+
+
+def test_the_time_budget_pays_for_copies_after_the_depth_fill(tmp_path):
+    """A 5 s fill, then copies of 0.6 s, within an 8 s budget: the next copy is paced by its repetitions and a
+    warm-up (0.8 s), not by the first copy's 5.6 s with the fill, which would stop at the minimum 3."""
+    records = fake_bench(tmp_path, tg="50.0, 60.0, 40.0", copies=3, end="TERM", precision=1e-6, fill=5, budget=8)
+    assert all(r["status"] == "ok" and r["repetitions"] >= 6 for r in records)
 
 
 def test_a_run_that_fails_mid_copy_keeps_the_copies_it_finished(tmp_path):

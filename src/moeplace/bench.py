@@ -95,7 +95,9 @@ def _samples_of(row: dict[str, Any]) -> list[float]:
 
 def _enough(arm: Arm, tests: tuple[str, ...], settings: BenchSettings, t0: float) -> Callable[[str], bool]:
     """When to stop an open-ended batch, after a whole copy of its tests: every test precise enough, the most
-    repetitions allowed, or the next copy would run past the time budget at the last copy's pace."""
+    repetitions allowed, or the next copy would run past the time budget. A later copy pays its repetitions and
+    its own warm-up, not the process's start, load and depth fill: after the first copy its pace is that copy's
+    repetitions (llama-bench's samples_ns) and one more for the warm-up, after that the last copy's."""
     copy_ends = [time.monotonic()]
 
     def enough(stdout: str) -> bool:
@@ -106,11 +108,13 @@ def _enough(arm: Arm, tests: tuple[str, ...], settings: BenchSettings, t0: float
         samples = {t: [*arm.samples.get(t, [])] for t in tests}
         for r in rows:
             samples[_test_of(r)].extend(_samples_of(r))
-        next_end = copy_ends[-1] + copy_ends[-1] - copy_ends[-2]
+        timed = sum(sum(r.get("samples_ns") or []) for r in rows) / 1e9
+        reps = settings.repetitions
+        pace = timed * (reps + 1) / reps if len(copy_ends) == 2 and timed else copy_ends[-1] - copy_ends[-2]
         return (
             min(len(v) for v in samples.values()) >= settings.max_repetitions
             or _precise_enough(samples, None, settings.precision)
-            or next_end - t0 > settings.time_budget_s
+            or copy_ends[-1] + pace - t0 > settings.time_budget_s
         )
 
     return enough
