@@ -294,7 +294,7 @@ def optimal_placement(
     device-resident byte, and rises by a layer's hops when any of its experts is on the host (their cost in
     resident bytes: speed.host_layer_bytes; 0 leaves bytes alone). Groups are (layer, kind), as -ot can move
     them; on ties later layers stay on the device, so a model whose layers are alike gets --n-cpu-moe N plus at
-    most a partial layer, and none where a hop costs more than what the partial layer keeps.
+    most a partial layer.
     """
     import numpy as np
 
@@ -307,9 +307,8 @@ def optimal_placement(
     unit = max(2**20, budget_bytes / max_units)
     capacity = int(budget_bytes // unit)
     best = np.zeros(capacity + 1)  # the most value within each capacity, over the layers placed so far
-    order = sorted(layers, reverse=True)  # last layer first: it wins ties
     choices = []
-    for layer in order:
+    for layer in sorted(layers, reverse=True):  # last layer first: it wins ties
         # each subset of the layer's kinds it may keep on the device: (weight, value, tensors); keeping none first
         options = [(0, -host_layer_bytes, set())]
         for kept in itertools.chain.from_iterable(
@@ -328,9 +327,9 @@ def optimal_placement(
             merged[weight:] = np.where(better, candidate, merged[weight:])
             choice[weight:] = np.where(better, i, choice[weight:])
         best = merged
-        choices.append((layer, options, choice))
+        choices.append((options, choice))
     c = capacity
-    for layer, options, choice in reversed(choices):
+    for options, choice in reversed(choices):
         weight, _, resident = options[choice[c]]
         host -= resident
         c -= weight
