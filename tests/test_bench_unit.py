@@ -99,7 +99,7 @@ def fake_bench(
     from moeplace.runtime.device import DeviceSetup
 
     program = tmp_path / "bin/llama-bench"
-    program.parent.mkdir()
+    program.parent.mkdir(parents=True)
     program.write_text(FAKE_BENCH.format(python=sys.executable, tg=tg, copies=copies, end=end, fill=fill))
     program.chmod(0o755)
     auto = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, max_repetitions=9)
@@ -120,10 +120,13 @@ def test_an_open_ended_batch_stops_after_the_first_precise_copy(tmp_path):
 
 
 def test_the_time_budget_pays_for_copies_after_the_depth_fill(tmp_path):
-    """A 5 s fill, then copies of 0.6 s, within an 8 s budget: the next copy is paced by its repetitions and a
-    warm-up (0.8 s), not by the first copy's 5.6 s with the fill, which would stop at the minimum 3."""
-    records = fake_bench(tmp_path, tg="50.0, 60.0, 40.0", copies=3, end="TERM", precision=1e-6, fill=5, budget=8)
-    assert all(r["status"] == "ok" and r["repetitions"] >= 6 for r in records)
+    """Copies of 0.6 s: with no fill a 1 s budget stops after the first (the next would end past it); after a
+    5 s fill a 6 s budget does not: the fill buys as much time again in repetitions (to ~10 s), and a next copy
+    costs its repetitions and a warm-up (0.8 s), not the first copy's 5.6 s."""
+    quick = fake_bench(tmp_path / "quick", tg="50.0, 60.0, 40.0", copies=3, end="TERM", precision=1e-6, budget=1)
+    assert [r["repetitions"] for r in quick] == [3, 3]
+    slow = fake_bench(tmp_path / "slow", tg="50.0, 60.0, 40.0", copies=3, end="TERM", precision=1e-6, fill=5, budget=6)
+    assert all(r["status"] == "ok" and r["repetitions"] == 9 for r in slow)
 
 
 def test_a_run_that_fails_mid_copy_keeps_the_copies_it_finished(tmp_path):

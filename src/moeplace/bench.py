@@ -95,10 +95,12 @@ def _samples_of(row: dict[str, Any]) -> list[float]:
 
 def _enough(arm: Arm, tests: tuple[str, ...], settings: BenchSettings, t0: float) -> Callable[[str], bool]:
     """When to stop an open-ended batch, after a whole copy of its tests: every test precise enough, the most
-    repetitions allowed, or the next copy would run past the time budget. A later copy pays its repetitions and
-    its own warm-up, not the process's start, load and depth fill: after the first copy its pace is that copy's
-    repetitions (llama-bench's samples_ns) and one more for the warm-up, after that the last copy's."""
+    repetitions allowed, or the next copy would run past the time budget, or past twice the process's start,
+    load, warm-up and depth fill where that is more (as for a batch, the fill paid for is worth as much time in
+    repetitions). A later copy pays its repetitions and its own warm-up, not the fill: after the first copy its
+    pace is that copy's repetitions (llama-bench's samples_ns) and one more, after that the last copy's."""
     copy_ends = [time.monotonic()]
+    once = []  # the first copy's wall time less its repetitions: what no later copy pays
 
     def enough(stdout: str) -> bool:
         rows = bench_records(stdout)
@@ -108,13 +110,15 @@ def _enough(arm: Arm, tests: tuple[str, ...], settings: BenchSettings, t0: float
         samples = {t: [*arm.samples.get(t, [])] for t in tests}
         for r in rows:
             samples[_test_of(r)].extend(_samples_of(r))
-        timed = sum(sum(r.get("samples_ns") or []) for r in rows) / 1e9
-        reps = settings.repetitions
-        pace = timed * (reps + 1) / reps if len(copy_ends) == 2 and timed else copy_ends[-1] - copy_ends[-2]
+        pace = copy_ends[-1] - copy_ends[-2]
+        if not once:
+            timed = sum(sum(r.get("samples_ns") or []) for r in rows) / 1e9
+            once.append(pace - timed if timed else 0.0)
+            pace = timed * (settings.repetitions + 1) / settings.repetitions if timed else pace
         return (
             min(len(v) for v in samples.values()) >= settings.max_repetitions
             or _precise_enough(samples, None, settings.precision)
-            or copy_ends[-1] + pace - t0 > settings.time_budget_s
+            or copy_ends[-1] + pace - t0 > max(settings.time_budget_s, copy_ends[0] - t0 + 2 * once[0])
         )
 
     return enough
