@@ -10,6 +10,7 @@ from conftest import ROOT
 from moeplace.metadata import inspect_model
 from moeplace.placement import (
     expert_tensors,
+    host_layers,
     int_range_regex,
     ot_value,
     run_variant,
@@ -164,11 +165,8 @@ def test_optimal_placement_weighs_scattered_tensors_against_their_hops():
         layer["expert_tensors"] = {n: (3 if "down" in n else 2) * 2**20 for n in layer["expert_tensors"]}
     room = 22 * 2**20  # one layer on the host leaves 21 MiB on the card; two down tensors leave 22
 
-    def host_layers(host: set[str]) -> int:
-        return len({n.split(".")[1] for n in host})
-
     cheap = optimal_placement(meta, room, host_layer_bytes=0.5 * 2**20)  # a host layer's hops cost less than 1 MiB
-    assert tensor_bytes(meta, cheap) == 6 * 2**20 and host_layers(cheap) == 2
+    assert tensor_bytes(meta, cheap) == 6 * 2**20 and len(host_layers(cheap)) == 2
     assert optimal_placement(meta, room, host_layer_bytes=1.5 * 2**20) == expert_tensors(meta, [0])  # they cost more
 
 
@@ -190,7 +188,7 @@ def test_optimal_placement_finds_the_best_placement_by_brute_force():
 
         def value(host: set[str]) -> float | None:
             resident = sum(b for n, b in sizes.items() if n not in host)
-            return resident - hop * len({n.split(".")[1] for n in host}) if resident <= budget else None
+            return resident - hop * len(host_layers(host)) if resident <= budget else None
 
         every = (set(c) for k in range(len(sizes) + 1) for c in itertools.combinations(sizes, k))
         best = max(v for v in map(value, every) if v is not None)
@@ -211,7 +209,7 @@ def test_decode_ranks_the_placement_that_pays_for_its_hops_first(qwen3):
     assert host_layer_bytes(qwen3, model) == pytest.approx(40e-6 / (8 / 128 * (1 / 57.6 - 1 / 640) / 1e9))
     assert host_layer_bytes(qwen3, prior(Bandwidths(640, 57.6))) == 0  # no hop priced: bytes alone
     ranked = rank_placements(qwen3, Device(16 * 10**9, 10**9), 32768, model, "decode", [("f16", "f16")], [512])
-    layers = [len({t.split(".")[1] for t in r["host_tensors"]}) or r["n_cpu_moe"] for r in ranked]
+    layers = [len(host_layers(r["host_tensors"])) or r["n_cpu_moe"] for r in ranked]
     ncmoe = next(i for i, r in enumerate(ranked) if r["placement"] == "ncmoe")
     assert len(ranked) == 3 and ncmoe == 1
     assert layers[0] <= layers[ncmoe] < layers[2]

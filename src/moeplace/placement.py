@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections import defaultdict
+from collections.abc import Collection
 from typing import Any
 
 from .errors import MoeplaceError
@@ -102,6 +103,11 @@ def expert_tensors(meta: dict[str, Any], layers: list[int], kinds: set[str] | No
             if m and (kinds is None or m[2] in kinds):
                 out.add(name)
     return out
+
+
+def host_layers(tensors: Collection[str]) -> set[int]:
+    """The layers these routed-expert tensors belong to: each one on the host costs decode two hops."""
+    return {int(m[1]) for m in map(_EXPERT_NAME.match, tensors) if m}
 
 
 def tensor_bytes(meta: dict[str, Any], tensors: set[str]) -> int:

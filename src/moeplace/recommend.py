@@ -34,7 +34,7 @@ def parse_contexts(text: str, flag: str = "--ctx", allow_zero: bool = False) -> 
 
 def _print_optimal(meta: dict[str, Any], model: Any, device: Any, ctx: int, args: argparse.Namespace) -> None:
     """The feasible placements and KV cache types at this context, best first by --objective."""
-    from .placement import ot_value, rank_placements
+    from .placement import host_layers, ot_value, rank_placements
 
     kv_types = list(dict.fromkeys([(args.cache_type_k, args.cache_type_v), ("q8_0", "q8_0")]))
     ubatches = list(dict.fromkeys([args.ubatch, 512, 2048]))  # yours first: it wins ties
@@ -46,11 +46,11 @@ def _print_optimal(meta: dict[str, Any], model: Any, device: Any, ctx: int, args
     print(f"  placements by {args.objective} at {ctx} tokens, best first:")
     for r in ranked:
         ncmoe = r["placement"] == "ncmoe"
-        layers = len({name.split(".")[1] for name in r["host_tensors"]})
+        tensors, layers = len(r["host_tensors"]), len(host_layers(r["host_tensors"]))
         what = (
             f"--n-cpu-moe {r['n_cpu_moe']}"
             if ncmoe
-            else f"-ot ({len(r['host_tensors'])} expert tensors on the host, in {layers} layers)"
+            else f"-ot ({tensors} expert tensors on the host, in {layers} layers)"
         )
         print(f"    {what}, KV {r['type_k']}/{r['type_v']}, -ub {r['ubatch']}: decode {speed_text(r['tg'])}, "
               f"prefill {speed_text(r['pp'])}")  # fmt: skip
