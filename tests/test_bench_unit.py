@@ -9,8 +9,8 @@ from moeplace.aggregate import compare_table, knee, measured_table
 from moeplace.bench import auto_sweep, parse_log
 from moeplace.metadata import from_constants, inspect_model
 from moeplace.predict import Bandwidths, predict_table
-from moeplace.runtime.llamacpp import bench_records
 from moeplace.runtime.process import Finished, classify
+from moeplace.runtime.tool_output import bench_records
 
 LOG = """\
 llama_context: n_ctx                 = 33280

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from .calibrate import runs_from_records
-from .memory import Workload, device_need
+from .memory import Pins, Workload, device_need
+from .runtime.llama_log import is_host
 from .speed import SpeedModel, leave_one_out
 
 MEASURED_COLUMNS = [
@@ -144,20 +145,32 @@ def compare_table(
 MEMORY_TOLERANCE = (0.02, 8 * 2**20)  # a buffer agrees within 2% or 8 MiB
 
 
+def device_buffers(buffers: dict[str, dict[str, int]]) -> tuple[dict[str, int], int]:
+    """llama.cpp's device bytes per kind from a run's buffers by name (host buffers such as CUDA_Host and
+    CPU_Mapped left out), and how many devices held them. Over several devices the weights and the KV cache add
+    up to what one device would hold; each device's compute buffer does not, so it is left out there."""
+    devices = [kinds for name, kinds in buffers.items() if not is_host(name)]
+    total = {kind: sum(d.get(kind, 0) for d in devices) for kind in ("weights", "kv", "compute")
+             if any(kind in d for d in devices)}  # fmt: skip
+    if len(devices) > 1:
+        total.pop("compute", None)
+    return total, len(devices)
+
+
 def memory_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[str, Any]]) -> pd.DataFrame:
     """llama.cpp's own device buffers (from each run's -v log: its largest context) against our memory model
     (memory.py: weights and KV exact, compute our estimate), per run and buffer."""
     rows = []
     for r in records:
-        buffers = r.get("device_buffers")
         contexts = [c for c in r.get("kv_contexts") or [] if c["kv_mib"]]
-        if not buffers or not contexts or r.get("test", "tg") != "tg":
+        if not r.get("buffers") or not contexts or r.get("test", "tg") != "tg":
             continue  # one row set per run (its tg record), and only where llama.cpp logged its buffers
+        buffers, devices = device_buffers(r["buffers"])
         meta = metadata[r["model"]]
         n_ctx = max(c["n_ctx"] for c in contexts)
         w = Workload(n_ctx, r.get("ubatch", 512), r.get("flash_attn", "auto"), r["type_k"], r["type_v"])
         host = frozenset(r.get("cpu_tensors") or []) if r.get("overrides") else frozenset()
-        need = device_need(meta, w, 0 if host else r["n_cpu_moe"], pinned=host)
+        need = device_need(meta, w, 0 if host else r["n_cpu_moe"], pins=Pins(host=host))
         for buffer, ours in (("weights", need.weights), ("kv", need.kv), ("compute", need.compute)):
             if buffer not in buffers:
                 continue  # an out-of-memory run never got to allocate it
@@ -165,11 +178,12 @@ def memory_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[s
             diff = ours - theirs
             tolerance = max(MEMORY_TOLERANCE[0] * theirs, MEMORY_TOLERANCE[1])
             rows.append({"model": r["model"], "ctx": r["ctx"], "n_ctx": n_ctx, "n_cpu_moe": r["n_cpu_moe"],
-                         "variant": r["variant"], "type_k": r["type_k"], "type_v": r["type_v"], "buffer": buffer,
+                         "variant": r["variant"], "type_k": r["type_k"], "type_v": r["type_v"], "devices": devices,
+                         "buffer": buffer,
                          "llamacpp_mib": theirs / 2**20, "ours_mib": ours / 2**20, "diff_mib": diff / 2**20,
                          "diff_pct": 100 * diff / theirs if theirs else None,
                          "within_tolerance": abs(diff) <= tolerance})  # fmt: skip
-    columns = ["model", "ctx", "n_ctx", "n_cpu_moe", "variant", "type_k", "type_v", "buffer", "llamacpp_mib",
+    columns = ["model", "ctx", "n_ctx", "n_cpu_moe", "variant", "type_k", "type_v", "devices", "buffer", "llamacpp_mib",
                "ours_mib", "diff_mib", "diff_pct", "within_tolerance"]  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
 

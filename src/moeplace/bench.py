@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -20,33 +19,30 @@ from pathlib import Path
 from typing import Any
 
 from .config import BenchSettings
-from .runtime.allocation import on_host, parse_buffers
 from .runtime.cpus import pin, split_cpus, wait_for_quiet
 from .runtime.device import DeviceSetup, attached
-from .runtime.llamacpp import bench_command, bench_records
+from .runtime.llama_log import is_host, read_log
+from .runtime.llamacpp import bench_command
 from .runtime.process import classify, run, tail
 from .runtime.provenance import build_facts, host_facts, pipeline_revision
+from .runtime.tool_output import bench_records
 from .stats import delta_interval, mean_halfwidth, repetitions_for
 
 log = logging.getLogger("moeplace")
 
 TESTS = ("pp", "tg")
-_KV_BUFFER = re.compile(r"KV buffer size =\s+([\d.]+) MiB")
-_N_CTX = re.compile(r"llama_context: n_ctx\s+=\s+(\d+)")
-_OVERRIDE = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
 
 
 def parse_log(stderr: str) -> dict[str, Any]:
-    """llama.cpp's own accounting from a -v log: KV bytes per context created, each overridden tensor's
-    destination buffer (CPU, CPU_REPACK: host RAM; CUDA0, RPC0[...]: a device) and every load's buffers."""
-    contexts: list[dict[str, float]] = []
-    for line in stderr.splitlines():
-        if m := _N_CTX.search(line):
-            contexts.append({"n_ctx": int(m[1]), "kv_mib": 0.0})
-        elif (m := _KV_BUFFER.search(line)) and contexts:
-            contexts[-1]["kv_mib"] += float(m[1])
-    buffers = {m[1]: m[2] for m in _OVERRIDE.finditer(stderr)}
-    return {"contexts": contexts, "tensor_buffers": dict(sorted(buffers.items())), "loads": parse_buffers(stderr)}
+    """llama.cpp's own accounting from a -v log: each context's size and KV bytes, each overridden tensor's
+    destination buffer (CPU, CPU_REPACK: host RAM; CUDA0, RPC0[...]: a device) and, for the memory check, the
+    buffers of its largest context by name (llama-bench loads once per test; CUDA0, CUDA_Host, CPU_Mapped ...)."""
+    report = read_log(stderr)
+    contexts = [context for load in report.loads for context in load.each_context() if context.n_ctx]
+    kv = [{"n_ctx": c.n_ctx, "kv_mib": sum(k.get("kv", 0) for k in c.sizes.values()) / 2**20} for c in contexts]
+    largest = max(contexts, key=lambda c: (c.n_ctx, sum(k.get("kv", 0) for k in c.sizes.values())), default=None)
+    return {"contexts": kv, "tensor_buffers": dict(sorted(report.overridden.items())),
+            "buffers": largest.sizes if largest else None}  # fmt: skip
 
 
 @dataclass
@@ -251,12 +247,11 @@ def run_bench(
         "contended": contended,
         **pipeline_revision(workdir),
         "kv_contexts": parsed["contexts"],
-        # The largest context's device buffers (llama-bench loads once per test), for the memory check.
-        "device_buffers": max((b.device for b in parsed["loads"]), key=lambda d: d.get("kv", 0), default=None),
+        "buffers": parsed["buffers"],
         "ubatch": settings.ubatch,
         "flash_attn": settings.flash_attn,
         "tensor_buffers": parsed["tensor_buffers"],
-        "cpu_tensors": [name for name, buffer in parsed["tensor_buffers"].items() if on_host(buffer)],
+        "cpu_tensors": [name for name, buffer in parsed["tensor_buffers"].items() if is_host(buffer)],
         "batches": arm.batches,
         "precision_target": settings.precision if settings.adaptive else None,
         "paired_n_cpu_moe": paired_n_cpu_moe,

@@ -20,11 +20,16 @@ import pandas as pd
 from .config import DeviceTarget
 from .errors import MoeplaceError
 from .kvcache import KV_PAD, kv_bytes, pad
-from .memory import DeviceNeed, Workload, device_need, host_kept_bytes, minimum_n
+from .memory import NO_PINS, DeviceNeed, Pins, Workload, device_need, host_kept_bytes, host_layer_count, minimum_n
 from .units import GB
 
 FITS = "ok"
 DOES_NOT_FIT = "does_not_fit"
+
+# MiB a card needs beyond llama.cpp's logged buffers, per backend: its runtime's own allocations (the CUDA/HIP
+# context, cuBLAS/hipBLAS workspaces, the pool for temporary tensors, the driver's and the desktop's share), as
+# real cards showed them (docs/real-cards.md). The emulated device (rpc) is capped exactly: nothing beyond.
+DEFAULT_MARGIN_MIB = {"cuda": 1024, "rocm": 1024, "vulkan": 1024, "metal": 1024, "sycl": 1024, "rpc": 0}
 
 # compute(workload, n_cpu_moe) -> the device compute buffer's bytes; None: our estimate.
 Compute = Callable[[Workload, int], int] | None
@@ -62,10 +67,10 @@ def plan(
     w: Workload,
     compute: Compute = None,
     extra_bytes: int = 0,
-    pinned: frozenset[str] = frozenset(),
+    pins: Pins = NO_PINS,
 ) -> dict[str, Any]:
     """One workload's budget: each device buffer at the minimum n_cpu_moe (at n = all layers where nothing
-    fits), the room left for experts, and that n; `pinned` expert tensors stay on the host whatever n is."""
+    fits), the room left for experts, and that n, with the user's -ot pins applied before --n-cpu-moe."""
     row: dict[str, Any] = {"ctx": w.ctx, "cells": pad(w.ctx) * w.parallel, "ubatch": w.ubatch,
                            "flash_attn": w.flash_attn, "parallel": w.parallel, "cache_type_k": w.type_k,
                            "cache_type_v": w.type_v}  # fmt: skip
@@ -76,7 +81,7 @@ def plan(
 
         def need(n: int) -> DeviceNeed:
             if n not in needs:
-                needs[n] = device_need(meta, w, n, compute and (lambda k: compute(w, k)), extra_bytes, pinned)
+                needs[n] = device_need(meta, w, n, compute and (lambda k: compute(w, k)), extra_bytes, pins)
             return needs[n]
 
         n = minimum_n(meta, lambda k: need(k).total + device.overhead_bytes <= device.vram_bytes)
@@ -93,7 +98,12 @@ def plan(
         }
     row["margin_bytes"] = device.overhead_bytes
     fits = row["n_cpu_moe"] is not None
-    row["resident_layers"] = meta["n_layer"] - row["n_cpu_moe"] if fits else 0
+    if not fits:
+        row["resident_layers"] = 0
+    elif meta.get("attention") is None:  # the seed's constants: no tensors, no pins
+        row["resident_layers"] = meta["n_layer"] - row["n_cpu_moe"]
+    else:  # layers with every expert on the device, after the pins
+        row["resident_layers"] = meta["n_layer"] - host_layer_count(meta, pins.host_set(meta, row["n_cpu_moe"]))
     row["status"] = FITS if fits else DOES_NOT_FIT
     return row
 
@@ -115,12 +125,12 @@ def fixes(
     w: Workload,
     compute: Compute = None,
     extra_bytes: int = 0,
-    pinned: frozenset[str] = frozenset(),
+    pins: Pins = NO_PINS,
 ) -> list[str]:
     """What would make `w` fit, cheapest first in what it gives up: each a sentence with the n it allows."""
 
     def fitted(v: Workload) -> int | None:
-        return plan(meta, device, v, compute, extra_bytes, pinned)["n_cpu_moe"]
+        return plan(meta, device, v, compute, extra_bytes, pins)["n_cpu_moe"]
 
     out = []
     candidates = [
@@ -172,7 +182,7 @@ def reserved_compute(manifest: dict[str, Any], model_path: str, rpc: str | None,
     from .runtime.allocation import reserve
 
     def compute(w: Workload, n_cpu_moe: int) -> int:
-        return reserve(manifest, model_path, w.llama_args(), n_cpu_moe, rpc, log_path).device.get("compute", 0)
+        return reserve(manifest, model_path, w.llama_args(), n_cpu_moe, rpc, log_path).only_device().get("compute", 0)
 
     return compute
 

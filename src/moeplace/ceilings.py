@@ -39,10 +39,11 @@ from .errors import MoeplaceError
 from .predict import Bandwidths, bytes_per_token
 from .runtime.cpus import pin, split_cpus
 from .runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, attached, link_facts
-from .runtime.llamacpp import bench_command, bench_records, require_binary
+from .runtime.llamacpp import bench_command, require_binary
 from .runtime.native import build_native
 from .runtime.process import run_checked
 from .runtime.provenance import host_facts
+from .runtime.tool_output import bench_records
 from .speed import TESTS, Run, SpeedModel, anchored, features, prior
 from .units import GB
 

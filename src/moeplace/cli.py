@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from . import budget as budget_mod
 from . import commands
@@ -13,8 +14,17 @@ from .errors import MoeplaceError
 from .kvcache import CACHE_TYPES
 from .memory import FLASH_ATTN
 from .metadata import describe, inspect_model
-from .recommend import cmd_recommend, parse_contexts, speed_model
+from .recommend import DEFAULT_BANDWIDTHS, cmd_recommend, parse_contexts, speed_model
 from .units import parse_size
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("moeplace")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
@@ -83,7 +93,8 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from .speed import UNITS, prior, zero_fit_notes
 
     meta = inspect_model(args.model)
-    model = calibrate(meta, read_runs(args.runs), prior(Bandwidths(args.bw_vram_gbps, args.bw_ddr_gbps)))
+    bandwidths = Bandwidths(args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
+    model = calibrate(meta, read_runs(args.runs), prior(bandwidths))
     for test, m in model.tests.items():
         print(f"{test} ({m.runs} runs, relative spread {100 * m.spread:.1f}%):")
         for k, v in m.coef.items():
@@ -163,18 +174,36 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def _speed_options(parser: argparse.ArgumentParser, calibration: bool = True) -> None:
     if calibration:
         parser.add_argument("--calibration", help="a moeplace calibrate JSON: speeds fitted to your runs")
-    parser.add_argument("--bw-vram", "--bw-vram-gbps", dest="bw_vram_gbps", type=float, default=640.0,
-                        help="card memory bandwidth, GB/s, where no calibration says (default 640)")  # fmt: skip
-    parser.add_argument("--bw-ddr", "--bw-ddr-gbps", dest="bw_ddr_gbps", type=float, default=57.6,
-                        help="host RAM bandwidth, GB/s, where no calibration says (default 57.6)")  # fmt: skip
+    parser.add_argument(
+        "--bw-vram",
+        "--bw-vram-gbps",
+        dest="bw_vram_gbps",
+        type=float,
+        help=f"card memory bandwidth, GB/s, where no calibration says (default {DEFAULT_BANDWIDTHS[0]:g})",
+    )
+    parser.add_argument(
+        "--bw-ddr",
+        "--bw-ddr-gbps",
+        dest="bw_ddr_gbps",
+        type=float,
+        help=f"host RAM bandwidth, GB/s, where no calibration says (default {DEFAULT_BANDWIDTHS[1]:g})",
+    )
 
 
 MODEL_HELP = "a .gguf path (any shard of a split model), URL, ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO or hf:ORG/REPO"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one line naming the flag (no usage block before it), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="moeplace", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="moeplace", description=__doc__)
+    p.add_argument("--version", action="version", version=f"moeplace {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     ins = sub.add_parser("inspect", help="bytes by role and KV shape of a GGUF model (header only)")
     ins.add_argument("model", help=MODEL_HELP)
@@ -184,8 +213,20 @@ def build_parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("recommend", help="the minimum --n-cpu-moe that fits your card at each context")
     rec.add_argument("model", nargs="?", help=MODEL_HELP + "; omit to use the constants below")
     rec.add_argument("--ctx", required=True, help="context length(s), comma-separated, e.g. 8192,32768")
-    rec.add_argument("--vram", help="card memory, e.g. 16GB or 16GiB (GGUF mode)")
-    rec.add_argument("--margin", type=int, default=0, help="MiB kept free on the card beyond llama.cpp's buffers")
+    rec.add_argument("--vram", help="the card's memory, e.g. 16GB or 16GiB, or auto: this GPU's free memory now")
+    rec.add_argument(
+        "--backend",
+        choices=("auto", *budget_mod.DEFAULT_MARGIN_MIB),
+        default="auto",
+        help="the card's llama.cpp backend, for its default margin (auto: this machine's GPU)",
+    )
+    rec.add_argument(
+        "--margin",
+        type=int,
+        help="MiB kept free on the card beyond llama.cpp's buffers "
+        "(default: the backend's, from real cards; 0 on the emulated device, rpc)",
+    )
+    rec.add_argument("--ram", help="the host's RAM for the experts left there, e.g. 64GB (default: this machine's)")
     rec.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa (auto: on on GPUs)")
     rec.add_argument("--parallel", type=int, default=1, help="llama-server --parallel slots, each with --ctx tokens")
     rec.add_argument("--mmproj", help="a vision projector .gguf the server also loads onto the card")
@@ -194,8 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--override-tensor",
         action="append",
         default=[],
-        metavar="REGEX=CPU",
-        help="your own host pins (repeatable): kept, and the minimum --n-cpu-moe planned around them",
+        metavar="REGEX=BUFFER,...",
+        help="your own pins as llama.cpp takes them (REGEX=CPU or a device such as CUDA0; ',' between rules; "
+        "repeatable): kept first in every command, and the minimum --n-cpu-moe planned around them",
     )
     rec.add_argument("--explain", action="store_true", help="when a context does not fit, list what would make it fit")
     rec.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
@@ -212,13 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument(
         "--objective",
         default="decode",
-        help="what --placement optimal ranks by: decode, prefill or mix:W (W = the share of decode tokens)",
+        help="what --placement optimal ranks by: decode, prefill or mix:W (0 < W < 1, the share of decode tokens)",
     )
     rec.add_argument(
         "--placement",
         choices=("ncmoe", "optimal"),
         default="ncmoe",
-        help="optimal: also the -ot placement keeping the most expert bytes on the card (GGUF mode)",
+        help="optimal: also the -ot placements keeping the most expert bytes on the card, your pins kept",
     )
     _speed_options(rec)
     const = rec.add_argument_group("constants mode (the seed's script)")
@@ -285,6 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     do.add_argument("--backend", choices=("auto", "cpu", "cuda", "hip", "vulkan"), default="auto")
     do.add_argument("--json", action="store_true")
     do.set_defaults(func=cmd_doctor)
+    ex = sub.add_parser("explain", help="what a llama.cpp log put on each device, and why it ran out of memory")
+    ex.add_argument("log", help="a llama-server / llama-cli / llama-bench log file, or - for stdin")
+    ex.add_argument("--json", action="store_true", help="print the account as JSON (MiB)")
+    ex.set_defaults(func=cmd_explain)
     ve = sub.add_parser("verify", help="re-check a published directory against its MANIFEST.json")
     ve.add_argument("folder", help="publish/<name>/")
     ve.set_defaults(func=cmd_verify)
@@ -295,13 +341,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cmd_doctor(args: argparse.Namespace) -> None:
-    from .runtime.backend import detect
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .runtime.backend import build_tools, detect
 
     backend = detect(args.backend)
+    tools = build_tools()
     if args.json:
-        print(json.dumps(backend.as_dict(), indent=1))
-        return
+        print(json.dumps({**backend.as_dict(), "build_tools": tools}, indent=1))
+        return 0
     print(f"backend: {backend.name} ({backend.reason})")
     for d in backend.devices:
         memory = (
@@ -310,6 +357,21 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         print(f"  device {d['name']}{memory}")
     if backend.install:
         print(f"to use it, install {backend.install}")
+    for tool, found in tools.items():
+        print(f"  {tool}: {found or 'missing'}")
+    if missing := [tool for tool, found in tools.items() if not found]:
+        print(f"building llama.cpp needs {', '.join(missing)}: apt-get install cmake g++ (Debian), or set "
+              "llamacpp.bin_dir to a llama.cpp you built")  # fmt: skip
+        return 1
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import explain, read_text, render
+
+    found = explain(read_text(args.log), "stdin" if args.log == "-" else args.log)
+    print(json.dumps(found, indent=1) if args.json else render(found))
+    return 1 if found.get("status") == "oom" else 0
 
 
 def cmd_verify(args: argparse.Namespace) -> None:

@@ -61,21 +61,41 @@ class DeviceNeed:
         return self.weights + self.kv + self.compute + self.extra
 
 
+@dataclass(frozen=True)
+class Pins:
+    """The user's own -ot rules resolved to routed-expert tensors as llama.cpp resolves them (the first rule that
+    matches a tensor wins, and the user's rules come before --n-cpu-moe's): those kept on the host whatever n is,
+    and those kept on the device even within the first n layers; `rules` as the user wrote them, one per rule."""
+
+    host: frozenset[str] = frozenset()
+    device: frozenset[str] = frozenset()
+    rules: tuple[str, ...] = ()
+
+    def host_set(self, meta: dict[str, Any], n_cpu_moe: int) -> frozenset[str]:
+        """Every expert tensor in host RAM with --n-cpu-moe n after these rules."""
+        first = {name for layer in meta["layers"][: max(n_cpu_moe, 0)] for name in layer["expert_tensors"]}
+        return frozenset((first - self.device) | self.host)
+
+
+NO_PINS = Pins()
+
+
+def host_layer_count(meta: dict[str, Any], host: frozenset[str]) -> int:
+    """Layers with any of their experts in host RAM (the rest are resident)."""
+    return sum(1 for layer in meta["layers"] if host.intersection(layer["expert_tensors"]))
+
+
 def host_kept_bytes(meta: dict[str, Any]) -> int:
     """Non-expert bytes llama.cpp keeps on the host with every layer offloaded: the input embedding, unless it
     doubles as the output matrix (then the device holds a copy of it and the host the original)."""
     return meta["global_bytes"].get("token_embd", 0) if meta["global_bytes"].get("output", 0) else 0
 
 
-def device_weight_bytes(meta: dict[str, Any], n_cpu_moe: int, host_tensors: frozenset[str] = frozenset()) -> int:
-    """Weight bytes on the device with -ngl 99, the experts of the first n layers on the host, and with them the
-    expert tensors in `host_tensors` (an -ot placement, or the user's own -ot pins)."""
-    on_host = sum(
-        layer["expert_bytes"]
-        if il < n_cpu_moe
-        else sum(b for t, b in layer["expert_tensors"].items() if t in host_tensors)
-        for il, layer in enumerate(meta["layers"])
-    )
+def device_weight_bytes(meta: dict[str, Any], n_cpu_moe: int, pins: Pins = NO_PINS) -> int:
+    """Weight bytes on the device with -ngl 99, the experts of the first n layers on the host, as the user's -ot
+    pins (or an -ot placement, as host pins with n = 0) leave them."""
+    host = pins.host_set(meta, n_cpu_moe)
+    on_host = sum(b for layer in meta["layers"] for t, b in layer["expert_tensors"].items() if t in host)
     return meta["total_bytes"] - host_kept_bytes(meta) - on_host
 
 
@@ -112,12 +132,12 @@ def device_need(
     n_cpu_moe: int,
     compute: Callable[[int], int] | None = None,
     extra_bytes: int = 0,
-    pinned: frozenset[str] = frozenset(),
+    pins: Pins = NO_PINS,
 ) -> DeviceNeed:
-    """The device's buffers for n layers' experts (and the `pinned` expert tensors) on the host; `compute(n)` is
+    """The device's buffers for n layers' experts on the host, as the user's -ot pins leave them; `compute(n)` is
     llama.cpp's reserve where known."""
     return DeviceNeed(
-        weights=device_weight_bytes(meta, n_cpu_moe, pinned),
+        weights=device_weight_bytes(meta, n_cpu_moe, pins),
         kv=(kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch) + state_bytes(meta)) * w.parallel,
         compute=compute(n_cpu_moe) if compute else estimate_compute(meta, w, n_cpu_moe),
         extra=extra_bytes,

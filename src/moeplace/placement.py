@@ -15,6 +15,7 @@ from collections.abc import Collection
 from typing import Any
 
 from .errors import MoeplaceError
+from .memory import Pins
 
 _EXPERT_NAME = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_(ch)?exps\.")
 
@@ -136,9 +137,9 @@ def variants(meta: dict[str, Any], n: int) -> dict[str, set[str]]:
 def check_placement(intended: set[str], buffers: dict[str, str]) -> dict[str, Any]:
     """Compare the intended host set with where llama.cpp's 'buffer type overridden' lines put each tensor:
     every intended tensor must go to a host buffer, and no other tensor may."""
-    from .bench import on_host
+    from .runtime.llama_log import is_host
 
-    observed = {name for name, buffer in buffers.items() if on_host(buffer)}
+    observed = {name for name, buffer in buffers.items() if is_host(buffer)}
     return {
         "intended": len(intended),
         "observed": len(observed),
@@ -291,10 +292,15 @@ def _groups(meta: dict[str, Any]) -> list[tuple[int, str, set[str], int]]:
 
 
 def optimal_placement(
-    meta: dict[str, Any], budget_bytes: float, host_layer_bytes: float = 0.0, max_units: int = 20_000
+    meta: dict[str, Any],
+    budget_bytes: float,
+    host_layer_bytes: float = 0.0,
+    pins: Pins = Pins(),
+    max_units: int = 20_000,
 ) -> set[str]:
     """The host set that keeps the most expert bytes on the device within the budget, less `host_layer_bytes`
-    for each layer with an expert on the host: a knapsack over each layer's choice of expert kinds to keep.
+    for each layer with an expert on the host: a knapsack over each layer's choice of expert kinds to keep. The
+    user's pins stand: their host tensors stay on the host, their device tensors on the device (taking budget).
 
     Every expert byte is read with the same probability (top-k of E), so predicted decode time falls with every
     device-resident byte, and rises by a layer's hops when any of its experts is on the host (their cost in
@@ -304,11 +310,18 @@ def optimal_placement(
     """
     import numpy as np
 
+    sizes = {name: size for layer in meta["layers"] for name, size in layer["expert_tensors"].items()}
     layers: dict[int, list[tuple[set[str], int]]] = defaultdict(list)
-    for layer, _, names, size in _groups(meta):
-        layers[layer].append((names, size))
-    host = {name for groups in layers.values() for names, _ in groups for name in names}
-    if budget_bytes <= 0 or not host:
+    pinned_host_layers = set()
+    for layer, _, names, _ in _groups(meta):
+        free = names - pins.host - pins.device
+        if free:
+            layers[layer].append((free, sum(sizes[n] for n in free)))
+        if names & pins.host:
+            pinned_host_layers.add(layer)
+    host = set(pins.host) | {name for groups in layers.values() for names, _ in groups for name in names}
+    budget_bytes -= sum(sizes[n] for n in pins.device)
+    if budget_bytes <= 0 or not layers:
         return host
     unit = max(2**20, budget_bytes / max_units)
     capacity = int(budget_bytes // unit)
@@ -322,7 +335,7 @@ def optimal_placement(
         ):
             weight = sum(int(-(-size // unit)) for _, size in kept)  # round up: never over the budget
             resident = set().union(*(names for names, _ in kept))
-            on_host = len(kept) < len(layers[layer])
+            on_host = len(kept) < len(layers[layer]) or layer in pinned_host_layers
             options.append((weight, sum(size for _, size in kept) - (host_layer_bytes if on_host else 0.0), resident))
         merged, choice = best + options[0][1], np.zeros(capacity + 1, dtype=np.int8)
         for i, (weight, value, _) in enumerate(options[1:], start=1):
@@ -363,12 +376,14 @@ def rank_placements(
     objective: str,
     cache_types: list[tuple[str, str]],
     ubatches: list[int],
+    pins: Pins = Pins(),
 ) -> list[dict[str, Any]]:
     """Every placement that fits at `ctx` for each KV cache type and ubatch (--n-cpu-moe at the budget's minimum,
     and where they differ from it the knapsack's -ot placements: the most expert bytes on the device, prefill's
-    best, and the same less the hops the model prices, decode's best), with the speed model's decode and prefill
-    at that depth, best first by `objective` (decode, prefill or mix:W); ties keep the order given. A larger
-    ubatch prefills faster but its compute buffer takes device memory from the experts."""
+    best, and the same less the hops the model prices, decode's best), the user's pins kept in each, with the
+    speed model's decode and prefill at that depth, best first by `objective` (decode, prefill or mix:W); ties
+    keep the order given. A larger ubatch prefills faster but its compute buffer takes device memory from the
+    experts. `host_tensors` is each placement's whole host set, pins included."""
     from .budget import plan
     from .memory import Workload
     from .speed import Run, host_layer_bytes, prefill_up_to
@@ -376,18 +391,17 @@ def rank_placements(
     ranked = []
     hop_bytes = host_layer_bytes(meta, model)
     for (type_k, type_v), ubatch in itertools.product(cache_types, ubatches):
-        p = plan(meta, device, Workload(ctx, ubatch, type_k=type_k, type_v=type_v))
+        p = plan(meta, device, Workload(ctx, ubatch, type_k=type_k, type_v=type_v), pins=pins)
         if p["n_cpu_moe"] is None:
             continue
-        ncmoe = frozenset(expert_tensors(meta, list(range(p["n_cpu_moe"]))))
-        candidates = [("ncmoe", p["n_cpu_moe"], frozenset())]
+        candidates = [("ncmoe", p["n_cpu_moe"], pins.host_set(meta, p["n_cpu_moe"]))]
         for cost in dict.fromkeys([0.0, hop_bytes]):
-            host = frozenset(optimal_placement(meta, p["budget_bytes"], cost))
-            if host != ncmoe and all(host != c[2] for c in candidates):
+            host = frozenset(optimal_placement(meta, p["budget_bytes"], cost, pins))
+            if all(host != c[2] for c in candidates):
                 candidates.append(("optimal", 0, host))
         for name, n, host in candidates:
-            tg = model.predict(meta, Run(n, ctx, "tg", 128, ubatch, type_k, type_v, host))
-            pp = model.predict(meta, prefill_up_to(n, ctx, ubatch, type_k, type_v, host))
+            tg = model.predict(meta, Run(0, ctx, "tg", 128, ubatch, type_k, type_v, host))
+            pp = model.predict(meta, prefill_up_to(0, ctx, ubatch, type_k, type_v, host))
             ranked.append(
                 {"placement": name, "n_cpu_moe": n, "host_tensors": sorted(host), "type_k": type_k, "type_v": type_v,
                  "ubatch": ubatch, "tg": tg, "pp": pp, "score": objective_score(objective, tg, pp)}
@@ -397,7 +411,7 @@ def rank_placements(
 
 def fit_params_overrides(manifest: dict[str, Any], model: str, ctx: int, rpc: str | None, log_path: Any) -> str | None:
     """llama.cpp's own placement for this device (llama-fit-params, no margin), as a llama-bench -ot value."""
-    from .runtime.allocation import fitted_args
+    from .runtime.allocation import fitted_placement_args
     from .runtime.llamacpp import require_binary
     from .runtime.process import run_checked
 
@@ -405,7 +419,7 @@ def fit_params_overrides(manifest: dict[str, Any], model: str, ctx: int, rpc: st
     if rpc:
         cmd += ["--rpc", rpc]
     out = run_checked(cmd, f"llama-fit-params placing {model} at {ctx} tokens", log_path, timeout_s=600)
-    return fitted_args(out.stdout)[1]
+    return fitted_placement_args(out.stdout)[1]
 
 
 def matching_tensors(overrides: str | None, names: list[str]) -> set[str]:
@@ -414,18 +428,53 @@ def matching_tensors(overrides: str | None, names: list[str]) -> set[str]:
     return {n for n in names if any(re.search(p, n) for p in patterns)}
 
 
-def pinned_tensors(meta: dict[str, Any], rules: list[str]) -> frozenset[str]:
-    """The expert tensors the user's own -ot REGEX=CPU rules keep on the host (planned around, kept as given)."""
+# The buffers llama-server's -ot accepts: the CPU's, and each device's own (it lists them when given another).
+_OT_BUFFER = re.compile(r"CPU|(?:CUDA|ROCm|Vulkan|MTL|SYCL|CANN|MUSA|OpenCL)\d+|RPC\d*\[[^\]]+\]")
+
+
+def override_rules(values: list[str]) -> tuple[str, ...]:
+    """The -ot rules as llama-server reads them: each value a ','-separated list of PATTERN=BUFFER (the pattern
+    ends at the first '='), -ot repeatable, BUFFER the CPU or a device."""
+    rules = []
+    for value in values:
+        for rule in value.split(","):
+            pattern, eq, buffer = rule.partition("=")
+            if not eq or not pattern:
+                raise MoeplaceError(
+                    f"-ot {rule!r}: write PATTERN=BUFFER, e.g. 'blk\\.1\\.ffn_.*_exps=CPU' (',' between rules)."
+                )
+            if not _OT_BUFFER.fullmatch(buffer):
+                raise MoeplaceError(
+                    f"-ot {rule!r}: llama.cpp knows no buffer {buffer!r}; use CPU, or a device such as CUDA0, ROCm0, "
+                    "Vulkan0, MTL0 or SYCL0."
+                )
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise MoeplaceError(f"-ot {rule!r}: the pattern is not a regular expression ({e}).") from None
+            rules.append(rule)
+    return tuple(rules)
+
+
+def read_pins(meta: dict[str, Any], values: list[str]) -> Pins:
+    """The user's -ot values resolved to the expert tensors each keeps on the host or on the device (the first
+    matching rule wins, as in llama.cpp); a rule that moves no routed expert is refused, since the plan could
+    not account for it."""
+    rules = override_rules(values)
     names = [t for layer in meta["layers"] for t in layer["expert_tensors"]]
-    pinned: set[str] = set()
+    patterns = [(rule, re.compile(rule.partition("=")[0]), rule.partition("=")[2]) for rule in rules]
+    host, device, used = set(), set(), set()
+    for name in names:
+        for rule, pattern, buffer in patterns:
+            if pattern.search(name):
+                (host if buffer == "CPU" else device).add(name)
+                used.add(rule)
+                break
     for rule in rules:
-        pattern, _, buffer = rule.rpartition("=")
-        if not pattern or not buffer.upper().startswith("CPU"):
+        if rule not in used:
+            example = names[0] if names else "none"
             raise MoeplaceError(
-                f"-ot {rule!r}: moeplace plans around host pins, written like 'blk\\.1\\.ffn_.*_exps=CPU'."
+                f"-ot {rule!r} decides no routed-expert tensor of this model (e.g. {example}), so the plan cannot "
+                "count it; moeplace plans where experts go."
             )
-        matched = matching_tensors(rule, names)
-        if not matched:
-            raise MoeplaceError(f"-ot {rule!r} matches none of this model's expert tensors (e.g. {names[0]}).")
-        pinned |= matched
-    return frozenset(pinned)
+    return Pins(frozenset(host), frozenset(device), rules)

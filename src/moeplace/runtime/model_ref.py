@@ -162,12 +162,14 @@ def _one_remote(endpoint: str, repo: str) -> str:
     return str(_one(found, f"hf:{repo}"))
 
 
-def ollama_knows(option: str) -> bool | None:
-    """Whether the ollama on PATH has this model option (its API name is in the binary); None: no ollama."""
+def ollama_version() -> tuple[int, ...] | None:
+    """The version of the ollama on PATH (`ollama --version`: "ollama version is 0.30.1"); None: no ollama, or
+    one that does not say."""
     exe = shutil.which("ollama")
     if not exe:
         return None
-    try:
-        return option.encode() in Path(exe).read_bytes()
-    except OSError:
-        return None
+    from .process import run
+
+    done = run([exe, "--version"], timeout_s=10)
+    m = re.search(r"version is (\d+)\.(\d+)\.(\d+)", done.stdout + done.stderr)
+    return tuple(int(x) for x in m.groups()) if m else None
