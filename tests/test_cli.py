@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
 
+import yaml
 from conftest import ROOT
 
 SEED_ARGS = [
@@ -174,3 +176,92 @@ def test_recommend_explain_lists_fixes_when_nothing_fits(small_moe):
     ctx = re.search(r"-c (\d+)", fix)[1]
     assert 1024 <= int(ctx) < 4096
     assert moeplace("recommend", str(small_moe), "--vram", f"{card}B", "--ctx", ctx, "--backend", "rpc").returncode == 0
+
+
+def test_hostile_inputs_each_get_one_line_naming_the_flag_and_exit_2(small_moe, tmp_path):
+    base = ["recommend", str(small_moe), "--vram", "1GiB", "--ctx", "2048"]
+    cases = {
+        "-ot": ["-ot", "(blk=CPU"],  # not a regex
+        "--mmproj": ["--mmproj", str(tmp_path / "missing.gguf")],
+        "--objective banana": ["--objective", "banana"],
+        "--objective mix:abc": ["--objective", "mix:abc"],
+        "--objective mix:2": ["--objective", "mix:2"],
+        "--parallel": ["--parallel", "0"],
+        "--ubatch": ["--ubatch", "0"],
+        "--margin": ["--margin", "-500"],
+        "--ctx 8192": ["--ctx", "8192"],  # beyond small's trained 4096
+        "--ctx 10000001": ["--ctx", "10000001"],
+        "-ot 'blk=GPU'": ["-ot", r"blk\.0\.ffn_up_exps=GPU"],  # no such buffer in llama.cpp
+        "-ot 'exps'": ["-ot", "exps"],  # no =BUFFER
+        "--emit ollama": ["--ctx", "2048,4096", "--emit", "ollama"],
+        "--vram": ["--vram", "16 gigs"],
+        "--bw-vram": ["--bw-vram", "0"],
+        "--cache-type-k": ["--cache-type-k", "f17"],
+    }
+    for flag, args in cases.items():
+        out = moeplace(*base, *args)
+        assert out.returncode == 2, (flag, out.stdout, out.stderr)
+        assert out.stdout == "" and "Traceback" not in out.stderr, (flag, out.stderr)
+        (line,) = out.stderr.strip().splitlines()
+        assert flag.split()[0] in line, (flag, line)
+
+
+def test_pins_reach_every_emitted_form(small_moe):
+    pin = r"blk\.1\.ffn_(up|down)_exps=CPU,blk\.0\.ffn_gate_exps=CPU"  # llama.cpp's ',' between rules
+    args = ["recommend", str(small_moe), "--vram", "1GiB", "--backend", "rpc", "--ctx", "2048", "-ot", pin]
+    server = moeplace(*args).stdout
+    assert f"-ot '{pin}' --n-cpu-moe 0" in server
+    bench = moeplace(*args, "--emit", "bench").stdout
+    assert "-ot " + shlex.quote(pin.replace(",", ";")) in bench  # llama-bench's ',' would sweep
+    (swap,) = yaml.safe_load(moeplace(*args, "--emit", "llama-swap").stdout)["models"].values()
+    assert f"-ot '{pin}'" in swap["cmd"]
+    ollama = moeplace(*args, "--emit", "ollama").stdout
+    assert f"LLAMA_ARG_OVERRIDE_TENSOR='{pin}'" in ollama and "LLAMA_ARG_N_CPU_MOE=0" in ollama
+    assert "PARAMETER num_cpu_moe" not in ollama  # no released Ollama has it: `ollama create` would refuse it
+    optimal = moeplace(*args, "--placement", "optimal").stdout
+    assert optimal.strip().splitlines()[-1].split("-ot ", 1)[1].startswith(f"'{pin}")
+    # what recommend prints, pasted back, is read the same way
+    pasted = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--backend", "rpc", "--ctx", "2048", "-ot",
+                      shlex.split(optimal.strip().splitlines()[-1].split("-ot ", 1)[1])[0], "--json")  # fmt: skip
+    assert pasted.returncode == 0, pasted.stderr
+    plan = json.loads(moeplace(*args, "--json").stdout)[0]
+    assert plan["pins"] == pin.split(",") and plan["resident_layers"] == 0  # both layers have an expert pinned
+
+
+def test_several_contexts_make_one_llama_swap_config(small_moe):
+    out = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "1024,4096", "--emit", "llama-swap")
+    config = yaml.safe_load(out.stdout)
+    assert list(config) == ["models"] and len(config["models"]) == 2
+    assert all("--port ${PORT}" in entry["cmd"] for entry in config["models"].values())
+    assert {m.rsplit("-", 1)[1] for m in config["models"]} == {"1k", "4k"}
+
+
+def test_a_split_models_server_line_names_its_first_shard(tmp_path):
+    out = moeplace("twin", str(ROOT / "config/models/deepseek-v3.yaml"), str(tmp_path / "ds.gguf"), "--shard-size",
+                   "50GB")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    third = sorted(tmp_path.glob("ds-*-of-00009.gguf"))[2]
+    plan = moeplace("recommend", str(third), "--vram", "80GB", "--ctx", "8192")
+    assert plan.returncode == 0, plan.stderr
+    assert f"-m {tmp_path}/ds-00001-of-00009.gguf" in plan.stdout and third.name not in plan.stdout
+
+
+def test_the_answer_says_what_it_assumed(small_moe):
+    out = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "2048", "--backend", "vulkan")
+    assert "margin: 768 MiB kept free (vulkan's default" in out.stdout
+    assert "1.07 GB (--vram 1GiB, as given)" in out.stdout
+    assert "640 GB/s card, 57.6 GB/s host, moeplace's defaults" in out.stdout
+    assert "host RAM:" in out.stdout
+    given = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "2048", "--bw-vram", "448", "--bw-ddr",
+                     "89.6", "--margin", "100")  # fmt: skip
+    assert "448 GB/s card, 89.6 GB/s host, --bw-vram/--bw-ddr as given" in given.stdout
+    assert "margin: 100 MiB kept free (--margin)" in given.stdout
+    assert moeplace("--version").stdout.startswith("moeplace ")
+
+
+def test_experts_beyond_the_hosts_ram_are_said_to_page_from_disk(tmp_path):
+    out = moeplace("twin", str(ROOT / "config/models/deepseek-v3.yaml"), str(tmp_path / "ds.gguf"))
+    assert out.returncode == 0, out.stderr
+    plan = moeplace("recommend", str(tmp_path / "ds.gguf"), "--vram", "24GB", "--ctx", "8192", "--ram", "64GB")
+    assert plan.returncode == 0, plan.stderr
+    assert "beyond its 64.0 GB (--ram 64GB)" in plan.stdout and "disk" in plan.stdout

@@ -26,10 +26,19 @@ from .units import GB
 FITS = "ok"
 DOES_NOT_FIT = "does_not_fit"
 
-# MiB a card needs beyond llama.cpp's logged buffers, per backend: its runtime's own allocations (the CUDA/HIP
-# context, cuBLAS/hipBLAS workspaces, the pool for temporary tensors, the driver's and the desktop's share), as
-# real cards showed them (docs/real-cards.md). The emulated device (rpc) is capped exactly: nothing beyond.
-DEFAULT_MARGIN_MIB = {"cuda": 1024, "rocm": 1024, "vulkan": 1024, "metal": 1024, "sycl": 1024, "rpc": 0}
+# MiB a card needs beyond llama.cpp's logged buffers, per backend, against the card's size (--vram 16GiB) and
+# against its free memory read before the load (--vram auto): its runtime's own allocations (the CUDA/HIP context,
+# BLAS workspaces, the pool for temporary tensors) and, against the size, what the driver and others hold. From
+# real cards (docs/real-cards.md): an RTX 4070 Ti SUPER's published out-of-memory boundary puts CUDA's between 176
+# and 923 MiB over its 16 GiB (CUDA's context took 231-521 MiB of headless cards, its runtime 254-681 MiB more);
+# five Arc B580 boundaries put SYCL's between 698 and 997 MiB over its size and 369-668 over its free memory.
+# ROCm and Vulkan have no boundary of their own and take CUDA's; on Metal --vram is the recommended working set,
+# which llama.cpp reports as the card's. The emulated device (rpc) is capped exactly: nothing beyond.
+DEFAULT_MARGIN_MIB = {"cuda": 768, "rocm": 768, "vulkan": 768, "metal": 1024, "sycl": 768, "rpc": 0}
+AUTO_MARGIN_MIB = {**DEFAULT_MARGIN_MIB, "sycl": 448}
+# Backends that run a large batch's op on the card with host weights copied into the compute buffer (llama.cpp's
+# op offload, from 32 tokens); the emulated device and Metal's unified memory do not.
+OP_OFFLOAD = ("cuda", "rocm", "vulkan", "sycl")
 
 # compute(workload, n_cpu_moe) -> the device compute buffer's bytes; None: our estimate.
 Compute = Callable[[Workload, int], int] | None
@@ -177,12 +186,16 @@ def compute_from_llamacpp(
         yield Device(setup.cap_bytes, memory["overhead_bytes"]), reserved_compute(manifest, model_path, rpc, log_path)
 
 
-def reserved_compute(manifest: dict[str, Any], model_path: str, rpc: str | None, log_path: Path) -> Compute:
-    """The device compute buffer as llama.cpp reserves it for a workload and placement, on the attached device."""
+def reserved_compute(
+    manifest: dict[str, Any], model_path: str, rpc: str | None, log_path: Path, pins: str | None = None
+) -> Compute:
+    """The device compute buffer as llama.cpp reserves it for a workload and placement (the user's -ot `pins`
+    first), on the attached device."""
     from .runtime.allocation import reserve
 
     def compute(w: Workload, n_cpu_moe: int) -> int:
-        return reserve(manifest, model_path, w.llama_args(), n_cpu_moe, rpc, log_path).only_device().get("compute", 0)
+        buffers = reserve(manifest, model_path, w.llama_args(), n_cpu_moe, rpc, log_path, pins)
+        return buffers.only_device().get("compute", 0)
 
     return compute
 

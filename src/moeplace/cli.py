@@ -252,6 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rec.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub): compute buffer and prefill")
     rec.add_argument(
+        "--reserve",
+        action="store_true",
+        help="llama.cpp's own compute buffer instead of our estimate "
+        "(the pinned build, built once, or --bin-dir's; ~1 s a context): llama-bench's exactly, an upper "
+        "bound for llama-server, which reserves logits for one token per slot",
+    )
+    rec.add_argument("--bin-dir", help="your llama.cpp build's bin/ for --reserve (default: the pinned build)")
+    rec.add_argument(
         "--objective",
         default="decode",
         help="what --placement optimal ranks by: decode, prefill or mix:W (0 < W < 1, the share of decode tokens)",

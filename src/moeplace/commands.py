@@ -23,13 +23,14 @@ def llama_server(
 ) -> str:
     """`llama-server` at this placement: the user's own -ot rules first (llama.cpp's first matching rule wins),
     then `--n-cpu-moe N`, or the placement's own `-ot` patterns; rules joined with ',' as llama-server reads
-    them. With --parallel, -c holds every slot's context."""
+    them. -c holds every slot's context; --parallel is always given, since llama-server's own default (4 slots
+    sharing one cache) would change the KV cache the plan counted."""
     rules = [*(pins or []), *([overrides] if overrides else [])]
     placement = ["-ot", ",".join(rules)] if rules else []
     placement += [] if overrides else ["--n-cpu-moe", str(n_cpu_moe)]
     source = ["-mu", model] if is_remote(model) else ["-m", model]  # -mu downloads it
     cmd = ["llama-server", *source, "-c", str(ctx * parallel), "-ngl", "99", *placement]
-    cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), *(["--parallel", str(parallel)] if parallel > 1 else [])]
+    cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), "--parallel", str(parallel)]
     return shlex.join(cmd)
 
 
@@ -46,7 +47,8 @@ def llama_bench(
     """The `llama-bench` run that checks it: decode and prefill with the KV cache filled so that the prefill test
     holds exactly `ctx` cells, the user's pins before -ncmoe (llama-bench joins -ot rules with ';': its ',' would
     make a sweep of them)."""
-    cmd = ["llama-bench", "-m", model, "-d", str(max(ctx - 512, 0)), "-p", "512", "-n", "128", "-ngl", "99"]
+    prompt = min(ctx, 512)
+    cmd = ["llama-bench", "-m", model, "-d", str(ctx - prompt), "-p", str(prompt), "-n", "128", "-ngl", "99"]
     cmd += [*(["-ot", ";".join(pins)] if pins else []), "-ncmoe", str(n_cpu_moe), "-r", "5"]
     cmd += cache_args(type_k, type_v, flash_attn, ubatch)
     return shlex.join(cmd)

@@ -19,6 +19,10 @@ from typing import Any
 from .kvcache import batch_for, kv_bytes, pad
 
 FLASH_ATTN = ("auto", "on", "off")
+SERVER = "server"  # Workload.outputs of a llama-server plan
+# llama.cpp's GPU backends offload an op on host weights (copy them into the compute buffer, compute on the device)
+# from this batch up; below it the host computes its experts itself.
+OP_OFFLOAD_MIN_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,10 @@ class Workload:
     type_k: str = "f16"
     type_v: str = "f16"
     parallel: int = 1
+    # Logits the graph is reserved for: a whole ubatch's (llama-bench, llama-fit-params, llama-completion), or one
+    # per slot (llama-server since llama.cpp b11434 reserves n_outputs_max = --parallel: SERVER).
+    outputs: str = "batch"
+    op_offload: bool = False  # a GPU backend that copies host weights for large batches (budget.OP_OFFLOAD)
 
     @property
     def batch(self) -> int:
@@ -40,6 +48,10 @@ class Workload:
     def tokens(self) -> int:
         """The ubatch llama.cpp reserves its graph for: never more than the batch or the context."""
         return min(self.ubatch, self.batch, self.ctx * self.parallel)
+
+    @property
+    def n_outputs(self) -> int:
+        return self.tokens if self.outputs == "batch" else min(self.tokens, self.parallel)
 
     def llama_args(self) -> list[str]:
         args = ["-c", str(self.ctx * self.parallel), "-ub", str(self.ubatch), "-b", str(self.batch)]
@@ -104,9 +116,10 @@ def state_bytes(meta: dict[str, Any]) -> int:
     return sum(layer.get("state_bytes", 0) for layer in meta["layers"])
 
 
-def estimate_compute(meta: dict[str, Any], w: Workload, n_cpu_moe: int) -> int:
+def estimate_compute(meta: dict[str, Any], w: Workload, n_cpu_moe: int, host: frozenset[str] | None = None) -> int:
     """The device compute buffer from the graph's largest live tensors (an estimate: llama.cpp's allocator
-    reuses memory between them; its own reserve is exact)."""
+    reuses memory between them; its own reserve is exact), with, on a backend that offloads large batches' ops,
+    a copy of the largest expert tensor in host RAM (`host`: that set, else the first n layers' experts)."""
     a = meta["attention"]
     flash = w.flash_attn != "off"
     tokens = w.tokens
@@ -120,10 +133,19 @@ def estimate_compute(meta: dict[str, Any], w: Workload, n_cpu_moe: int) -> int:
     scores = 0 if flash else n_kv * tokens * a["n_head"] * 4
     if a["mla"] and not flash:
         scores += n_kv * a["kv_lora_rank"] * 2  # V is a view of the latent K: made contiguous for the product
-    logits = tokens * meta.get("n_vocab", 0) * 4
+    logits = w.n_outputs * meta.get("n_vocab", 0) * 4
     experts_on_device = n_cpu_moe < meta["n_layer"] and meta["n_expert_used"]
-    moe = tokens * meta["n_expert_used"] * meta.get("n_ff_exp", 0) * 4 * 2 if experts_on_device else 0
-    return mask + max(scores + activations, logits, moe + activations)
+    # the routed experts' gate and up outputs and their gated product, f32, for every used expert; the same for the
+    # widest dense FFN (a dense layer's or the shared experts')
+    moe = tokens * meta["n_expert_used"] * meta.get("n_ff_exp", 0) * 4 * 3 if experts_on_device else 0
+    dense = tokens * meta.get("n_ff_dense", 0) * 4 * 3
+    copy = 0
+    if w.op_offload and tokens >= OP_OFFLOAD_MIN_BATCH:
+        on_host = NO_PINS.host_set(meta, n_cpu_moe) if host is None else host
+        copy = max(
+            (b for layer in meta["layers"] for t, b in layer["expert_tensors"].items() if t in on_host), default=0
+        )
+    return mask + activations + max(scores, logits, moe + copy, dense)  # the copy is live with the experts' outputs
 
 
 def device_need(
@@ -139,7 +161,7 @@ def device_need(
     return DeviceNeed(
         weights=device_weight_bytes(meta, n_cpu_moe, pins),
         kv=(kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch) + state_bytes(meta)) * w.parallel,
-        compute=compute(n_cpu_moe) if compute else estimate_compute(meta, w, n_cpu_moe),
+        compute=compute(n_cpu_moe) if compute else estimate_compute(meta, w, n_cpu_moe, pins.host_set(meta, n_cpu_moe)),
         extra=extra_bytes,
     )
 

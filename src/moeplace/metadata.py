@@ -272,6 +272,9 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
     n_vocab = shapes.get("token_embd.weight", (0, 0))[-1]
     up = next((s for name, s in shapes.items() if _LAYER.match(name) and "_up_exps" in name), None)
     n_ff_exp = header.arch_key("expert_feed_forward_length", 0) or (up[1] if up and len(up) == 3 else 0)
+    # The widest dense FFN a token passes (a dense layer's, or the shared experts'): its intermediate in compute.
+    dense = [s[1] for name, s in shapes.items() if _LAYER.match(name) and name.endswith(("ffn_up.weight",
+             "ffn_up_shexp.weight")) and len(s) == 2]  # fmt: skip
     return {
         "name": model_name(header),
         "source": "gguf",
@@ -286,6 +289,7 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
         "n_ctx_train": header.arch_key("context_length", 0) or 0,
         "n_vocab": n_vocab,
         "n_ff_exp": n_ff_exp if expert_bytes else 0,
+        "n_ff_dense": max(dense, default=0),
         "expert_bytes": expert_bytes,
         "non_expert_bytes": total - expert_bytes,
         "total_bytes": total,

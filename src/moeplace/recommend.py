@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ from . import budget as budget_mod
 from . import commands
 from .errors import MoeplaceError
 from .kvcache import needs_flash_attn
-from .memory import NO_PINS, Pins, Workload
+from .memory import NO_PINS, SERVER, Pins, Workload
 from .metadata import from_constants, inspect_model, structure
 from .placement import read_pins
 from .units import GB, parse_size
@@ -117,7 +120,10 @@ def _backend(args: argparse.Namespace) -> tuple[str, str]:
 
 def _vram(args: argparse.Namespace, backend: str) -> tuple[int, str]:
     if args.vram != "auto":
-        return parse_size(args.vram, "--vram"), f"--vram {args.vram}, as given"
+        given = f"--vram {args.vram}, as given"
+        if args.vram.strip().upper().endswith("GB"):  # cards sold as "16 GB" hold 16 GiB
+            given += f"; a card sold as {args.vram} holds {args.vram[:-2].strip()}GiB"
+        return parse_size(args.vram, "--vram"), given
     from .runtime.backend import free_gpu_memory
 
     free, what = free_gpu_memory(backend)
@@ -141,7 +147,8 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
     if args.margin is not None:
         margin, margin_source = args.margin * 2**20, "--margin"
     else:
-        margin = budget_mod.DEFAULT_MARGIN_MIB[backend] * 2**20
+        margins = budget_mod.AUTO_MARGIN_MIB if args.vram == "auto" else budget_mod.DEFAULT_MARGIN_MIB
+        margin = margins[backend] * 2**20
         margin_source = f"{backend}'s default: what real cards used beyond llama.cpp's buffers, docs/real-cards.md"
     if getattr(args, "calibration", None):
         speed = f"fitted to your runs ({args.calibration})"
@@ -243,13 +250,37 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     else:
         meta, device, a, pins = _constants(args)
     extra = Path(args.mmproj).stat().st_size if args.mmproj else 0
-    workloads = [Workload(c, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v, args.parallel)
-                 for c in contexts]  # fmt: skip
-    plans = [budget_mod.plan(meta, device, w, extra_bytes=extra, pins=pins) for w in workloads]
+    # A server reserves logits for one token per slot; llama-bench (what --emit bench prints) for a whole batch.
+    outputs = "batch" if emit == "bench" else SERVER
+    offload = a is not None and a.backend in budget_mod.OP_OFFLOAD
+    workloads = [Workload(c, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v, args.parallel, outputs,
+                          offload) for c in contexts]  # fmt: skip
+    with llamacpp_compute(args, pins) as compute:
+        plans = [budget_mod.plan(meta, device, w, compute, extra, pins) for w in workloads]
     model = speed_model(args, (a.bw_vram_gbps, a.bw_ddr_gbps)) if a else None
     for p in plans:
         _complete(p, meta, model, pins, a, args)
     return _output(emit, meta, plans, workloads, device, model, pins, a, args)
+
+
+@contextmanager
+def llamacpp_compute(args: argparse.Namespace, pins: Pins) -> Iterator[budget_mod.Compute]:
+    """With --reserve, llama.cpp's own compute buffer for each workload and placement (the pinned build, or
+    --bin-dir's, reserving without allocating on this machine's GPU or the emulated device); else None: the
+    estimate (memory.estimate_compute)."""
+    if not getattr(args, "reserve", False):
+        yield None
+        return
+    from .config import DeviceTarget
+    from .runtime.cpus import split_cpus
+    from .runtime.device import attached, device_setup
+    from .runtime.llamacpp import PINNED, provision
+
+    log_path = Path(tempfile.gettempdir()) / "moeplace-recommend.log"
+    manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
+    setup = device_setup(DeviceTarget("auto", "", 2**50), manifest)  # a reserve allocates nothing: no cap needed
+    with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
+        yield budget_mod.reserved_compute(manifest, args.model, rpc, log_path, ",".join(pins.rules) or None)
 
 
 def _constants(args: argparse.Namespace) -> tuple[dict[str, Any], budget_mod.Device, None, Pins]:
@@ -359,7 +390,11 @@ def _print_plan(meta: dict[str, Any], model: Any, device: Any, p: dict[str, Any]
     """One context's plan as text: the buffers, the n, the server line and the expected speeds."""
     print(
         f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  "
-        + (f"compute={p['compute_bytes'] / GB:5.2f} GB  " if p["compute_bytes"] is not None else "")
+        + (
+            f"compute={p['compute_bytes'] / GB:5.2f} GB ({p['compute_source']})  "
+            if p["compute_bytes"] is not None
+            else ""
+        )
         + f"budget={p['budget_bytes'] / GB:5.2f} GB  "
         f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
     )

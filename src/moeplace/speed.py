@@ -35,6 +35,7 @@ from scipy.optimize import nnls
 
 from .errors import MoeplaceError
 from .kvcache import DEFAULT_UBATCH, KV_PAD, batch_for, row_size
+from .memory import OP_OFFLOAD_MIN_BATCH
 from .predict import Bandwidths, active_fraction, routed_share, unread_bytes
 from .units import GB
 
@@ -54,9 +55,6 @@ UNITS = {
 # A token's fixed cost before any calibration: kernel launches and synchronisation, per layer. Published
 # --n-cpu-moe sweeps on GPUs imply 2-12 ms per token for ~48-layer models; this is the low end.
 FIXED_PER_LAYER_S = 50e-6
-# llama.cpp's GPU backends offload an op on host weights (copy them, compute on the device) from this batch up;
-# below it the host computes its experts itself.
-OP_OFFLOAD_MIN_BATCH = 32
 # Relative spread of a prediction when the fit leaves no residual to measure it by (two runs, two parameters).
 DEFAULT_SPREAD = 0.10
 MIN_SPREAD = 0.01  # no run repeats to better than this

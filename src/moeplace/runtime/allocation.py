@@ -21,8 +21,9 @@ RESERVE_TRIES = 5
 def _placement_args(manifest: dict[str, Any], model: str, args: list[str], n_cpu_moe: int, rpc: str | None,
                     overrides: str | None) -> list[str]:  # fmt: skip
     cmd = ["--rpc", rpc] if rpc else []
-    cmd += ["-m", model, "-ngl", "99", "-ncmoe", str(n_cpu_moe), *args]
-    return cmd + (["-ot", overrides.replace(";", ",")] if overrides else [])
+    # -ot before -ncmoe: llama.cpp's first matching rule wins, and a user's pins come first.
+    cmd += ["-m", model, "-ngl", "99", *(["-ot", overrides.replace(";", ",")] if overrides else [])]
+    return cmd + ["-ncmoe", str(n_cpu_moe), *args]
 
 
 def reserve(
