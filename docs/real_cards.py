@@ -24,10 +24,9 @@ from moeplace.gguf_file import read_header
 from moeplace.kvcache import cells, kv_bytes, pad, row_size
 from moeplace.memory import Pins, Workload, device_need, state_bytes
 from moeplace.metadata import inspect_model
-from moeplace.twin import load_spec, write_twin
-
 from moeplace.runtime.llama_log import read_log
 from moeplace.runtime.tool_output import list_devices, rocm_smi
+from moeplace.twin import load_spec, write_twin
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
