@@ -1,0 +1,121 @@
+"""The stages on what real cards printed: the budget's reserve, the bench stage with its memory check and the
+measured table, and the placement check, each fed a corpus text (tests/data/llamacpp/) through the seam where
+llama.cpp's output enters moeplace: a stand-in program that replays the text as the real one printed it. Nothing
+of moeplace's own is stubbed; the expected values are those typed by hand in each corpus file's header."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from corpus import CORPUS, load
+
+from moeplace.aggregate import measured_table, memory_check_table
+from moeplace.bench import parse_log, run_bench
+from moeplace.budget import reserved_compute
+from moeplace.config import BenchSettings
+from moeplace.errors import MoeplaceError
+from moeplace.memory import Workload
+from moeplace.placement import check_placement
+from moeplace.runtime.allocation import reserve
+from moeplace.runtime.device import DeviceSetup
+from moeplace.runtime.tool_output import read_bench
+
+MiB = 2**20
+CUDA_ONE = "cuda-single-qwen3-235b-ot-cpu-mapped-3090"  # mainline b5269: CUDA_Host compute and output buffers
+CUDA_TWO = "cuda-multi-mainline-qwen3-30b-ot-cpu-4090-5090"  # CUDA0 and CUDA1
+CUDA_OLD = "cuda-single-ik-deepseek-r1-ot-exps-4090d"  # 2025 style: "Tensor ... buffer type overriden to CPU"
+VULKAN = "vulkan-cpu-moe-docker-vulkan-host-overrides"  # --cpu-moe on Vulkan: experts to Vulkan_Host
+RECORDS = "bench-jsonl-qwen25-7b-rtx4080-cuda"  # llama-bench -o jsonl on an RTX 4080
+
+
+def replay(folder: Path, program: str, stdout: str = "", stderr: str = "", code: int = 0) -> dict:
+    """A llama.cpp build whose `program` prints what a real one printed (whatever it is asked) and exits: the
+    manifest the stages take."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{program}.out").write_text(stdout)
+    (folder / f"{program}.err").write_text(stderr)
+    script = folder / program
+    script.write_text(f"#!/bin/sh\ncat '{folder / program}.out'\ncat '{folder / program}.err' >&2\nexit {code}\n")
+    script.chmod(0o755)
+    return {"bin_dir": str(folder), "version": "replay", "build_number": 0, "build_commit": "replay",
+            "source": "a replay of published output", "gpu_devices": ["CUDA0: replay"]}  # fmt: skip
+
+
+def text(name: str) -> str:
+    return load(CORPUS / f"{name}.txt").text
+
+
+def expect(name: str) -> dict:
+    return load(CORPUS / f"{name}.txt").expect
+
+
+def test_the_budget_reserves_a_cuda_cards_compute_and_leaves_its_pinned_host_buffers_on_the_host(tmp_path):
+    """llama-fit-params' reserve logs the same buffer lines a load does; on CUDA the host's compute buffer is
+    CUDA_Host, which moeplace once counted as device memory (and then never found a host compute buffer)."""
+    manifest = replay(tmp_path / "bin", "llama-fit-params", stderr=text(CUDA_ONE))
+    buffers = reserve(manifest, "model.gguf", Workload(16384).llama_args(), 0, None, tmp_path / "reserve.log")
+    typed = expect(CUDA_ONE)
+    assert buffers.only_device()["compute"] / MiB == pytest.approx(typed["devices"]["CUDA0"]["compute"], abs=0.005)
+    assert buffers.host["compute"] / MiB == pytest.approx(
+        typed["host"]["CPU"]["compute"] + typed["host"]["CUDA_Host"]["compute"], abs=0.01
+    )
+    compute = reserved_compute(manifest, "model.gguf", None, tmp_path / "reserve.log")
+    assert compute(Workload(16384), 0) / MiB == pytest.approx(typed["devices"]["CUDA0"]["compute"], abs=0.005)
+
+
+def test_a_plan_for_one_device_refuses_a_two_gpu_reserve_in_one_line(tmp_path):
+    manifest = replay(tmp_path / "bin", "llama-fit-params", stderr=text(CUDA_TWO))
+    buffers = reserve(manifest, "model.gguf", Workload(16384).llama_args(), 0, None, tmp_path / "reserve.log")
+    assert set(buffers.devices) == {"CUDA0", "CUDA1"}  # two device totals, never one
+    with pytest.raises(MoeplaceError, match=r"^llama.cpp used 2 devices \(CUDA0, CUDA1\)"):
+        buffers.only_device()
+
+
+def _bench(tmp_path: Path, log: str, small_moe: Path) -> list[dict]:
+    manifest = replay(tmp_path / "bin", "llama-bench", stdout=text(RECORDS), stderr=text(log))
+    settings = BenchSettings(prompt=512, gen=128, repetitions=5, threads=2, timeout_s=60)
+    return run_bench(model_name="real", model_path=str(small_moe), model_files=[], ctx=16384, n_cpu_moe=0,
+                     settings=settings, device=DeviceSetup("gpu", "replayed card", 0), manifest=manifest,
+                     log_path=tmp_path / "bench.log", workdir=tmp_path)  # fmt: skip
+
+
+def test_the_bench_stage_records_a_gpu_runs_results_and_the_memory_check_reads_its_device(tmp_path, small_moe):
+    from moeplace.metadata import inspect_model
+
+    records = _bench(tmp_path, CUDA_ONE, small_moe)
+    published = {("pp" if r["n_gen"] == 0 else "tg"): r for r in read_bench(text(RECORDS))}
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    for r in records:
+        assert r["avg_ts"] == pytest.approx(published[r["test"]]["avg_ts"])
+        assert r["samples_ts"] == published[r["test"]]["samples_ts"]
+    table = measured_table(records).set_index("test")
+    assert table.loc["tg", "avg_ts"] == pytest.approx(published["tg"]["avg_ts"])
+    check = memory_check_table(records, {"real": inspect_model(small_moe)}).set_index("buffer")
+    card = expect(CUDA_ONE)["devices"]["CUDA0"]
+    assert check.llamacpp_mib.to_dict() == pytest.approx(card, abs=0.005)  # CUDA0's lines, not CUDA_Host's
+    assert set(check.devices) == {1}
+
+
+def test_the_memory_check_sums_two_gpus_weights_and_kv_and_leaves_their_compute_alone(tmp_path, small_moe):
+    from moeplace.metadata import inspect_model
+
+    records = _bench(tmp_path, CUDA_TWO, small_moe)
+    check = memory_check_table(records, {"real": inspect_model(small_moe)}).set_index("buffer")
+    cards = expect(CUDA_TWO)["devices"]
+    assert set(check.index) == {"weights", "kv"} and set(check.devices) == {2}
+    for kind in ("weights", "kv"):
+        assert check.loc[kind, "llamacpp_mib"] == pytest.approx(sum(d[kind] for d in cards.values()), abs=0.01)
+
+
+@pytest.mark.parametrize("name", [CUDA_OLD, VULKAN])
+def test_the_placement_check_reads_where_real_cards_put_each_tensor(name):
+    """The experts a person sees overridden to a host buffer (CPU on CUDA, Vulkan_Host on Vulkan) are the host
+    set; the ones overridden to the card are not."""
+    on_host = {
+        CUDA_OLD: {f"blk.{il}.ffn_{kind}_exps.weight" for il in (10, 60) for kind in ("gate", "down", "up")},
+        VULKAN: {f"blk.{il}.ffn_{kind}_exps.weight" for il in (18, 26, 38) for kind in ("gate", "down", "up")},
+    }[name]
+    buffers = parse_log(text(name))["tensor_buffers"]
+    assert check_placement(on_host, buffers)["match"]
+    assert not check_placement(on_host - {min(on_host)}, buffers)["match"]
