@@ -39,8 +39,8 @@ def experts_on_host(report: LogReport) -> dict[str, Any] | None:
 
 
 def card_memory(report: LogReport, device: str) -> int | None:
-    """What the log says the device had: its free memory at load."""
-    return report.free_at_load.get(device)
+    """What the log says the device had: its free memory at load, else its total."""
+    return report.free_at_load.get(device) or report.card_memory.get(device)
 
 
 def _why(report: LogReport) -> str | None:
@@ -51,8 +51,11 @@ def _why(report: LogReport) -> str | None:
     where = oom.device or "the device"
     held = report.buffers.devices.get(oom.device or "", {})
     before = f" after {sum(held.values()) / MiB:,.0f} MiB already placed there" if held else ""
-    free = card_memory(report, oom.device or "")
-    had = f"; it had {free / MiB:,.0f} MiB free at load" if free else ""
+    free = report.free_at_load.get(oom.device or "")
+    total = report.card_memory.get(oom.device or "")
+    had = (
+        f"; it had {free / MiB:,.0f} MiB free at load" if free else f"; it has {total / MiB:,.0f} MiB" if total else ""
+    )
     return f"{where} ran out of memory while {_STAGE_WORDS[oom.stage]}{asked}{before}{had}."
 
 
@@ -71,10 +74,10 @@ def _fix(report: LogReport) -> str:
 def explain(text: str, source: str = "the text") -> dict[str, Any]:
     """The log's account as JSON-ready values (MiB); a one-line error for text that is not llama.cpp's."""
     report = read_log(text)
+    records = read_bench(text) if "|" in text or text.lstrip().startswith(("[", "{", "build_commit")) else []
+    if records and not report.loads and not report.oom:
+        return {"kind": "llama-bench results", "gpus": report.gpus, "records": records}
     if not report.is_llamacpp():
-        records = read_bench(text) if "|" in text or text.lstrip().startswith(("[", "{", "build_commit")) else []
-        if records:
-            return {"kind": "llama-bench results", "records": records}
         raise MoeplaceError(
             f"{source} is not a llama.cpp log: it has no buffer, device, override or out-of-memory line. Paste "
             "llama-server's or llama-cli's output from its start (with -v for each tensor's buffer)."
@@ -100,6 +103,7 @@ def explain(text: str, source: str = "the text") -> dict[str, Any]:
         "pipeline_parallel": report.pipeline_parallel,
         "pipeline_copies": report.pipeline_copies,
         "model": report.model_path,
+        "breakdown": report.breakdown,
         "status": report.status,
         "oom": None,
         "fix": None,
@@ -135,8 +139,10 @@ def render(found: dict[str, Any]) -> str:
 
     for name, mib in found["devices"].items():
         lines.append(row(name, mib))
-    host_names = ", ".join(found["host"]["buffers"]) or "none"
-    lines.append(row("host", found["host"]) + f"  [{host_names}]")
+    if found["host"]["buffers"]:
+        lines.append(row("host", found["host"]) + f"  [{', '.join(found['host']['buffers'])}]")
+    if not found["devices"] and not found["host"]["buffers"]:
+        lines[-1] = "buffers: none in this text (llama.cpp logs them as it loads: paste the log from its start)"
     experts = found["experts_on_host"]
     if experts:
         lines.append(f"experts in host RAM: {experts['tensors']} tensors in {experts['layers']} layers")
@@ -144,6 +150,11 @@ def render(found: dict[str, Any]) -> str:
         lines.append("experts in host RAM: not logged (run with -v to see each tensor's buffer)")
     if found["offloaded_layers"]:
         lines.append(f"layers offloaded: {found['offloaded_layers'][0]}/{found['offloaded_layers'][1]}")
+    if found["breakdown"]:
+        columns = list(next(iter(found["breakdown"].values())))
+        lines.append("llama.cpp's own memory table (MiB): " + ", ".join(columns))
+        for device, row in found["breakdown"].items():
+            lines.append(f"  {device:<20}" + "".join(f"{row[c]:>10,}" for c in columns))
     if found["pipeline_parallel"]:
         copies = found["pipeline_copies"] or 4
         lines.append(f"pipeline parallelism: on ({copies} copies of the compute buffers per device)")
@@ -152,7 +163,7 @@ def render(found: dict[str, Any]) -> str:
         lines.append(f"  the line: {found['oom']['line']}")
         lines.append(f"  plan it: {found['fix']}")
     else:
-        lines.append("status: ok (no allocation failed)")
+        lines.append("status: ok (no allocation failed in this text)")
     return "\n".join(lines)
 
 

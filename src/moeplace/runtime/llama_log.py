@@ -31,6 +31,8 @@ _OVERRIDE = re.compile(r"[Tt]ensor (\S+) (?:\([^)]*\) )?buffer type overrid(?:d)
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 _PIPELINE = re.compile(r"pipeline parallelism enabled(?: \(n_copies=(\d+)\))?")
 _USING = re.compile(r"using device (\S+) \((.*?)\)(?: \([^)]*\))? - (\d+) MiB free")
+# ggml_cuda_init's device lines of 2026 (CUDA, ROCm): "Device 0: ..., VRAM: 24126 MiB (23863 MiB free)"
+_INIT_VRAM = re.compile(r"\bDevice (\d+): .*, VRAM: (\d+) MiB(?: \((\d+) MiB free\))?")
 _N_LAYER = re.compile(r"(?:print_info|llm_load_print_meta):\s+n_layer\s+=\s+(\d+)")
 _MODEL_PATH = re.compile(
     r"llama_model_loader: loaded meta data with .* from (\S+\.gguf)|(?:with|loading) model '([^']+\.gguf)'"
@@ -292,6 +294,30 @@ def find_oom(log: str, backend: str | None) -> OutOfMemory | None:
     return None
 
 
+# llama.cpp's own memory table (2026 builds print it at exit, and --fit for each try):
+# "|   - CUDA0 (RTX 4090)   | 24077 = 4890 + (19187 = 17904 +     384 +     898) +         0 |"
+_BREAKDOWN = re.compile(
+    r"\|\s+- (?P<device>\S+)(?: \((?P<card>[^)]*)\))?\s+\|\s+(?P<total>\d+) = (?P<free>-?\d+) \+ \(\s*(?P<self>\d+) = "
+    r"\s*(?P<model>\d+) \+\s+(?P<context>\d+) \+\s+(?P<compute>\d+)\) \+\s+(?P<unaccounted>-?\d+) \|"
+)
+# --fit's projection: "- CUDA0 (NVIDIA GeForce RTX 3090):  24124 total,  48454 used, -24608 free vs. target of   1024"
+_PROJECTED = re.compile(
+    r"- (?P<device>\S+) \((?P<card>[^)]*)\):\s+(?P<total>\d+) total,\s+(?P<used>-?\d+) used,\s+(?P<free>-?\d+) free"
+)
+
+
+def memory_breakdown(log: str) -> dict[str, dict[str, int]]:
+    """The last memory table llama.cpp printed, per device (MiB): total, free, self = model + context + compute,
+    and what it could not account for; or --fit's projection (total, used, free) where no table is printed."""
+    rows: dict[str, dict[str, int]] = {}
+    for m in _BREAKDOWN.finditer(log):
+        rows[m["device"]] = {k: int(v) for k, v in m.groupdict().items() if k not in ("device", "card")}
+    if not rows:
+        for m in _PROJECTED.finditer(log):
+            rows[m["device"]] = {k: int(m[k]) for k in ("total", "used", "free")}
+    return rows
+
+
 @dataclass
 class LogReport:
     """What a llama.cpp log says of one run: the backend, the cards, memory per device and host, where the
@@ -300,6 +326,7 @@ class LogReport:
     backend: str | None
     gpus: list[str]
     free_at_load: dict[str, int]
+    card_memory: dict[str, int]  # each device's total memory, where its backend's init lines print it
     loads: list[Load]
     overridden: dict[str, str]
     offloaded: tuple[int, int] | None
@@ -308,6 +335,7 @@ class LogReport:
     n_layer: int | None
     model_path: str | None
     oom: OutOfMemory | None
+    breakdown: dict[str, dict[str, int]]
 
     @property
     def status(self) -> str:
@@ -323,7 +351,8 @@ class LogReport:
         return self.buffers.n_ctx
 
     def is_llamacpp(self) -> bool:
-        return bool(self.loads or self.gpus or self.overridden or self.offloaded or self.oom or self.model_path)
+        found = (self.loads, self.gpus, self.overridden, self.offloaded, self.oom, self.model_path, self.breakdown)
+        return any(found)
 
 
 _DEVICE_TOKEN = re.compile(r"\b((?:CUDA|ROCm|Vulkan|MTL|SYCL|CANN|MUSA|RPC)\d+)\b")
@@ -341,6 +370,17 @@ def _backend(log: str, buffers: Buffers) -> str | None:
     return backend_of(named[1]) if named else "cpu" if buffers.sizes else None
 
 
+def _free_at_load(log: str, backend: str | None) -> dict[str, int]:
+    """Each device's free memory as the load found it: llama.cpp's "using device CUDA0 (...) - 23010 MiB free",
+    else the free memory ggml_cuda_init printed."""
+    free = {m[1]: int(m[3]) * MiB for m in _USING.finditer(log)}
+    prefix = _DEVICE_PREFIX.get(backend or "", "CUDA")
+    for m in _INIT_VRAM.finditer(log):
+        if m[3]:
+            free.setdefault(f"{prefix}{m[1]}", int(m[3]) * MiB)
+    return free
+
+
 def read_log(log: str) -> LogReport:
     """Everything moeplace reads from a llama-server / llama-cli / llama-completion / llama-bench -v /
     llama-fit-params log."""
@@ -356,7 +396,10 @@ def read_log(log: str) -> LogReport:
     return LogReport(
         backend=backend or (backend_of(oom.device) if oom and oom.device else None),
         gpus=gpus,
-        free_at_load={m[1]: int(m[3]) * MiB for m in _USING.finditer(log)},
+        free_at_load=_free_at_load(log, backend),
+        card_memory={
+            f"{_DEVICE_PREFIX.get(backend or '', 'CUDA')}{m[1]}": int(m[2]) * MiB for m in _INIT_VRAM.finditer(log)
+        },
         loads=loads,
         overridden={m[1]: m[2] for m in _OVERRIDE.finditer(log)},
         offloaded=(int(offloaded[-1][0]), int(offloaded[-1][1])) if offloaded else None,
@@ -365,4 +408,5 @@ def read_log(log: str) -> LogReport:
         n_layer=int(n_layer[1]) if n_layer else None,
         model_path=(model[1] or model[2]) if model else None,
         oom=oom,
+        breakdown=memory_breakdown(log),
     )
