@@ -251,7 +251,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         meta, device, a, pins = _constants(args)
     extra = Path(args.mmproj).stat().st_size if args.mmproj else 0
     # A server reserves logits for one token per slot; llama-bench (what --emit bench prints) for a whole batch.
-    outputs = "batch" if emit == "bench" else SERVER
+    outputs = "batch" if args.emit == "bench" else SERVER  # --json prints the plan for the --emit tool
     offload = a is not None and a.backend in budget_mod.OP_OFFLOAD
     workloads = [Workload(c, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v, args.parallel, outputs,
                           offload) for c in contexts]  # fmt: skip
