@@ -12,7 +12,7 @@ from pathlib import Path
 
 from generated import write_or_check
 
-from moeplace.model_zoo import markdown, zoo_table
+from moeplace.model.model_zoo import markdown, zoo_table
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

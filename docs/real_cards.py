@@ -19,14 +19,15 @@ from typing import Any
 import yaml
 from generated import write_or_check
 
-from moeplace.budget import OP_OFFLOAD, Device, plan
-from moeplace.gguf_file import read_header
-from moeplace.kvcache import cells, kv_bytes, pad, row_size
-from moeplace.memory import Pins, Workload, device_need, state_bytes
-from moeplace.metadata import inspect_model
+from moeplace.core.config import Device
+from moeplace.model.gguf_file import read_header
+from moeplace.model.kvcache import cells, kv_bytes, pad, row_size
+from moeplace.model.memory import Pins, Workload, device_need, state_bytes
+from moeplace.model.metadata import inspect_model
+from moeplace.model.twin import load_spec, write_twin
+from moeplace.plan.budget import OP_OFFLOAD, plan
 from moeplace.runtime.llama_log import read_log
 from moeplace.runtime.tool_output import list_devices, rocm_smi
-from moeplace.twin import load_spec, write_twin
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))

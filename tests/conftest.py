@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 
-from moeplace.gguf_file import tensor_nbytes
+from moeplace.model.gguf_file import tensor_nbytes
 
 ROOT = Path(__file__).resolve().parents[1]
 # The seed's Qwen3-Coder-30B-A3B at Q4_K_M on its 16 GB card (seed 000 §5.3, §5.7).

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from conftest import ROOT
 
-from moeplace.config import validate_config
+from moeplace.core.config import validate_config
 from moeplace.runtime.llamacpp import provision
 
 
@@ -28,7 +28,7 @@ def rpc_servers() -> int:
 
 def tiny_twin(folder: Path, spec: Path = ROOT / "config/models/tiny-qwen3moe.yaml") -> Path:
     """A random-weight Q4_K_M twin made with the pinned llama-quantize."""
-    from moeplace.twin import load_spec, make_twin
+    from moeplace.model.twin import load_spec, make_twin
 
     return make_twin(
         load_spec(spec), folder / f"{spec.stem}.gguf", "random", "Q4_K_M", 0, manifest(), folder / "quantize.log"

@@ -10,12 +10,12 @@ import pytest
 from conftest import ROOT
 from llamacpp_helpers import manifest, rpc_servers, tiny_twin
 
-from moeplace.aggregate import memory_check_table
-from moeplace.bench import run_bench
-from moeplace.config import BenchSettings
-from moeplace.metadata import inspect_model
+from moeplace.core.config import BenchSettings
+from moeplace.measure.bench import run_bench
+from moeplace.model.metadata import inspect_model
+from moeplace.model.twin import load_spec
+from moeplace.report.aggregate import memory_check_table
 from moeplace.runtime.device import DeviceSetup
-from moeplace.twin import load_spec
 
 pytestmark = pytest.mark.llamacpp
 SPECS = {
@@ -163,8 +163,8 @@ def test_a_blocks_twin_has_the_recipes_bytes_and_runs(arch, tmp_path):
     import json
     import math
 
-    from moeplace.gguf_file import read_header
-    from moeplace.twin import write_twin
+    from moeplace.model.gguf_file import read_header
+    from moeplace.model.twin import write_twin
 
     spec = load_spec(ROOT / f"config/models/tiny-{arch}.yaml")
     blocks, sparse = write_twin(spec, tmp_path / "b.gguf", "blocks"), write_twin(spec, tmp_path / "n.gguf", "none")

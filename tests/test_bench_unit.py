@@ -5,10 +5,11 @@ from __future__ import annotations
 import pandas as pd
 from conftest import ROOT, SEED_CONSTANTS
 
-from moeplace.aggregate import compare_table, knee, measured_table
-from moeplace.bench import auto_sweep, parse_log
-from moeplace.metadata import from_constants, inspect_model
-from moeplace.predict import Bandwidths, predict_table
+from moeplace.core.config import Bandwidths
+from moeplace.measure.bench import auto_sweep, parse_log
+from moeplace.model.metadata import from_constants, inspect_model
+from moeplace.plan.predict import predict_table
+from moeplace.report.aggregate import compare_table, knee, measured_table
 from moeplace.runtime.process import Finished, classify
 from moeplace.runtime.tool_output import bench_records
 
@@ -94,8 +95,8 @@ def fake_bench(
     import sys
     from dataclasses import replace
 
-    from moeplace.bench import run_bench
-    from moeplace.config import BenchSettings
+    from moeplace.core.config import BenchSettings
+    from moeplace.measure.bench import run_bench
     from moeplace.runtime.device import DeviceSetup
 
     program = tmp_path / "bin/llama-bench"
@@ -170,8 +171,8 @@ def _record(n, test, status, ts):
 
 def test_compare_predicts_each_point_from_the_others(tmp_path):
     """compare/{ctx}.csv: every measured point beside a prediction fitted without it (leave-one-out)."""
-    from moeplace.speed import Run, features, prior
-    from moeplace.twin import load_spec, write_twin
+    from moeplace.model.twin import load_spec, write_twin
+    from moeplace.plan.speed import Run, features, prior
 
     meta = inspect_model(write_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), tmp_path / "t.gguf", "none"))
     truth = {"tg": {"layers": 1e-4, "device_gb": 0.05, "host_gb": 0.2, "kv_gb": 0.3},
@@ -199,8 +200,8 @@ def test_compare_predicts_each_point_from_the_others(tmp_path):
 
 
 def test_compare_with_too_few_points_to_predict_leaves_them_empty(tmp_path):
-    from moeplace.speed import prior
-    from moeplace.twin import load_spec, write_twin
+    from moeplace.model.twin import load_spec, write_twin
+    from moeplace.plan.speed import prior
 
     meta = inspect_model(write_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), tmp_path / "t.gguf", "none"))
     records = [_record(n, t, "ok", 100.0 - n) for n in (0, 8) for t in ("pp", "tg")]

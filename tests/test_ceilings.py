@@ -6,7 +6,9 @@ import pandas as pd
 import pytest
 from conftest import ROOT, SEED_CONSTANTS
 
-from moeplace.ceilings import (
+from moeplace.core.config import Bandwidths, BenchSettings
+from moeplace.core.units import GB
+from moeplace.measure.ceilings import (
     attention_costs,
     bound,
     disk_read_mbps,
@@ -14,11 +16,10 @@ from moeplace.ceilings import (
     measured_prior,
     ram_read_gbps,
 )
-from moeplace.config import BenchSettings
-from moeplace.metadata import from_constants, inspect_model
-from moeplace.predict import Bandwidths, bytes_per_token, predict_table, ram_tier_tok_s
-from moeplace.twin import load_spec, write_twin
-from moeplace.units import GB
+from moeplace.model.metadata import from_constants, inspect_model
+from moeplace.model.reads import bytes_per_token
+from moeplace.model.twin import load_spec, write_twin
+from moeplace.plan.predict import predict_table, ram_tier_tok_s
 
 SEED = from_constants("seed", SEED_CONSTANTS)
 BENCH = BenchSettings(prompt=512, gen=64, repetitions=3, threads=2, timeout_s=600)

@@ -133,7 +133,7 @@ def _plan(model, *args: str) -> dict:
 
 
 def test_recommend_counts_every_device_buffer_and_honours_the_margin_exactly(small_moe):
-    from moeplace.metadata import inspect_model
+    from moeplace.model.metadata import inspect_model
 
     meta = inspect_model(small_moe)
     base = _plan(small_moe, "--vram", "1GiB", "--ctx", "4096")

@@ -8,8 +8,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from moeplace.config import validate_config
-from moeplace.errors import MoeplaceError
+from moeplace.core.config import validate_config
+from moeplace.core.errors import MoeplaceError
 
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 BASE = yaml.safe_load((ROOT / "config/examples/seed-qwen3-coder-30b-a3b.yaml").read_text())

@@ -13,8 +13,8 @@ import yaml
 from conftest import ROOT
 from workflow_helpers import snakemake, workflow_copy
 
-from moeplace.config import validate_config
-from moeplace.errors import MoeplaceError
+from moeplace.core.config import validate_config
+from moeplace.core.errors import MoeplaceError
 from moeplace.runtime.cgroup import MemoryCgroup
 from moeplace.runtime.native import build_native
 
@@ -167,8 +167,8 @@ def test_a_list_of_numbers_given_with_snakemake_config_is_accepted(tmp_path):
 def test_flash_attention_is_asked_for_alike_everywhere(tmp_path):
     """The CLI's llama-server line, its llama-bench line and the pipeline's llama-bench command all turn flash
     attention on exactly when llama.cpp needs it: a quantized V cache (a quantized K cache runs without)."""
-    from moeplace import commands
-    from moeplace.config import BenchSettings
+    from moeplace.core.config import BenchSettings
+    from moeplace.plan import commands
     from moeplace.runtime.llamacpp import bench_command
 
     (tmp_path / "llama-bench").touch()  # bench_command only names the binary

@@ -11,7 +11,7 @@ import yaml
 from conftest import ROOT
 from workflow_helpers import snakemake, workflow_copy
 
-from moeplace.errors import MoeplaceError
+from moeplace.core.errors import MoeplaceError
 from moeplace.runtime import llamacpp
 
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
@@ -78,7 +78,7 @@ def test_n_values_beyond_the_layers(tmp_path, small_moe):
 
 
 def test_vram_auto_reads_the_gpus_free_memory_and_refuses_without_one(tmp_path):
-    from moeplace.config import DeviceTarget
+    from moeplace.core.config import DeviceTarget
     from moeplace.runtime.device import device_setup
 
     listing = "Available devices:\n  CUDA0: NVIDIA GeForce RTX 4090 (24080 MiB, 23575 MiB free)"

@@ -99,7 +99,7 @@ def sweep() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def test_ncmoe_figures_say_the_device_and_the_out_of_sample_prediction(drawn, tmp_path):
-    from moeplace.figures import ncmoe_figure
+    from moeplace.report.figures import ncmoe_figure
 
     measured, compare = sweep()
     ncmoe_figure(compare, measured, 32768, "tg", tmp_path / "x.png")
@@ -112,8 +112,8 @@ def test_ncmoe_figures_say_the_device_and_the_out_of_sample_prediction(drawn, tm
 
 
 def test_variants_figure_says_what_it_cannot_tell_apart(drawn, tmp_path):
-    from moeplace.figures import variants_figure
-    from moeplace.placement import variants_table
+    from moeplace.measure.placement import variants_table
+    from moeplace.report.figures import variants_figure
 
     base = {"model": "tiny", "ctx": 4096, "status": "ok", "overrides": "", "device": EMULATED}
     records = [
@@ -133,11 +133,11 @@ def test_matrix_fidelity_quants_ram_tier_and_routing_figures(drawn, tmp_path):
     from test_ram_tier import synthetic_records
     from test_routing import synthetic
 
-    from moeplace.fidelity import fidelity_figure
-    from moeplace.figures import matrix_figure
-    from moeplace.quants import plot_quants, quant_row, quants_table
-    from moeplace.ram_tier import plot_ram_tier, ram_tier_table
-    from moeplace.routing import plot_routing, routing_table
+    from moeplace.measure.quants import plot_quants, quant_row, quants_table
+    from moeplace.measure.ram_tier import plot_ram_tier, ram_tier_table
+    from moeplace.measure.routing import plot_routing, routing_table
+    from moeplace.report.fidelity import fidelity_figure
+    from moeplace.report.figures import matrix_figure
 
     matrix = pd.DataFrame(
         [

@@ -8,14 +8,15 @@ import pytest
 from conftest import ROOT, SEED_CONSTANTS, write_gguf
 from gguf import GGMLQuantizationType as Q
 
-from moeplace.budget import DOES_NOT_FIT, Device, budget_table
-from moeplace.errors import MoeplaceError
-from moeplace.kvcache import cells, kv_bytes, kv_bytes_per_token, layer_kv_bytes, row_size
-from moeplace.memory import Workload
-from moeplace.metadata import from_constants, inspect_model, tensor_role
-from moeplace.predict import Bandwidths, predict_table
-from moeplace.twin import load_spec, write_twin
-from moeplace.units import GB, parse_size
+from moeplace.core.config import Bandwidths, Device
+from moeplace.core.errors import MoeplaceError
+from moeplace.core.units import GB, parse_size
+from moeplace.model.kvcache import cells, kv_bytes, kv_bytes_per_token, layer_kv_bytes, row_size
+from moeplace.model.memory import Workload
+from moeplace.model.metadata import from_constants, inspect_model, tensor_role
+from moeplace.model.twin import load_spec, write_twin
+from moeplace.plan.budget import DOES_NOT_FIT, budget_table
+from moeplace.plan.predict import predict_table
 
 SEED_TOK_S = {0: 323, 8: 168, 16: 113, 18: 105, 24: 86, 32: 69, 48: 49}
 
@@ -160,7 +161,7 @@ def test_mla_caches_only_the_latent(tmp_path):
 def test_hybrid_layers_keep_a_recurrent_state_per_sequence(tmp_path):
     """Nemotron-H-like shape: one attention layer, one Mamba-2 layer (d_conv 4, d_inner 8192, d_state 128,
     8 groups): llama.cpp's state is f32 (d_conv-1)(d_inner + 2 groups d_state) + d_state d_inner per sequence."""
-    from moeplace.memory import Workload, device_need
+    from moeplace.model.memory import Workload, device_need
 
     keys = {"block_count": 2, "embedding_length": 4096, "attention.head_count": 32, "attention.head_count_kv": [0, 8],
             "ssm.conv_kernel": 4, "ssm.inner_size": 8192, "ssm.state_size": 128, "ssm.group_count": 8}  # fmt: skip

@@ -95,7 +95,7 @@ def test_the_holder_dies_with_a_killed_job(fake_gpu):
 
 
 def test_a_missing_driver_is_one_clear_line(tmp_path, monkeypatch):
-    from moeplace.errors import MoeplaceError
+    from moeplace.core.errors import MoeplaceError
     from moeplace.runtime.device import gpu_held
 
     monkeypatch.setenv("MOEPLACE_CUDA_DRIVER", str(Path(tmp_path) / "nope.so"))
@@ -107,10 +107,10 @@ def test_a_missing_driver_is_one_clear_line(tmp_path, monkeypatch):
 def test_the_link_probe_measures_every_fact_and_the_prior_takes_the_card_and_the_hop(fake_gpu):
     import pandas as pd
 
-    from moeplace.ceilings import measured_bandwidths
-    from moeplace.predict import Bandwidths
+    from moeplace.core.config import Bandwidths
+    from moeplace.measure.ceilings import measured_bandwidths
+    from moeplace.plan.speed import prior
     from moeplace.runtime.device import LINK_FACTS, link_facts
-    from moeplace.speed import prior
 
     facts = link_facts(fake_gpu / "job.log", nbytes=8 * 2**20, trials=2)
     assert set(facts) == set(LINK_FACTS) and all(v > 0 for v in facts.values())
@@ -127,7 +127,7 @@ def test_the_link_probe_measures_every_fact_and_the_prior_takes_the_card_and_the
 
 
 def test_a_missing_driver_stops_the_link_probe_with_one_line(tmp_path, monkeypatch):
-    from moeplace.errors import MoeplaceError
+    from moeplace.core.errors import MoeplaceError
     from moeplace.runtime.device import link_facts
 
     monkeypatch.setenv("MOEPLACE_CUDA_DRIVER", str(tmp_path / "nope.so"))

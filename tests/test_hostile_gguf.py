@@ -25,14 +25,14 @@ from gguf import GGMLQuantizationType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moeplace.errors import MoeplaceError
-from moeplace.gguf_file import quoted
-from moeplace.metadata import inspect_model
+from moeplace.core.errors import MoeplaceError
+from moeplace.model.gguf_file import quoted
+from moeplace.model.metadata import inspect_model
 
 
 @pytest.fixture(scope="module")
 def valid(tmp_path_factory) -> bytes:
-    from moeplace.twin import load_spec, write_twin
+    from moeplace.model.twin import load_spec, write_twin
 
     path = write_twin(load_spec(ROOT / "tests/specs/tiny-gpt-oss.yaml"), tmp_path_factory.mktemp("v") / "v.gguf")
     return path.read_bytes()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Q, write_gguf
 
-from moeplace.twin import load_spec, write_twin
+from moeplace.model.twin import load_spec, write_twin
 
 
 def moeplace(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -209,8 +209,8 @@ def test_a_models_name_is_a_short_line_and_quoted_in_llama_swap():
 
     import yaml
 
-    from moeplace.commands import llama_swap
-    from moeplace.metadata import model_name
+    from moeplace.model.metadata import model_name
+    from moeplace.plan.commands import llama_swap
 
     def named(name):
         return model_name(SimpleNamespace(metadata={"general.name": name}, paths=[Path("/m/model-Q4.gguf")]))

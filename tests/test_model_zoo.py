@@ -15,12 +15,12 @@ import pytest
 from conftest import ROOT
 from llamacpp_helpers import manifest
 
-from moeplace.gguf_file import read_header
-from moeplace.kvcache import kv_bytes
-from moeplace.memory import state_bytes
-from moeplace.metadata import inspect_model
-from moeplace.recipe import PRESETS, UNQUANTIZED
-from moeplace.twin import load_spec, tensor_type_args, twin_types, write_twin
+from moeplace.model.gguf_file import read_header
+from moeplace.model.kvcache import kv_bytes
+from moeplace.model.memory import state_bytes
+from moeplace.model.metadata import inspect_model
+from moeplace.model.recipe import PRESETS, UNQUANTIZED
+from moeplace.model.twin import load_spec, tensor_type_args, twin_types, write_twin
 
 SPECS = sorted((ROOT / "config/models").glob("*.yaml"))
 TINY = [p for p in SPECS if p.name.startswith("tiny-") and load_spec(p).n_expert]

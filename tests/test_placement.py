@@ -7,17 +7,10 @@ import re
 import pytest
 from conftest import ROOT
 
-from moeplace.metadata import inspect_model
-from moeplace.placement import (
-    expert_tensors,
-    host_layers,
-    int_range_regex,
-    ot_value,
-    run_variant,
-    tensor_bytes,
-    variants,
-)
-from moeplace.twin import load_spec, write_twin
+from moeplace.measure.placement import run_variant
+from moeplace.model.metadata import inspect_model
+from moeplace.model.twin import load_spec, write_twin
+from moeplace.plan.offload import expert_tensors, host_layers, int_range_regex, ot_value, tensor_bytes, variants
 
 NCMOE = r"blk\.{}\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp's own -ncmoe pattern (common.h)
 
@@ -62,7 +55,7 @@ def test_variants_hold_about_the_same_host_bytes(qwen3):
 
 
 def test_delta_interval_is_welch():
-    from moeplace.stats import delta_interval
+    from moeplace.core.stats import delta_interval
 
     delta, low, high = delta_interval([10.0, 11.0, 12.0], [8.0, 9.0, 10.0])
     assert delta == 2.0
@@ -73,8 +66,8 @@ def test_delta_interval_is_welch():
 def test_every_variant_is_placed_as_intended_by_llamacpp(tmp_path):
     from llamacpp_helpers import manifest, tiny_twin
 
-    from moeplace.config import BenchSettings
-    from moeplace.placement import VARIANTS
+    from moeplace.core.config import BenchSettings
+    from moeplace.measure.placement import VARIANTS
     from moeplace.runtime.device import DeviceSetup
 
     path = tiny_twin(tmp_path)
@@ -121,7 +114,7 @@ def uniform_meta(n_layer: int = 8, size: int = 100) -> dict:
 
 
 def test_optimal_placement_reduces_to_a_clean_n_when_layers_are_alike():
-    from moeplace.placement import optimal_placement
+    from moeplace.plan.offload import optimal_placement
 
     meta = uniform_meta(size=2**20)  # 1 MiB tensors: the knapsack's unit
     host = optimal_placement(meta, 5 * 3 * 2**20)  # room for exactly 5 layers
@@ -132,11 +125,11 @@ def test_optimal_placement_reduces_to_a_clean_n_when_layers_are_alike():
 
 
 def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
-    from moeplace.budget import Device, plan
-    from moeplace.memory import Workload
-    from moeplace.placement import optimal_placement, rank_placements
-    from moeplace.predict import Bandwidths
-    from moeplace.speed import prior
+    from moeplace.core.config import Bandwidths, Device
+    from moeplace.model.memory import Workload
+    from moeplace.plan.budget import plan
+    from moeplace.plan.offload import optimal_placement, rank_placements
+    from moeplace.plan.speed import prior
 
     device = Device(16 * 10**9, 10**9)
     p = plan(qwen3, device, Workload(32768))
@@ -158,7 +151,7 @@ def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
 
 
 def test_optimal_placement_weighs_scattered_tensors_against_their_hops():
-    from moeplace.placement import optimal_placement
+    from moeplace.plan.offload import optimal_placement
 
     meta = uniform_meta(n_layer=4)
     for layer in meta["layers"]:  # 2 + 2 + 3 MiB a layer, 28 MiB in all
@@ -176,7 +169,7 @@ def test_optimal_placement_finds_the_best_placement_by_brute_force():
     import itertools
     import random
 
-    from moeplace.placement import optimal_placement
+    from moeplace.plan.offload import optimal_placement
 
     rng = random.Random(7)
     for _ in range(20):
@@ -199,10 +192,9 @@ def test_decode_ranks_the_placement_that_pays_for_its_hops_first(qwen3):
     """With a hop cost, the most expert bytes on the card (Q6_K ffn_down tensors moved one by one to the host)
     adds a host layer per tensor: at 20 us a hop it is slower than --n-cpu-moe, and the knapsack that prices the
     hops finds a placement faster than both, with no more layers on the host than --n-cpu-moe."""
-    from moeplace.budget import Device
-    from moeplace.placement import rank_placements
-    from moeplace.predict import Bandwidths
-    from moeplace.speed import host_layer_bytes, prior
+    from moeplace.core.config import Bandwidths, Device
+    from moeplace.plan.offload import rank_placements
+    from moeplace.plan.speed import host_layer_bytes, prior
 
     model = prior(Bandwidths(640, 57.6, measured_hop_s=20e-6))
     # 2 hops of 20 us over (8/128 read) x (1/57.6 - 1/640) s/GB: 38.6 MiB
@@ -219,8 +211,8 @@ def test_decode_ranks_the_placement_that_pays_for_its_hops_first(qwen3):
 def test_the_check_compares_each_tensors_destination_and_stops_on_a_mismatch():
     import pandas as pd
 
-    from moeplace.errors import MoeplaceError
-    from moeplace.placement import check_placement, placement_check_table, require_placed_as_asked
+    from moeplace.core.errors import MoeplaceError
+    from moeplace.measure.placement import check_placement, placement_check_table, require_placed_as_asked
 
     intended = {"blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight"}
     right = {"blk.0.ffn_up_exps.weight": "CPU_REPACK", "blk.0.ffn_down_exps.weight": "CPU"}
@@ -255,9 +247,9 @@ def test_a_wrong_placement_is_caught_from_llamacpps_own_log(tmp_path, monkeypatc
     """Ask llama.cpp for one tensor fewer on the host than the variant intends: the check sees it."""
     from llamacpp_helpers import manifest, tiny_twin
 
-    from moeplace import placement
-    from moeplace.config import BenchSettings
-    from moeplace.errors import MoeplaceError
+    from moeplace.core.config import BenchSettings
+    from moeplace.core.errors import MoeplaceError
+    from moeplace.measure import placement
     from moeplace.runtime.device import DeviceSetup
 
     real = placement.ot_value
@@ -278,10 +270,9 @@ def test_a_wrong_placement_is_caught_from_llamacpps_own_log(tmp_path, monkeypatc
 def test_ranking_searches_ubatch_with_its_compute_buffer(qwen3):
     """A larger ubatch's compute buffer (its logits alone: 151,936 x ubatch x 4 bytes) pushes experts to the host:
     for decode the smaller ubatch ranks first, even when given second."""
-    from moeplace.budget import Device
-    from moeplace.placement import rank_placements
-    from moeplace.predict import Bandwidths
-    from moeplace.speed import prior
+    from moeplace.core.config import Bandwidths, Device
+    from moeplace.plan.offload import rank_placements
+    from moeplace.plan.speed import prior
 
     ranked = rank_placements(qwen3, Device(16 * 10**9, 0), 32768, prior(Bandwidths(640, 57.6)), "decode",
                              [("f16", "f16")], [2048, 512])  # fmt: skip

@@ -8,11 +8,11 @@ import math
 import pandas as pd
 import pytest
 
-from moeplace.aggregate import precision_table
-from moeplace.bench import next_batch
-from moeplace.placement import variants_table
+from moeplace.core.stats import mean_halfwidth, min_detectable_effect, repetitions_for
+from moeplace.measure.bench import next_batch
+from moeplace.measure.placement import variants_table
+from moeplace.report.aggregate import precision_table
 from moeplace.runtime import cpus
-from moeplace.stats import mean_halfwidth, min_detectable_effect, repetitions_for
 
 
 def test_mean_halfwidth_is_the_t_interval_relative_to_the_mean():

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from moeplace.quants import plot_quants, quant_row, quants_table
+from moeplace.measure.quants import plot_quants, quant_row, quants_table
 
 
 def meta(expert_bytes: int, non_expert: int) -> dict:

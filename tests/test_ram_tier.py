@@ -12,11 +12,18 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
-from moeplace import ram_tier
-from moeplace.config import RamTierSettings
-from moeplace.errors import MoeplaceError
-from moeplace.metadata import inspect_model
-from moeplace.ram_tier import classify_run, non_expert_ranges, plot_ram_tier, ram_tier_table, run_capped, run_ram_tier
+from moeplace.core.config import RamTierSettings
+from moeplace.core.errors import MoeplaceError
+from moeplace.measure import ram_tier
+from moeplace.measure.ram_tier import (
+    classify_run,
+    non_expert_ranges,
+    plot_ram_tier,
+    ram_tier_table,
+    run_capped,
+    run_ram_tier,
+)
+from moeplace.model.metadata import inspect_model
 from moeplace.runtime import cgroup, pagecache
 from moeplace.runtime.cgroup import cgroup_support
 from moeplace.runtime.native import build_native

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from moeplace.budget import AUTO_MARGIN_MIB
-from moeplace.twin import load_spec, write_twin
+from moeplace.model.twin import load_spec, write_twin
+from moeplace.plan.budget import AUTO_MARGIN_MIB
 
 BOUNDARIES = yaml.safe_load((ROOT / "tests/data/real_cards.yaml").read_text())["boundaries"]
 

@@ -23,14 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_helpers import manifest
 
-from moeplace.memory import SERVER, Workload, device_need, estimate_compute
-from moeplace.metadata import inspect_model
-from moeplace.placement import read_pins
+from moeplace.model.memory import SERVER, Workload, device_need, estimate_compute
+from moeplace.model.metadata import inspect_model
+from moeplace.model.twin import load_spec, write_twin
+from moeplace.plan.offload import read_pins
 from moeplace.runtime.allocation import reserve
 from moeplace.runtime.device import rpc_device
 from moeplace.runtime.llama_log import is_host, read_log
 from moeplace.runtime.tool_output import bench_records
-from moeplace.twin import load_spec, write_twin
 
 pytestmark = pytest.mark.llamacpp
 TINY = [p for p in sorted((ROOT / "config/models").glob("tiny-*.yaml")) if load_spec(p).n_expert]

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moeplace.errors import MoeplaceError
-from moeplace.routing import (
+from moeplace.core.errors import MoeplaceError
+from moeplace.measure.routing import (
     RoutingTrace,
     load_trace,
     parse_trace,

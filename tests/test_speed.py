@@ -14,12 +14,13 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
-from moeplace.calibrate import calibrate, runs_from_records
-from moeplace.fidelity import fidelity_table, summary
-from moeplace.memory import device_weight_bytes
-from moeplace.metadata import inspect_model
-from moeplace.predict import Bandwidths
-from moeplace.speed import (
+from moeplace.core.config import Bandwidths
+from moeplace.core.units import GB
+from moeplace.model.memory import device_weight_bytes
+from moeplace.model.metadata import inspect_model
+from moeplace.model.twin import load_spec, write_twin
+from moeplace.plan.calibrate import calibrate, runs_from_records
+from moeplace.plan.speed import (
     FIXED_PER_LAYER_S,
     TESTS,
     Run,
@@ -33,8 +34,7 @@ from moeplace.speed import (
     two_point,
     zero_fit_notes,
 )
-from moeplace.twin import load_spec, write_twin
-from moeplace.units import GB
+from moeplace.report.fidelity import fidelity_table, summary
 
 PUBLISHED = ROOT / "tests/data/published"
 SPECS = {
@@ -433,7 +433,7 @@ def test_published_depth_slowdown_from_runs_at_half_the_depth(published_sweeps):
 def test_predict_cli_answers_json_fast_on_a_large_split_header_twin(tmp_path):
     """`moeplace predict` on a ~100 GB header-only twin: every n at two depths, timed without the process's
     start-up (a benchmark figure, printed; the test checks the answer)."""
-    from moeplace.twin import TwinSpec
+    from moeplace.model.twin import TwinSpec
 
     spec = load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml")
     big = TwinSpec(**{**spec.__dict__, "name": "big", "n_layer": 94, "n_expert": 256, "n_ff_exp": 1536})

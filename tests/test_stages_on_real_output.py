@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from corpus import CORPUS, load
 
-from moeplace.aggregate import measured_table, memory_check_table
-from moeplace.bench import parse_log, run_bench
-from moeplace.budget import reserved_compute
-from moeplace.config import BenchSettings
-from moeplace.errors import MoeplaceError
-from moeplace.memory import Workload
-from moeplace.placement import check_placement
+from moeplace.core.config import BenchSettings
+from moeplace.core.errors import MoeplaceError
+from moeplace.measure.bench import parse_log, run_bench
+from moeplace.measure.placement import check_placement
+from moeplace.model.memory import Workload
+from moeplace.plan.budget import reserved_compute
+from moeplace.report.aggregate import measured_table, memory_check_table
 from moeplace.runtime.allocation import reserve
 from moeplace.runtime.device import DeviceSetup
 from moeplace.runtime.tool_output import read_bench
@@ -81,7 +81,7 @@ def _bench(tmp_path: Path, log: str, small_moe: Path) -> list[dict]:
 
 
 def test_the_bench_stage_records_a_gpu_runs_results_and_the_memory_check_reads_its_device(tmp_path, small_moe):
-    from moeplace.metadata import inspect_model
+    from moeplace.model.metadata import inspect_model
 
     records = _bench(tmp_path, CUDA_ONE, small_moe)
     published = {("pp" if r["n_gen"] == 0 else "tg"): r for r in read_bench(text(RECORDS))}
@@ -98,7 +98,7 @@ def test_the_bench_stage_records_a_gpu_runs_results_and_the_memory_check_reads_i
 
 
 def test_the_memory_check_sums_two_gpus_weights_and_kv_and_leaves_their_compute_alone(tmp_path, small_moe):
-    from moeplace.metadata import inspect_model
+    from moeplace.model.metadata import inspect_model
 
     records = _bench(tmp_path, CUDA_TWO, small_moe)
     check = memory_check_table(records, {"real": inspect_model(small_moe)}).set_index("buffer")

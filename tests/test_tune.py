@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from moeplace.tune import search
+from moeplace.measure.tune import search
 
 
 def threshold(t: int, speeds: dict[int, float] | None = None):
@@ -43,12 +43,13 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     from conftest import ROOT
     from llamacpp_helpers import manifest, tiny_twin
 
-    from moeplace.bench import run_bench
-    from moeplace.budget import Device, plan
-    from moeplace.memory import Workload
-    from moeplace.metadata import inspect_model
+    from moeplace.core.config import Device
+    from moeplace.measure.bench import run_bench
+    from moeplace.measure.tune import PROBE_TOKENS, probe_settings, tune
+    from moeplace.model.memory import Workload
+    from moeplace.model.metadata import inspect_model
+    from moeplace.plan.budget import plan
     from moeplace.runtime.device import DeviceSetup
-    from moeplace.tune import PROBE_TOKENS, probe_settings, tune
 
     path = tiny_twin(tmp_path)
     meta = inspect_model(path)
@@ -82,8 +83,8 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
 
 def speed_calibration(meta: dict, folder) -> str:
     """A calibration of both tests (from two made-up runs each: this checks the wiring, not the fit)."""
-    from moeplace.outputs import write_json
-    from moeplace.speed import Run, fit
+    from moeplace.plan.speed import Run, fit
+    from moeplace.runtime.outputs import write_json
 
     made_up = [(0, "tg", 128, 50.0), (8, "tg", 128, 20.0), (0, "pp", 512, 500.0), (8, "pp", 512, 200.0)]
     model = fit(meta, [Run(n, 0, test, size, tok_s=tok_s) for n, test, size, tok_s in made_up])
@@ -97,7 +98,7 @@ def test_tune_reads_its_calibration_before_any_load(tmp_path):
 
     from conftest import ROOT
 
-    from moeplace.twin import load_spec, write_twin
+    from moeplace.model.twin import load_spec, write_twin
 
     path = write_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), tmp_path / "tiny.gguf", "none")
     (tmp_path / "bad.json").write_text("{not json")
@@ -119,9 +120,9 @@ def test_tune_prints_the_speed_its_calibration_expects_at_the_chosen_n(tmp_path)
 
     from llamacpp_helpers import manifest, tiny_twin
 
-    from moeplace.metadata import inspect_model
-    from moeplace.recommend import describe_speed, expected
-    from moeplace.speed import SpeedModel
+    from moeplace.model.metadata import inspect_model
+    from moeplace.plan.recommend import describe_speed, expected
+    from moeplace.plan.speed import SpeedModel
 
     path = tiny_twin(tmp_path)
     meta = inspect_model(path)

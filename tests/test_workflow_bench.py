@@ -15,7 +15,7 @@ import yaml
 from conftest import ROOT
 from workflow_helpers import SNAKEMAKE, snakemake, workflow_copy
 
-from moeplace.bench import auto_sweep
+from moeplace.measure.bench import auto_sweep
 
 pytestmark = pytest.mark.llamacpp
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
@@ -83,7 +83,8 @@ def assert_publishes(wd, runs: int, ctx: int) -> None:
     """What the README's first command made publishes as a directory that stands alone: its manifest verifies,
     llama.cpp's own compare-llama-bench.py tables its runs by placement and depth, a tampered file fails verify,
     and a second host's copy merges into one figure with two lines."""
-    from moeplace.publish import (
+    from moeplace.core.units import Context
+    from moeplace.report.publish import (
         DICTIONARY,
         MANIFEST,
         load_dictionary,
@@ -92,7 +93,6 @@ def assert_publishes(wd, runs: int, ctx: int) -> None:
         write_manifest,
         write_sqlite,
     )
-    from moeplace.units import Context
 
     run = snakemake(wd, "publish")
     assert run.returncode == 0, run.stderr[-3000:]

@@ -9,12 +9,12 @@ import yaml
 from conftest import ROOT
 from workflow_helpers import snakemake, workflow_copy
 
-from moeplace.metadata import inspect_model
-from moeplace.predict import bytes_per_token
-from moeplace.ram_tier import non_expert_ranges
+from moeplace.core.units import GB
+from moeplace.measure.ram_tier import non_expert_ranges
+from moeplace.model.metadata import inspect_model
+from moeplace.model.reads import bytes_per_token
+from moeplace.plan.speed import kv_read_gb
 from moeplace.runtime.cgroup import cgroup_support
-from moeplace.speed import kv_read_gb
-from moeplace.units import GB
 
 pytestmark = pytest.mark.llamacpp
 CFG = {

@@ -8,14 +8,15 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from . import budget as budget_mod
-from . import commands
-from .errors import MoeplaceError
-from .kvcache import CACHE_TYPES
-from .memory import FLASH_ATTN
-from .metadata import describe, inspect_model
-from .recommend import DEFAULT_BANDWIDTHS, cmd_recommend, parse_contexts, speed_model
-from .units import parse_size
+from .core.config import Device
+from .core.errors import MoeplaceError
+from .core.units import parse_size
+from .model.kvcache import CACHE_TYPES
+from .model.memory import FLASH_ATTN
+from .model.metadata import describe, inspect_model
+from .plan import budget as budget_mod
+from .plan import commands
+from .plan.recommend import DEFAULT_BANDWIDTHS, cmd_recommend, parse_contexts, speed_model
 
 
 def _version() -> str:
@@ -58,7 +59,7 @@ def _n_values(text: str, n_layer: int) -> list[int]:
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
-    from .speed import Run, prefill_run
+    from .plan.speed import Run, prefill_run
 
     meta = inspect_model(args.model)
     model = speed_model(args)
@@ -87,10 +88,10 @@ def cmd_predict(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from .calibrate import calibrate, read_runs
-    from .outputs import write_json
-    from .predict import Bandwidths
-    from .speed import UNITS, prior, zero_fit_notes
+    from .core.config import Bandwidths
+    from .plan.calibrate import calibrate, read_runs
+    from .plan.speed import UNITS, prior, zero_fit_notes
+    from .runtime.outputs import write_json
 
     meta = inspect_model(args.model)
     bandwidths = Bandwidths(args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
@@ -108,7 +109,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_twin(args: argparse.Namespace) -> None:
-    from .twin import load_spec, write_twin
+    from .model.twin import load_spec, write_twin
 
     shard = parse_size(args.shard_size, "--shard-size") if args.shard_size else 0
     print(
@@ -117,12 +118,12 @@ def cmd_twin(args: argparse.Namespace) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .config import DeviceTarget, TuneSettings
-    from .outputs import append_csv_row
-    from .recommend import describe_speed, expected, speed_model
+    from .core.config import DeviceTarget, TuneSettings
+    from .measure.tune import tune_model
+    from .plan.recommend import describe_speed, expected, speed_model
     from .runtime.llamacpp import PINNED, provision
     from .runtime.model_ref import is_remote
-    from .tune import tune_model
+    from .runtime.outputs import append_csv_row
 
     if is_remote(args.model):
         raise MoeplaceError(f"{args.model_ref}: tune runs the model, so it needs the file on disk; download it first.")
@@ -139,7 +140,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         type_k=args.cache_type_k,
         type_v=args.cache_type_v,
         target=DeviceTarget(args.device, "", parse_size(args.vram, "--vram")),
-        memory=budget_mod.Device(parse_size(args.vram, "--vram"), 0),
+        memory=Device(parse_size(args.vram, "--vram"), 0),
         settings=TuneSettings(args.margin, 3600, args.threads),
         manifest=manifest,
         log_path=log_path,
@@ -375,7 +376,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .explain import explain, read_text, render
+    from .report.explain import explain, read_text, render
 
     found = explain(read_text(args.log), "stdin" if args.log == "-" else args.log)
     print(json.dumps(found, indent=1) if args.json else render(found))
@@ -383,13 +384,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
-    from .publish import verify
+    from .report.publish import verify
 
     print(f"{args.folder}: {verify(Path(args.folder))} files match MANIFEST.json")
 
 
 def cmd_merge(args: argparse.Namespace) -> None:
-    from .publish import DICTIONARY, load_dictionary, merge
+    from .report.publish import DICTIONARY, load_dictionary, merge
 
     out = merge([Path(f) for f in args.folders], Path(args.output), load_dictionary(DICTIONARY))
     print(f"merged {len(args.folders)} directories into {out}")

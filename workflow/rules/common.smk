@@ -3,15 +3,15 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from moeplace.config import params, parse_settings, validate_config
-from moeplace.errors import MoeplaceError
-from moeplace.gguf_file import shard_paths
-from moeplace.kvcache import CACHE_TYPES
-from moeplace.placement import VARIANTS
+from moeplace.core.config import params, parse_settings, validate_config
+from moeplace.core.errors import MoeplaceError
+from moeplace.model.gguf_file import shard_paths
+from moeplace.model.kvcache import CACHE_TYPES
+from moeplace.measure.placement import VARIANTS
 from moeplace.runtime.llamacpp import LAYOUT as LLAMACPP_CACHE_LAYOUT
 from moeplace.runtime.locks import clear_stale_locks
 from moeplace.runtime.model_ref import resolve_local
-from moeplace.twin import load_spec
+from moeplace.model.twin import load_spec
 
 
 def stop(message):
@@ -52,8 +52,8 @@ if any("constants" not in m for m in config["models"].values()):
 
 def layer_count(model):
     """Layers of a model before any job runs: from its twin spec or its GGUF header."""
-    from moeplace.metadata import inspect_model
-    from moeplace.twin import load_spec
+    from moeplace.model.metadata import inspect_model
+    from moeplace.model.twin import load_spec
 
     m = config["models"][model]
     try:
@@ -255,7 +255,7 @@ def sweep_values(model, ctx):
     import json
 
     import pandas as pd
-    from moeplace.bench import auto_sweep
+    from moeplace.measure.bench import auto_sweep
 
     if (
         config["bench"]["n_cpu_moe"] != "auto"

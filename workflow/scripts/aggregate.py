@@ -2,10 +2,10 @@
 
 import pandas as pd
 
-from moeplace.aggregate import compare_table, measured_table, memory_check_table
-from moeplace.outputs import read_json, read_jsonl, stage, write_csv
-from moeplace.predict import Bandwidths
-from moeplace.speed import prior
+from moeplace.core.config import Bandwidths
+from moeplace.plan.speed import prior
+from moeplace.report.aggregate import compare_table, measured_table, memory_check_table
+from moeplace.runtime.outputs import read_json, read_jsonl, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params

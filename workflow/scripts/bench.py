@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-from moeplace.bench import run_bench
-from moeplace.config import BenchSettings, DeviceTarget
-from moeplace.outputs import read_json, stage, write_jsonl
+from moeplace.core.config import BenchSettings, DeviceTarget
+from moeplace.measure.bench import run_bench
 from moeplace.runtime.device import device_setup
+from moeplace.runtime.outputs import read_json, stage, write_jsonl
 
 with stage(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params

@@ -3,10 +3,10 @@ context, each device buffer counted)."""
 
 from pathlib import Path
 
-from moeplace.budget import budget_table, compute_from_llamacpp
-from moeplace.config import DeviceTarget
-from moeplace.memory import Workload
-from moeplace.outputs import read_json, stage, write_csv
+from moeplace.core.config import DeviceTarget
+from moeplace.model.memory import Workload
+from moeplace.plan.budget import budget_table, compute_from_llamacpp
+from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params

@@ -3,9 +3,9 @@ results/budget_check/{model}.csv."""
 
 from pathlib import Path
 
-from moeplace.budget_check import check_model, check_table, grid, summary
-from moeplace.config import DeviceTarget
-from moeplace.outputs import read_json, stage, write_csv
+from moeplace.core.config import DeviceTarget
+from moeplace.measure.budget_check import check_model, check_table, grid, summary
+from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, p, w = snakemake.input, snakemake.params, snakemake.wildcards

@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from moeplace.budget_check import check_table, figure, summary
-from moeplace.outputs import stage, write_csv
+from moeplace.measure.budget_check import check_table, figure, summary
+from moeplace.runtime.outputs import stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     table = check_table(

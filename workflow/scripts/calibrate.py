@@ -3,11 +3,10 @@ ceilings stage's measured bandwidths and attention cost, where it ran, are the p
 
 import pandas as pd
 
-from moeplace.calibrate import calibration_file
-from moeplace.ceilings import measured_prior
-from moeplace.config import BenchSettings
-from moeplace.outputs import read_json, read_jsonl, stage, write_json
-from moeplace.predict import Bandwidths
+from moeplace.core.config import Bandwidths, BenchSettings
+from moeplace.measure.ceilings import measured_prior
+from moeplace.plan.calibrate import calibration_file
+from moeplace.runtime.outputs import read_json, read_jsonl, stage, write_json
 
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params

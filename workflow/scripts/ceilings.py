@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from moeplace.ceilings import measure_ceilings
-from moeplace.config import BenchSettings, CeilingsSettings, DeviceTarget
-from moeplace.metadata import inspect_model
-from moeplace.outputs import read_json, stage, write_csv
+from moeplace.core.config import BenchSettings, CeilingsSettings, DeviceTarget
+from moeplace.measure.ceilings import measure_ceilings
+from moeplace.model.metadata import inspect_model
 from moeplace.runtime.device import device_setup
+from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params

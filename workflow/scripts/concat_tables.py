@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from moeplace.outputs import stage, write_csv
+from moeplace.runtime.outputs import stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     for name in snakemake.output.keys():

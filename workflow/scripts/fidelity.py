@@ -3,11 +3,10 @@ figure)."""
 
 import pandas as pd
 
-from moeplace.ceilings import measured_prior
-from moeplace.config import BenchSettings
-from moeplace.fidelity import fidelity_figure, fidelity_table, summary
-from moeplace.outputs import read_json, read_jsonl, stage, write_csv
-from moeplace.predict import Bandwidths
+from moeplace.core.config import Bandwidths, BenchSettings
+from moeplace.measure.ceilings import measured_prior
+from moeplace.report.fidelity import fidelity_figure, fidelity_table, summary
+from moeplace.runtime.outputs import read_json, read_jsonl, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params

@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from moeplace.figures import variants_figure
-from moeplace.outputs import stage
+from moeplace.report.figures import variants_figure
+from moeplace.runtime.outputs import stage
 
 with stage(snakemake.log[0]) as log:
     variants_figure(pd.read_csv(snakemake.input.variants), snakemake.params.ctx, snakemake.output[0])

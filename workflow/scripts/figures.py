@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from moeplace.figures import ncmoe_figure
-from moeplace.outputs import stage
+from moeplace.report.figures import ncmoe_figure
+from moeplace.runtime.outputs import stage
 
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params

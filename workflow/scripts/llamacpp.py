@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from moeplace.outputs import stage, write_json
 from moeplace.runtime.llamacpp import provision
+from moeplace.runtime.outputs import stage, write_json
 
 with stage(snakemake.log[0]) as log:
     manifest = provision(snakemake.params.llamacpp, Path(snakemake.log[0]))

@@ -2,9 +2,9 @@
 
 import pandas as pd
 
-from moeplace.figures import matrix_figure
-from moeplace.outputs import read_json, stage, write_csv
-from moeplace.tune import matrix_table
+from moeplace.measure.tune import matrix_table
+from moeplace.report.figures import matrix_figure
+from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     tune = pd.DataFrame([read_json(path) for path in snakemake.input.tune])

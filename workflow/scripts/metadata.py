@@ -1,7 +1,7 @@
 """Stage 'metadata': GGUF header (or the seed's constants) -> results/metadata/{model}.json."""
 
-from moeplace.metadata import from_constants, inspect_model
-from moeplace.outputs import stage, write_json
+from moeplace.model.metadata import from_constants, inspect_model
+from moeplace.runtime.outputs import stage, write_json
 
 with stage(snakemake.log[0]) as log:
     model = snakemake.wildcards.model

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from moeplace.model_zoo import markdown, zoo_table
-from moeplace.outputs import stage, write_csv, write_text
+from moeplace.model.model_zoo import markdown, zoo_table
+from moeplace.runtime.outputs import stage, write_csv, write_text
 
 with stage(snakemake.log[0]) as log:
     table = zoo_table([Path(p) for p in snakemake.input.specs])

@@ -1,7 +1,7 @@
 """Stage 'placement' (one context): variant records -> variants and placement_check tables; a mismatch fails."""
 
-from moeplace.outputs import read_jsonl, stage, write_csv
-from moeplace.placement import placement_check_table, require_placed_as_asked, variants_table
+from moeplace.measure.placement import placement_check_table, require_placed_as_asked, variants_table
+from moeplace.runtime.outputs import read_jsonl, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     records = [r for path in snakemake.input for r in read_jsonl(path)]

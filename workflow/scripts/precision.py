@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from moeplace.aggregate import precision_table
-from moeplace.outputs import stage, write_csv
+from moeplace.report.aggregate import precision_table
+from moeplace.runtime.outputs import stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     measured = pd.read_csv(snakemake.input.measured)

@@ -2,10 +2,10 @@
 
 import pandas as pd
 
-from moeplace.ceilings import measured_prior, with_ceilings
-from moeplace.config import BenchSettings
-from moeplace.outputs import read_json, stage, write_csv
-from moeplace.predict import Bandwidths, predict_table
+from moeplace.core.config import Bandwidths, BenchSettings
+from moeplace.measure.ceilings import measured_prior, with_ceilings
+from moeplace.plan.predict import predict_table
+from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params

@@ -3,8 +3,8 @@ llama-bench.sqlite, MANIFEST.json) and publish/<name>.tar.gz."""
 
 from pathlib import Path
 
-from moeplace.outputs import read_json, read_jsonl, stage
-from moeplace.publish import DICTIONARY, load_dictionary, publish, snakemake_report
+from moeplace.report.publish import DICTIONARY, load_dictionary, publish, snakemake_report
+from moeplace.runtime.outputs import read_json, read_jsonl, stage
 from moeplace.runtime.provenance import pipeline_revision
 
 with stage(snakemake.log[0]) as log:

@@ -1,7 +1,7 @@
 """Stage 'twin' (quant comparison): spec -> resources/quants/{model}/{quant}.gguf from the model's F16 weights."""
 
-from moeplace.outputs import read_json, stage
-from moeplace.twin import load_spec, make_twin
+from moeplace.model.twin import load_spec, make_twin
+from moeplace.runtime.outputs import read_json, stage
 
 with stage(snakemake.log[0]) as log:
     w, i, seed = snakemake.wildcards, snakemake.input, snakemake.params.seed

@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from moeplace.config import RamTierSettings
-from moeplace.metadata import inspect_model
-from moeplace.outputs import read_json, stage, write_csv, write_jsonl
-from moeplace.quants import plot_quants, quant_row, quants_table
-from moeplace.ram_tier import run_ram_tier
+from moeplace.core.config import RamTierSettings
+from moeplace.measure.quants import plot_quants, quant_row, quants_table
+from moeplace.measure.ram_tier import run_ram_tier
+from moeplace.model.metadata import inspect_model
+from moeplace.runtime.outputs import read_json, stage, write_csv, write_jsonl
 
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from moeplace.outputs import read_json, stage, write_csv
-from moeplace.routing import plot_routing, routing_table, save_trace, trace_routing
+from moeplace.measure.routing import plot_routing, routing_table, save_trace, trace_routing
+from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, o, p, w = snakemake.input, snakemake.output, snakemake.params, snakemake.wildcards

@@ -2,10 +2,9 @@
 
 from pathlib import Path
 
-from moeplace.budget import Device
-from moeplace.config import DeviceTarget, TuneSettings
-from moeplace.outputs import read_json, stage, write_json
-from moeplace.tune import tune_model
+from moeplace.core.config import Device, DeviceTarget, TuneSettings
+from moeplace.measure.tune import tune_model
+from moeplace.runtime.outputs import read_json, stage, write_json
 
 with stage(snakemake.log[0]) as log:
     i, p, w = snakemake.input, snakemake.params, snakemake.wildcards

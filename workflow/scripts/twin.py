@@ -1,7 +1,7 @@
 """Stage 'twin': architecture spec -> resources/models/{model}.gguf (sparse, or random and quantized)."""
 
-from moeplace.outputs import read_json, stage
-from moeplace.twin import load_spec, make_twin
+from moeplace.model.twin import load_spec, make_twin
+from moeplace.runtime.outputs import read_json, stage
 
 with stage(snakemake.log[0]) as log:
     p = snakemake.params

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from moeplace.config import BenchSettings, DeviceTarget
-from moeplace.outputs import read_json, stage, write_jsonl
-from moeplace.placement import run_variant, variant_n
+from moeplace.core.config import BenchSettings, DeviceTarget
+from moeplace.measure.placement import run_variant, variant_n
 from moeplace.runtime.device import device_setup
+from moeplace.runtime.outputs import read_json, stage, write_jsonl
 
 with stage(snakemake.log[0]) as log:
     i, p, w = snakemake.input, snakemake.params, snakemake.wildcards

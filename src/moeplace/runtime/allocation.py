@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import MoeplaceError
+from ..core.errors import MoeplaceError
 from .llama_log import Buffers, parse_buffers
 from .llamacpp import require_binary
 from .process import classify, run, run_checked

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import MoeplaceError
+from ..core.errors import MoeplaceError
 from .process import run
 from .tool_output import nvidia_smi_csv, rocm_smi
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import MoeplaceError
+from ..core.errors import MoeplaceError
 
 log = logging.getLogger("moeplace")
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import DeviceTarget
-from ..errors import MoeplaceError
+from ..core.config import DeviceTarget
+from ..core.errors import MoeplaceError
 from .cpus import CpuSplit, pin
 from .llamacpp import free_device_bytes, require_binary
 from .native import build_native

@@ -106,7 +106,7 @@ class Buffers:
         read several as one."""
         devices = self.devices
         if len(devices) > 1:
-            from ..errors import MoeplaceError
+            from ..core.errors import MoeplaceError
 
             raise MoeplaceError(
                 f"llama.cpp used {len(devices)} devices ({', '.join(devices)}), but this step plans for one; "

@@ -23,11 +23,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..config import BenchSettings
-from ..errors import MoeplaceError
-from ..kvcache import cache_args
+from ..core.config import BenchSettings
+from ..core.errors import MoeplaceError
 from .backend import detect
 from .llama_log import backend_of
+from .llamacpp_args import cache_args
 from .native import build_native, cache_root
 from .process import run, run_checked
 from .tool_output import Device, list_devices

@@ -18,7 +18,7 @@ import shutil
 import urllib.parse
 from pathlib import Path
 
-from ..errors import MoeplaceError
+from ..core.errors import MoeplaceError
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 STORES = ("ollama:", "lmstudio:", "hf:")

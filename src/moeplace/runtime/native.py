@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import MoeplaceError
+from ..core.errors import MoeplaceError
 from .process import run_checked
 
 NATIVE_SOURCES = Path(__file__).parents[1] / "native"

@@ -4,11 +4,10 @@ model's mapping it mlocks, its environment, and what it reports."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..gguf_file import GGUFHeader
 from .pagecache import PAGE
 
 _SHIM_LINE = re.compile(r"^pagelock: locked (\d+) bytes in \d+ ranges", re.MULTILINE)
@@ -35,19 +34,6 @@ def merge_ranges(spans: Sequence[tuple[int, int]], page: int = PAGE, limit: int 
         else:
             merged.append([lo, hi])
     return [(lo, hi - lo) for lo, hi in merged]
-
-
-def tensor_ranges(
-    header: GGUFHeader, wanted: Callable[[str], bool], page: int = PAGE
-) -> list[tuple[Path, list[tuple[int, int]]]]:
-    """Per model file (all shards): the page-rounded, merged file ranges holding the wanted tensors' data."""
-    spans: list[list[tuple[int, int]]] = [[] for _ in header.paths]
-    for t in header.tensors:
-        if wanted(t.name):
-            _, offset, n_bytes = header.file_range(t)
-            spans[t.shard].append((offset, n_bytes))
-    files = zip(header.paths, spans, header.file_sizes)
-    return [(path, merge_ranges(found, page, limit=size)) for path, found, size in files]
 
 
 def shim_env(targets: Sequence[tuple[Path, list[tuple[int, int]]]], madvise: str) -> dict[str, str]:

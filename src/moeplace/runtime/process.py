@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import MoeplaceError
+from ..core.errors import MoeplaceError
 
 _OOM = re.compile(
     r"out of device memory|failed to allocate|unable to allocate|cudaMalloc failed|out of memory"

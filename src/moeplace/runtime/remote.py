@@ -10,9 +10,10 @@ import json
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
-from ..errors import MoeplaceError
+from ..core.errors import MoeplaceError
 
 FIRST_BYTES = 512 * 2**10
 MAX_HEADER_BYTES = 64 * 2**20  # real headers (a 256K-token vocabulary included) stay far below
@@ -64,14 +65,21 @@ def get_json(url: str) -> dict[str, Any]:
         raise MoeplaceError(f"{url}: the answer is not JSON.") from None
 
 
-def read_remote(url: str) -> tuple[dict[str, Any], list[Any], int, str, int]:
-    """gguf_file.parse_header's result for a remote file, reading as little of it as the header needs."""
-    from ..gguf_file import NeedMore, parse_header
+class NeedMore(Exception):
+    """The header runs past the bytes read so far (a remote file is read a prefix at a time)."""
 
+    def __init__(self, end: int):
+        super().__init__(end)
+        self.end = end
+
+
+def read_remote(url: str, parse: Callable[[str, bytes, int], Any]) -> Any:
+    """`parse`'s result (a GGUF header parser: url, the bytes read so far, the file's size) for a remote file,
+    reading as little of it as the header needs: `parse` raises NeedMore for more."""
     buf, size = get_range(url, 0, FIRST_BYTES - 1)
     while True:
         try:
-            return parse_header(url, buf, size)
+            return parse(url, buf, size)
         except NeedMore as more:
             want = min(max(more.end, 2 * len(buf)), size)
             if want > MAX_HEADER_BYTES:

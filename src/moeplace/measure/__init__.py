@@ -1,0 +1,1 @@
+"""What was measured: llama-bench sweeps and variants, the ceilings, tuning loads, routing, the RAM tier, quants."""

@@ -1,0 +1,316 @@
+"""Stage 'bench': one real llama-bench run per (model, context, n_cpu_moe), recorded whatever happens.
+
+Each configuration runs in its own llama-bench process (a failed load aborts the rest of a
+llama-bench sweep). A run that cannot allocate, crashes or hangs becomes records with status
+oom/crash/timeout and the stderr tail, never a lost sweep. The device is a GPU, or the emulated
+one (runtime/device.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..core.config import BenchSettings
+from ..core.stats import delta_interval, mean_halfwidth, repetitions_for
+from ..runtime.cpus import pin, split_cpus, wait_for_quiet
+from ..runtime.device import DeviceSetup, attached
+from ..runtime.llama_log import is_host, read_log
+from ..runtime.llamacpp import bench_command
+from ..runtime.process import classify, run, tail
+from ..runtime.provenance import build_facts, host_facts, pipeline_revision
+from ..runtime.tool_output import bench_records
+
+log = logging.getLogger("moeplace")
+
+TESTS = ("pp", "tg")
+
+
+def parse_log(stderr: str) -> dict[str, Any]:
+    """llama.cpp's own accounting from a -v log: each context's size and KV bytes, each overridden tensor's
+    destination buffer (CPU, CPU_REPACK: host RAM; CUDA0, RPC0[...]: a device) and, for the memory check, the
+    buffers of its largest context by name (llama-bench loads once per test; CUDA0, CUDA_Host, CPU_Mapped ...)."""
+    report = read_log(stderr)
+    contexts = [context for load in report.loads for context in load.each_context() if context.n_ctx]
+    kv = [{"n_ctx": c.n_ctx, "kv_mib": sum(k.get("kv", 0) for k in c.sizes.values()) / 2**20} for c in contexts]
+    largest = max(contexts, key=lambda c: (c.n_ctx, sum(k.get("kv", 0) for k in c.sizes.values())), default=None)
+    return {"contexts": kv, "tensor_buffers": dict(sorted(report.overridden.items())),
+            "buffers": largest.sizes if largest else None}  # fmt: skip
+
+
+@dataclass
+class Arm:
+    """One placement being measured: its samples per test, and its first batch's output."""
+
+    n_cpu_moe: int
+    overrides: str | None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    first: dict[str, dict[str, Any]] = field(default_factory=dict)  # llama-bench's JSON per test
+    stderr: str = ""
+    batches: int = 0
+    wall_s: float = 0.0  # all its batches' llama-bench processes, start to exit
+    measured_s: float = 0.0  # of which timed repetitions (llama-bench's samples_ns)
+    failure: tuple[str, str, str] | None = None  # status, reason, stderr tail
+
+    def costs(self) -> tuple[float, float]:
+        """(seconds per batch outside the repetitions: start, load, warm-up, one depth fill; seconds per
+        repetition of all tests), from the batches so far."""
+        repetitions = len(next(iter(self.samples.values())))
+        return (self.wall_s - self.measured_s) / self.batches, self.measured_s / repetitions
+
+
+def _precise_enough(samples: dict[str, list[float]], baseline: dict[str, list[float]] | None, precision: float) -> bool:
+    """Every test's 95% CI half-width within `precision`: of the mean, or with a paired baseline, of the
+    difference from it (relative to the baseline's mean)."""
+    for test, values in samples.items():
+        base = (baseline or {}).get(test)
+        if base:
+            _, low, high = delta_interval(values, base)
+            if not (high - low) / 2 <= precision * statistics.fmean(base):
+                return False
+        elif mean_halfwidth(values) > precision:
+            return False
+    return True
+
+
+def _test_of(row: dict[str, Any]) -> str:
+    return "pp" if row["n_gen"] == 0 else "tg"
+
+
+def _samples_of(row: dict[str, Any]) -> list[float]:
+    """A llama-bench row's tok/s per repetition (its mean alone where it printed no samples)."""
+    return row.get("samples_ts") or [row["avg_ts"]]
+
+
+def _enough(arm: Arm, tests: tuple[str, ...], settings: BenchSettings, t0: float) -> Callable[[str], bool]:
+    """When to stop an open-ended batch, after a whole copy of its tests: every test precise enough, the most
+    repetitions allowed, or the next copy would run past the time budget, or past twice the process's start,
+    load, warm-up and depth fill where that is more (as for a batch, the fill paid for is worth as much time in
+    repetitions). A later copy pays its repetitions and its own warm-up, not the fill: after the first copy its
+    pace is that copy's repetitions (llama-bench's samples_ns) and one more, after that the last copy's."""
+    copy_ends = [time.monotonic()]
+    once = []  # the first copy's wall time less its repetitions: what no later copy pays
+
+    def enough(stdout: str) -> bool:
+        rows = bench_records(stdout)
+        if len(rows) // len(tests) < len(copy_ends) or len(rows) % len(tests):
+            return False  # no new whole copy
+        copy_ends.append(time.monotonic())
+        samples = {t: [*arm.samples.get(t, [])] for t in tests}
+        for r in rows:
+            samples[_test_of(r)].extend(_samples_of(r))
+        pace = copy_ends[-1] - copy_ends[-2]
+        if not once:
+            timed = sum(sum(r.get("samples_ns") or []) for r in rows) / 1e9
+            once.append(pace - timed if timed else 0.0)
+            pace = timed * (settings.repetitions + 1) / settings.repetitions if timed else pace
+        return (
+            min(len(v) for v in samples.values()) >= settings.max_repetitions
+            or _precise_enough(samples, None, settings.precision)
+            or copy_ends[-1] + pace - t0 > max(settings.time_budget_s, copy_ends[0] - t0 + 2 * once[0])
+        )
+
+    return enough
+
+
+def next_batch(wanted: int, allowed: int, fixed_s: float, repetition_s: float, left_s: float) -> int:
+    """Repetitions for an arm's next batch (0: stop): the `wanted` more, but at least as many as the batch's
+    fixed part (start, load, warm-up, one depth fill: most of a batch at 32K) is worth, since another batch
+    would pay it again; at most `allowed`, and no more than the `left_s` seconds of its time budget pay for."""
+    affordable = int((left_s - fixed_s) // max(repetition_s, 1e-9))
+    worth = math.ceil(fixed_s / max(repetition_s, 1e-9))
+    return max(0, min(allowed, max(wanted, worth, 1), affordable))
+
+
+def run_bench(
+    *,
+    model_name: str,
+    model_path: str,
+    model_files: list[dict[str, Any]],
+    ctx: int,
+    n_cpu_moe: int,
+    settings: BenchSettings,
+    device: DeviceSetup,
+    manifest: dict[str, Any],
+    log_path: Path,
+    workdir: Path,
+    variant: str = "ncmoe",
+    overrides: str | None = None,
+    depth: int | None = None,
+    paired_n_cpu_moe: int | None = None,
+) -> list[dict[str, Any]]:
+    """Run one configuration at context depth `depth` (default: `settings.depth(ctx)`, so the largest test
+    holds exactly `ctx` cells); one record per test, successful or not.
+
+    Repetitions come in batches (one llama-bench process each, its own warm-up and one fill of the depth
+    first): one batch of `settings.repetitions`; or with adaptive settings one open-ended batch, copies of
+    `settings.repetitions` each, stopped once the mean is precise enough (the minimum always), so a 32K
+    configuration pays its depth fill once. With `paired_n_cpu_moe` the configuration is compared with that
+    `-ncmoe` run, measured interleaved with it batch by batch (A B A B ...), so drift falls on both alike; the
+    records carry both.
+    """
+    depth = settings.depth(ctx) if depth is None else depth
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    facts = host_facts()
+    cpus = split_cpus(device.kind == "emulated")
+    threads = min(settings.threads, len(cpus.bench))
+    tests = TESTS if settings.prompt else ("tg",)  # -p 0: a decode-only probe
+    arm = Arm(n_cpu_moe, overrides)
+    baseline = Arm(paired_n_cpu_moe, None) if paired_n_cpu_moe is not None else None
+    arms = [a for a in (baseline, arm) if a is not None]
+    quiet: list[dict[str, Any]] = []
+    reps = settings.repetitions
+    t0 = time.monotonic()
+    with attached(device, manifest, cpus, log_path) as rpc:
+        while not arm.failure:
+            open_ended = settings.adaptive and len(arms) == 1
+            for a in arms:
+                quiet.append(wait_for_quiet(settings.quiet_wait_s))
+                copies = max(1, (settings.max_repetitions - len(a.samples.get("tg", []))) // reps) if open_ended else 1
+                cmd = bench_command(
+                    manifest, model_path, depth, a.n_cpu_moe, settings, rpc, a.overrides, reps, threads, copies
+                )
+                stop_when = _enough(a, tests, settings, t0) if open_ended else None
+                result = run(cmd, timeout_s=settings.timeout_s, log_path=log_path, before_exec=lambda: pin(cpus.bench),
+                             stop_when=stop_when)  # fmt: skip
+                a.batches += 1
+                a.wall_s += result.wall_s
+                a.stderr = a.stderr or result.stderr
+                rows = bench_records(result.stdout)
+                if rpc and result.ok and f"RPC0[{rpc}]" not in result.stderr:
+                    # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
+                    a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))
+                    break
+                for r in rows[: len(rows) - len(rows) % len(tests)]:  # whole copies: those a failed run finished too
+                    a.first.setdefault(_test_of(r), r)
+                    a.measured_s += sum(r.get("samples_ns") or []) / 1e9
+                    a.samples.setdefault(_test_of(r), []).extend(_samples_of(r))
+                printed = {_test_of(r) for r in rows}
+                if not result.ok or printed != set(tests):
+                    status, reason = classify(result)
+                    if status == "ok":
+                        status, reason = "error", f"llama-bench printed no {'/'.join(set(tests) - printed)} result"
+                    a.failure = (status, reason, tail(result.stderr))
+                    break
+            if arm.failure or open_ended:  # an open-ended batch ran until it had enough
+                break
+            if baseline and baseline.failure:  # nothing to pair with: measure this placement alone
+                log.warning(
+                    "the -ncmoe %d baseline failed (%s); measuring unpaired", baseline.n_cpu_moe, baseline.failure[1]
+                )
+                baseline, arms, reps = None, [arm], settings.repetitions
+                continue
+            n = len(arm.samples["tg"])
+            paired = baseline.samples if baseline else None
+            if not settings.adaptive or _precise_enough(arm.samples, paired, settings.precision):
+                break
+            # A difference of two means is as precise as each mean is to precision / sqrt(2).
+            target = settings.precision / math.sqrt(2) if baseline else settings.precision
+            wanted = max(repetitions_for(a.samples[t], target) for a in arms for t in tests) - n
+            fixed_s, repetition_s = (max(c) for c in zip(*(a.costs() for a in arms)))
+            left_s = settings.time_budget_s * len(arms) - (time.monotonic() - t0)
+            reps = next_batch(wanted, settings.max_repetitions - n, fixed_s, repetition_s, left_s / len(arms))
+            if reps < 1:
+                break
+    parsed = parse_log(arm.stderr)
+    contended = any(q["contended"] for q in quiet)
+    base = {
+        "model": model_name,
+        "ctx": ctx,
+        "n_cpu_moe": n_cpu_moe,
+        "variant": variant,
+        "overrides": overrides or "",
+        "n_prompt": settings.prompt,
+        "n_gen": settings.gen,
+        "n_depth": depth,
+        "threads": threads,
+        "bench_cpus": list(cpus.bench),
+        "device_cpus": list(cpus.device) if cpus.device else None,
+        "type_k": settings.type_k,
+        "type_v": settings.type_v,
+        "device_kind": device.kind,
+        "device": device.label,
+        "device_cap_bytes": device.cap_bytes,
+        **build_facts(manifest),
+        "model_files": model_files,
+        "started": started,
+        **facts,
+        "others_running": max((q["others_running"] for q in quiet), default=None),
+        "contended": contended,
+        **pipeline_revision(workdir),
+        "kv_contexts": parsed["contexts"],
+        "buffers": parsed["buffers"],
+        "ubatch": settings.ubatch,
+        "flash_attn": settings.flash_attn,
+        "tensor_buffers": parsed["tensor_buffers"],
+        "cpu_tensors": [name for name, buffer in parsed["tensor_buffers"].items() if is_host(buffer)],
+        "batches": arm.batches,
+        "precision_target": settings.precision if settings.adaptive else None,
+        "paired_n_cpu_moe": paired_n_cpu_moe,
+    }
+    records = [_record(base, test, arm, baseline, settings, contended) for test in tests]
+    log.info("n_cpu_moe=%d ctx=%d: %s", n_cpu_moe, ctx, ", ".join(f"{r['test']} {r['status']}" for r in records))
+    return records
+
+
+def _record(
+    base: dict[str, Any], test: str, arm: Arm, baseline: Arm | None, settings: BenchSettings, contended: bool
+) -> dict[str, Any]:
+    samples = arm.samples.get(test) or []
+    if not samples:
+        status, reason, stderr_tail = arm.failure or ("error", "no result", "")
+        return {**base, "test": test, "status": status, "avg_ts": None, "stddev_ts": None, "samples_ts": [],
+                "repetitions": 0, "cv": None, "ci95_halfwidth_pct": None, "target_reached": None, "noisy": None,
+                "backends": None, "gpu_info": None, "error": f"{reason}: {stderr_tail}"}  # fmt: skip
+    mean = statistics.fmean(samples)
+    cv = statistics.stdev(samples) / mean if len(samples) > 1 and mean else 0.0
+    halfwidth = mean_halfwidth(samples)
+    paired = baseline.samples.get(test) if baseline else None
+    first = arm.first[test]
+    record = {
+        **base,
+        "test": test,
+        "status": "ok",
+        "avg_ts": mean,
+        "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+        "samples_ts": samples,
+        "repetitions": len(samples),
+        "cv": cv,
+        "ci95_halfwidth_pct": 100 * halfwidth if math.isfinite(halfwidth) else None,
+        "target_reached": _precise_enough({test: samples}, {test: paired} if paired else None, settings.precision)
+        if settings.adaptive
+        else None,
+        "noisy": cv > settings.noisy_cv or contended,
+        "backends": first.get("backends"),
+        "gpu_info": first.get("gpu_info"),
+        # llama-bench's own row of the first batch (its per-sample arrays aside), for the published SQLite.
+        "llama_bench": {k: v for k, v in first.items() if not k.startswith("samples_")},
+        "error": "" if not arm.failure else f"stopped after {len(samples)} repetitions: {arm.failure[1]}",
+    }
+    if baseline is not None:
+        record["baseline_samples_ts"] = paired or []
+    return record
+
+
+def auto_sweep(n_min: int | None, n_layer: int, points_above: int = 6, step: int = 0) -> list[int]:
+    """Two values below the budget's minimum (expected to run out of memory), then up to all layers: `points_above`
+    spread evenly, or every `step`-th n."""
+    if n_min is None:  # the context does not fit at all: one run records how it fails
+        return [n_layer]
+    below = [n for n in (n_min - 2, n_min - 1) if n >= 0]
+    span = n_layer - n_min
+    if step:
+        above = sorted({*range(n_min, n_layer + 1, step), n_layer})
+    elif span:
+        above = sorted({n_min + round(i * span / (points_above - 1)) for i in range(points_above)})
+    else:
+        above = [n_min]
+    return below + above

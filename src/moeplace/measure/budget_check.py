@@ -1,0 +1,174 @@
+"""Stage 'budget_check': the budget's minimum --n-cpu-moe against the real one and llama-fit-params' answer.
+
+Over a grid of contexts, ubatch sizes, KV cache types and flash attention, on the configured device:
+- predicted_n: the budget's (our weights and KV, llama.cpp's compute reserve for the placement);
+- measured_n: the lowest n whose load probe runs (llama-completion at the full context: load, allocate, generate
+  a few tokens; what a server does before its first request), searched from the prediction;
+- fit_params_n: the layers whose experts llama-fit-params, with no margin, keeps on the host (it may also keep
+  whole layers there: fit_params_ngl below the layer count);
+- on `depth_checks` cells per model, depth_n: the same search with the sweep's depth-filled llama-bench probe.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..core.config import Device, DeviceTarget
+from ..model.memory import Workload
+from ..plan.budget import plan, reserved_compute
+from ..plan.offload import matching_tensors
+from ..runtime.llamacpp_args import needs_flash_attn
+from .tune import search
+
+UNSUPPORTED = "unsupported"  # llama.cpp refuses a quantized V cache without flash attention
+
+
+def grid(contexts: list[int], ubatches: list[int], cache_types: list[str], flash_attn: list[str]) -> list[Workload]:
+    return [
+        Workload(ctx, ub, fa, kv, kv)
+        for ctx, ub, kv, fa in itertools.product(contexts, ubatches, cache_types, flash_attn)
+    ]
+
+
+def fitted_n(meta: dict[str, Any], ngl: int | None, overrides: str | None) -> int | None:
+    """Layers whose experts llama-fit-params keeps on the host: those below its -ngl (llama.cpp offloads the last
+    -ngl layers, the output counting as one) and those its -ot value matches."""
+    if ngl is None:
+        return None
+    n_layer = meta["n_layer"]
+    first_on_device = 0 if ngl < 0 else max(n_layer + 1 - ngl, 0)
+    host = set(range(min(first_on_device, n_layer)))
+    for layer in meta["layers"]:
+        if matching_tensors(overrides, list(layer["expert_tensors"])):
+            host.add(layer["index"])
+    return len(host)
+
+
+def check_model(
+    *,
+    model: str,
+    model_path: str,
+    meta: dict[str, Any],
+    workloads: list[Workload],
+    target: DeviceTarget,
+    overhead_bytes: int,
+    manifest: dict[str, Any],
+    log_path: Path,
+    workdir: Path,
+    depth_checks: int = 0,
+    threads: int = 2,
+) -> list[dict[str, Any]]:
+    """One row per grid cell."""
+    from ..core.config import BenchSettings
+    from ..runtime.allocation import fitted_placement, load_probe
+    from ..runtime.cpus import split_cpus
+    from ..runtime.device import attached, device_setup
+    from .bench import run_bench
+
+    setup = device_setup(target, manifest)
+    device = Device(setup.cap_bytes, overhead_bytes)
+    rows = []
+    with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
+        compute = reserved_compute(manifest, model_path, rpc, log_path)
+
+        for i, w in enumerate(workloads):
+            row = {"model": model, "n_layer": meta["n_layer"], "ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k,
+                   "flash_attn": w.flash_attn, "device": setup.label, "vram_bytes": setup.cap_bytes,
+                   "margin_bytes": overhead_bytes}  # fmt: skip
+            if w.flash_attn == "off" and needs_flash_attn(w.type_v):
+                rows.append({**row, "status": UNSUPPORTED})
+                continue
+            p = plan(meta, device, w, compute)
+            predicted = p["n_cpu_moe"]
+            start = meta["n_layer"] if predicted is None else predicted
+
+            def probe(n: int, w: Workload = w) -> tuple[str, None]:
+                return load_probe(manifest, model_path, w.llama_args(), n, rpc, log_path)[0], None
+
+            measured = search(start, meta["n_layer"], probe, spill_ratio=0.0)
+            ngl, overrides = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
+            row |= {"predicted_n": predicted, "measured_n": measured.lowest_n,
+                    "fit_params_n": fitted_n(meta, ngl, overrides), "fit_params_ngl": ngl,
+                    "load_probes": measured.loads, "compute_mib": p["compute_bytes"] / 2**20,
+                    "kv_mib": p["kv_bytes"] / 2**20, "status": "ok"}  # fmt: skip
+            if i < depth_checks and w.ubatch == 512:  # llama-bench's default batch: the sweep's own runs
+                settings = BenchSettings(prompt=0, gen=4, repetitions=1, threads=threads, timeout_s=3600,
+                                         type_k=w.type_k, type_v=w.type_v, flash_attn=w.flash_attn)  # fmt: skip
+
+                def deep(n: int, w: Workload = w, settings: BenchSettings = settings) -> tuple[str, float | None]:
+                    (r,) = run_bench(model_name=model, model_path=model_path, model_files=meta["files"], ctx=w.ctx,
+                                     n_cpu_moe=n, settings=settings, device=setup, manifest=manifest,
+                                     log_path=log_path, workdir=workdir, variant="budget-check")  # fmt: skip
+                    return r["status"], r["avg_ts"]
+
+                row["depth_n"] = search(start, meta["n_layer"], deep, spill_ratio=0.0).lowest_n
+            rows.append(row)
+    return rows
+
+
+COLUMNS = [
+    "model", "ctx", "ubatch", "type_k", "flash_attn", "predicted_n", "measured_n", "fit_params_n", "depth_n",
+    "status", "n_layer", "fit_params_ngl", "load_probes", "compute_mib", "kv_mib", "vram_bytes", "margin_bytes",
+    "device",
+]  # fmt: skip
+
+
+def check_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=COLUMNS).astype({c: "Int64" for c in COLUMNS[5:9]})
+
+
+def summary(table: pd.DataFrame) -> dict[str, Any]:
+    """The bars: exact on how many cells, and never below the measured minimum (an out-of-memory answer)."""
+    cells = table[table.status == "ok"]
+    nothing_fits = cells.n_layer + 1  # "does not fit at any n" compares as one more than the last layer
+
+    def n(column: str) -> pd.Series:
+        return cells[column].astype("Float64").fillna(nothing_fits).astype(int)
+
+    return {
+        "cells": len(cells),
+        "exact": int((n("predicted_n") == n("measured_n")).sum()),
+        "below_measured": int((n("predicted_n") < n("measured_n")).sum()),
+        "fit_params_exact": int((n("fit_params_n") == n("measured_n")).sum()),
+        "depth_agrees": int((cells.depth_n == cells.measured_n).sum()),
+        "depth_cells": int(cells.depth_n.notna().sum()),
+    }
+
+
+def figure(table: pd.DataFrame, path: str | Path, device: str) -> None:
+    """Predicted and llama-fit-params' minimum n against the measured one; each point says how many cells it is."""
+    import textwrap
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = table[(table.status == "ok") & table.measured_n.notna()]
+    fig, ax = plt.subplots(figsize=(7, 5.4))
+    top = int(max(cells[["measured_n", "predicted_n"]].max().max(), 1)) if len(cells) else 1
+    ax.plot([0, top], [0, top], color="0.7", lw=1, label="exact")
+    for column, marker, label, offset in (("predicted_n", "o", "moeplace budget", 8),
+                                          ("fit_params_n", "x", "llama-fit-params (-fitt 0)", -14)):  # fmt: skip
+        points = cells[cells[column].notna()].groupby(["measured_n", column]).size()
+        xs, ys = zip(*points.index) if len(points) else ((), ())
+        ax.scatter(xs, ys, marker=marker, s=50, label=label, zorder=3)
+        for (x, y), count in points.items():
+            ax.annotate(f"{count}", (x, y), textcoords="offset points", xytext=(6, offset), fontsize=8)
+    ax.set_xlabel("measured minimum --n-cpu-moe (load probes at the full context)")
+    ax.set_ylabel("predicted minimum --n-cpu-moe")
+    s = summary(table)
+    ax.set_title(
+        "Minimum --n-cpu-moe, predicted vs measured\n"
+        f"budget exact on {s['exact']} of {s['cells']} cells, below the measured on {s['below_measured']} "
+        f"({s['cells'] - len(cells)} cells where nothing fits are not drawn)\n" + textwrap.shorten(device, 80),
+        fontsize=9,
+    )
+    ax.legend(title="numbers: cells at the point", fontsize=8, title_fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

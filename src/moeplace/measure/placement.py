@@ -1,0 +1,166 @@
+"""Stage 'placement': expert placements beyond --n-cpu-moe (plan/offload.py) run as llama-bench -ot variants,
+each interleaved with -ncmoe at the same host bytes, and checked against where llama.cpp's load log put every
+tensor; llama-fit-params' own placement as one more variant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.errors import MoeplaceError
+from ..plan.offload import expert_tensors, matching_tensors, optimal_placement, ot_value, variants
+
+
+def check_placement(intended: set[str], buffers: dict[str, str]) -> dict[str, Any]:
+    """Compare the intended host set with where llama.cpp's 'buffer type overridden' lines put each tensor:
+    every intended tensor must go to a host buffer, and no other tensor may."""
+    from ..runtime.llama_log import is_host
+
+    observed = {name for name, buffer in buffers.items() if is_host(buffer)}
+    return {
+        "intended": len(intended),
+        "observed": len(observed),
+        "missing": sorted(intended - observed),
+        "unexpected": sorted(observed - intended),
+        "match": intended == observed,
+    }
+
+
+def variants_table(records: list[dict[str, Any]]) -> Any:
+    """Per model, context and test: each variant's tok/s and its difference from --n-cpu-moe at the same bytes,
+    against the -ncmoe runs interleaved with it (paired) where it has them, else the first_n variant's own
+    runs; with the difference's 95% Welch interval and the smallest difference the runs could have detected."""
+    import math
+
+    import pandas as pd
+
+    from ..core.stats import delta_interval, min_detectable_effect
+
+    rows = []
+    by_key = {(r["model"], r["ctx"], r["variant"], r["test"]): r for r in records}
+    for (model, ctx, variant, test), r in sorted(by_key.items()):
+        first_n = by_key.get((model, ctx, "first_n", test))
+        baseline = r.get("baseline_samples_ts") or (first_n or {}).get("samples_ts") or []
+        row = {
+            "model": model,
+            "ctx": ctx,
+            "variant": variant,
+            "test": test,
+            "status": r["status"],
+            "host_expert_bytes": r.get("host_expert_bytes"),
+            "avg_ts": r["avg_ts"],
+            "stddev_ts": r["stddev_ts"],
+            "repetitions": r.get("repetitions"),
+            "paired": bool(r.get("baseline_samples_ts")),
+            "overrides": r["overrides"],
+            "placement_match": r.get("placement_match"),
+            "device": r.get("device"),
+        }
+        if variant != "first_n" and r["status"] == "ok" and baseline:
+            delta, low, high = delta_interval(r["samples_ts"], baseline)
+            mean = sum(baseline) / len(baseline)
+            row.update(
+                baseline_ts=mean,
+                delta_vs_ncmoe=delta,
+                delta_pct=100 * delta / mean,
+                delta_ci95_low=low,
+                delta_ci95_high=high,
+                mde_pct=100 * min_detectable_effect(r["samples_ts"], baseline),
+                distinguishable=None if math.isnan(low) else not (low <= 0 <= high),
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+VARIANTS = ("first_n", "first_n_ot", "last_n", "up_down", "interleaved", "optimal", "fit_params")
+
+
+def variant_n(meta: dict[str, Any], budget_n: int | None) -> int:
+    """The n the variants are compared at: the budget's minimum, or half the layers when everything fits."""
+    return budget_n if budget_n else meta["n_layer"] // 2
+
+
+def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float, **bench_args: Any) -> list[dict]:
+    """One variant's llama-bench run, with its placement checked against llama.cpp's load log."""
+    from ..model.gguf_file import read_header
+    from ..runtime.cpus import split_cpus
+    from ..runtime.device import attached
+    from .bench import run_bench
+
+    sizes = {t.name: t.n_bytes for t in read_header(bench_args["model_path"]).tensors}
+    if variant == "fit_params":
+        device, manifest = bench_args["device"], bench_args["manifest"]
+        with attached(device, manifest, split_cpus(device.kind == "emulated"), bench_args["log_path"]) as rpc:
+            overrides = fit_params_overrides(
+                manifest, bench_args["model_path"], bench_args["ctx"], rpc, bench_args["log_path"]
+            )
+        intended = matching_tensors(overrides, list(sizes))
+    else:
+        if variant == "optimal":
+            intended = optimal_placement(meta, budget_bytes)
+        else:
+            intended = {"first_n": expert_tensors(meta, list(range(n))), **variants(meta, n)}[variant]
+        overrides = None if variant == "first_n" else ot_value(intended) or None
+    records = run_bench(
+        n_cpu_moe=n if variant == "first_n" else 0,
+        variant=variant,
+        overrides=overrides,
+        paired_n_cpu_moe=None if variant == "first_n" else n,  # -ncmoe n interleaved with it
+        **bench_args,
+    )
+    for r in records:
+        check = check_placement(intended, r["tensor_buffers"])
+        r.update(
+            host_expert_bytes=sum(sizes[t] for t in intended),
+            placement_match=check["match"],
+            placement_missing=check["missing"],
+            placement_unexpected=check["unexpected"],
+        )
+    return records
+
+
+def placement_check_table(records: list[dict[str, Any]]) -> Any:
+    """One row per variant run that left a load log (its tests share one), whatever its status: where
+    llama.cpp put the tensors against where the placement asked for them."""
+    import pandas as pd
+
+    runs = {(r["model"], r["ctx"], r["variant"]): r for r in records if r["status"] == "ok" or r.get("tensor_buffers")}
+    rows = [
+        {
+            "model": r["model"],
+            "ctx": r["ctx"],
+            "variant": r["variant"],
+            "status": r["status"],
+            "overrides": r["overrides"],
+            "host_expert_bytes": r["host_expert_bytes"],
+            "observed_on_host": len(r["cpu_tensors"]),
+            "match": r["placement_match"],
+            "missing": " ".join(r["placement_missing"]),
+            "unexpected": " ".join(r["placement_unexpected"]),
+        }
+        for r in runs.values()
+    ]
+    return pd.DataFrame(rows)
+
+
+def require_placed_as_asked(check: Any, log_path: str) -> None:
+    """A MoeplaceError (one line) when the placement check table shows any variant placed otherwise."""
+
+    bad = check[~check.match.astype(bool)] if len(check) else check
+    if len(bad):
+        runs = ", ".join(bad.model + "/" + bad.variant + " at " + bad.ctx.astype(str) + " tokens")
+        raise MoeplaceError(
+            f"llama.cpp placed {len(bad)} variant(s) otherwise than asked ({runs}); their tensors are in {log_path}."
+        )
+
+
+def fit_params_overrides(manifest: dict[str, Any], model: str, ctx: int, rpc: str | None, log_path: Any) -> str | None:
+    """llama.cpp's own placement for this device (llama-fit-params, no margin), as a llama-bench -ot value."""
+    from ..runtime.allocation import fitted_placement_args
+    from ..runtime.llamacpp import require_binary
+    from ..runtime.process import run_checked
+
+    cmd = [str(require_binary(manifest, "llama-fit-params")), "-m", model, "-c", str(ctx), "-fitt", "0"]
+    if rpc:
+        cmd += ["--rpc", rpc]
+    out = run_checked(cmd, f"llama-fit-params placing {model} at {ctx} tokens", log_path, timeout_s=600)
+    return fitted_placement_args(out.stdout)[1]

@@ -1,0 +1,471 @@
+"""Stage 'ram_tier': decode speed when RAM is smaller than the model (mmap'd weights under a memory cap).
+
+Each measurement is llama-bench decode (`-p 0 -n G`, weights mmap'd, `--repack 0` so they stay
+file-backed: repacked weights are anonymous memory and a cap would OOM-kill them) in a fresh
+process inside a memory cgroup made for it (cgroup v1 memory.limit_in_bytes or v2 memory.max)
+under our own, removed afterwards. Before every run the model's pages are evicted from the page
+cache: a cached page stays charged to whoever touched it first, so pages left over from an
+earlier run would escape the cap. Two generation lengths G1 < G2 give, with loading excluded,
+major faults per token ((F(G2) - F(G1)) / (G2 - G1), from the child's rusage) and tok_s_marginal
+((G2 - G1) / (wall(G2) - wall(G1)), whole-process wall times). tok_s is llama-bench's tg average
+of the G2 run: it includes the faults of the first tokens that bring the evicted weights in
+(--no-warmup), so tok_s_marginal is the steady decode speed.
+
+The cap is anon_peak + slack + pct% of the model's file bytes, where anon_peak is the
+anonymous memory (RssAnon, sampled) of an uncapped run of the same command: what cannot be
+evicted, KV cache and compute buffers included, plus a slack (default 4 MiB) for page tables,
+kernel memory and library pages not yet cached. Every part is recorded, and so is what the uncapped run
+had charged besides its anonymous memory and the model (other_charged_bytes), which gives the
+share of the model the cap really leaves room for (model_room_pct).
+
+Where no memory cgroup can be made (not root, cgroup v2 without a delegated memory controller;
+cgroup_support() says it up front), the uncapped reference still runs, as a plain process (no
+cgroup peak, so no model_room_pct), and every capped row has status 'skipped' and the reason.
+
+Disk readahead decides what one fault costs (with an 8192 KiB read_ahead_kb each fault reads
+megabytes and a capped run collapses); it is an explicit parameter: read_ahead_kb of the device
+behind the model (set when writable, always restored), or MADV_RANDOM on the mapping via the
+pagelock shim where it cannot be set. llama.cpp calls posix_fadvise(SEQUENTIAL) on the model
+file, which doubles the window the kernel reads around a fault in that file: the records'
+readahead_effective_kib (0 with MADV_RANDOM: no read-around).
+
+Locking: llama.cpp's --mlock is all-or-nothing; lock mode "non_expert" mlocks only the byte
+ranges of the non-expert tensors inside llama.cpp's mapping (the pagelock shim), so the page
+cache the cap leaves serves the experts. "none" locks nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import resource
+from collections.abc import Callable
+from contextlib import nullcontext, suppress
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure  # no pyplot: no backend or global figure state
+
+from ..core.config import RamTierSettings
+from ..core.errors import MoeplaceError
+from ..model.gguf_file import GGUFHeader, read_header, shard_paths
+from ..model.metadata import tensor_role
+from ..plan.predict import ram_tier_tok_s
+from ..runtime.cgroup import MIB, CgroupSite, cgroup_site, memory_cgroup
+from ..runtime.llamacpp import require_binary, require_flags
+from ..runtime.native import build_native
+from ..runtime.outputs import atomic_path
+from ..runtime.pagecache import PAGE, evict_page_cache, readahead_control
+from ..runtime.pagelock import merge_ranges, parse_shim, shim_env
+from ..runtime.process import Finished, classify, run, sigterm_raises, tail
+from ..runtime.provenance import build_facts, host_facts, pipeline_revision
+from ..runtime.tool_output import bench_records
+
+log = logging.getLogger("moeplace")
+
+LOCK_MODES = ("none", "non_expert")
+
+_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+# ---------------------------------------------------------------------------------------------
+# non-expert byte ranges
+
+
+def tensor_ranges(
+    header: GGUFHeader, wanted: Callable[[str], bool], page: int = PAGE
+) -> list[tuple[Path, list[tuple[int, int]]]]:
+    """Per model file (all shards): the page-rounded, merged file ranges holding the wanted tensors' data."""
+    spans: list[list[tuple[int, int]]] = [[] for _ in header.paths]
+    for t in header.tensors:
+        if wanted(t.name):
+            _, offset, n_bytes = header.file_range(t)
+            spans[t.shard].append((offset, n_bytes))
+    files = zip(header.paths, spans, header.file_sizes)
+    return [(path, merge_ranges(found, page, limit=size)) for path, found, size in files]
+
+
+def is_expert_tensor(name: str) -> bool:
+    m = _LAYER.match(name)
+    return bool(m) and tensor_role(m[2]) == "expert"
+
+
+def non_expert_ranges(model_path: str | Path, page: int = PAGE) -> list[tuple[Path, list[tuple[int, int]]]]:
+    """Per model file (all shards): the page-rounded, merged file ranges holding non-expert tensor data."""
+    return tensor_ranges(read_header(model_path), lambda name: not is_expert_tensor(name), page)
+
+
+# ---------------------------------------------------------------------------------------------
+# one run
+
+
+# Decode only, once, no warmup (the G1 and G2 runs load alike), on the CPU, weights left in the file mapping.
+_BENCH_ARGS = "-p 0 -r 1 --no-warmup -ngl 0 --repack 0 -lm mmap -o jsonl".split()
+
+
+def ram_tier_command(manifest: dict[str, Any], model: str, gen: int, threads: int) -> list[str]:
+    return [str(require_binary(manifest, "llama-bench")), "-m", model, "-n", str(gen), "-t", str(threads), *_BENCH_ARGS]
+
+
+@dataclass
+class CappedRun:
+    """One llama-bench run, and what its memory cgroup saw (None/0 without one)."""
+
+    result: Finished
+    cgroup_peak_bytes: int | None
+    oom_kills: int
+
+
+def _raise_memlock() -> None:
+    """In the child: as much lockable memory as we may (the pagelock shim mlocks the non-expert ranges)."""
+    limit = resource.RLIM_INFINITY if os.geteuid() == 0 else resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    with suppress(OSError, ValueError):
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (limit, limit))
+
+
+def run_capped(
+    cmd: list[str], env: dict[str, str], limit_bytes: int | None, timeout_s: float, site: CgroupSite | None = None
+) -> CappedRun:
+    """Run `cmd` as a fresh process, in its own memory cgroup under `site` limited to `limit_bytes` (None:
+    unlimited), with the cgroup's peak charge and OOM kills. Without a site it runs in no cgroup of ours,
+    which only an uncapped run can."""
+    if site is None and limit_bytes is not None:
+        raise MoeplaceError("a memory cap needs a memory cgroup")
+    with memory_cgroup(site, limit_bytes) if site else nullcontext() as cg:
+
+        def setup() -> None:
+            if cg is not None:
+                cg.join()
+            _raise_memlock()
+
+        result = run(cmd, env=env, timeout_s=timeout_s, before_exec=setup)
+        return CappedRun(result, cg.peak_bytes() if cg else None, cg.oom_kills() if cg else 0)
+
+
+def _tg_result(stdout: str) -> dict[str, Any] | None:
+    return next((r for r in bench_records(stdout) if r.get("n_gen")), None)
+
+
+def classify_run(run: CappedRun, capped: bool) -> tuple[str, str]:
+    """('ok', '') or (oom/crash/timeout/error, why): the common classifier, and a run must print its tg result."""
+    status, reason = classify(run.result, run.oom_kills, capped)
+    if status == "ok" and _tg_result(run.result.stdout) is None:
+        return "error", "llama-bench printed no tg result"
+    return status, reason
+
+
+# ---------------------------------------------------------------------------------------------
+# the sweep
+
+
+def _measure(
+    *,
+    cmd_for: Callable[[int], list[str]],
+    gen: tuple[int, int],
+    env: dict[str, str],
+    files: list[str],
+    site: CgroupSite | None,
+    cap_bytes: int | None,
+    expect_locked: int,
+    model_bytes: int,
+    timeout_s: float,
+    log_path: Path,
+) -> dict[str, Any]:
+    """Both generation lengths, each evicted and fresh; the derived row fields."""
+    runs: list[CappedRun] = []
+    evicts: list[tuple[str, int]] = []
+    status, error = "ok", ""
+    shim: dict[str, Any] = {}
+    for g in gen:
+        evicts.append(evict_page_cache(files))
+        if cap_bytes is not None and evicts[-1][1] > 0.05 * model_bytes:
+            status = "error"
+            error = (
+                f"{evicts[-1][1] / MIB:.1f} MiB of the model stayed in the page cache after eviction (tmpfs? "
+                "mapped by another process?); those pages escape the cap, so the run would not be capped"
+            )
+            break
+        cmd = cmd_for(g)
+        log.info("$ %s  (cap %s)", " ".join(cmd), "none" if cap_bytes is None else f"{cap_bytes} bytes")
+        run = run_capped(cmd, env, cap_bytes, timeout_s, site)
+        runs.append(run)
+        stderr = run.result.stderr
+        with log_path.open("a") as f:
+            f.write(f"$ {' '.join(cmd)}  # cap {cap_bytes}\n{stderr}\n")
+        status, error = classify_run(run, cap_bytes is not None)
+        shim = parse_shim(stderr)
+        if status == "ok" and shim["mapped"] == 0:
+            status, error = "error", "the pagelock shim never saw the model file mapped (was it loaded with mmap?)"
+        if status == "ok" and (shim["locked_bytes"] != expect_locked or shim["problems"]):
+            status = "error"
+            error = f"locked {shim['locked_bytes']} of {expect_locked} bytes: " + " | ".join(shim["problems"])
+        if status != "ok":
+            error = f"{error}: {tail(stderr)}" if stderr.strip() else error
+            break
+    peaks = [r.cgroup_peak_bytes for r in runs if r.cgroup_peak_bytes is not None]
+    row: dict[str, Any] = {
+        "status": status,
+        "error": error,
+        "evict": evicts[-1][0] if evicts else None,
+        "evict_left_bytes": max((e[1] for e in evicts), default=None),
+        "majflt": [r.result.majflt for r in runs],
+        "wall_s": [round(r.result.wall_s, 3) for r in runs],
+        "anon_peak_bytes": max((r.result.anon_peak_bytes for r in runs), default=None),
+        "cgroup_peak_bytes": max(peaks, default=None),
+        "oom_kills": sum(r.oom_kills for r in runs),
+        "locked_bytes": shim.get("locked_bytes"),
+        "faults_per_token": None,
+        "tok_s": None,
+        "tok_s_marginal": None,
+    }
+    if status == "ok":
+        (g1, g2), (short, long_) = gen, (r.result for r in runs)
+        row["faults_per_token"] = (long_.majflt - short.majflt) / (g2 - g1)
+        row["tok_s"] = float(_tg_result(long_.stdout)["avg_ts"])  # type: ignore[index]
+        if long_.wall_s > short.wall_s:  # else too noisy to say
+            row["tok_s_marginal"] = (g2 - g1) / (long_.wall_s - short.wall_s)
+    return row
+
+
+def run_ram_tier(
+    *,
+    model_name: str,
+    model_path: str,
+    meta: dict[str, Any],
+    manifest: dict[str, Any],
+    settings: RamTierSettings,
+    log_path: Path,
+    workdir: Path,
+) -> list[dict[str, Any]]:
+    """An uncapped reference run, then every cap (percent of the model's file bytes) x lock mode.
+
+    One record per row, failed ones included (status oom/crash/timeout/error and the stderr tail).
+    Where no memory cgroup can be made, the capped rows have status 'skipped' and the reason; where
+    the reference fails, a single 'error' row (cap_pct and lock None) stands for all of them.
+    """
+    caps_pct, lock_modes, gen, threads = settings.caps_pct, settings.lock_modes, settings.gen, settings.threads
+    timeout_s, slack_bytes = settings.timeout_s, settings.slack_bytes
+    g1, g2 = gen
+    if not 0 < g1 < g2:
+        raise MoeplaceError(f"ram tier: the generation lengths must be 0 < G1 < G2, got {gen}.")
+    unknown = [m for m in lock_modes if m not in LOCK_MODES]
+    if unknown:
+        raise MoeplaceError(f"ram tier: unknown lock mode(s) {unknown}; use {list(LOCK_MODES)}.")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    files = [str(f["path"]) for f in meta["files"]] or [str(p) for p in shard_paths(Path(model_path))]
+    model_bytes = sum(os.path.getsize(f) for f in files)
+    site = cgroup_site()
+    skip = site if isinstance(site, str) else None
+    if skip:
+        log.warning("RAM tier: only the uncapped reference runs, the caps are skipped: %s", skip)
+    cg_site = None if skip else site
+    require_flags(manifest, ("--repack", "--load-mode", "--no-warmup"), "the RAM tier (weights left in the mmap)")
+    shim = build_native("pagelock", log_path, shared=True)
+    targets = non_expert_ranges(model_path)
+    expect = sum(n for _, ranges in targets for _, n in ranges)
+    no_ranges = [(path, []) for path, _ in targets]
+
+    def cmd_for(g: int) -> list[str]:
+        return ram_tier_command(manifest, model_path, g, threads)
+
+    records: list[dict[str, Any]] = []
+    with sigterm_raises(), readahead_control(files, settings.readahead_kb) as ra:
+        common: dict[str, Any] = {
+            "model": model_name,
+            "model_bytes": model_bytes,
+            "non_expert_bytes": meta.get("non_expert_bytes"),
+            "expert_bytes": meta.get("expert_bytes"),
+            "gen": list(gen),
+            "threads": threads,
+            "load_mode": "mmap",
+            "repack": False,
+            "slack_bytes": slack_bytes,
+            **build_facts(manifest),
+            "model_files": meta["files"],
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **host_facts(),
+            **pipeline_revision(workdir),
+            "readahead": ra.description,
+            "readahead_kb": ra.kib,
+            "readahead_effective_kib": ra.effective_kib,
+            "readahead_note": ra.note,
+            "madvise": ra.madvise,
+            "cgroup": f"cgroup v{cg_site.version} under {cg_site.path}" if cg_site else None,
+            "command": cmd_for(g2),
+        }
+
+        def measure(cap_pct: int | None, lock: str, cap: dict[str, Any]) -> dict[str, Any]:
+            lock_targets = targets if lock == "non_expert" else no_ranges
+            preload = " ".join(filter(None, [str(shim), os.environ.get("LD_PRELOAD", "")]))
+            row = _measure(
+                cmd_for=cmd_for,
+                gen=gen,
+                env={**os.environ, "LD_PRELOAD": preload, **shim_env(lock_targets, ra.madvise)},
+                files=files,
+                site=cg_site,
+                cap_bytes=cap.get("cap_bytes"),
+                expect_locked=expect if lock == "non_expert" else 0,
+                model_bytes=model_bytes,
+                timeout_s=timeout_s,
+                log_path=log_path,
+            )
+            record = {**common, "cap_pct": cap_pct, "lock": lock, **row, **cap}
+            record["lock_expected_bytes"] = expect if lock == "non_expert" else 0
+            log.info(
+                "ram tier %s cap %s lock %s: %s, %s tok/s (%s marginal), %s faults/token",
+                model_name,
+                "none" if cap_pct is None else f"{cap_pct}%",
+                lock,
+                record["status"],
+                record["tok_s"],
+                record["tok_s_marginal"],
+                record["faults_per_token"],
+            )
+            return record
+
+        ref = measure(None, "none", {})
+        anon = ref["anon_peak_bytes"]
+        other = None
+        if ref["status"] == "ok" and ref["cgroup_peak_bytes"]:
+            # Charged to the uncapped run besides its anonymous memory and the (fully mapped) model.
+            other = max(0, ref["cgroup_peak_bytes"] - anon - model_bytes)
+        ref["other_charged_bytes"] = other
+        records.append(ref)
+        if ref["status"] != "ok":
+            caps = ", ".join(f"{p}%" for p in caps_pct)
+            why = f"the uncapped reference run failed ({ref['status']}), so no cap ({caps}) could be sized or run"
+            records.append({**common, "cap_pct": None, "lock": None, "status": "error", "error": why})
+            return records
+        for pct in caps_pct:
+            for lock in lock_modes:
+                if skip:
+                    records.append({**common, "cap_pct": pct, "lock": lock, "status": "skipped", "error": skip})
+                    continue
+                share = round(pct / 100 * model_bytes)
+                cap = anon + slack_bytes + share
+                cap_parts = {
+                    "cap_bytes": cap,
+                    "cap_model_bytes": share,
+                    # What the model's pages can really have: the cap less what the reference run charged besides.
+                    "model_room_pct": None if other is None else 100 * (cap - anon - other) / model_bytes,
+                    "anon_peak_bytes": anon,  # the reference's, which sized the cap
+                    "other_charged_bytes": other,
+                }
+                records.append(measure(pct, lock, cap_parts))
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# table and figure
+
+
+TABLE_COLUMNS = [
+    "model",
+    "cap_pct",
+    "cap_gb",
+    "model_room_pct",
+    "lock",
+    "tok_s",
+    "tok_s_marginal",
+    "faults_per_token",
+    "locked_mb",
+    "readahead",
+    "readahead_effective_kib",
+    "status",
+    "error",
+]
+_NUMERIC = ["cap_pct", "cap_gb", "model_room_pct", "tok_s", "tok_s_marginal", "faults_per_token", "locked_mb"]
+
+
+def ram_tier_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per record, in run_ram_tier's order: the uncapped reference (cap_pct NaN) first."""
+    table = pd.DataFrame(
+        [
+            {
+                **{c: r.get(c) for c in TABLE_COLUMNS},
+                "cap_gb": None if r.get("cap_bytes") is None else r["cap_bytes"] / 1e9,
+                "locked_mb": None if r.get("locked_bytes") is None else r["locked_bytes"] / 1e6,
+                "error": r.get("error") or "",
+            }
+            for r in records
+        ],
+        columns=TABLE_COLUMNS,
+    )
+    table[_NUMERIC] = table[_NUMERIC].apply(pd.to_numeric, errors="coerce").astype(float)
+    table["readahead_effective_kib"] = pd.to_numeric(table.readahead_effective_kib, errors="coerce").astype("Int64")
+    return table
+
+
+def predicted_column(
+    table: pd.DataFrame, meta: dict[str, Any], ddr_gbps: float | None, disk_gbps: float | None
+) -> pd.DataFrame:
+    """The table with tok_s_predicted: predict.ram_tier_tok_s with the share of the model's file bytes the
+    cap left it (model_room_pct where known, else cap_pct) as the weights' page cache (all of it uncapped);
+    NaN where a bandwidth it needs is unknown."""
+    model_bytes = sum(f["size"] for f in meta.get("files") or []) or meta["total_bytes"]
+
+    def one(cap_pct: float, room_pct: float) -> float:
+        pct = room_pct if pd.notna(room_pct) else cap_pct
+        if not ddr_gbps:
+            return math.nan
+        weight_ram = None if pd.isna(pct) else round(max(pct, 0) / 100 * model_bytes)
+        try:
+            return ram_tier_tok_s(meta, weight_ram, ddr_gbps, disk_gbps)  # type: ignore[arg-type]
+        except MoeplaceError:  # pages from disk, but no disk bandwidth
+            return math.nan
+
+    return table.assign(tok_s_predicted=[one(c, r) for c, r in zip(table.cap_pct, table.model_room_pct)])
+
+
+def plot_ram_tier(table: pd.DataFrame, path: str | Path, title: str) -> None:
+    """Decode tok/s and major faults per token against the RAM cap (one model, one readahead), side by
+    side: one line per lock mode, the uncapped run as a dotted reference, the prediction where the table
+    has it; rows that did not run are marked with their status and listed under the panels."""
+    fig = Figure(figsize=(12, 5.5))
+    axes = fig.subplots(1, 2)
+    ref = table[table.cap_pct.isna() & (table.status == "ok")]
+    capped = table[table.cap_pct.notna()]
+    labels = {"none": "no locking", "non_expert": "non-expert tensors mlock'ed"}
+    for ax, column, ylabel in (
+        (axes[0], "tok_s", "decode speed (llama-bench tg), tokens/s"),
+        (axes[1], "faults_per_token", "major page faults per generated token"),
+    ):
+        if len(ref):
+            value = float(ref[column].iloc[0])
+            ax.axhline(value, color="tab:gray", ls=":", label=f"no cap ({value:.3g})")
+        if column == "tok_s" and "tok_s_predicted" in capped and capped.tok_s_predicted.notna().any():
+            p = capped.drop_duplicates("cap_pct").sort_values("cap_pct")
+            ax.plot(p.cap_pct, p.tok_s_predicted, "x--", color="black", lw=1, label="predicted (RAM + disk bandwidth)")
+        for k, lock in enumerate(m for m in LOCK_MODES if m in set(capped.lock)):
+            c = capped[capped.lock == lock].sort_values("cap_pct")
+            ok = c[c.status == "ok"]
+            ax.plot(ok.cap_pct, ok[column], "o-", color=f"C{k}", label=labels[lock] if len(ok) else None)
+            for r in c[c.status != "ok"].itertuples():
+                ax.annotate(str(r.status).upper(), (r.cap_pct, 0), xytext=(0, 4 + 10 * k), textcoords="offset points",
+                            xycoords=("data", "axes fraction"), ha="center", fontsize=8, color="tab:red")  # fmt: skip
+        values = pd.concat([ref[column], capped[column]]).dropna()
+        positive = values[values > 0]
+        if column == "tok_s" and len(positive) and positive.max() / positive.min() > 30:
+            ax.set_yscale("log")  # speeds under a cap can be orders of magnitude apart
+        else:
+            ax.set_ylim(bottom=0)
+        if len(capped):
+            ax.set_xlim(max(capped.cap_pct.max() + 5, 105), min(capped.cap_pct.min() - 5, 0))  # less RAM to the right
+        ax.set_xlabel("RAM cap: % of the model's file bytes, on top of anon peak + slack")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, which="both")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    notes = sorted({f"{r.status}: {str(r.error)[:150]}" for r in table[table.status != "ok"].itertuples()})[:4]
+    for i, note in enumerate(notes):
+        fig.text(0.01, 0.01 + 0.03 * i, note, fontsize=7, color="tab:red")
+    readahead = "; ".join(sorted(set(table.readahead.dropna())))
+    fig.suptitle(f"{title}\nreadahead: {readahead}" if readahead else title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.03 * len(notes), 1, 1))
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=130, format="png")

@@ -1,0 +1,301 @@
+"""Expert-routing traces from llama.cpp's own graph: which experts each token is sent to, layer by layer.
+
+The trace comes from our small tool native/routing.cpp, compiled against the pinned llama.cpp
+build (build_tool): it evaluates a prompt (every token's routing, the last layer included) and
+then generates tokens greedily, one per decode, copying each layer's `ffn_moe_topk` expert ids
+out of the graph. routing_table() condenses a trace into the numbers that matter for expert
+placement (how concentrated each layer's traffic is, and how much consecutive tokens share
+experts), each beside what uniform-random routing would give.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..core.errors import MoeplaceError
+from ..model.reads import routed_share
+from ..runtime.native import build_tool
+from ..runtime.outputs import atomic_path
+from ..runtime.process import run
+
+TOOL = "routing"
+FORMAT = "moeplace-routing 1"
+DISTANCES = (1, 8)
+COVERAGE = Fraction(4, 5)  # experts_80pct: the fewest experts carrying this share of a layer's activations
+PARTS = ("all", "prompt", "generated")
+TABLE_COLUMNS = [
+    "layer",
+    "experts_80pct",
+    "experts_80pct_uniform",
+    "distinct_experts",
+    "distinct_uniform",
+    *(f"overlap_d{d}" for d in DISTANCES),
+    "overlap_shuffled",
+    "overlap_uniform",
+    "n_expert",
+    "n_expert_used",
+    "tokens",
+]
+
+
+@dataclass(frozen=True)
+class RoutingTrace:
+    """ids[t, i, j]: the j-th expert (in llama.cpp's selection order) of token t at MoE layer layers[i].
+
+    Rows 0 .. n_token_prompt-1 are the prompt, the rest generated tokens (one decode each).
+    """
+
+    ids: np.ndarray  # int32 [n_tokens, n_moe_layers, n_expert_used]
+    layers: list[int]
+    n_expert: int
+    n_token_prompt: int
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def n_expert_used(self) -> int:
+        return int(self.ids.shape[2])
+
+    def part(self, part: str) -> RoutingTrace:
+        """The prompt rows, the generated rows, or all of them."""
+        if part not in PARTS:
+            raise MoeplaceError(f"unknown trace part {part!r}; use one of {', '.join(PARTS)}.")
+        rows = {
+            "all": slice(None),
+            "prompt": slice(0, self.n_token_prompt),
+            "generated": slice(self.n_token_prompt, None),
+        }
+        ids = self.ids[rows[part]]
+        return RoutingTrace(ids, list(self.layers), self.n_expert, self.n_token_prompt if part != "generated" else 0)
+
+
+def _check(trace: RoutingTrace, source: str) -> RoutingTrace:
+    ids = trace.ids
+    if ids.ndim != 3 or ids.shape[1] != len(trace.layers) or ids.shape[2] < 1:
+        raise MoeplaceError(f"{source}: routing ids of shape {ids.shape} do not match {len(trace.layers)} layers.")
+    if not 0 <= trace.n_token_prompt <= ids.shape[0]:
+        raise MoeplaceError(f"{source}: {trace.n_token_prompt} prompt tokens but only {ids.shape[0]} rows.")
+    if ids.size and (ids.min() < 0 or ids.max() >= trace.n_expert):
+        raise MoeplaceError(f"{source}: expert ids outside [0, {trace.n_expert}).")
+    return trace
+
+
+def parse_trace(text: str, source: str = "routing trace") -> RoutingTrace:
+    """Read the tool's output: a format line, `n_layer n_expert k n_prompt n_tokens`, then `token layer id...` rows."""
+    lines = text.split("\n", 2)
+    if len(lines) < 2 or lines[0].strip() != FORMAT:
+        raise MoeplaceError(f"{source} does not start with '{FORMAT}': not an output of moeplace-routing.")
+    try:
+        n_layer, n_expert, k, n_prompt, n_tokens = (int(x) for x in lines[1].split())
+        body = np.array((lines[2] if len(lines) > 2 else "").split(), dtype=np.int64)
+    except ValueError:
+        raise MoeplaceError(f"{source}: malformed header or rows.") from None
+    if body.size % (2 + k):
+        raise MoeplaceError(f"{source}: {body.size} numbers do not make rows of {2 + k}.")
+    rows = body.reshape(-1, 2 + k)
+    layers = sorted({int(x) for x in rows[:, 1]}) if len(rows) else []
+    if len(rows) != n_tokens * len(layers):
+        raise MoeplaceError(f"{source}: {len(rows)} rows, expected {n_tokens} tokens x {len(layers)} layers.")
+    expected_tok = np.repeat(np.arange(n_tokens), len(layers))
+    expected_layer = np.tile(np.array(layers, dtype=np.int64), n_tokens)
+    if not (np.array_equal(rows[:, 0], expected_tok) and np.array_equal(rows[:, 1], expected_layer)):
+        raise MoeplaceError(f"{source}: rows are not one per (token, layer) in token order.")
+    if any(not 0 <= layer < n_layer for layer in layers):
+        raise MoeplaceError(f"{source}: layer indices outside [0, {n_layer}).")
+    ids = rows[:, 2:].reshape(n_tokens, len(layers), k).astype(np.int32)
+    return _check(RoutingTrace(ids, layers, n_expert, n_prompt), source)
+
+
+def trace_routing(
+    manifest: dict[str, Any],
+    model_path: str | Path,
+    prompt_text: str,
+    n_gen: int,
+    threads: int,
+    log_file: Path,
+    timeout_s: float,
+    *,
+    n_ctx: int = 0,
+    verify: bool = False,
+) -> RoutingTrace:
+    """Route `prompt_text` and then `n_gen` greedily generated tokens through the model (CPU only).
+
+    n_ctx 0: just large enough. verify: the tool also checks every selection against the router
+    scores it was taken from (slower; a self-test of how the ids are read out of the graph).
+    """
+    log_file = Path(log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    tool = build_tool(TOOL, manifest, log_file)
+    if not prompt_text:
+        raise MoeplaceError("the routing prompt is empty.")
+    with tempfile.TemporaryDirectory(prefix="moeplace-routing-") as scratch:
+        prompt_file, out_file = Path(scratch) / "prompt.txt", Path(scratch) / "trace.txt"
+        prompt_file.write_bytes(prompt_text.encode())
+        cmd = [
+            str(tool),
+            "-m",
+            str(model_path),
+            "-f",
+            str(prompt_file),
+            "-n",
+            str(int(n_gen)),
+            "-t",
+            str(int(threads)),
+            "-c",
+            str(int(n_ctx)),
+            "-o",
+            str(out_file),
+            *(["--verify"] if verify else []),
+        ]
+        result = run(cmd, timeout_s=timeout_s, log_path=log_file, stream_to_log=True)
+        if result.timed_out:
+            raise MoeplaceError(f"tracing expert routing of {model_path} took over {timeout_s:g} s; see {log_file}.")
+        rc = result.returncode
+        if rc != 0:
+            lines = log_file.read_text(errors="replace").splitlines()
+            reason = next((ln for ln in reversed(lines) if "moeplace-routing: error:" in ln), None)
+            reason = reason.split("error:", 1)[1].strip() if reason else f"exit {rc}, see {log_file}"
+            raise MoeplaceError(f"tracing expert routing of {model_path} failed: {reason}; log: {log_file}.")
+        return parse_trace(out_file.read_text(), f"routing trace of {model_path}")
+
+
+def save_trace(trace: RoutingTrace, path: str | Path) -> None:
+    """Write a trace to an .npz file (whole or not at all)."""
+    with atomic_path(path) as tmp, tmp.open("wb") as f:  # a file object: np.savez would add .npz to a name
+        np.savez_compressed(
+            f,
+            ids=trace.ids.astype(np.int32),
+            layers=np.asarray(trace.layers, dtype=np.int32),
+            n_expert=np.int32(trace.n_expert),
+            n_token_prompt=np.int32(trace.n_token_prompt),
+        )
+
+
+def load_trace(path: str | Path) -> RoutingTrace:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            trace = RoutingTrace(
+                z["ids"].astype(np.int32),
+                [int(x) for x in z["layers"]],
+                int(z["n_expert"]),
+                int(z["n_token_prompt"]),
+            )
+    except (OSError, KeyError, ValueError) as e:
+        raise MoeplaceError(f"{path}: not a routing trace ({e}).") from None
+    return _check(trace, str(path))
+
+
+def _fewest_covering(counts: np.ndarray, share: Fraction) -> int:
+    """Fewest experts whose activations add up to `share` of the total (exact integers: no rounding surprises)."""
+    total = int(counts.sum())
+    if total == 0:
+        return 0
+    cum = np.cumsum(np.sort(counts)[::-1].astype(np.int64))
+    return int(np.searchsorted(cum * share.denominator, total * share.numerator, side="left")) + 1
+
+
+def _overlap(onehot: np.ndarray, d: int, k: int) -> float:
+    """Mean |S_t ∩ S_{t+d}| / k over the tokens t that have a token d later."""
+    if onehot.shape[0] <= d:
+        return float("nan")
+    return float((onehot[:-d] & onehot[d:]).sum(axis=1).mean() / k)
+
+
+def routing_table(trace: RoutingTrace, part: str = "all") -> pd.DataFrame:
+    """One row per routed layer: concentration and token-to-token reuse of experts, beside uniform-random routing."""
+    t = trace.part(part)
+    n_expert, k, n_tok = t.n_expert, t.n_expert_used, t.n_tokens
+    rows = []
+    for i, layer in enumerate(t.layers):
+        ids = t.ids[:, i, :]
+        counts = np.bincount(ids.ravel(), minlength=n_expert)
+        onehot = np.zeros((n_tok, n_expert), dtype=bool)
+        onehot[np.arange(n_tok)[:, None], ids] = True
+        row = {
+            "layer": layer,
+            "experts_80pct": _fewest_covering(counts, COVERAGE),
+            "experts_80pct_uniform": -(-COVERAGE.numerator * n_expert // COVERAGE.denominator),  # ceil(0.8 E)
+            "distinct_experts": int((counts > 0).sum()),
+            "distinct_uniform": n_expert * routed_share(k, n_expert, n_tok),
+        }
+        for d in DISTANCES:
+            row[f"overlap_d{d}"] = _overlap(onehot, d, k)
+        # The same tokens in random order (any two distinct tokens): what the layer's skew alone gives, no locality.
+        pairs = n_tok * (n_tok - 1)
+        row["overlap_shuffled"] = float((counts * (counts - 1)).sum() / (pairs * k)) if pairs else float("nan")
+        row["overlap_uniform"] = k / n_expert
+        rows.append(row)
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS[:-3]).assign(n_expert=n_expert, n_expert_used=k, tokens=n_tok)
+
+
+def plot_routing(trace: RoutingTrace, table: pd.DataFrame, path: str | Path, title: str) -> None:
+    """Left: each layer's expert activation shares, experts sorted by traffic. Right: expert reuse vs uniform."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_expert, k = trace.n_expert, trace.n_expert_used
+    counts = np.stack([np.bincount(trace.ids[:, i, :].ravel(), minlength=n_expert) for i in range(len(trace.layers))])
+    share = np.sort(counts, axis=1)[:, ::-1] / max(1, trace.n_tokens * k)
+    fig, (left, right) = plt.subplots(
+        1,
+        2,
+        figsize=(13.6, max(4.8, min(9.5, 2.2 + 0.14 * len(trace.layers)))),
+        gridspec_kw={"width_ratios": [1.35, 1]},
+    )
+    image = left.imshow(share, aspect="auto", cmap="viridis", interpolation="nearest", origin="lower")
+    cbar = fig.colorbar(image, ax=left, pad=0.01)
+    cbar.set_label("share of the layer's expert activations", fontsize=8)
+    y = np.arange(len(trace.layers))
+    left.plot(
+        table.experts_80pct.to_numpy() - 0.5,
+        y,
+        "D",
+        ms=5,
+        mfc="white",
+        mec="black",
+        ls="none",
+        label="80% of the layer's activations covered",
+    )
+    left.axvline(
+        table.experts_80pct_uniform.iloc[0] - 0.5,
+        color="tab:red",
+        ls="--",
+        lw=1.2,
+        label="80% covered, uniform routing",
+    )
+    step = max(1, len(y) // 16)
+    left.set_yticks(y[::step], [str(layer) for layer in trace.layers[::step]], fontsize=8)
+    left.set_xlabel(f"experts of the layer, sorted by activation count (of {n_expert}; {k} per token)")
+    left.set_ylabel("layer")
+    left.set_title(f"Expert traffic per layer ({trace.n_tokens} tokens)", fontsize=9)
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+
+    for d, color in zip(DISTANCES, ("tab:blue", "tab:orange")):
+        right.plot(table.layer, table[f"overlap_d{d}"], "o-", color=color, ms=4, label=f"token t vs t+{d}")
+    right.plot(
+        table.layer, table.overlap_shuffled, ":", color="tab:green", label="same tokens shuffled (skew, no locality)"
+    )
+    right.axhline(k / n_expert, color="tab:gray", ls="--", label=f"uniform random routing (k/E = {k / n_expert:.3f})")
+    right.set_ylim(0, 1.02)
+    right.set_xlabel("layer")
+    right.set_ylabel("share of a token's experts also used d tokens later")
+    right.set_title("Expert reuse between nearby tokens", fontsize=9)
+    right.grid(alpha=0.3)
+    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+
+    fig.suptitle(title, fontsize=12)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=130, format="png")
+    plt.close(fig)

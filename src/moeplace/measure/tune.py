@@ -1,0 +1,230 @@
+"""Stage 'tune': the lowest --n-cpu-moe that really runs at a context, found with few real loads (seed 001).
+
+Loading is not fitting: each probe loads the model, allocates the KV cache and compute buffers at
+the target context and generates tokens (llama-bench -d CTX-8 -p 0 -n 8 -r 1: a context of exactly
+CTX cells, as `llama-server -c CTX` allocates). The search starts at
+the budget's prediction n*: when the prediction is right it costs two loads (n* runs, n*-1 does
+not), and never more than a binary search over the rest. On a GPU a run whose decode speed collapses
+below `spill_ratio` of its feasible neighbour's counts as infeasible: a silent spill to slow memory
+(published sweeps show 3-5x drops at the edge). The emulated device cannot spill (its cap is hard), so
+there only allocation failures count: a single short probe's speed is too noisy to judge it by.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.config import BenchSettings, DeviceTarget, TuneSettings
+from ..model.memory import lowest
+
+log = logging.getLogger("moeplace")
+
+PROBE_TOKENS = 8
+SPILL_RATIO = 0.3  # a neighbour 3x faster means this run spilled
+
+
+@dataclass
+class Probe:
+    n_cpu_moe: int
+    status: str
+    tg_tok_s: float | None
+
+
+@dataclass
+class TuneResult:
+    predicted_n: int
+    lowest_n: int | None
+    chosen_n: int | None
+    chosen_tok_s: float | None
+    probes: list[Probe] = field(default_factory=list)
+
+    @property
+    def loads(self) -> int:
+        return len(self.probes)
+
+
+def probe_settings(threads: int, timeout_s: float) -> BenchSettings:
+    return BenchSettings(prompt=0, gen=PROBE_TOKENS, repetitions=1, threads=threads, timeout_s=timeout_s)
+
+
+def search(
+    predicted_n: int,
+    n_layer: int,
+    run: Callable[[int], tuple[str, float | None]],
+    margin: int = 0,
+    spill_ratio: float = SPILL_RATIO,
+) -> TuneResult:
+    """Find the lowest feasible n with `run(n) -> (status, tg tok/s)`, starting from the prediction."""
+    result = TuneResult(predicted_n=predicted_n, lowest_n=None, chosen_n=None, chosen_tok_s=None)
+    cache: dict[int, Probe] = {}
+
+    def probe(n: int) -> Probe:
+        if n not in cache:
+            status, tok_s = run(n)
+            cache[n] = Probe(n, status, tok_s)
+            result.probes.append(cache[n])
+            log.info("probe n_cpu_moe=%d: %s%s", n, status, f", {tok_s:.2f} tok/s" if tok_s else "")
+        return cache[n]
+
+    def feasible(n: int) -> bool:
+        p = probe(n)
+        if p.status != "ok":
+            return False
+        above = cache.get(n + 1)
+        # A collapse against a neighbour that ran means the device silently spilled.
+        return not (above and above.tg_tok_s and p.tg_tok_s is not None and p.tg_tok_s < spill_ratio * above.tg_tok_s)
+
+    lo, hi = 0, n_layer  # invariant: the answer lies in [lo, hi]; hi may be infeasible only if nothing is
+    start = min(max(predicted_n, 0), n_layer)
+    if feasible(start):
+        hi = start
+        if start == 0 or not feasible(start - 1):
+            lo = start
+        else:
+            hi = start - 1
+    else:
+        lo = start + 1
+    lo = lowest(lo, hi, feasible)
+    if lo > n_layer or not feasible(lo):
+        return result  # even all experts on the host does not run: the context does not fit
+    result.lowest_n = lo
+    result.chosen_n = min(n_layer, lo + margin)
+    result.chosen_tok_s = probe(result.chosen_n).tg_tok_s
+    return result
+
+
+def tune_record(
+    model: str, ctx: int, result: TuneResult, device: str, margin: int, type_k: str, type_v: str
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "ctx": ctx,
+        "cache_type": type_k if type_k == type_v else f"{type_k}/{type_v}",
+        "device": device,
+        "predicted_n": result.predicted_n,
+        "lowest_feasible_n": result.lowest_n,
+        "margin": margin,
+        "chosen_n": result.chosen_n,
+        "chosen_tg_tok_s": result.chosen_tok_s,
+        "loads": result.loads,
+        "probes": ";".join(f"{p.n_cpu_moe}:{p.status}" for p in result.probes),
+        "status": "ok" if result.chosen_n is not None else "does_not_fit",
+    }
+
+
+def tune(
+    model_path: str,
+    ctx: int,
+    device: Any,
+    manifest: dict[str, Any],
+    n_layer: int,
+    predicted_n: int,
+    log_path: Any,
+    workdir: Any,
+    margin: int = 0,
+    threads: int = 2,
+    timeout_s: float = 3600,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    ubatch: int = 512,
+    flash_attn: str = "auto",
+) -> TuneResult:
+    """Run the search with real llama-bench probes on the given device."""
+    from dataclasses import replace
+
+    from ..model.metadata import inspect_model
+    from .bench import run_bench
+
+    files = inspect_model(model_path)["files"]
+    settings = replace(
+        probe_settings(threads, timeout_s), type_k=type_k, type_v=type_v, ubatch=ubatch, flash_attn=flash_attn
+    )
+
+    def run(n: int) -> tuple[str, float | None]:
+        (record,) = run_bench(
+            model_name=str(model_path),
+            model_path=str(model_path),
+            model_files=files,
+            ctx=ctx,
+            n_cpu_moe=n,
+            settings=settings,
+            device=device,
+            manifest=manifest,
+            log_path=log_path,
+            workdir=workdir,
+            variant="tune-probe",
+            depth=ctx - PROBE_TOKENS,
+        )
+        return record["status"], record["avg_ts"]
+
+    return search(predicted_n, n_layer, run, margin, 0.0 if device.kind == "emulated" else SPILL_RATIO)
+
+
+def tune_model(
+    *,
+    model_name: str,
+    model_path: str,
+    meta: dict[str, Any],
+    ctx: int,
+    type_k: str,
+    type_v: str,
+    target: DeviceTarget,
+    memory: Any,
+    settings: TuneSettings,
+    manifest: dict[str, Any],
+    log_path: Any,
+    workdir: Any,
+    ubatch: int = 512,
+    flash_attn: str = "auto",
+) -> tuple[TuneResult, dict[str, Any]]:
+    """The tuner for one model, context and KV cache type, from the budget's prediction: the result and its
+    record (what the pipeline's tune stage writes and `moeplace tune` prints)."""
+    from ..core.config import Device
+    from ..model.memory import Workload
+    from ..plan.budget import plan
+    from ..runtime.device import device_setup
+
+    device = device_setup(target, manifest)
+    memory = Device(device.cap_bytes, memory.overhead_bytes)
+    workload = Workload(ctx, ubatch, flash_attn, type_k, type_v)
+    predicted = plan(meta, memory, workload)["n_cpu_moe"]
+    log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", ctx, predicted, device.label)
+    start = meta["n_layer"] if predicted is None else predicted
+    result = tune(
+        model_path,
+        ctx,
+        device,
+        manifest,
+        meta["n_layer"],
+        start,
+        log_path,
+        workdir,
+        settings.margin,
+        settings.threads,
+        settings.timeout_s,
+        type_k,
+        type_v,
+        ubatch,
+        flash_attn,
+    )
+    record = tune_record(model_name, ctx, result, device.label, settings.margin, type_k, type_v)
+    return result, {**record, "device_kind": device.kind}
+
+
+def matrix_table(tune: Any) -> Any:
+    """Seed 001's table: per model and context, the tuned n and its decode speed."""
+    columns = {
+        "model": "model",
+        "cache_type": "cache_type",
+        "ctx": "ctx",
+        "predicted_n": "budget_n",
+        "chosen_n": "recommended_n",
+        "chosen_tg_tok_s": "tg_tok_s",
+        "loads": "loads",
+        "status": "status",
+        "device": "device",
+    }
+    return tune[list(columns)].rename(columns=columns).sort_values(["model", "cache_type", "ctx"], ignore_index=True)

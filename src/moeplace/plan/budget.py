@@ -1,0 +1,224 @@
+"""Stage 'budget': the smallest --n-cpu-moe that fits the device at each context (seed 000 §5.4), to the byte.
+
+The device must hold what llama.cpp allocates there (memory.py): the weights it keeps on the device, the KV
+cache, the compute buffer (llama.cpp's own reserve for this placement when a build is at hand, else our
+estimate), a vision projector if any, and the margin the user keeps free. --n-cpu-moe moves the first n
+layers' experts to the host; the answer is the smallest n that fits. The seed's constants mode has no
+tensors: there, as in the seed, a fixed overhead stands in for the compute buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..core.config import Device, DeviceTarget
+from ..core.errors import MoeplaceError
+from ..core.units import GB
+from ..model.kvcache import KV_PAD, kv_bytes, pad
+from ..model.memory import (
+    NO_PINS,
+    DeviceNeed,
+    Pins,
+    Workload,
+    device_need,
+    host_kept_bytes,
+    host_layer_count,
+    minimum_n,
+)
+
+FITS = "ok"
+DOES_NOT_FIT = "does_not_fit"
+
+# MiB a card needs beyond llama.cpp's logged buffers, per backend, against the card's size (--vram 16GiB) and
+# against its free memory read before the load (--vram auto): its runtime's own allocations (the CUDA/HIP context,
+# BLAS workspaces, the pool for temporary tensors) and, against the size, what the driver and others hold. From
+# real cards (docs/real-cards.md): an RTX 4070 Ti SUPER's published out-of-memory boundary puts CUDA's between 176
+# and 923 MiB over its 16 GiB (CUDA's context took 231-521 MiB of headless cards, its runtime 254-681 MiB more);
+# five Arc B580 boundaries put SYCL's between 698 and 997 MiB over its size and 369-668 over its free memory.
+# ROCm and Vulkan have no boundary of their own and take CUDA's; on Metal --vram is the recommended working set,
+# which llama.cpp reports as the card's. The emulated device (rpc) is capped exactly: nothing beyond.
+DEFAULT_MARGIN_MIB = {"cuda": 768, "rocm": 768, "vulkan": 768, "metal": 1024, "sycl": 768, "rpc": 0}
+AUTO_MARGIN_MIB = {**DEFAULT_MARGIN_MIB, "sycl": 448}
+# Backends that run a large batch's op on the card with host weights copied into the compute buffer (llama.cpp's
+# op offload, from 32 tokens); the emulated device and Metal's unified memory do not.
+OP_OFFLOAD = ("cuda", "rocm", "vulkan", "sycl")
+
+# compute(workload, n_cpu_moe) -> the device compute buffer's bytes; None: our estimate.
+Compute = Callable[[Workload, int], int] | None
+
+
+def resident_layers(meta: dict[str, Any], budget_bytes: float) -> int:
+    """How many of the last layers keep their experts on the device within the budget."""
+    used, resident = 0.0, 0
+    for layer in reversed(meta["layers"]):
+        used += layer["expert_bytes"]
+        if used > budget_bytes:
+            break
+        resident += 1
+    return resident
+
+
+def _constants_plan(meta: dict[str, Any], device: Device, w: Workload) -> dict[str, Any]:
+    kv = kv_bytes(meta, w.ctx, w.type_k, w.type_v) * w.parallel
+    budget = device.vram_bytes - meta["non_expert_bytes"] - kv - device.overhead_bytes
+    fits = budget >= 0
+    resident = resident_layers(meta, budget) if fits else 0
+    return {"kv_bytes": kv, "budget_bytes": budget, "weights_bytes": None, "compute_bytes": None,
+            "compute_source": "overhead", "n_cpu_moe": meta["n_layer"] - resident if fits else None}  # fmt: skip
+
+
+def plan(
+    meta: dict[str, Any],
+    device: Device,
+    w: Workload,
+    compute: Compute = None,
+    extra_bytes: int = 0,
+    pins: Pins = NO_PINS,
+) -> dict[str, Any]:
+    """One workload's budget: each device buffer at the minimum n_cpu_moe (at n = all layers where nothing
+    fits), the room left for experts, and that n, with the user's -ot pins applied before --n-cpu-moe."""
+    row: dict[str, Any] = {"ctx": w.ctx, "cells": pad(w.ctx) * w.parallel, "ubatch": w.ubatch,
+                           "flash_attn": w.flash_attn, "parallel": w.parallel, "cache_type_k": w.type_k,
+                           "cache_type_v": w.type_v}  # fmt: skip
+    if meta.get("attention") is None:
+        row |= _constants_plan(meta, device, w)
+    else:
+        needs: dict[int, DeviceNeed] = {}
+
+        def need(n: int) -> DeviceNeed:
+            if n not in needs:
+                needs[n] = device_need(meta, w, n, compute and (lambda k: compute(w, k)), extra_bytes, pins)
+            return needs[n]
+
+        n = minimum_n(meta, lambda k: need(k).total + device.overhead_bytes <= device.vram_bytes)
+        shown = need(meta["n_layer"] if n is None else n)
+        resident_experts = meta["expert_bytes"] - (meta["total_bytes"] - host_kept_bytes(meta) - shown.weights)
+        row |= {
+            "kv_bytes": shown.kv,
+            "weights_bytes": shown.weights,
+            "compute_bytes": shown.compute,
+            "compute_source": "llama.cpp" if compute else "estimate",
+            "extra_bytes": shown.extra,
+            "budget_bytes": device.vram_bytes - device.overhead_bytes - (shown.total - resident_experts),
+            "n_cpu_moe": n,
+        }
+    row["margin_bytes"] = device.overhead_bytes
+    fits = row["n_cpu_moe"] is not None
+    if not fits:
+        row["resident_layers"] = 0
+    elif meta.get("attention") is None:  # the seed's constants: no tensors, no pins
+        row["resident_layers"] = meta["n_layer"] - row["n_cpu_moe"]
+    else:  # layers with every expert on the device, after the pins
+        row["resident_layers"] = meta["n_layer"] - host_layer_count(meta, pins.host_set(meta, row["n_cpu_moe"]))
+    row["status"] = FITS if fits else DOES_NOT_FIT
+    return row
+
+
+def does_not_fit_message(p: dict[str, Any], vram_bytes: int) -> str:
+    parts = f"its KV cache ({p['kv_bytes'] / GB:.2f} GB)"
+    if p.get("compute_bytes") is not None:
+        parts += f", compute buffer ({p['compute_bytes'] / GB:.2f} GB)"
+    return (
+        f"context {p['ctx']} does not fit in {vram_bytes / GB:.2f} GB even with every expert on the host: {parts} "
+        f"plus the non-expert weights and margin exceed the card by {-p['budget_bytes'] / GB:.2f} GB; "
+        "reduce the context or quantize the KV cache (--cache-type-k/--cache-type-v q8_0)."
+    )
+
+
+def fixes(
+    meta: dict[str, Any],
+    device: Device,
+    w: Workload,
+    compute: Compute = None,
+    extra_bytes: int = 0,
+    pins: Pins = NO_PINS,
+) -> list[str]:
+    """What would make `w` fit, cheapest first in what it gives up: each a sentence with the n it allows."""
+
+    def fitted(v: Workload) -> int | None:
+        return plan(meta, device, v, compute, extra_bytes, pins)["n_cpu_moe"]
+
+    out = []
+    candidates = [
+        (replace(w, flash_attn="on"), "flash attention (-fa on): no score matrix, a smaller mask; same output"),
+        (replace(w, ubatch=max(64, w.ubatch // 4)), f"a smaller ubatch (-ub {max(64, w.ubatch // 4)}): slower prefill"),
+        (replace(w, type_k="q8_0", type_v="q8_0", flash_attn="on"),
+         "a q8_0 KV cache (-ctk q8_0 -ctv q8_0 -fa on): half the KV bytes, a small quality cost"),
+    ]  # fmt: skip
+    for v, what in candidates:
+        if v != w and (n := fitted(v)) is not None:
+            out.append(f"{what}; fits with --n-cpu-moe {n}")
+    lo, hi = 0, w.ctx // KV_PAD  # the longest context (whole 256-token steps) that fits as asked
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fitted(replace(w, ctx=mid * KV_PAD)) is not None:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo:
+        out.append(f"a shorter context: -c {lo * KV_PAD} fits with --n-cpu-moe {fitted(replace(w, ctx=lo * KV_PAD))}")
+    return out
+
+
+@contextmanager
+def compute_from_llamacpp(
+    model_path: str | None,
+    manifest: dict[str, Any] | None,
+    target: DeviceTarget,
+    memory: dict[str, Any],
+    log_path: Path,
+) -> Iterator[tuple[Device, Compute]]:
+    """The device to plan for (device.vram auto: the GPU's free memory now) and llama.cpp's own compute reserve
+    on it, the emulated device started for the duration. The seed's constants have no file: no reserve."""
+    if model_path is None or manifest is None:
+        if memory["vram_bytes"] is None:
+            raise MoeplaceError("device.vram is auto, which needs a model file and a GPU; give the card's size.")
+        yield Device(**memory), None
+        return
+    from ..runtime.cpus import split_cpus
+    from ..runtime.device import attached, device_setup
+
+    setup = device_setup(target, manifest)
+    with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
+        yield Device(setup.cap_bytes, memory["overhead_bytes"]), reserved_compute(manifest, model_path, rpc, log_path)
+
+
+def reserved_compute(
+    manifest: dict[str, Any], model_path: str, rpc: str | None, log_path: Path, pins: str | None = None
+) -> Compute:
+    """The device compute buffer as llama.cpp reserves it for a workload and placement (the user's -ot `pins`
+    first), on the attached device."""
+    from ..runtime.allocation import reserve
+
+    def compute(w: Workload, n_cpu_moe: int) -> int:
+        buffers = reserve(manifest, model_path, w.llama_args(), n_cpu_moe, rpc, log_path, pins)
+        return buffers.only_device().get("compute", 0)
+
+    return compute
+
+
+COLUMNS = [
+    "ctx", "cells", "kv_gb", "compute_gb", "budget_gb", "resident_layers", "n_cpu_moe", "status", "kv_bytes",
+    "weights_bytes", "compute_bytes", "compute_source", "margin_bytes", "budget_bytes", "ubatch", "flash_attn",
+    "cache_type_k", "cache_type_v",
+]  # fmt: skip
+
+
+def budget_table(
+    meta: dict[str, Any], device: Device, workloads: list[Workload], compute: Compute = None
+) -> pd.DataFrame:
+    """Memory only (speeds are the predict stage's): a new bandwidth never reruns what depends on the budget."""
+    rows = []
+    for w in workloads:
+        p = plan(meta, device, w, compute)
+        p["kv_gb"] = p["kv_bytes"] / GB
+        p["compute_gb"] = p["compute_bytes"] / GB if p["compute_bytes"] is not None else None
+        p["budget_gb"] = p["budget_bytes"] / GB
+        rows.append(p)
+    return pd.DataFrame(rows, columns=COLUMNS).astype({"n_cpu_moe": "Int64"})

@@ -1,0 +1,82 @@
+"""Stage 'calibrate': the speed model's coefficients fitted to llama-bench runs of one model.
+
+Runs come as llama-bench `-o jsonl` records, the pipeline's own (results/bench/...) or a user's from another
+machine made with -ncmoe/-ot/-d/-ub; each record's placement (n_cpu_moe, and -ot patterns matched to the
+model's tensors as llama.cpp matches them), depth, test size, ubatch and KV cache types are read from it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import MoeplaceError
+from ..runtime.llamacpp_args import DEFAULT_BATCH, DEFAULT_UBATCH
+from .offload import matching_tensors
+from .speed import Run, SpeedModel, fit
+
+
+def runs_from_records(meta: dict[str, Any], records: list[dict[str, Any]]) -> list[Run]:
+    """Successful tests as Runs: pipeline records (status ok) and raw llama-bench JSONL alike."""
+    names = [n for layer in meta["layers"] for n in layer["expert_tensors"]]
+    runs = []
+    for r in records:
+        if r.get("status", "ok") != "ok" or not r.get("avg_ts"):
+            continue
+        overrides = r.get("overrides") or r.get("tensor_buft_overrides") or ""
+        if overrides == "none":
+            overrides = ""
+        gen = int(r.get("n_gen") or 0)
+        test = r.get("test") or ("pp" if gen == 0 else "tg")
+        runs.append(
+            Run(
+                n_cpu_moe=int(r.get("n_cpu_moe") or 0),
+                depth=int(r.get("n_depth") or 0),
+                test=test,
+                n_tokens=gen if test == "tg" else int(r.get("n_prompt") or 0),
+                # llama.cpp caps the ubatch at the batch
+                ubatch=min(int(r.get("n_ubatch") or DEFAULT_UBATCH), int(r.get("n_batch") or DEFAULT_BATCH)),
+                type_k=r.get("type_k") or "f16",
+                type_v=r.get("type_v") or "f16",
+                host_tensors=frozenset(matching_tensors(overrides, names)),
+                tok_s=float(r["avg_ts"]),
+            )
+        )
+    return runs
+
+
+def read_runs(paths: list[str | Path]) -> list[dict[str, Any]]:
+    """Records from JSONL files (llama-bench -o jsonl, or the pipeline's); a bad line is one clear error."""
+    records = []
+    for path in paths:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as e:
+            raise MoeplaceError(f"{path}: cannot read it ({e.strerror}).") from None
+        for no, line in enumerate(lines, 1):
+            if not line.strip().startswith("{"):
+                continue  # llama-bench's other output
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise MoeplaceError(f"{path}:{no}: not a JSON record ({e.msg}); pass llama-bench -o jsonl output.")
+    return records
+
+
+def calibration_file(meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel) -> dict[str, Any]:
+    """What the pipeline's calibrate stage writes: the fitted model, or where the sweep cannot calibrate one
+    (every run out of memory, say) an empty model and the reason, so that the rest of the run goes on."""
+    try:
+        return calibrate(meta, records, base).to_json()
+    except MoeplaceError as e:
+        return {"tests": {}, "not_calibrated": str(e)}
+
+
+def calibrate(meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel) -> SpeedModel:
+    """The speed model for `meta` fitted to `records`, the prior `base` (speed.prior) for what the runs cannot
+    tell apart."""
+    runs = runs_from_records(meta, records)
+    if not runs:
+        raise MoeplaceError("no successful llama-bench runs to calibrate from.")
+    return fit(meta, runs, base)

@@ -1,0 +1,107 @@
+"""Ready-to-paste llama.cpp command lines for a placement (what `recommend` and `tune` print)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from ..runtime.llamacpp_args import DEFAULT_UBATCH, cache_args
+from ..runtime.model_ref import is_remote
+
+
+def llama_server(
+    model: str,
+    ctx: int,
+    n_cpu_moe: int,
+    type_k: str,
+    type_v: str,
+    overrides: str | None = None,
+    flash_attn: str = "auto",
+    ubatch: int = DEFAULT_UBATCH,
+    parallel: int = 1,
+    pins: list[str] | None = None,
+) -> str:
+    """`llama-server` at this placement: the user's own -ot rules first (llama.cpp's first matching rule wins),
+    then `--n-cpu-moe N`, or the placement's own `-ot` patterns; rules joined with ',' as llama-server reads
+    them. -c holds every slot's context; --parallel is always given, since llama-server's own default (4 slots
+    sharing one cache) would change the KV cache the plan counted."""
+    rules = [*(pins or []), *([overrides] if overrides else [])]
+    placement = ["-ot", ",".join(rules)] if rules else []
+    placement += [] if overrides else ["--n-cpu-moe", str(n_cpu_moe)]
+    source = ["-mu", model] if is_remote(model) else ["-m", model]  # -mu downloads it
+    cmd = ["llama-server", *source, "-c", str(ctx * parallel), "-ngl", "99", *placement]
+    cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), "--parallel", str(parallel)]
+    return shlex.join(cmd)
+
+
+def llama_bench(
+    model: str,
+    ctx: int,
+    n_cpu_moe: int,
+    type_k: str,
+    type_v: str,
+    flash_attn: str = "auto",
+    ubatch: int = 512,
+    pins: list[str] | None = None,
+) -> str:
+    """The `llama-bench` run that checks it: decode and prefill with the KV cache filled so that the prefill test
+    holds exactly `ctx` cells, the user's pins before -ncmoe (llama-bench joins -ot rules with ';': its ',' would
+    make a sweep of them)."""
+    prompt = min(ctx, 512)
+    cmd = ["llama-bench", "-m", model, "-d", str(ctx - prompt), "-p", str(prompt), "-n", "128", "-ngl", "99"]
+    cmd += [*(["-ot", ";".join(pins)] if pins else []), "-ncmoe", str(n_cpu_moe), "-r", "5"]
+    cmd += cache_args(type_k, type_v, flash_attn, ubatch)
+    return shlex.join(cmd)
+
+
+def llama_swap(servers: dict[str, str]) -> str:
+    """One llama-swap config: a `models:` entry per name that starts its server on the port llama-swap gives it."""
+    lines = ["models:"]
+    for name, server_line in servers.items():
+        cmd = server_line.replace("llama-server ", "llama-server --port ${PORT} ", 1)
+        lines += [f"  {json.dumps(name)}:", f"    cmd: {json.dumps(cmd)}"]  # a JSON string is a YAML string
+    return "\n".join(lines) + "\n"
+
+
+# Ollama runs llama.cpp's own llama-server, passing it its environment, from version 0.30.0 (ollama commit
+# 9db4bdb, "use llama-server exclusively for GGML models"); a Modelfile has no parameter for expert placement,
+# and `ollama create` refuses one it does not know.
+OLLAMA_LLAMA_SERVER = (0, 30, 0)
+
+
+def ollama_modelfile(
+    source: str,
+    ctx: int,
+    n_cpu_moe: int,
+    type_k: str,
+    type_v: str,
+    pins: list[str],
+    version: tuple[int, ...] | None,
+    server_line: str,
+) -> str:
+    """An Ollama Modelfile for one context, and how to start Ollama so that the experts stay where planned.
+    `version`: the installed ollama's (None: none found). No num_gpu: without the placement, Ollama's own fit
+    stays safe; with it, llama-server offloads every layer but the planned experts."""
+    lines = [f"FROM {source}", f"PARAMETER num_ctx {ctx}"]
+    env = [f"LLAMA_ARG_N_CPU_MOE={n_cpu_moe}"]
+    if pins:
+        env.insert(0, f"LLAMA_ARG_OVERRIDE_TENSOR={shlex.quote(','.join(pins))}")
+    shown = ".".join(map(str, version)) if version else ""
+    found = f"yours is {shown}" if version else "no ollama found here to ask"
+    if version is not None and version < OLLAMA_LLAMA_SERVER:
+        lines += [
+            f"# Ollama has no setting that keeps only the experts in RAM, and Ollama {shown} runs its own engine,",
+            "# which no llama.cpp variable reaches. Run llama.cpp's server instead:",
+            f"#   {server_line}",
+        ]
+    else:
+        lines += [
+            "# Ollama has no Modelfile parameter for expert placement. Ollama 0.30.0 and newer run llama.cpp's",
+            f"# llama-server with their environment ({found}); start the Ollama server with",
+            f"#   {' '.join(env)} ollama serve",
+            "# to keep the planned experts in RAM (it applies to every model that server loads). Older Ollama:",
+            f"#   {server_line}",
+        ]
+    if (type_k, type_v) != ("f16", "f16"):
+        lines.append(f"# KV cache {type_k}: add OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE={type_k} to that line.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""What is reported: aggregate tables, the speed model's fidelity, figures, a published folder, explained logs."""

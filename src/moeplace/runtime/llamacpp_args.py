@@ -1,0 +1,29 @@
+"""llama.cpp's command-line conventions moeplace writes and plans by: its batch defaults and the flags of a KV
+cache type, flash attention and ubatch."""
+
+from __future__ import annotations
+
+DEFAULT_UBATCH = 512
+DEFAULT_BATCH = 2048  # llama.cpp's -b
+
+
+def needs_flash_attn(type_v: str) -> bool:
+    """llama.cpp refuses a quantized V cache without flash attention (a quantized K cache runs without)."""
+    return type_v not in ("f16", "bf16", "f32")
+
+
+def batch_for(ubatch: int) -> int:
+    """The -b that goes with a -ub: llama.cpp's default batch, raised to the ubatch (it needs -b >= -ub)."""
+    return max(ubatch, DEFAULT_BATCH)
+
+
+def cache_args(type_k: str, type_v: str, flash_attn: str = "auto", ubatch: int = DEFAULT_UBATCH) -> list[str]:
+    """llama.cpp's flags for this KV cache, flash attention and ubatch (none for the defaults)."""
+    args = [] if (type_k, type_v) == ("f16", "f16") else ["--cache-type-k", type_k, "--cache-type-v", type_v]
+    if flash_attn == "auto" and needs_flash_attn(type_v):
+        flash_attn = "on"
+    if flash_attn != "auto":
+        args += ["-fa", flash_attn]
+    if ubatch != DEFAULT_UBATCH:
+        args += ["-ub", str(ubatch), "-b", str(batch_for(ubatch))]
+    return args
