@@ -1,5 +1,6 @@
-"""The code's layout holds: docs/architecture.md is current, one subprocess runner, the runtime layer imports
-no stage, no module reaches into another's private names, modules stay readable, scripts stay thin."""
+"""The code's layout holds: docs/architecture.md is current, the package's layers import downwards only and in no
+circle, one subprocess runner, no module reaches into another's private names, modules and functions stay
+readable, scripts stay thin."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "src" / "moeplace"
 SOURCES = sorted(PACKAGE.rglob("*.py"))
-# A stage's module is named like its rule file.
-STAGES = {p.stem for p in (ROOT / "workflow" / "rules").glob("*.smk")} - {"common", "llamacpp"}
 
 
 def imports(path):
@@ -26,6 +25,95 @@ def imports(path):
             yield from ((a.name, []) for a in node.names)
 
 
+LAYERS = ("core", "runtime", "model", "plan", "measure", "report", "cli")  # lowest first
+
+
+def module_name(path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in SOURCES}
+
+
+def package_imports(path) -> set[str]:
+    """The package's modules a file imports, lazy imports inside functions included."""
+    name, is_package = module_name(path), path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = name.split(".") if name else []
+            base = base if is_package else base[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        elif (node.module or "").startswith("moeplace."):
+            target = node.module.removeprefix("moeplace.")
+        else:
+            continue
+        for candidate in [target, *(f"{target}.{a.name}".strip(".") for a in node.names)]:
+            if candidate in MODULES and candidate != name:
+                found.add(candidate)
+    return found
+
+
+GRAPH = {name: package_imports(path) for name, path in MODULES.items()}
+
+
+def layer(module: str) -> int:
+    return LAYERS.index(module.split(".")[0])
+
+
+def test_the_package_is_its_layers():
+    tops = {name.split(".")[0] for name in MODULES if name}
+    assert tops == set(LAYERS)
+    assert len(tops - {"runtime", "cli"}) >= 4
+
+
+def test_every_import_goes_down_a_layer_or_stays_in_its_own():
+    upward = [(m, d) for m, deps in GRAPH.items() if m for d in deps if layer(d) > layer(m)]
+    assert upward == []
+    runtime = {d for m, deps in GRAPH.items() if m.startswith("runtime") for d in deps}
+    assert {d.split(".")[0] for d in runtime} <= {"runtime", "core"}
+
+
+def test_the_import_graph_has_no_circle():
+    done, on_path = set(), []
+
+    def visit(module: str) -> None:
+        on_path.append(module)
+        for dep in sorted(GRAPH[module]):
+            assert dep not in on_path, "import circle: " + " -> ".join(on_path[on_path.index(dep) :] + [dep])
+            if dep not in done:
+                visit(dep)
+        on_path.pop()
+        done.add(module)
+
+    for module in sorted(GRAPH):
+        if module not in done:
+            visit(module)
+
+
+def test_the_graph_sees_imports_inside_functions():
+    """Lazy imports count: recommend imports the speed model only inside its functions."""
+    assert "plan.speed" in GRAPH["plan.recommend"]
+
+
+def test_functions_stay_short():
+    """No function over 80 lines or 10 parameters, except a port that says so in its docstring."""
+    long = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                params = len(a.posonlyargs + a.args + a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+                lines = node.end_lineno - node.lineno + 1
+                if (lines > 80 or params > 10) and "port of" not in (ast.get_docstring(node) or ""):
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.name} ({lines} lines, {params} parameters)")
+    assert long == []
+
+
 def test_architecture_doc_is_generated_from_the_current_code():
     check = subprocess.run([sys.executable, "docs/architecture.py", "--check"], cwd=ROOT, capture_output=True)
     assert check.returncode == 0, check.stderr.decode()
@@ -36,11 +124,9 @@ def test_one_subprocess_runner():
     assert [str(p) for p in users] == ["runtime/process.py"]
 
 
-def test_runtime_imports_no_stage_and_nobody_imports_a_private_name():
+def test_nobody_imports_a_private_name():
     for path in SOURCES:
         for module, names in imports(path):
-            if path.parent.name == "runtime":
-                assert module not in STAGES, f"{path.name} imports the stage {module}"
             private = [n for n in names if n.startswith("_")]
             assert not private, f"{path.relative_to(PACKAGE)} imports private {private} from {module}"
 

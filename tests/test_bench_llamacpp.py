@@ -11,7 +11,7 @@ from conftest import ROOT
 from llamacpp_helpers import manifest, rpc_servers, tiny_twin
 
 from moeplace.core.config import BenchSettings
-from moeplace.measure.bench import run_bench
+from moeplace.measure.bench import BenchJob, Rig, run_bench
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec
 from moeplace.report.aggregate import memory_check_table
@@ -36,19 +36,9 @@ def bench(
     path: Path, tmp_path: Path, ctx: int, cap: int, n: int = 0, settings: BenchSettings = QUICK, **extra
 ) -> list[dict]:
     meta = inspect_model(path)
-    return run_bench(
-        model_name=path.stem,
-        model_path=str(path),
-        model_files=meta["files"],
-        ctx=ctx,
-        n_cpu_moe=n,
-        settings=settings,
-        device=DeviceSetup("emulated", "test device", cap),
-        manifest=manifest(),
-        log_path=tmp_path / "bench.log",
-        workdir=ROOT,
-        **extra,
-    )
+    job = BenchJob(path.stem, str(path), meta["files"], ctx, n, **extra)
+    return run_bench(job, Rig(settings, DeviceSetup("emulated", "test device", cap), manifest(), tmp_path / "bench.log",
+                              ROOT))  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", SPECS)

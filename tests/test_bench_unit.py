@@ -96,7 +96,7 @@ def fake_bench(
     from dataclasses import replace
 
     from moeplace.core.config import BenchSettings
-    from moeplace.measure.bench import run_bench
+    from moeplace.measure.bench import BenchJob, Rig, run_bench
     from moeplace.runtime.device import DeviceSetup
 
     program = tmp_path / "bin/llama-bench"
@@ -104,11 +104,10 @@ def fake_bench(
     program.write_text(FAKE_BENCH.format(python=sys.executable, tg=tg, copies=copies, end=end, fill=fill))
     program.chmod(0o755)
     auto = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, max_repetitions=9)
-    return run_bench(model_name="fake", model_path="fake.gguf", model_files=[], ctx=1024, n_cpu_moe=2,
-                     settings=replace(auto, precision=precision, time_budget_s=budget),
-                     device=DeviceSetup("gpu", "fake", 0),
-                     manifest={"bin_dir": str(program.parent)}, log_path=tmp_path / "bench.log",
-                     workdir=tmp_path)  # fmt: skip
+    settings = replace(auto, precision=precision, time_budget_s=budget)
+    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), {"bin_dir": str(program.parent)}, tmp_path / "bench.log",
+              tmp_path)  # fmt: skip
+    return run_bench(BenchJob("fake", "fake.gguf", [], 1024, 2), rig)
 
 
 def test_an_open_ended_batch_stops_after_the_first_precise_copy(tmp_path):

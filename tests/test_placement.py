@@ -7,6 +7,7 @@ import re
 import pytest
 from conftest import ROOT
 
+from moeplace.measure.bench import BenchJob, Rig
 from moeplace.measure.placement import run_variant
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
@@ -73,21 +74,10 @@ def test_every_variant_is_placed_as_intended_by_llamacpp(tmp_path):
     path = tiny_twin(tmp_path)
     meta = inspect_model(path)
     for variant in VARIANTS:
-        records = run_variant(
-            variant,
-            meta,
-            4,
-            15 * 10**6,
-            model_name="m",
-            model_path=str(path),
-            model_files=meta["files"],
-            ctx=1024,
-            settings=BenchSettings(32, 8, 1, 2, 300),
-            device=DeviceSetup("emulated", "test", 2**30),
-            manifest=manifest(),
-            log_path=tmp_path / f"{variant}.log",
-            workdir=ROOT,
-        )
+        job = BenchJob("m", str(path), meta["files"], 1024, 0)
+        rig = Rig(BenchSettings(32, 8, 1, 2, 300), DeviceSetup("emulated", "test", 2**30), manifest(),
+                  tmp_path / f"{variant}.log", ROOT)  # fmt: skip
+        records = run_variant(variant, meta, 4, 15 * 10**6, job, rig)
         assert records[0]["status"] == "ok", records[0]["error"]
         # every variant but -ncmoe itself is measured interleaved with -ncmoe 4: both sets of samples kept
         assert bool(records[0].get("baseline_samples_ts")) == (variant != "first_n")
@@ -256,11 +246,10 @@ def test_a_wrong_placement_is_caught_from_llamacpps_own_log(tmp_path, monkeypatc
     monkeypatch.setattr(placement, "ot_value", lambda host, separator=";": real(set(sorted(host)[1:]), separator))
     path = tiny_twin(tmp_path)
     meta = inspect_model(path)
-    records = placement.run_variant(
-        "last_n", meta, 4, 15 * 10**6, model_name="m", model_path=str(path), model_files=meta["files"], ctx=1024,
-        settings=BenchSettings(32, 8, 1, 2, 300), device=DeviceSetup("emulated", "test", 2**30), manifest=manifest(),
-        log_path=tmp_path / "v.log", workdir=ROOT,
-    )  # fmt: skip
+    job = BenchJob("m", str(path), meta["files"], 1024, 0)
+    rig = Rig(BenchSettings(32, 8, 1, 2, 300), DeviceSetup("emulated", "test", 2**30), manifest(), tmp_path / "v.log",
+              ROOT)  # fmt: skip
+    records = placement.run_variant("last_n", meta, 4, 15 * 10**6, job, rig)
     assert records[0]["status"] == "ok" and not records[0]["placement_match"]
     assert len(records[0]["placement_missing"]) == 1
     with pytest.raises(MoeplaceError, match="otherwise than asked"):

@@ -12,7 +12,7 @@ from corpus import CORPUS, load
 
 from moeplace.core.config import BenchSettings
 from moeplace.core.errors import MoeplaceError
-from moeplace.measure.bench import parse_log, run_bench
+from moeplace.measure.bench import BenchJob, Rig, parse_log, run_bench
 from moeplace.measure.placement import check_placement
 from moeplace.model.memory import Workload
 from moeplace.plan.budget import reserved_compute
@@ -75,9 +75,8 @@ def test_a_plan_for_one_device_refuses_a_two_gpu_reserve_in_one_line(tmp_path):
 def _bench(tmp_path: Path, log: str, small_moe: Path) -> list[dict]:
     manifest = replay(tmp_path / "bin", "llama-bench", stdout=text(RECORDS), stderr=text(log))
     settings = BenchSettings(prompt=512, gen=128, repetitions=5, threads=2, timeout_s=60)
-    return run_bench(model_name="real", model_path=str(small_moe), model_files=[], ctx=16384, n_cpu_moe=0,
-                     settings=settings, device=DeviceSetup("gpu", "replayed card", 0), manifest=manifest,
-                     log_path=tmp_path / "bench.log", workdir=tmp_path)  # fmt: skip
+    rig = Rig(settings, DeviceSetup("gpu", "replayed card", 0), manifest, tmp_path / "bench.log", tmp_path)
+    return run_bench(BenchJob("real", str(small_moe), [], 16384, 0), rig)
 
 
 def test_the_bench_stage_records_a_gpu_runs_results_and_the_memory_check_reads_its_device(tmp_path, small_moe):

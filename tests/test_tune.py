@@ -43,8 +43,8 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     from conftest import ROOT
     from llamacpp_helpers import manifest, tiny_twin
 
-    from moeplace.core.config import Device
-    from moeplace.measure.bench import run_bench
+    from moeplace.core.config import Device, TuneSettings
+    from moeplace.measure.bench import BenchJob, Rig, run_bench
     from moeplace.measure.tune import PROBE_TOKENS, probe_settings, tune
     from moeplace.model.memory import Workload
     from moeplace.model.metadata import inspect_model
@@ -57,25 +57,15 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     device = DeviceSetup("emulated", "test device", cap)
     exhaustive = []
     for n in range(meta["n_layer"] + 1):
-        (record,) = run_bench(
-            model_name="m",
-            model_path=str(path),
-            model_files=meta["files"],
-            ctx=ctx,
-            n_cpu_moe=n,
-            settings=probe_settings(2, 300),
-            device=device,
-            manifest=manifest(),
-            log_path=tmp_path / "sweep.log",
-            workdir=ROOT,
-            depth=ctx - PROBE_TOKENS,
-        )
+        job = BenchJob("m", str(path), meta["files"], ctx, n, depth=ctx - PROBE_TOKENS)
+        (record,) = run_bench(job, Rig(probe_settings(2, 300), device, manifest(), tmp_path / "sweep.log", ROOT))
         exhaustive.append(record["status"])
     lowest = exhaustive.index("ok")
     assert 0 < lowest < meta["n_layer"], exhaustive  # the cliff lies inside the range
     assert all(s == "ok" for s in exhaustive[lowest:]) and all(s == "oom" for s in exhaustive[:lowest])
     predicted = plan(meta, Device(cap, 0), Workload(ctx))["n_cpu_moe"]
-    result = tune(str(path), ctx, device, manifest(), meta["n_layer"], predicted, tmp_path / "tune.log", ROOT)
+    result = tune(str(path), Workload(ctx), device, manifest(), meta["n_layer"], predicted, TuneSettings(0, 3600, 2),
+                  tmp_path / "tune.log", ROOT)  # fmt: skip
     assert result.lowest_n == lowest
     assert result.loads < len(exhaustive)
     assert result.loads <= (2 if predicted == lowest else math.ceil(math.log2(meta["n_layer"] + 1)) + 2)

@@ -6,13 +6,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .core.config import Device
 from .core.errors import MoeplaceError
 from .core.units import parse_size
 from .model.kvcache import CACHE_TYPES
-from .model.memory import FLASH_ATTN
+from .model.memory import FLASH_ATTN, Workload
 from .model.metadata import describe, inspect_model
 from .plan import budget as budget_mod
 from .plan import commands
@@ -136,17 +136,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         model_name=meta["name"],
         model_path=args.model,
         meta=meta,
-        ctx=args.ctx,
-        type_k=args.cache_type_k,
-        type_v=args.cache_type_v,
+        workload=Workload(args.ctx, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v),
         target=DeviceTarget(args.device, "", parse_size(args.vram, "--vram")),
         memory=Device(parse_size(args.vram, "--vram"), 0),
         settings=TuneSettings(args.margin, 3600, args.threads),
         manifest=manifest,
         log_path=log_path,
         workdir=Path.cwd(),
-        ubatch=args.ubatch,
-        flash_attn=args.flash_attn,
     )
     print(f"predicted minimum --n-cpu-moe: {result.predicted_n}; probed on {record['device']}")
     for p in result.probes:
@@ -201,16 +197,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="moeplace", description=__doc__)
-    p.add_argument("--version", action="version", version=f"moeplace {_version()}")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    ins = sub.add_parser("inspect", help="bytes by role and KV shape of a GGUF model (header only)")
-    ins.add_argument("model", help=MODEL_HELP)
-    ins.add_argument("--json", action="store_true", help="print the full metadata as JSON")
-    ins.set_defaults(func=cmd_inspect)
-
+def _recommend_parser(sub: Any) -> None:
+    """recommend: the allocator's flags."""
     rec = sub.add_parser("recommend", help="the minimum --n-cpu-moe that fits your card at each context")
     rec.add_argument("model", nargs="?", help=MODEL_HELP + "; omit to use the constants below")
     rec.add_argument("--ctx", required=True, help="context length(s), comma-separated, e.g. 8192,32768")
@@ -281,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     const.add_argument("--kv-bytes-per-token", type=int)
     rec.set_defaults(func=cmd_recommend)
 
+
+def _tune_parser(sub: Any) -> None:
+    """tune: real loads for the lowest n that runs."""
     tu = sub.add_parser("tune", help="find the lowest --n-cpu-moe that really runs, with real llama.cpp loads")
     tu.add_argument("model", help="a .gguf file, ollama:NAME, lmstudio:PUBLISHER/REPO or a cached hf:ORG/REPO")
     tu.add_argument("--ctx", type=int, required=True, help="target context length in tokens")
@@ -298,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     _speed_options(tu)
     tu.set_defaults(func=cmd_tune)
 
+
+def _predict_and_calibrate_parsers(sub: Any) -> None:
+    """predict and calibrate: the speed model's CLI."""
     pr = sub.add_parser("predict", help="decode and prefill speed per --n-cpu-moe and context depth")
     pr.add_argument("model", help=MODEL_HELP + " (header only is read)")
     pr.add_argument("--depth", default="0", help="tokens already in the KV cache (llama-bench -d), e.g. 0,32768")
@@ -316,6 +310,14 @@ def build_parser() -> argparse.ArgumentParser:
     _speed_options(ca, calibration=False)
     ca.set_defaults(func=cmd_calibrate)
 
+
+def _twin_and_inspect_parsers(sub: Any) -> None:
+    """twin and inspect: model files."""
+    ins = sub.add_parser("inspect", help="bytes by role and KV shape of a GGUF model (header only)")
+    ins.add_argument("model", help=MODEL_HELP)
+    ins.add_argument("--json", action="store_true", help="print the full metadata as JSON")
+    ins.set_defaults(func=cmd_inspect)
+
     tw = sub.add_parser("twin", help="write a GGUF with a real architecture's tensor names, shapes and types")
     tw.add_argument("spec", help="architecture spec YAML (see config/models/)")
     tw.add_argument("out", help="output .gguf path")
@@ -332,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tw.set_defaults(func=cmd_twin)
 
+
+def _tool_parsers(sub: Any) -> None:
+    """doctor, explain, verify and merge."""
     do = sub.add_parser("doctor", help="which llama.cpp backend this machine will build and use, and why")
     do.add_argument("--backend", choices=("auto", "cpu", "cuda", "hip", "vulkan"), default="auto")
     do.add_argument("--json", action="store_true")
@@ -347,6 +352,21 @@ def build_parser() -> argparse.ArgumentParser:
     me.add_argument("folders", nargs="+", help="publish/<name>/ directories")
     me.add_argument("-o", "--output", required=True, help="the merged directory to write")
     me.set_defaults(func=cmd_merge)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="moeplace", description=__doc__)
+    p.add_argument("--version", action="version", version=f"moeplace {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    for add in (
+        _twin_and_inspect_parsers,
+        _recommend_parser,
+        _tune_parser,
+        _predict_and_calibrate_parsers,
+        _tool_parsers,
+    ):
+        add(sub)
     return p
 
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from moeplace.core.config import BenchSettings, DeviceTarget
-from moeplace.measure.bench import run_bench
+from moeplace.measure.bench import BenchJob, Rig, run_bench
 from moeplace.runtime.device import device_setup
 from moeplace.runtime.outputs import read_json, stage, write_jsonl
 
@@ -12,16 +12,7 @@ with stage(snakemake.log[0]) as log:
     manifest = read_json(snakemake.input.llamacpp)
     meta = read_json(snakemake.input.metadata)
     device = device_setup(DeviceTarget(**p.device), manifest)
-    records = run_bench(
-        model_name=w.model,
-        model_path=snakemake.input.model[0],
-        model_files=meta["files"],
-        ctx=p.ctx,
-        n_cpu_moe=int(w.n),
-        settings=BenchSettings(**p.settings),
-        device=device,
-        manifest=manifest,
-        log_path=Path(snakemake.log[0]),
-        workdir=Path.cwd(),
-    )
+    job = BenchJob(w.model, snakemake.input.model[0], meta["files"], p.ctx, int(w.n))
+    rig = Rig(BenchSettings(**p.settings), device, manifest, Path(snakemake.log[0]), Path.cwd())
+    records = run_bench(job, rig)
     write_jsonl(snakemake.output[0], records)

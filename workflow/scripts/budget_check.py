@@ -19,7 +19,6 @@ with stage(snakemake.log[0]) as log:
         overhead_bytes=p.memory["overhead_bytes"],
         manifest=read_json(i.llamacpp),
         log_path=Path(snakemake.log[0]),
-        workdir=Path.cwd(),
         depth_checks=g["depth_checks"],
         threads=snakemake.threads,
     )

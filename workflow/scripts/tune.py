@@ -4,6 +4,7 @@ from pathlib import Path
 
 from moeplace.core.config import Device, DeviceTarget, TuneSettings
 from moeplace.measure.tune import tune_model
+from moeplace.model.memory import Workload
 from moeplace.runtime.outputs import read_json, stage, write_json
 
 with stage(snakemake.log[0]) as log:
@@ -12,9 +13,7 @@ with stage(snakemake.log[0]) as log:
         model_name=w.model,
         model_path=i.model[0],
         meta=read_json(i.metadata),
-        ctx=p.ctx,
-        type_k=w.kv,
-        type_v=w.kv,
+        workload=Workload(p.ctx, type_k=w.kv, type_v=w.kv),
         target=DeviceTarget(**p.device),
         memory=Device(**p.memory),
         settings=TuneSettings(**p.tune),

@@ -5,6 +5,7 @@ from pathlib import Path
 import pandas as pd
 
 from moeplace.core.config import BenchSettings, DeviceTarget
+from moeplace.measure.bench import BenchJob, Rig
 from moeplace.measure.placement import run_variant, variant_n
 from moeplace.runtime.device import device_setup
 from moeplace.runtime.outputs import read_json, stage, write_jsonl
@@ -15,20 +16,8 @@ with stage(snakemake.log[0]) as log:
     row = pd.read_csv(i.budget).set_index("ctx").loc[ctx]
     n = variant_n(meta, int(row.n_cpu_moe) if row.status == "ok" else None)
     device = device_setup(DeviceTarget(**p.device), manifest)
-    records = run_variant(
-        w.variant,
-        meta,
-        n,
-        float(row.budget_bytes),
-        model_name=w.model,
-        model_path=i.model[0],
-        model_files=meta["files"],
-        ctx=ctx,
-        settings=BenchSettings(**p.settings),
-        device=device,
-        manifest=manifest,
-        log_path=Path(snakemake.log[0]),
-        workdir=Path.cwd(),
-    )
+    job = BenchJob(w.model, i.model[0], meta["files"], ctx, n)
+    rig = Rig(BenchSettings(**p.settings), device, manifest, Path(snakemake.log[0]), Path.cwd())
+    records = run_variant(w.variant, meta, n, float(row.budget_bytes), job, rig)
     log.info("%s at n=%d: placement %s", w.variant, n, "matches" if records[0]["placement_match"] else "DIFFERS")
     write_jsonl(snakemake.output[0], records)

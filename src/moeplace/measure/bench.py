@@ -129,25 +129,56 @@ def next_batch(wanted: int, allowed: int, fixed_s: float, repetition_s: float, l
     return max(0, min(allowed, max(wanted, worth, 1), affordable))
 
 
-def run_bench(
-    *,
-    model_name: str,
-    model_path: str,
-    model_files: list[dict[str, Any]],
-    ctx: int,
-    n_cpu_moe: int,
-    settings: BenchSettings,
-    device: DeviceSetup,
-    manifest: dict[str, Any],
-    log_path: Path,
-    workdir: Path,
-    variant: str = "ncmoe",
-    overrides: str | None = None,
-    depth: int | None = None,
-    paired_n_cpu_moe: int | None = None,
-) -> list[dict[str, Any]]:
-    """Run one configuration at context depth `depth` (default: `settings.depth(ctx)`, so the largest test
-    holds exactly `ctx` cells); one record per test, successful or not.
+@dataclass(frozen=True)
+class BenchJob:
+    """One configuration to measure: the model, the context (at `depth`, default `settings.depth(ctx)`, so the
+    largest test holds exactly `ctx` cells), the placement, and the -ncmoe run it is paired with, if any."""
+
+    model_name: str
+    model_path: str
+    model_files: list[dict[str, Any]]
+    ctx: int
+    n_cpu_moe: int
+    variant: str = "ncmoe"
+    overrides: str | None = None
+    depth: int | None = None
+    paired_n_cpu_moe: int | None = None
+
+
+@dataclass(frozen=True)
+class Rig:
+    """Where and how configurations are measured: the settings, the device, the llama.cpp build, the log and
+    the pipeline's folder (for its revision)."""
+
+    settings: BenchSettings
+    device: DeviceSetup
+    manifest: dict[str, Any]
+    log_path: Path
+    workdir: Path
+
+
+@dataclass
+class _Session:
+    """One configuration's measuring: its arms, the CPUs, the quiet checks before each batch, the start."""
+
+    job: BenchJob
+    rig: Rig
+    depth: int
+    tests: tuple[str, ...]
+    cpus: Any
+    threads: int
+    arm: Arm
+    baseline: Arm | None
+    quiet: list[dict[str, Any]] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)
+
+    @property
+    def arms(self) -> list[Arm]:
+        return [a for a in (self.baseline, self.arm) if a is not None]
+
+
+def run_bench(job: BenchJob, rig: Rig) -> list[dict[str, Any]]:
+    """Run one configuration; one record per test, successful or not.
 
     Repetitions come in batches (one llama-bench process each, its own warm-up and one fill of the depth
     first): one batch of `settings.repetitions`; or with adaptive settings one open-ended batch, copies of
@@ -156,108 +187,131 @@ def run_bench(
     `-ncmoe` run, measured interleaved with it batch by batch (A B A B ...), so drift falls on both alike; the
     records carry both.
     """
-    depth = settings.depth(ctx) if depth is None else depth
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    settings = rig.settings
+    rig.log_path.parent.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     facts = host_facts()
-    cpus = split_cpus(device.kind == "emulated")
-    threads = min(settings.threads, len(cpus.bench))
+    cpus = split_cpus(rig.device.kind == "emulated")
+    baseline = Arm(job.paired_n_cpu_moe, None) if job.paired_n_cpu_moe is not None else None
+    depth = settings.depth(job.ctx) if job.depth is None else job.depth
     tests = TESTS if settings.prompt else ("tg",)  # -p 0: a decode-only probe
-    arm = Arm(n_cpu_moe, overrides)
-    baseline = Arm(paired_n_cpu_moe, None) if paired_n_cpu_moe is not None else None
-    arms = [a for a in (baseline, arm) if a is not None]
-    quiet: list[dict[str, Any]] = []
-    reps = settings.repetitions
-    t0 = time.monotonic()
-    with attached(device, manifest, cpus, log_path) as rpc:
-        while not arm.failure:
-            open_ended = settings.adaptive and len(arms) == 1
-            for a in arms:
-                quiet.append(wait_for_quiet(settings.quiet_wait_s))
-                copies = max(1, (settings.max_repetitions - len(a.samples.get("tg", []))) // reps) if open_ended else 1
-                cmd = bench_command(
-                    manifest, model_path, depth, a.n_cpu_moe, settings, rpc, a.overrides, reps, threads, copies
-                )
-                stop_when = _enough(a, tests, settings, t0) if open_ended else None
-                result = run(cmd, timeout_s=settings.timeout_s, log_path=log_path, before_exec=lambda: pin(cpus.bench),
-                             stop_when=stop_when)  # fmt: skip
-                a.batches += 1
-                a.wall_s += result.wall_s
-                a.stderr = a.stderr or result.stderr
-                rows = bench_records(result.stdout)
-                if rpc and result.ok and f"RPC0[{rpc}]" not in result.stderr:
-                    # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
-                    a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))
-                    break
-                for r in rows[: len(rows) - len(rows) % len(tests)]:  # whole copies: those a failed run finished too
-                    a.first.setdefault(_test_of(r), r)
-                    a.measured_s += sum(r.get("samples_ns") or []) / 1e9
-                    a.samples.setdefault(_test_of(r), []).extend(_samples_of(r))
-                printed = {_test_of(r) for r in rows}
-                if not result.ok or printed != set(tests):
-                    status, reason = classify(result)
-                    if status == "ok":
-                        status, reason = "error", f"llama-bench printed no {'/'.join(set(tests) - printed)} result"
-                    a.failure = (status, reason, tail(result.stderr))
-                    break
-            if arm.failure or open_ended:  # an open-ended batch ran until it had enough
+    threads = min(settings.threads, len(cpus.bench))
+    session = _Session(job, rig, depth, tests, cpus, threads, Arm(job.n_cpu_moe, job.overrides), baseline)
+    with attached(rig.device, rig.manifest, cpus, rig.log_path) as rpc:
+        _measure(session, rpc)
+    return _records(session, started, facts)
+
+
+def _measure(s: _Session, rpc: str | None) -> None:
+    """Batches until the arm has enough (or fails): interleaved with its baseline where it has one."""
+    settings, reps = s.rig.settings, s.rig.settings.repetitions
+    while not s.arm.failure:
+        open_ended = settings.adaptive and len(s.arms) == 1
+        for a in s.arms:
+            if not _batch(s, a, rpc, reps, open_ended):
                 break
-            if baseline and baseline.failure:  # nothing to pair with: measure this placement alone
-                log.warning(
-                    "the -ncmoe %d baseline failed (%s); measuring unpaired", baseline.n_cpu_moe, baseline.failure[1]
-                )
-                baseline, arms, reps = None, [arm], settings.repetitions
-                continue
-            n = len(arm.samples["tg"])
-            paired = baseline.samples if baseline else None
-            if not settings.adaptive or _precise_enough(arm.samples, paired, settings.precision):
-                break
-            # A difference of two means is as precise as each mean is to precision / sqrt(2).
-            target = settings.precision / math.sqrt(2) if baseline else settings.precision
-            wanted = max(repetitions_for(a.samples[t], target) for a in arms for t in tests) - n
-            fixed_s, repetition_s = (max(c) for c in zip(*(a.costs() for a in arms)))
-            left_s = settings.time_budget_s * len(arms) - (time.monotonic() - t0)
-            reps = next_batch(wanted, settings.max_repetitions - n, fixed_s, repetition_s, left_s / len(arms))
-            if reps < 1:
-                break
-    parsed = parse_log(arm.stderr)
-    contended = any(q["contended"] for q in quiet)
+        if s.arm.failure or open_ended:  # an open-ended batch ran until it had enough
+            return
+        if s.baseline and s.baseline.failure:  # nothing to pair with: measure this placement alone
+            log.warning("the -ncmoe %d baseline failed (%s); measuring unpaired", s.baseline.n_cpu_moe,
+                        s.baseline.failure[1])  # fmt: skip
+            s.baseline, reps = None, settings.repetitions
+            continue
+        reps = _next_repetitions(s)
+        if reps < 1:
+            return
+
+
+def _batch(s: _Session, a: Arm, rpc: str | None, reps: int, open_ended: bool) -> bool:
+    """One llama-bench process for arm `a`: its rows added to the arm; False (and the arm's failure set) where it
+    failed, printed no result for a test, or ran on the CPU instead of the device."""
+    settings, manifest = s.rig.settings, s.rig.manifest
+    s.quiet.append(wait_for_quiet(settings.quiet_wait_s))
+    copies = max(1, (settings.max_repetitions - len(a.samples.get("tg", []))) // reps) if open_ended else 1
+    cmd = bench_command(manifest, s.job.model_path, s.depth, a.n_cpu_moe, settings, rpc, a.overrides, reps,
+                        s.threads, copies)  # fmt: skip
+    stop_when = _enough(a, s.tests, settings, s.t0) if open_ended else None
+    result = run(cmd, timeout_s=settings.timeout_s, log_path=s.rig.log_path, before_exec=lambda: pin(s.cpus.bench),
+                 stop_when=stop_when)  # fmt: skip
+    a.batches += 1
+    a.wall_s += result.wall_s
+    a.stderr = a.stderr or result.stderr
+    rows = bench_records(result.stdout)
+    if rpc and result.ok and f"RPC0[{rpc}]" not in result.stderr:
+        # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
+        a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))
+        return False
+    for r in rows[: len(rows) - len(rows) % len(s.tests)]:  # whole copies: those a failed run finished too
+        a.first.setdefault(_test_of(r), r)
+        a.measured_s += sum(r.get("samples_ns") or []) / 1e9
+        a.samples.setdefault(_test_of(r), []).extend(_samples_of(r))
+    printed = {_test_of(r) for r in rows}
+    if not result.ok or printed != set(s.tests):
+        status, reason = classify(result)
+        if status == "ok":
+            status, reason = "error", f"llama-bench printed no {'/'.join(set(s.tests) - printed)} result"
+        a.failure = (status, reason, tail(result.stderr))
+        return False
+    return True
+
+
+def _next_repetitions(s: _Session) -> int:
+    """How many repetitions the next batch of each arm gets (0: stop): none once precise enough."""
+    settings = s.rig.settings
+    paired = s.baseline.samples if s.baseline else None
+    if not settings.adaptive or _precise_enough(s.arm.samples, paired, settings.precision):
+        return 0
+    n = len(s.arm.samples["tg"])
+    # A difference of two means is as precise as each mean is to precision / sqrt(2).
+    target = settings.precision / math.sqrt(2) if s.baseline else settings.precision
+    wanted = max(repetitions_for(a.samples[t], target) for a in s.arms for t in s.tests) - n
+    fixed_s, repetition_s = (max(c) for c in zip(*(a.costs() for a in s.arms)))
+    left_s = settings.time_budget_s * len(s.arms) - (time.monotonic() - s.t0)
+    return next_batch(wanted, settings.max_repetitions - n, fixed_s, repetition_s, left_s / len(s.arms))
+
+
+def _records(s: _Session, started: str, facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """The session's records, one per test, with everything that ties them to their inputs."""
+    job, rig, settings = s.job, s.rig, s.rig.settings
+    parsed = parse_log(s.arm.stderr)
+    contended = any(q["contended"] for q in s.quiet)
     base = {
-        "model": model_name,
-        "ctx": ctx,
-        "n_cpu_moe": n_cpu_moe,
-        "variant": variant,
-        "overrides": overrides or "",
+        "model": job.model_name,
+        "ctx": job.ctx,
+        "n_cpu_moe": job.n_cpu_moe,
+        "variant": job.variant,
+        "overrides": job.overrides or "",
         "n_prompt": settings.prompt,
         "n_gen": settings.gen,
-        "n_depth": depth,
-        "threads": threads,
-        "bench_cpus": list(cpus.bench),
-        "device_cpus": list(cpus.device) if cpus.device else None,
+        "n_depth": s.depth,
+        "threads": s.threads,
+        "bench_cpus": list(s.cpus.bench),
+        "device_cpus": list(s.cpus.device) if s.cpus.device else None,
         "type_k": settings.type_k,
         "type_v": settings.type_v,
-        "device_kind": device.kind,
-        "device": device.label,
-        "device_cap_bytes": device.cap_bytes,
-        **build_facts(manifest),
-        "model_files": model_files,
+        "device_kind": rig.device.kind,
+        "device": rig.device.label,
+        "device_cap_bytes": rig.device.cap_bytes,
+        **build_facts(rig.manifest),
+        "model_files": job.model_files,
         "started": started,
         **facts,
-        "others_running": max((q["others_running"] for q in quiet), default=None),
+        "others_running": max((q["others_running"] for q in s.quiet), default=None),
         "contended": contended,
-        **pipeline_revision(workdir),
+        **pipeline_revision(rig.workdir),
         "kv_contexts": parsed["contexts"],
         "buffers": parsed["buffers"],
         "ubatch": settings.ubatch,
         "flash_attn": settings.flash_attn,
         "tensor_buffers": parsed["tensor_buffers"],
         "cpu_tensors": [name for name, buffer in parsed["tensor_buffers"].items() if is_host(buffer)],
-        "batches": arm.batches,
+        "batches": s.arm.batches,
         "precision_target": settings.precision if settings.adaptive else None,
-        "paired_n_cpu_moe": paired_n_cpu_moe,
+        "paired_n_cpu_moe": job.paired_n_cpu_moe,
     }
-    records = [_record(base, test, arm, baseline, settings, contended) for test in tests]
-    log.info("n_cpu_moe=%d ctx=%d: %s", n_cpu_moe, ctx, ", ".join(f"{r['test']} {r['status']}" for r in records))
+    records = [_record(base, test, s.arm, s.baseline, settings, contended) for test in s.tests]
+    statuses = ", ".join(f"{r['test']} {r['status']}" for r in records)
+    log.info("n_cpu_moe=%d ctx=%d: %s", job.n_cpu_moe, job.ctx, statuses)
     return records
 
 

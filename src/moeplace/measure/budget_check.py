@@ -58,16 +58,15 @@ def check_model(
     overhead_bytes: int,
     manifest: dict[str, Any],
     log_path: Path,
-    workdir: Path,
     depth_checks: int = 0,
     threads: int = 2,
 ) -> list[dict[str, Any]]:
-    """One row per grid cell."""
+    """One row per grid cell; the deep checks' runs carry the revision of the pipeline in the working folder."""
     from ..core.config import BenchSettings
     from ..runtime.allocation import fitted_placement, load_probe
     from ..runtime.cpus import split_cpus
     from ..runtime.device import attached, device_setup
-    from .bench import run_bench
+    from .bench import BenchJob, Rig, run_bench
 
     setup = device_setup(target, manifest)
     device = Device(setup.cap_bytes, overhead_bytes)
@@ -100,9 +99,8 @@ def check_model(
                                          type_k=w.type_k, type_v=w.type_v, flash_attn=w.flash_attn)  # fmt: skip
 
                 def deep(n: int, w: Workload = w, settings: BenchSettings = settings) -> tuple[str, float | None]:
-                    (r,) = run_bench(model_name=model, model_path=model_path, model_files=meta["files"], ctx=w.ctx,
-                                     n_cpu_moe=n, settings=settings, device=setup, manifest=manifest,
-                                     log_path=log_path, workdir=workdir, variant="budget-check")  # fmt: skip
+                    job = BenchJob(model, model_path, meta["files"], w.ctx, n, "budget-check")
+                    (r,) = run_bench(job, Rig(settings, setup, manifest, log_path, Path.cwd()))
                     return r["status"], r["avg_ts"]
 
                 row["depth_n"] = search(start, meta["n_layer"], deep, spill_ratio=0.0).lowest_n

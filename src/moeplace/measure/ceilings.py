@@ -212,60 +212,79 @@ def attention_rows(
     cpus = split_cpus(device.kind == "emulated")
     threads = min(bench.threads, len(cpus.bench))
     placements = [(depth, n_layer) for depth in depths] + [(depths[0], 0)]
-    # (round, depth, n_cpu_moe) -> seconds per token of each repetition, per test
-    samples: dict[str, dict[tuple[int, int, int], list[float]]] = {test: {} for test in TESTS}
-    failed: set[tuple[int, int]] = set()  # e.g. every expert on the device does not fit: not tried again
     with attached(device, manifest, cpus, log_file) as rpc:
-        for round_, (depth, n) in itertools.product(range(ATTENTION_ROUNDS), placements):
-            if (depth, n) in failed:
-                continue
-            cmd = bench_command(manifest, str(model), depth, n, bench, rpc, threads=threads)
-            try:
-                out = run_checked(cmd, f"timing {name} at depth {depth} with -ncmoe {n}", log_file,
-                                  timeout_s=bench.timeout_s, before_exec=lambda: pin(cpus.bench))  # fmt: skip
-            except MoeplaceError as e:  # e.g. this depth does not fit even with every expert on the host
-                log.warning("%s", e)
-                failed.add((depth, n))
-                continue
-            for r in bench_records(out.stdout):
-                test = "tg" if r["n_gen"] else "pp"
-                times = samples[test].setdefault((round_, depth, n), [])
-                times.extend(1 / v for v in r.get("samples_ts") or [] if v)
+        samples = _timed_rounds(manifest, name, model, bench, placements, rpc, cpus, threads, log_file)
     rows = []
     for test, timed_runs in samples.items():
         rows += _placement_rows(name, test, timed_runs, (depths[0], n_layer), threads, device.label)
-        by_run = {(round_, depth): s for (round_, depth, n), s in timed_runs.items() if n == n_layer}
-        timed = sorted({d for _, d in by_run})
-        if len(timed) < 2:
-            continue
-        kv = {d: features(meta, probe_run(bench, n_layer, d, test))["kv_gb"] for d in timed}
-
-        def slope(seconds: dict[int, float]) -> float:
-            return float(np.polyfit([kv[d] for d in seconds], list(seconds.values()), 1)[0])
-
-        seconds = {d: statistics.median(x for (_, dd), s in by_run.items() if dd == d for x in s) for d in timed}
-        rounds = [{d: statistics.median(by_run[r, d]) for d in timed} for r in range(ATTENTION_ROUNDS)
-                  if all((r, d) in by_run for d in timed)]  # fmt: skip
-        cost, per_round = slope(seconds), [slope(r) for r in rounds]
-        log.info("%s %s on the device, median ms per token by depth: %s; each round's s/GB: %s", name, test,
-                 {d: round(t * 1e3, 3) for d, t in seconds.items()}, [round(x, 4) for x in per_round])  # fmt: skip
-        rows.append(
-            {
-                "ceiling": f"attention_{test}",
-                "subject": name,
-                "threads": threads,
-                "value": cost,
-                "value_sd": statistics.stdev(per_round) if len(per_round) >= 2 else None,
-                "unit": "s/GB",
-                "effective_gbps": 1 / cost if cost > 0 else None,
-                "n_cpu_moe": n_layer,
-                "depths": " ".join(map(str, seconds)),
-                "detail": f"llama-bench {test} on {device.label} at these depths, every routed expert on the host, "
-                f"{ATTENTION_ROUNDS} processes each, medians: the extra seconds per GB of KV cache a token's "
-                "attention reads, its bytes and its compute; value_sd: the spread of each round's own slope",
-            }
-        )
+        rows += _attention_cost(name, test, timed_runs, meta, bench, threads, device.label)
     return rows
+
+
+def _timed_rounds(
+    manifest: dict[str, Any], name: str, model: Path, bench: BenchSettings, placements: list[tuple[int, int]],
+    rpc: str | None, cpus: Any, threads: int, log_file: Path,
+) -> dict[str, dict[tuple[int, int, int], list[float]]]:  # fmt: skip
+    """Per test, the seconds per token of each repetition by (round, depth, n_cpu_moe): the placements take
+    turns, ATTENTION_ROUNDS times, one llama-bench process each; one that fails is not tried again."""
+    samples: dict[str, dict[tuple[int, int, int], list[float]]] = {test: {} for test in TESTS}
+    failed: set[tuple[int, int]] = set()  # e.g. every expert on the device does not fit
+    for round_, (depth, n) in itertools.product(range(ATTENTION_ROUNDS), placements):
+        if (depth, n) in failed:
+            continue
+        cmd = bench_command(manifest, str(model), depth, n, bench, rpc, threads=threads)
+        try:
+            out = run_checked(cmd, f"timing {name} at depth {depth} with -ncmoe {n}", log_file,
+                              timeout_s=bench.timeout_s, before_exec=lambda: pin(cpus.bench))  # fmt: skip
+        except MoeplaceError as e:  # e.g. this depth does not fit even with every expert on the host
+            log.warning("%s", e)
+            failed.add((depth, n))
+            continue
+        for r in bench_records(out.stdout):
+            test = "tg" if r["n_gen"] else "pp"
+            times = samples[test].setdefault((round_, depth, n), [])
+            times.extend(1 / v for v in r.get("samples_ts") or [] if v)
+    return samples
+
+
+def _attention_cost(
+    name: str, test: str, timed_runs: dict[tuple[int, int, int], list[float]], meta: dict[str, Any],
+    bench: BenchSettings, threads: int, label: str,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The attention row of one test: the slope of median seconds per token over the KV cache's GB, with every
+    expert on the host, and the spread of each round's own slope (none where fewer than two depths ran)."""
+    n_layer = meta["n_layer"]
+    by_run = {(round_, depth): s for (round_, depth, n), s in timed_runs.items() if n == n_layer}
+    timed = sorted({d for _, d in by_run})
+    if len(timed) < 2:
+        return []
+    kv = {d: features(meta, probe_run(bench, n_layer, d, test))["kv_gb"] for d in timed}
+
+    def slope(seconds: dict[int, float]) -> float:
+        return float(np.polyfit([kv[d] for d in seconds], list(seconds.values()), 1)[0])
+
+    seconds = {d: statistics.median(x for (_, dd), s in by_run.items() if dd == d for x in s) for d in timed}
+    rounds = [{d: statistics.median(by_run[r, d]) for d in timed} for r in range(ATTENTION_ROUNDS)
+              if all((r, d) in by_run for d in timed)]  # fmt: skip
+    cost, per_round = slope(seconds), [slope(r) for r in rounds]
+    log.info("%s %s on the device, median ms per token by depth: %s; each round's s/GB: %s", name, test,
+             {d: round(t * 1e3, 3) for d, t in seconds.items()}, [round(x, 4) for x in per_round])  # fmt: skip
+    return [
+        {
+            "ceiling": f"attention_{test}",
+            "subject": name,
+            "threads": threads,
+            "value": cost,
+            "value_sd": statistics.stdev(per_round) if len(per_round) >= 2 else None,
+            "unit": "s/GB",
+            "effective_gbps": 1 / cost if cost > 0 else None,
+            "n_cpu_moe": n_layer,
+            "depths": " ".join(map(str, seconds)),
+            "detail": f"llama-bench {test} on {label} at these depths, every routed expert on the host, "
+            f"{ATTENTION_ROUNDS} processes each, medians: the extra seconds per GB of KV cache a token's "
+            "attention reads, its bytes and its compute; value_sd: the spread of each round's own slope",
+        }
+    ]
 
 
 def attention_costs(

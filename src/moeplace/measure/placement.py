@@ -4,10 +4,12 @@ tensor; llama-fit-params' own placement as one more variant."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ..core.errors import MoeplaceError
 from ..plan.offload import expert_tensors, matching_tensors, optimal_placement, ot_value, variants
+from .bench import BenchJob, Rig, run_bench
 
 
 def check_placement(intended: set[str], buffers: dict[str, str]) -> dict[str, Any]:
@@ -79,20 +81,17 @@ def variant_n(meta: dict[str, Any], budget_n: int | None) -> int:
     return budget_n if budget_n else meta["n_layer"] // 2
 
 
-def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float, **bench_args: Any) -> list[dict]:
-    """One variant's llama-bench run, with its placement checked against llama.cpp's load log."""
+def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float, job: BenchJob, rig: Rig) -> list[dict]:
+    """One variant's llama-bench run of `job`'s model and context, with its placement checked against llama.cpp's
+    load log."""
     from ..model.gguf_file import read_header
     from ..runtime.cpus import split_cpus
     from ..runtime.device import attached
-    from .bench import run_bench
 
-    sizes = {t.name: t.n_bytes for t in read_header(bench_args["model_path"]).tensors}
+    sizes = {t.name: t.n_bytes for t in read_header(job.model_path).tensors}
     if variant == "fit_params":
-        device, manifest = bench_args["device"], bench_args["manifest"]
-        with attached(device, manifest, split_cpus(device.kind == "emulated"), bench_args["log_path"]) as rpc:
-            overrides = fit_params_overrides(
-                manifest, bench_args["model_path"], bench_args["ctx"], rpc, bench_args["log_path"]
-            )
+        with attached(rig.device, rig.manifest, split_cpus(rig.device.kind == "emulated"), rig.log_path) as rpc:
+            overrides = fit_params_overrides(rig.manifest, job.model_path, job.ctx, rpc, rig.log_path)
         intended = matching_tensors(overrides, list(sizes))
     else:
         if variant == "optimal":
@@ -100,12 +99,10 @@ def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float,
         else:
             intended = {"first_n": expert_tensors(meta, list(range(n))), **variants(meta, n)}[variant]
         overrides = None if variant == "first_n" else ot_value(intended) or None
+    paired = None if variant == "first_n" else n  # -ncmoe n interleaved with it
+    first_n = n if variant == "first_n" else 0
     records = run_bench(
-        n_cpu_moe=n if variant == "first_n" else 0,
-        variant=variant,
-        overrides=overrides,
-        paired_n_cpu_moe=None if variant == "first_n" else n,  # -ncmoe n interleaved with it
-        **bench_args,
+        replace(job, n_cpu_moe=first_n, variant=variant, overrides=overrides, paired_n_cpu_moe=paired), rig
     )
     for r in records:
         check = check_placement(intended, r["tensor_buffers"])

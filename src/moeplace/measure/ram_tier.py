@@ -43,7 +43,7 @@ import re
 import resource
 from collections.abc import Callable
 from contextlib import nullcontext, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -248,115 +248,131 @@ def run_ram_tier(
     Where no memory cgroup can be made, the capped rows have status 'skipped' and the reason; where
     the reference fails, a single 'error' row (cap_pct and lock None) stands for all of them.
     """
-    caps_pct, lock_modes, gen, threads = settings.caps_pct, settings.lock_modes, settings.gen, settings.threads
-    timeout_s, slack_bytes = settings.timeout_s, settings.slack_bytes
-    g1, g2 = gen
+    g1, g2 = settings.gen
     if not 0 < g1 < g2:
-        raise MoeplaceError(f"ram tier: the generation lengths must be 0 < G1 < G2, got {gen}.")
-    unknown = [m for m in lock_modes if m not in LOCK_MODES]
+        raise MoeplaceError(f"ram tier: the generation lengths must be 0 < G1 < G2, got {settings.gen}.")
+    unknown = [m for m in settings.lock_modes if m not in LOCK_MODES]
     if unknown:
         raise MoeplaceError(f"ram tier: unknown lock mode(s) {unknown}; use {list(LOCK_MODES)}.")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     files = [str(f["path"]) for f in meta["files"]] or [str(p) for p in shard_paths(Path(model_path))]
-    model_bytes = sum(os.path.getsize(f) for f in files)
     site = cgroup_site()
     skip = site if isinstance(site, str) else None
     if skip:
         log.warning("RAM tier: only the uncapped reference runs, the caps are skipped: %s", skip)
-    cg_site = None if skip else site
     require_flags(manifest, ("--repack", "--load-mode", "--no-warmup"), "the RAM tier (weights left in the mmap)")
-    shim = build_native("pagelock", log_path, shared=True)
-    targets = non_expert_ranges(model_path)
-    expect = sum(n for _, ranges in targets for _, n in ranges)
-    no_ranges = [(path, []) for path, _ in targets]
-
-    def cmd_for(g: int) -> list[str]:
-        return ram_tier_command(manifest, model_path, g, threads)
-
-    records: list[dict[str, Any]] = []
     with sigterm_raises(), readahead_control(files, settings.readahead_kb) as ra:
-        common: dict[str, Any] = {
-            "model": model_name,
-            "model_bytes": model_bytes,
-            "non_expert_bytes": meta.get("non_expert_bytes"),
-            "expert_bytes": meta.get("expert_bytes"),
-            "gen": list(gen),
-            "threads": threads,
-            "load_mode": "mmap",
-            "repack": False,
-            "slack_bytes": slack_bytes,
-            **build_facts(manifest),
-            "model_files": meta["files"],
-            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            **host_facts(),
-            **pipeline_revision(workdir),
-            "readahead": ra.description,
-            "readahead_kb": ra.kib,
-            "readahead_effective_kib": ra.effective_kib,
-            "readahead_note": ra.note,
-            "madvise": ra.madvise,
-            "cgroup": f"cgroup v{cg_site.version} under {cg_site.path}" if cg_site else None,
-            "command": cmd_for(g2),
-        }
+        shim = build_native("pagelock", log_path, shared=True)
+        site = None if skip else site
+        tier = _Tier(model_name, model_path, manifest, settings, files, site, shim, non_expert_ranges(model_path),
+                     log_path, ra)  # fmt: skip
+        tier.common = _common(tier, meta, workdir)
+        return _rows(tier, skip)
 
-        def measure(cap_pct: int | None, lock: str, cap: dict[str, Any]) -> dict[str, Any]:
-            lock_targets = targets if lock == "non_expert" else no_ranges
-            preload = " ".join(filter(None, [str(shim), os.environ.get("LD_PRELOAD", "")]))
-            row = _measure(
-                cmd_for=cmd_for,
-                gen=gen,
-                env={**os.environ, "LD_PRELOAD": preload, **shim_env(lock_targets, ra.madvise)},
-                files=files,
-                site=cg_site,
-                cap_bytes=cap.get("cap_bytes"),
-                expect_locked=expect if lock == "non_expert" else 0,
-                model_bytes=model_bytes,
-                timeout_s=timeout_s,
-                log_path=log_path,
-            )
-            record = {**common, "cap_pct": cap_pct, "lock": lock, **row, **cap}
-            record["lock_expected_bytes"] = expect if lock == "non_expert" else 0
-            log.info(
-                "ram tier %s cap %s lock %s: %s, %s tok/s (%s marginal), %s faults/token",
-                model_name,
-                "none" if cap_pct is None else f"{cap_pct}%",
-                lock,
-                record["status"],
-                record["tok_s"],
-                record["tok_s_marginal"],
-                record["faults_per_token"],
-            )
-            return record
 
-        ref = measure(None, "none", {})
-        anon = ref["anon_peak_bytes"]
-        other = None
-        if ref["status"] == "ok" and ref["cgroup_peak_bytes"]:
-            # Charged to the uncapped run besides its anonymous memory and the (fully mapped) model.
-            other = max(0, ref["cgroup_peak_bytes"] - anon - model_bytes)
-        ref["other_charged_bytes"] = other
-        records.append(ref)
-        if ref["status"] != "ok":
-            caps = ", ".join(f"{p}%" for p in caps_pct)
-            why = f"the uncapped reference run failed ({ref['status']}), so no cap ({caps}) could be sized or run"
-            records.append({**common, "cap_pct": None, "lock": None, "status": "error", "error": why})
-            return records
-        for pct in caps_pct:
-            for lock in lock_modes:
-                if skip:
-                    records.append({**common, "cap_pct": pct, "lock": lock, "status": "skipped", "error": skip})
-                    continue
-                share = round(pct / 100 * model_bytes)
-                cap = anon + slack_bytes + share
-                cap_parts = {
-                    "cap_bytes": cap,
-                    "cap_model_bytes": share,
-                    # What the model's pages can really have: the cap less what the reference run charged besides.
-                    "model_room_pct": None if other is None else 100 * (cap - anon - other) / model_bytes,
-                    "anon_peak_bytes": anon,  # the reference's, which sized the cap
-                    "other_charged_bytes": other,
-                }
-                records.append(measure(pct, lock, cap_parts))
+@dataclass
+class _Tier:
+    """One model's RAM-tier runs: its files, the cgroup site, the pagelock shim and the non-expert ranges it
+    can lock, the readahead in force, and what every record shares."""
+
+    model_name: str
+    model_path: str
+    manifest: dict[str, Any]
+    settings: RamTierSettings
+    files: list[str]
+    site: CgroupSite | None
+    shim: Path
+    targets: list[tuple[Path, list[tuple[int, int]]]]
+    log_path: Path
+    readahead: Any
+    common: dict[str, Any] = field(default_factory=dict)
+    model_bytes: int = 0  # the model's files
+    locked_bytes: int = 0  # what locking the non-expert ranges holds
+
+    def __post_init__(self) -> None:
+        self.model_bytes = sum(os.path.getsize(f) for f in self.files)
+        self.locked_bytes = sum(n for _, ranges in self.targets for _, n in ranges)
+
+    def command(self, gen: int) -> list[str]:
+        return ram_tier_command(self.manifest, self.model_path, gen, self.settings.threads)
+
+    def measure(self, cap_pct: int | None, lock: str, cap: dict[str, Any]) -> dict[str, Any]:
+        """One row: both generation lengths under this cap (none: uncapped) and lock mode."""
+        locking = lock == "non_expert"
+        lock_targets = self.targets if locking else [(path, []) for path, _ in self.targets]
+        preload = " ".join(filter(None, [str(self.shim), os.environ.get("LD_PRELOAD", "")]))
+        env = {**os.environ, "LD_PRELOAD": preload, **shim_env(lock_targets, self.readahead.madvise)}
+        row = _measure(cmd_for=self.command, gen=self.settings.gen, env=env, files=self.files, site=self.site,
+                       cap_bytes=cap.get("cap_bytes"), expect_locked=self.locked_bytes if locking else 0,
+                       model_bytes=self.model_bytes, timeout_s=self.settings.timeout_s,
+                       log_path=self.log_path)  # fmt: skip
+        record = {**self.common, "cap_pct": cap_pct, "lock": lock, **row, **cap}
+        record["lock_expected_bytes"] = self.locked_bytes if locking else 0
+        shown = "none" if cap_pct is None else f"{cap_pct}%"
+        log.info("ram tier %s cap %s lock %s: %s, %s tok/s (%s marginal), %s faults/token", self.model_name, shown,
+                 lock, record["status"], record["tok_s"], record["tok_s_marginal"],
+                 record["faults_per_token"])  # fmt: skip
+        return record
+
+
+def _common(tier: _Tier, meta: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """What every record of a model's RAM-tier runs carries."""
+    ra, site = tier.readahead, tier.site
+    return {
+        "model": tier.model_name,
+        "model_bytes": tier.model_bytes,
+        "non_expert_bytes": meta.get("non_expert_bytes"),
+        "expert_bytes": meta.get("expert_bytes"),
+        "gen": list(tier.settings.gen),
+        "threads": tier.settings.threads,
+        "load_mode": "mmap",
+        "repack": False,
+        "slack_bytes": tier.settings.slack_bytes,
+        **build_facts(tier.manifest),
+        "model_files": meta["files"],
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **host_facts(),
+        **pipeline_revision(workdir),
+        "readahead": ra.description,
+        "readahead_kb": ra.kib,
+        "readahead_effective_kib": ra.effective_kib,
+        "readahead_note": ra.note,
+        "madvise": ra.madvise,
+        "cgroup": f"cgroup v{site.version} under {site.path}" if site else None,
+        "command": tier.command(tier.settings.gen[1]),
+    }
+
+
+def _rows(tier: _Tier, skip: str | None) -> list[dict[str, Any]]:
+    """The uncapped reference, then each cap x lock mode, sized from what the reference used."""
+    settings, model_bytes = tier.settings, tier.model_bytes
+    ref = tier.measure(None, "none", {})
+    anon, other = ref["anon_peak_bytes"], None
+    if ref["status"] == "ok" and ref["cgroup_peak_bytes"]:
+        # Charged to the uncapped run besides its anonymous memory and the (fully mapped) model.
+        other = max(0, ref["cgroup_peak_bytes"] - anon - model_bytes)
+    ref["other_charged_bytes"] = other
+    records = [ref]
+    if ref["status"] != "ok":
+        caps = ", ".join(f"{p}%" for p in settings.caps_pct)
+        why = f"the uncapped reference run failed ({ref['status']}), so no cap ({caps}) could be sized or run"
+        return [*records, {**tier.common, "cap_pct": None, "lock": None, "status": "error", "error": why}]
+    for pct in settings.caps_pct:
+        for lock in settings.lock_modes:
+            if skip:
+                records.append({**tier.common, "cap_pct": pct, "lock": lock, "status": "skipped", "error": skip})
+                continue
+            share = round(pct / 100 * model_bytes)
+            cap = anon + settings.slack_bytes + share
+            cap_parts = {
+                "cap_bytes": cap,
+                "cap_model_bytes": share,
+                # What the model's pages can really have: the cap less what the reference run charged besides.
+                "model_room_pct": None if other is None else 100 * (cap - anon - other) / model_bytes,
+                "anon_peak_bytes": anon,  # the reference's, which sized the cap
+                "other_charged_bytes": other,
+            }
+            records.append(tier.measure(pct, lock, cap_parts))
     return records
 
 

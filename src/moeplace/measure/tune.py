@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.config import BenchSettings, DeviceTarget, TuneSettings
-from ..model.memory import lowest
+from ..model.memory import Workload, lowest
 
 log = logging.getLogger("moeplace")
 
@@ -117,50 +117,33 @@ def tune_record(
 
 def tune(
     model_path: str,
-    ctx: int,
+    workload: Workload,
     device: Any,
     manifest: dict[str, Any],
     n_layer: int,
     predicted_n: int,
+    settings: TuneSettings,
     log_path: Any,
     workdir: Any,
-    margin: int = 0,
-    threads: int = 2,
-    timeout_s: float = 3600,
-    type_k: str = "f16",
-    type_v: str = "f16",
-    ubatch: int = 512,
-    flash_attn: str = "auto",
 ) -> TuneResult:
-    """Run the search with real llama-bench probes on the given device."""
+    """Run the search with real llama-bench probes of `workload` on the given device."""
     from dataclasses import replace
 
     from ..model.metadata import inspect_model
-    from .bench import run_bench
+    from .bench import BenchJob, Rig, run_bench
 
     files = inspect_model(model_path)["files"]
-    settings = replace(
-        probe_settings(threads, timeout_s), type_k=type_k, type_v=type_v, ubatch=ubatch, flash_attn=flash_attn
-    )
+    w = workload
+    probes = replace(probe_settings(settings.threads, settings.timeout_s), type_k=w.type_k, type_v=w.type_v,
+                     ubatch=w.ubatch, flash_attn=w.flash_attn)  # fmt: skip
+    rig = Rig(probes, device, manifest, log_path, workdir)
 
     def run(n: int) -> tuple[str, float | None]:
-        (record,) = run_bench(
-            model_name=str(model_path),
-            model_path=str(model_path),
-            model_files=files,
-            ctx=ctx,
-            n_cpu_moe=n,
-            settings=settings,
-            device=device,
-            manifest=manifest,
-            log_path=log_path,
-            workdir=workdir,
-            variant="tune-probe",
-            depth=ctx - PROBE_TOKENS,
-        )
+        job = BenchJob(str(model_path), str(model_path), files, w.ctx, n, "tune-probe", depth=w.ctx - PROBE_TOKENS)
+        (record,) = run_bench(job, rig)
         return record["status"], record["avg_ts"]
 
-    return search(predicted_n, n_layer, run, margin, 0.0 if device.kind == "emulated" else SPILL_RATIO)
+    return search(predicted_n, n_layer, run, settings.margin, 0.0 if device.kind == "emulated" else SPILL_RATIO)
 
 
 def tune_model(
@@ -168,49 +151,28 @@ def tune_model(
     model_name: str,
     model_path: str,
     meta: dict[str, Any],
-    ctx: int,
-    type_k: str,
-    type_v: str,
+    workload: Workload,
     target: DeviceTarget,
     memory: Any,
     settings: TuneSettings,
     manifest: dict[str, Any],
     log_path: Any,
     workdir: Any,
-    ubatch: int = 512,
-    flash_attn: str = "auto",
 ) -> tuple[TuneResult, dict[str, Any]]:
-    """The tuner for one model, context and KV cache type, from the budget's prediction: the result and its
-    record (what the pipeline's tune stage writes and `moeplace tune` prints)."""
+    """The tuner for one model and workload (context, KV cache type, ubatch), from the budget's prediction: the
+    result and its record (what the pipeline's tune stage writes and `moeplace tune` prints)."""
     from ..core.config import Device
-    from ..model.memory import Workload
     from ..plan.budget import plan
     from ..runtime.device import device_setup
 
     device = device_setup(target, manifest)
     memory = Device(device.cap_bytes, memory.overhead_bytes)
-    workload = Workload(ctx, ubatch, flash_attn, type_k, type_v)
     predicted = plan(meta, memory, workload)["n_cpu_moe"]
-    log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", ctx, predicted, device.label)
+    log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", workload.ctx, predicted, device.label)
     start = meta["n_layer"] if predicted is None else predicted
-    result = tune(
-        model_path,
-        ctx,
-        device,
-        manifest,
-        meta["n_layer"],
-        start,
-        log_path,
-        workdir,
-        settings.margin,
-        settings.threads,
-        settings.timeout_s,
-        type_k,
-        type_v,
-        ubatch,
-        flash_attn,
-    )
-    record = tune_record(model_name, ctx, result, device.label, settings.margin, type_k, type_v)
+    result = tune(model_path, workload, device, manifest, meta["n_layer"], start, settings, log_path, workdir)
+    w = workload
+    record = tune_record(model_name, w.ctx, result, device.label, settings.margin, w.type_k, w.type_v)
     return result, {**record, "device_kind": device.kind}
 
 

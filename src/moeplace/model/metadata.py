@@ -267,14 +267,6 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
         raise MoeplaceError(f"{header.paths[0]}: has expert tensors but no {arch}.expert_count/expert_used_count.")
     attention, kv_layers = _attention(header, n_layer, names)
     total = sum(t.n_bytes for t in header.tensors) - nextn_bytes
-    shapes = {t.name: t.shape for t in header.tensors}
-    # Rows of the token embedding; an expert up/gate matrix is n_embd x n_ff_exp x n_expert.
-    n_vocab = shapes.get("token_embd.weight", (0, 0))[-1]
-    up = next((s for name, s in shapes.items() if _LAYER.match(name) and "_up_exps" in name), None)
-    n_ff_exp = header.arch_key("expert_feed_forward_length", 0) or (up[1] if up and len(up) == 3 else 0)
-    # The widest dense FFN a token passes (a dense layer's, or the shared experts'): its intermediate in compute.
-    dense = [s[1] for name, s in shapes.items() if _LAYER.match(name) and name.endswith(("ffn_up.weight",
-             "ffn_up_shexp.weight")) and len(s) == 2]  # fmt: skip
     return {
         "name": model_name(header),
         "source": "gguf",
@@ -287,9 +279,7 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
         "n_expert_shared": header.arch_key("expert_shared_count", 0)
         or int(bool(expert_bytes) and any(layer["shared_expert"] for layer in layers)),
         "n_ctx_train": header.arch_key("context_length", 0) or 0,
-        "n_vocab": n_vocab,
-        "n_ff_exp": n_ff_exp if expert_bytes else 0,
-        "n_ff_dense": max(dense, default=0),
+        **(widths(header) if expert_bytes else {**widths(header), "n_ff_exp": 0}),
         "expert_bytes": expert_bytes,
         "non_expert_bytes": total - expert_bytes,
         "total_bytes": total,
@@ -304,6 +294,21 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
             for il, (layer, kv, tensors) in enumerate(zip(layers, kv_layers, expert_tensors))
         ],
         **file_identity(header),
+    }
+
+
+def widths(header: GGUFHeader) -> dict[str, int]:
+    """The rows of the token embedding (the vocabulary), an expert's FFN width (an expert up/gate matrix is
+    n_embd x n_ff_exp x n_expert) and the widest dense FFN a token passes (a dense layer's, or the shared
+    experts'), whose intermediates the compute buffer holds."""
+    shapes = {t.name: t.shape for t in header.tensors}
+    up = next((s for name, s in shapes.items() if _LAYER.match(name) and "_up_exps" in name), None)
+    dense_up = ("ffn_up.weight", "ffn_up_shexp.weight")
+    dense = [s[1] for name, s in shapes.items() if _LAYER.match(name) and name.endswith(dense_up) and len(s) == 2]
+    return {
+        "n_vocab": shapes.get("token_embd.weight", (0, 0))[-1],
+        "n_ff_exp": header.arch_key("expert_feed_forward_length", 0) or (up[1] if up and len(up) == 3 else 0),
+        "n_ff_dense": max(dense, default=0),
     }
 
 

@@ -195,6 +195,8 @@ def _choose(  # noqa: C901, PLR0912 (llama_tensor_get_type_impl, branch for bran
     n_expert: int,
     n_gqa: float,
 ) -> Q:
+    """The type llama-quantize gives one tensor: a port of llama-quant.cpp's llama_tensor_get_type_impl at the
+    pinned build, branch for branch (so it stays one long function, in llama.cpp's own order)."""
     if cat == "output" or (tied and cat == "token_embd"):
         if preset == "MXFP4_MOE" or shape[0] % GGML_QUANT_SIZES[new_type][0]:
             return Q.Q8_0

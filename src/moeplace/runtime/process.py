@@ -103,6 +103,45 @@ def _rss_anon(pid: int) -> int | None:
     return int(m[1]) * 1024 if m else None
 
 
+@dataclass
+class _Watch:
+    """A running child's supervision, one poll at a time: its anonymous-memory peak; a timeout (SIGTERM, then
+    SIGKILL 5 s later, to its whole group); and `stop_when`, shown the captured stdout each time it grows, which
+    ends the run the same way as a success."""
+
+    pid: int
+    t0: float
+    timeout_s: float
+    stop_when: Callable[[str], bool] | None
+    out: Any  # the captured stdout's file
+    anon: int = 0
+    timed_out: bool = False
+    stopped: bool = False
+    kill_at: float = math.inf
+    seen: int = 0
+
+    def tick(self) -> float:
+        self.anon = max(self.anon, _rss_anon(self.pid) or 0)
+        now = time.monotonic()
+        if self.stop_when and not (self.stopped or self.timed_out):
+            size = os.fstat(self.out.fileno()).st_size
+            if size > self.seen:  # pread: the child shares this file's offset, reading must not move it
+                self.seen = size
+                self.stopped = self.stop_when(os.pread(self.out.fileno(), size, 0).decode(errors="replace"))
+                if self.stopped:
+                    self._end(signal.SIGTERM, now + 5)
+        if now - self.t0 > self.timeout_s and not (self.timed_out or self.stopped):
+            self.timed_out = True
+            self._end(signal.SIGTERM, now + 5)
+        elif now > self.kill_at:
+            kill_group(self.pid, signal.SIGKILL)
+        return now
+
+    def _end(self, sig: signal.Signals, kill_at: float) -> None:
+        kill_group(self.pid, sig)
+        self.kill_at = kill_at
+
+
 def run(
     cmd: list[str],
     *,
@@ -147,29 +186,15 @@ def run(
         except (OSError, subprocess.SubprocessError) as e:
             err.seek(0)
             return Finished(Path(cmd[0]).name, None, False, 0.0, None, 0, "", err.read(), start_error=str(e))
-        anon, timed_out, stopped, kill_at, status, rusage, seen = 0, False, False, math.inf, 0, None, 0
+        watch = _Watch(proc.pid, t0, timeout_s, stop_when if not stream_to_log else None, out)
+        status, rusage = 0, None
         try:
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
                 if pid:
                     rusage = usage
                     break
-                anon = max(anon, _rss_anon(proc.pid) or 0)
-                now = time.monotonic()
-                if stop_when and not stream_to_log and not (stopped or timed_out):
-                    size = os.fstat(out.fileno()).st_size
-                    if size > seen:  # pread: the child shares this file's offset, reading must not move it
-                        seen = size
-                        stopped = stop_when(os.pread(out.fileno(), size, 0).decode(errors="replace"))
-                        if stopped:
-                            kill_group(proc.pid, signal.SIGTERM)
-                            kill_at = now + 5
-                if now - t0 > timeout_s and not (timed_out or stopped):
-                    timed_out = True
-                    kill_group(proc.pid, signal.SIGTERM)
-                    kill_at = now + 5
-                elif now > kill_at:
-                    kill_group(proc.pid, signal.SIGKILL)
+                now = watch.tick()
                 # Often at first (a tiny model decodes in milliseconds), then at most every max_poll_s.
                 time.sleep(min(max_poll_s, max(0.002, (now - t0) / 50)))
         finally:
@@ -186,9 +211,8 @@ def run(
     if log and not stream_to_log:
         with log.open("a") as f:
             f.write(stderr)
-    return Finished(
-        Path(cmd[0]).name, proc.returncode, timed_out, wall, rusage.ru_majflt, anon, stdout, stderr, stopped=stopped
-    )
+    return Finished(Path(cmd[0]).name, proc.returncode, watch.timed_out, wall, rusage.ru_majflt, watch.anon, stdout,
+                    stderr, stopped=watch.stopped)  # fmt: skip
 
 
 def spawn(
