@@ -130,17 +130,26 @@ def test_the_time_budget_pays_for_copies_after_the_depth_fill(tmp_path):
 
 
 def test_a_run_that_fails_mid_copy_keeps_the_copies_it_finished(tmp_path):
-    """Two whole copies, then half a line and SIGSEGV: six real repetitions per test, recorded with the crash."""
+    """Two whole copies, then half a line and SIGSEGV: six real repetitions per test, kept under the crash's status
+    and flagged partial (calibrate and fidelity leave them out and say so)."""
+    from moeplace.plan.calibrate import calibration_file
+
     records = fake_bench(tmp_path, tg="50.0, 60.0, 40.0", copies=2, end="SEGV", precision=1e-6)
     for r in records:
-        assert r["status"] == "ok" and r["repetitions"] == 6 and r["target_reached"] is False
-        assert r["error"] == "stopped after 6 repetitions: killed by SIGSEGV"
+        assert r["status"] == "crash" and r["partial"] and r["repetitions"] == 6 and r["target_reached"] is False
+        assert r["samples_ts"] and r["error"] == "stopped after 6 repetitions: killed by SIGSEGV"
+    meta = {"layers": [], "n_layer": 0}
+    assert calibration_file(meta, records, None)["left_out_partial"] == 2
 
 
 def test_bench_records_are_whole_json_lines_only():
-    """A log line, a garbled record and a last record cut mid-line (a killed run) are not results."""
+    """A log line, a garbled record and a last record cut mid-line (a killed run) are not results; the garbled
+    whole line is counted (the bench stage warns), the cut last one is not (a stop cuts it)."""
+    from moeplace.runtime.tool_output import garbled_records
+
     out = '{"n_gen": 0, "avg_ts": 1.5}\nmain: done\n{"n_gen": 64, "avg_ts" 2}\n{"n_gen": 64, "avg_ts": 3.5}\n{"n_ge'
     assert [r["avg_ts"] for r in bench_records(out)] == [1.5, 3.5]
+    assert garbled_records(out) == 1
 
 
 def test_knee_of_the_seed_prediction():

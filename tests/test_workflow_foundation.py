@@ -26,7 +26,12 @@ def test_seed_example_reproduces_predicted_table_and_minimum_n(tmp_path):
     budget = pd.read_csv(wd / "results/tables/budget/qwen3-coder-30b-a3b.csv")
     assert budget.n_cpu_moe.tolist() == [12, 18, 27]
     twin = pd.read_csv(wd / "results/tables/budget/qwen3-coder-30b-a3b-twin.csv")
-    # Exact per-tensor bytes and llama.cpp's own compute buffers, with the example's 1.0 GB kept free on top.
+    # Exact per-tensor bytes and llama.cpp's own compute buffers, with the example's 1.0 GB kept free on top. By
+    # hand against the seed's: the twin keeps 1.00 GB of non-expert weights on the card (the seed 0.89) and a
+    # ~0.33 GB compute buffer besides the same 1.0 GB, so 0.44 GB less room for experts of 0.366 GB a layer: one
+    # or two layers more on the host at every context. (13, 19, 29 is what this build reserves: a regression pin;
+    # budget_check proves the method against real loads on the tiny twins.)
+    assert all(1 <= t - s <= 2 for t, s in zip(twin.n_cpu_moe, [12, 18, 27]))
     assert twin.n_cpu_moe.tolist() == [13, 19, 29]
     assert (twin.compute_source == "llama.cpp").all() and (twin.compute_bytes > 300 * 2**20).all()
     assert (wd / "logs/metadata/qwen3-coder-30b-a3b.log").exists()

@@ -19,6 +19,9 @@ with stage(snakemake.log[0]) as log:
     calibration = calibration_file(meta, records, base)
     for test, m in calibration["tests"].items():
         log.info("%s from %d runs: %s (sources %s)", test, m["runs"], m["coef"], m["source"])
+    if calibration.get("left_out_partial"):
+        log.warning("left out %d records of runs that failed after some repetitions (status and samples in the "
+                    "bench records)", calibration["left_out_partial"])  # fmt: skip
     if "not_calibrated" in calibration:
         log.warning("not calibrated: %s", calibration["not_calibrated"])
     for note in calibration.get("notes", []):

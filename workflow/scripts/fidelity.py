@@ -11,6 +11,8 @@ from moeplace.runtime.outputs import read_json, read_jsonl, stage, write_csv
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params
     records = [r for path in i.bench for r in read_jsonl(path)]
+    if partial := sum(1 for r in records if r.get("partial") and r.get("status") != "ok"):
+        log.warning("left out %d records of runs that failed after some repetitions: not scored", partial)
     ceilings = pd.read_csv(i.ceilings) if "ceilings" in i.keys() else None
     parts = []
     bandwidths, bench = Bandwidths(**p.bandwidths), BenchSettings(**p.bench)

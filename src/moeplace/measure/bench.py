@@ -26,7 +26,7 @@ from ..runtime.llama_log import is_host, read_log
 from ..runtime.llamacpp import bench_command
 from ..runtime.process import classify, run, tail
 from ..runtime.provenance import build_facts, host_facts, pipeline_revision
-from ..runtime.tool_output import bench_records
+from ..runtime.tool_output import bench_records, garbled_records
 
 log = logging.getLogger("moeplace")
 
@@ -237,6 +237,9 @@ def _batch(s: _Session, a: Arm, rpc: str | None, reps: int, open_ended: bool) ->
     a.wall_s += result.wall_s
     a.stderr = a.stderr or result.stderr
     rows = bench_records(result.stdout)
+    if garbled := garbled_records(result.stdout):
+        log.warning("llama-bench printed %d line(s) that start like a record but are not JSON (output of another "
+                    "process interleaved?); left out of %s", garbled, s.job.model_name)  # fmt: skip
     if rpc and result.ok and f"RPC0[{rpc}]" not in result.stderr:
         # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
         a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))
@@ -274,7 +277,8 @@ def _records(s: _Session, started: str, facts: dict[str, Any]) -> list[dict[str,
     """The session's records, one per test, with everything that ties them to their inputs."""
     job, rig, settings = s.job, s.rig, s.rig.settings
     parsed = parse_log(s.arm.stderr)
-    contended = any(q["contended"] for q in s.quiet)
+    seen = [q["contended"] for q in s.quiet]
+    contended = True if any(seen) else None if seen and all(c is None for c in seen) else False
     base = {
         "model": job.model_name,
         "ctx": job.ctx,
@@ -296,7 +300,7 @@ def _records(s: _Session, started: str, facts: dict[str, Any]) -> list[dict[str,
         "model_files": job.model_files,
         "started": started,
         **facts,
-        "others_running": max((q["others_running"] for q in s.quiet), default=None),
+        "others_running": max((q["others_running"] for q in s.quiet if q["others_running"] is not None), default=None),
         "contended": contended,
         **pipeline_revision(rig.workdir),
         "kv_contexts": parsed["contexts"],
@@ -332,7 +336,9 @@ def _record(
     record = {
         **base,
         "test": test,
-        "status": "ok",
+        # a run that failed after some repetitions keeps them, under its failure's status (partial)
+        "status": arm.failure[0] if arm.failure else "ok",
+        "partial": bool(arm.failure),
         "avg_ts": mean,
         "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
         "samples_ts": samples,
@@ -342,7 +348,7 @@ def _record(
         "target_reached": _precise_enough({test: samples}, {test: paired} if paired else None, settings.precision)
         if settings.adaptive
         else None,
-        "noisy": cv > settings.noisy_cv or contended,
+        "noisy": cv > settings.noisy_cv or bool(contended),
         "backends": first.get("backends"),
         "gpu_info": first.get("gpu_info"),
         # llama-bench's own row of the first batch (its per-sample arrays aside), for the published SQLite.

@@ -198,7 +198,11 @@ def reserved_compute(
 
     def compute(w: Workload, n_cpu_moe: int) -> int:
         buffers = reserve(manifest, model_path, w.llama_args(), n_cpu_moe, rpc, log_path, pins)
-        return buffers.only_device().get("compute", 0)
+        device = buffers.only_device()
+        if "compute" not in device:
+            raise MoeplaceError(f"llama-fit-params logged no compute buffer on the device for {model_path} at "
+                                f"--n-cpu-moe {n_cpu_moe}; see {log_path}.")  # fmt: skip
+        return device["compute"]
 
     return compute
 

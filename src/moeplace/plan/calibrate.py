@@ -67,10 +67,12 @@ def read_runs(paths: list[str | Path]) -> list[dict[str, Any]]:
 def calibration_file(meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel) -> dict[str, Any]:
     """What the pipeline's calibrate stage writes: the fitted model, or where the sweep cannot calibrate one
     (every run out of memory, say) an empty model and the reason, so that the rest of the run goes on."""
+    partial = sum(1 for r in records if r.get("partial") and r.get("status") != "ok")
+    left_out = {"left_out_partial": partial} if partial else {}
     try:
-        return calibrate(meta, records, base).to_json()
+        return {**calibrate(meta, records, base).to_json(), "status": "calibrated", **left_out}
     except MoeplaceError as e:
-        return {"tests": {}, "not_calibrated": str(e)}
+        return {"tests": {}, "status": "not_calibrated", "not_calibrated": str(e), **left_out}
 
 
 def calibrate(meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel) -> SpeedModel:

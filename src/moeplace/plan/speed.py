@@ -3,7 +3,7 @@
 Decode (tg), seconds per generated token:
     t = t0 * L + V/B_dev + D/B_host + h * hops + s_kv * KV
 Prefill (pp), seconds per prompt token:
-    t = q0 * L + q_host * D + q_link * C + q_kv * KV
+    t = q0 * L + q_link * C + q_kv * KV
 where, for a placement P (the routed-expert tensors kept in host RAM):
   L     the model's layers: a token's fixed cost (kernel launches, synchronisation) is t0 per layer;
   V, D  bytes one token reads from the device and from host RAM (predict.read_bytes, per tensor for -ot);
@@ -44,7 +44,7 @@ from ..runtime.llamacpp_args import DEFAULT_UBATCH, batch_for
 TESTS = ("tg", "pp")
 FEATURES = {
     "tg": ("layers", "device_gb", "host_gb", "hops", "kv_gb"),
-    "pp": ("layers", "host_gb", "link_gb", "kv_gb"),
+    "pp": ("layers", "link_gb", "kv_gb"),
 }
 UNITS = {
     "layers": "s/layer",
@@ -139,7 +139,7 @@ def features(meta: dict[str, Any], run: Run) -> dict[str, float]:
     if run.test == "tg":
         return {"layers": layers, "device_gb": v / GB, "host_gb": d / GB, "hops": 2.0 * host_layers, "kv_gb": kv}
     link = copied_bytes(meta, host_bytes, run.n_tokens, run.ubatch)
-    return {"layers": layers, "host_gb": d / GB, "link_gb": link / GB, "kv_gb": kv}
+    return {"layers": layers, "link_gb": link / GB, "kv_gb": kv}
 
 
 @dataclass

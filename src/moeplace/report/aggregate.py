@@ -142,7 +142,10 @@ def compare_table(
     return table
 
 
-MEMORY_TOLERANCE = (0.02, 8 * 2**20)  # a buffer agrees within 2% or 8 MiB
+# How far ours may be from llama.cpp's and still agree: weights and KV are exact (llama.cpp prints 0.01 MiB, each
+# tensor padded to its alignment: 0.05 MiB); compute is our estimate of the scheduler's reserve (memory.py), which
+# on the tiny twins lands within 13% (16.02 MiB logged, 18.00 ours at 8K) and on full-size models within 5%.
+MEMORY_TOLERANCE = {"weights": 0.05 * 2**20, "kv": 0.05 * 2**20, "compute": 0.15}  # bytes, bytes, a share
 
 
 def device_buffers(buffers: dict[str, dict[str, int]]) -> tuple[dict[str, int], int]:
@@ -176,7 +179,7 @@ def memory_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[s
                 continue  # an out-of-memory run never got to allocate it
             theirs = buffers[buffer]
             diff = ours - theirs
-            tolerance = max(MEMORY_TOLERANCE[0] * theirs, MEMORY_TOLERANCE[1])
+            tolerance = MEMORY_TOLERANCE["compute"] * theirs if buffer == "compute" else MEMORY_TOLERANCE[buffer]
             rows.append({"model": r["model"], "ctx": r["ctx"], "n_ctx": n_ctx, "n_cpu_moe": r["n_cpu_moe"],
                          "variant": r["variant"], "type_k": r["type_k"], "type_v": r["type_v"], "devices": devices,
                          "buffer": buffer,

@@ -41,26 +41,30 @@ def pin(cpus: tuple[int, ...]) -> None:
     os.sched_setaffinity(0, cpus)
 
 
-def others_running(seconds: float = 1.0, interval: float = 0.1) -> float:
-    """Runnable tasks other than this one, averaged over `seconds` (0 where /proc/stat is unreadable)."""
+def others_running(seconds: float = 1.0, interval: float = 0.1) -> float | None:
+    """Runnable tasks other than this one, averaged over `seconds` (None where /proc/stat is unreadable)."""
     samples = []
     deadline = time.monotonic() + seconds
     while True:
         try:
             line = next(ln for ln in PROC_STAT.read_text().splitlines() if ln.startswith("procs_running"))
         except (OSError, StopIteration):
-            return 0.0
+            return None
         samples.append(max(0, int(line.split()[1]) - 1))
         if time.monotonic() >= deadline:
             return sum(samples) / len(samples)
         time.sleep(interval)
 
 
-def wait_for_quiet(max_wait_s: float) -> dict[str, float | bool]:
-    """Wait up to `max_wait_s` for the other runnable tasks to fall below BUSY; what was seen, for the record."""
+def wait_for_quiet(max_wait_s: float) -> dict[str, float | bool | None]:
+    """Wait up to `max_wait_s` for the other runnable tasks to fall below BUSY; what was seen, for the record
+    (contended None: this machine does not say, /proc/stat being unreadable)."""
     start = time.monotonic()
     while True:
         busy = others_running()
+        if busy is None:
+            log.warning("%s is unreadable: whether other tasks share the CPUs is unknown for this run", PROC_STAT)
+            return {"others_running": None, "quiet_wait_s": 0.0, "contended": None}
         waited = time.monotonic() - start
         if busy < BUSY or waited >= max_wait_s:
             if busy >= BUSY:

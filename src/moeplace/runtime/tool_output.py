@@ -52,6 +52,12 @@ def bench_records(stdout: str) -> list[dict[str, Any]]:
     return records
 
 
+def garbled_records(stdout: str) -> int:
+    """Whole lines that start like a record but are not JSON (bench_records leaves them out)."""
+    whole = stdout[: stdout.rfind("\n") + 1].splitlines()
+    return sum(1 for line in whole if line.startswith("{")) - len(bench_records(stdout))
+
+
 def _number(value: str) -> int | float | str:
     for kind in (int, float):
         try:
