@@ -120,3 +120,16 @@ def test_quant_table_gives_exact_bytes_and_both_speeds(wd):
     if reason := cgroup_support():
         pytest.skip(f"the capped comparison needs a memory cgroup: {reason}")
     assert (table.tok_s_capped > 0).all()
+
+
+def test_publish_after_every_stage_shows_each_figure_with_its_rendered_caption(wd):
+    """The per-model figures (routing, RAM tier, quants) have captions of their own rule: publish finds them by
+    the figure's wildcards and renders their reStructuredText (no double backticks left on the page)."""
+    run = snakemake(wd, "publish")
+    assert run.returncode == 0, run.stderr[-3000:]
+    (index,) = wd.glob("publish/*/index.html")
+    page = index.read_text()
+    for figure in ("routing_tiny-qwen3moe.png", "ram_tier_tiny-qwen3moe.png", "quants_tiny-qwen3moe.png"):
+        caption = page.split(f"figures/{figure}", 1)[1].split("</figcaption>", 1)[0]
+        assert len(caption) > 60, figure  # a caption, not an empty one
+    assert "``" not in page and ("<tt class=" in page or "<code" in page)

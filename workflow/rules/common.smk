@@ -329,19 +329,21 @@ def get_publish_missing(wildcards):
 
 
 def get_publish_captions(wildcards):
-    """Each figure's caption, from workflow/report/<name>.rst by the figure's name (ncmoe_32k_pp -> ncmoe_pp)."""
+    """Each figure's caption: the report() caption its rule names, with the figure's wildcards filled in
+    (ncmoe_32k_pp.png: ncmoe_pp.rst for ctx 32k; ram_tier_<model>.png: ram_tier.rst for that model)."""
     import re
 
+    figures = [(f, rule) for rule in workflow.rules for f in rule.output
+               if str(f).startswith("results/figures/") and f.flags.get("report")]  # fmt: skip
     captions = {}
-    for figure in Path("results/figures").glob("*.png"):
-        label = re.search(r"_(\d+k|\d+)(?=_|$)", figure.stem)
-        stem = figure.stem.replace(label[0], "") if label else figure.stem
-        rst = Path(workflow.source_path(f"../report/{stem}.rst"))
-        if rst.exists():
-            text = re.sub(
-                r"\{\{ *snakemake\.wildcards\.\w+ *\}\}",
-                label[1] if label else "",
-                rst.read_text(),
-            )
-            captions[f"figures/{figure.name}"] = text.strip()
+    for path in sorted(Path("results/figures").glob("*.png")):
+        for pattern, rule in figures:
+            if not (m := pattern.match(str(path))):
+                continue
+            rst = Path(rule.snakefile).parent / str(pattern.flags["report"].caption)
+            if rst.exists():
+                fill = lambda w: m.groupdict().get(w[1], "")  # noqa: E731
+                text = re.sub(r"\{\{ *snakemake\.wildcards\.(\w+) *\}\}", fill, rst.read_text())
+                captions[f"figures/{path.name}"] = text.strip()
+            break
     return captions

@@ -233,6 +233,16 @@ def verify(folder: Path) -> int:
     return len(listed)
 
 
+def rst_html(text: str) -> str:
+    """A caption's reStructuredText as HTML (literals, emphasis, links), as Snakemake's own report renders it."""
+    if not text.strip():
+        return ""
+    from docutils.core import publish_parts
+
+    settings = {"report_level": 5, "halt_level": 5, "output_encoding": "unicode"}  # a bad caption is shown, not fatal
+    return publish_parts(text, writer_name="html", settings_overrides=settings)["fragment"]
+
+
 def index_html(
     name: str,
     tables: dict[str, Path],
@@ -245,10 +255,8 @@ def index_html(
     e = html.escape
     parts = [f"<!doctype html><meta charset=utf-8><title>{e(name)}</title>", f"<h1>{e(name)}</h1>"]
     for rel in figures:
-        caption = captions.get(rel, "")
-        parts.append(
-            f"<figure><img src='{e(rel)}' style='max-width:100%'><figcaption>{e(caption)}</figcaption></figure>"
-        )
+        caption = rst_html(captions.get(rel, ""))
+        parts.append(f"<figure><img src='{e(rel)}' style='max-width:100%'><figcaption>{caption}</figcaption></figure>")
     parts.append("<h2>Tables</h2><ul>" + "".join(f"<li><a href='{e(r)}'>{e(r)}</a></li>" for r in tables) + "</ul>")
     parts.append(
         "<p>Columns: <a href='DATA.md'>DATA.md</a>. Every run: <a href='llama-bench.sqlite'>llama-bench.sqlite</a>."
