@@ -330,20 +330,23 @@ def get_publish_missing(wildcards):
 
 def get_publish_captions(wildcards):
     """Each figure's caption: the report() caption its rule names, with the figure's wildcards filled in
-    (ncmoe_32k_pp.png: ncmoe_pp.rst for ctx 32k; ram_tier_<model>.png: ram_tier.rst for that model)."""
+    (ncmoe_32k_pp.png: ncmoe_pp.rst for ctx 32k; ram_tier_<model>.png: ram_tier.rst for that model).
+    """
     import re
 
-    figures = [(f, rule) for rule in workflow.rules for f in rule.output
+    figures = [(f, maker) for maker in workflow.rules for f in maker.output
                if str(f).startswith("results/figures/") and f.flags.get("report")]  # fmt: skip
     captions = {}
     for path in sorted(Path("results/figures").glob("*.png")):
-        for pattern, rule in figures:
+        for pattern, maker in figures:
             if not (m := pattern.match(str(path))):
                 continue
-            rst = Path(rule.snakefile).parent / str(pattern.flags["report"].caption)
+            rst = Path(maker.snakefile).parent / str(pattern.flags["report"].caption)
             if rst.exists():
                 fill = lambda w: m.groupdict().get(w[1], "")  # noqa: E731
-                text = re.sub(r"\{\{ *snakemake\.wildcards\.(\w+) *\}\}", fill, rst.read_text())
+                text = re.sub(
+                    r"\{\{ *snakemake\.wildcards\.(\w+) *\}\}", fill, rst.read_text()
+                )
                 captions[f"figures/{path.name}"] = text.strip()
             break
     return captions
