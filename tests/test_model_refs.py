@@ -59,11 +59,11 @@ def test_ollama_name_reads_the_same_model_as_its_blob(tmp_path, small_moe):
     assert inspect_json("ollama:hf.co/someone/Tiny-GGUF:Q4_K_M", env)["expert_bytes"] > 0
     missing = moeplace("inspect", "ollama:tiny", env=env)  # tag latest was never pulled
     assert missing.returncode == 2 and "no manifest at" in missing.stderr and "ollama list" in missing.stderr
-    # A Modelfile for Ollama: its own name in FROM; no ollama binary here to tell whether it has num_cpu_moe.
+    # A Modelfile for Ollama: its own name in FROM; no ollama binary here to ask its version.
     text = moeplace("recommend", "ollama:tiny:q4", "--vram", "1GiB", "--ctx", "4096", "--emit", "ollama", env=env)
     assert text.returncode == 0, text.stderr
-    assert text.stdout.startswith("FROM tiny:q4\nPARAMETER num_ctx 4096\n") and "PARAMETER num_cpu_moe 0" in text.stdout
-    assert "needs an Ollama build that has it" in text.stdout
+    assert text.stdout.startswith("FROM tiny:q4\nPARAMETER num_ctx 4096\n") and "no ollama found here" in text.stdout
+    assert "#   LLAMA_ARG_N_CPU_MOE=0 ollama serve" in text.stdout
 
 
 def test_lmstudio_and_hf_cache_references(tmp_path, small_moe):
@@ -196,10 +196,10 @@ def test_remote_failures_are_one_clear_line(small_moe, tmp_path):
 
 
 def test_emit_bench_and_llama_swap(small_moe):
-    bench = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "32768", "--emit", "bench").stdout
-    assert bench.startswith("llama-bench -m ") and "-d 32256 -p 512 -n 128" in bench and "-ncmoe 0" in bench
-    swap = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "32768", "--emit", "llama-swap").stdout
-    assert swap.startswith('models:\n  "') and "cmd: llama-server --port ${PORT} -m " in swap and "-c 32768" in swap
+    bench = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "4096", "--emit", "bench").stdout
+    assert bench.startswith("llama-bench -m ") and "-d 3584 -p 512 -n 128" in bench and "-ncmoe 0" in bench
+    swap = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "4096", "--emit", "llama-swap").stdout
+    assert swap.startswith('models:\n  "') and 'cmd: "llama-server --port ${PORT} -m ' in swap and "-c 4096" in swap
 
 
 def test_a_models_name_is_a_short_line_and_quoted_in_llama_swap():
@@ -217,7 +217,7 @@ def test_a_models_name_is_a_short_line_and_quoted_in_llama_swap():
 
     assert named('Qwen3 "Coder"') == 'Qwen3 "Coder"'
     assert named("x\n  evil: 1") == named("n" * 129) == named(None) == "model-Q4"
-    entry = yaml.safe_load(llama_swap('Qwen3 "Coder": v2-32k', "llama-server -m m.gguf"))
+    entry = yaml.safe_load(llama_swap({'Qwen3 "Coder": v2-32k': "llama-server -m m.gguf"}))
     assert list(entry["models"]) == ['Qwen3 "Coder": v2-32k']
 
 
@@ -241,13 +241,15 @@ def test_the_config_takes_a_store_reference(tmp_path, small_moe, monkeypatch):
     )
 
 
-@pytest.mark.parametrize("knows", [True, False])
-def test_ollama_modelfile_says_whether_your_ollama_has_num_cpu_moe(tmp_path, small_moe, knows):
+@pytest.mark.parametrize(("version", "route"), [("0.30.1", "ollama serve"), ("0.12.6", "runs its own engine")])
+def test_ollama_modelfile_follows_your_ollamas_version(tmp_path, small_moe, version, route):
+    """Ollama 0.30.0 and newer run llama-server with their environment; older ones have no route but llama.cpp's."""
     fake = tmp_path / "bin/ollama"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\n# options: num_ctx num_gpu" + (" num_cpu_moe" if knows else "") + "\n")
+    fake.write_text(f"#!/bin/sh\necho 'ollama version is {version}'\n")
     fake.chmod(0o755)
     env = {"PATH": f"{fake.parent}:/usr/bin:/bin"}
     text = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "4096", "--emit", "ollama", env=env).stdout
-    assert ("PARAMETER num_cpu_moe 0" in text) == knows
-    assert ("Your Ollama has no num_cpu_moe option" in text) == (not knows)
+    assert route in text and "PARAMETER num_cpu_moe" not in text  # `ollama create` refuses unknown parameters
+    assert ("LLAMA_ARG_N_CPU_MOE=0 ollama serve" in text) == (version == "0.30.1")
+    assert ("yours is 0.30.1" in text) == (version == "0.30.1")

@@ -12,7 +12,7 @@ from .core.config import Device
 from .core.errors import MoeplaceError
 from .core.units import parse_size
 from .model.kvcache import CACHE_TYPES
-from .model.memory import FLASH_ATTN, Workload
+from .model.memory import FLASH_ATTN, NO_PINS, Workload
 from .model.metadata import describe, inspect_model
 from .plan import budget as budget_mod
 from .plan import commands
@@ -160,7 +160,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"{result.loads} loads; lowest feasible n = {result.lowest_n}, chosen n = {result.chosen_n} "
         f"(margin {args.margin}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens"
     )
-    print("  expected: " + describe_speed(expected(meta, speeds, result.chosen_n, args.ctx, args), args.ctx))
+    host = NO_PINS.host_set(meta, result.chosen_n)
+    print("  expected: " + describe_speed(expected(meta, speeds, host, args.ctx, args), args.ctx))
     note = "  # add --rpc HOST:PORT for the emulated device" if record["device_kind"] == "emulated" else ""
     kv = (args.cache_type_k, args.cache_type_v)
     print("  " + commands.llama_server(args.model, args.ctx, result.chosen_n, *kv) + note)
