@@ -49,7 +49,7 @@ def test_kv_model_matches_llamacpp_accounting(arch, twins, tmp_path):
     check = memory_check_table(records, {twins[arch].stem: inspect_model(twins[arch])}).set_index("buffer")
     # The depth fills the context: the pp test holds exactly the 8192 cells the budget plans.
     assert set(check.n_ctx) == {8192}
-    # Weights and KV to the 0.01 MiB llama.cpp logs (plus tensor alignment); compute, our estimate, within 15%.
+    # Weights and KV to the 0.01 MiB llama.cpp logs (plus tensor alignment); compute, our estimate, -5% to +20%.
     assert check.loc[["weights", "kv"], "diff_mib"].abs().max() <= 0.02, check.to_string()
     assert check.within_tolerance.all(), check.to_string()
 

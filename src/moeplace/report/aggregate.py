@@ -145,7 +145,12 @@ def compare_table(
 # How far ours may be from llama.cpp's and still agree: weights and KV are exact (llama.cpp prints 0.01 MiB, each
 # tensor padded to its alignment: 0.05 MiB); compute is our estimate of the scheduler's reserve (memory.py), which
 # on the tiny twins lands within 13% (16.02 MiB logged, 18.00 ours at 8K) and on full-size models within 5%.
-MEMORY_TOLERANCE = {"weights": 0.05 * 2**20, "kv": 0.05 * 2**20, "compute": 0.15}  # bytes, bytes, a share
+EXACT_TOLERANCE = 0.05 * 2**20  # bytes: weights and KV, to llama.cpp's logged 0.01 MiB plus tensor alignment
+# Our compute figure is the graph's largest live tensors summed without the allocator's reuse: never far under
+# llama.cpp's (an under-estimate risks an out-of-memory), often over (llama.cpp packs the attention mask and the
+# logits tighter: 36.01 MiB against our 42.00 on the tiny qwen3moe twin at 32K with every expert on the host; on
+# real cards with every matrix on the device 1.00-1.11 of the log). Shares of llama.cpp's figure:
+COMPUTE_TOLERANCE = (-0.05, 0.20)
 
 
 def device_buffers(buffers: dict[str, dict[str, int]]) -> tuple[dict[str, int], int]:
@@ -179,16 +184,22 @@ def memory_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[s
                 continue  # an out-of-memory run never got to allocate it
             theirs = buffers[buffer]
             diff = ours - theirs
-            tolerance = MEMORY_TOLERANCE["compute"] * theirs if buffer == "compute" else MEMORY_TOLERANCE[buffer]
             rows.append({"model": r["model"], "ctx": r["ctx"], "n_ctx": n_ctx, "n_cpu_moe": r["n_cpu_moe"],
                          "variant": r["variant"], "type_k": r["type_k"], "type_v": r["type_v"], "devices": devices,
                          "buffer": buffer,
                          "llamacpp_mib": theirs / 2**20, "ours_mib": ours / 2**20, "diff_mib": diff / 2**20,
                          "diff_pct": 100 * diff / theirs if theirs else None,
-                         "within_tolerance": abs(diff) <= tolerance})  # fmt: skip
+                         "within_tolerance": within_tolerance(buffer, ours, theirs)})  # fmt: skip
     columns = ["model", "ctx", "n_ctx", "n_cpu_moe", "variant", "type_k", "type_v", "devices", "buffer", "llamacpp_mib",
                "ours_mib", "diff_mib", "diff_pct", "within_tolerance"]  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
+
+
+def within_tolerance(buffer: str, ours: int, theirs: int) -> bool:
+    if buffer != "compute":
+        return abs(ours - theirs) <= EXACT_TOLERANCE
+    under, over = COMPUTE_TOLERANCE
+    return under * theirs <= ours - theirs <= over * theirs
 
 
 def precision_table(measured: pd.DataFrame, variants: pd.DataFrame) -> pd.DataFrame:
