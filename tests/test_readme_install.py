@@ -52,6 +52,7 @@ def test_environment_yml_pins_what_pyproject_pins():
 
 
 @pytest.mark.llamacpp
+@pytest.mark.long
 def test_readme_install_alone_runs_the_pipeline_and_the_report(tmp_path):
     venv = tmp_path / "venv"
     # The README's first line: python3 -m venv .venv && .venv/bin/pip install -e .

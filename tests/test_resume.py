@@ -31,6 +31,7 @@ def stable(path) -> pd.DataFrame:
     return pd.read_csv(path).drop(columns=TIMING).sort_values(["n_cpu_moe", "test"], ignore_index=True)
 
 
+@pytest.mark.long
 @pytest.mark.fault(
     fault="Snakemake itself is killed",
     injected="SIGKILL to snakemake a moment after a job finished",

@@ -12,7 +12,7 @@ from conftest import ROOT
 from slurm_cluster import ensure_installed, one_node_cluster
 from workflow_helpers import SNAKEMAKE, snakemake, workflow_copy
 
-pytestmark = [pytest.mark.slurm, pytest.mark.llamacpp]
+pytestmark = [pytest.mark.slurm, pytest.mark.llamacpp, pytest.mark.long]
 CFG = {
     **yaml.safe_load((ROOT / "config/config.yaml").read_text()),
     "models": {"tiny-qwen3moe": {"twin": "config/models/tiny-qwen3moe.yaml"}},

@@ -38,6 +38,7 @@ def test_a_collapse_next_to_a_feasible_neighbour_is_a_silent_spill():
 
 
 @pytest.mark.llamacpp
+@pytest.mark.long
 def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     """On the emulated capped device: every n probed vs the tuner's search from the budget's prediction."""
     from conftest import ROOT

@@ -17,7 +17,7 @@ from workflow_helpers import SNAKEMAKE, snakemake, workflow_copy
 
 from moeplace.measure.bench import auto_sweep
 
-pytestmark = pytest.mark.llamacpp
+pytestmark = [pytest.mark.llamacpp, pytest.mark.long]
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 
 

@@ -17,7 +17,7 @@ from moeplace.plan.speed import kv_read_gb
 from moeplace.runtime.cgroup import cgroup_support
 from moeplace.runtime.outputs import read_jsonl
 
-pytestmark = pytest.mark.llamacpp
+pytestmark = [pytest.mark.llamacpp, pytest.mark.long]
 CFG = {
     **yaml.safe_load((ROOT / "config/config.yaml").read_text()),
     "models": {"tiny-qwen3moe": {"twin": "config/models/tiny-qwen3moe.yaml"}},
