@@ -111,6 +111,22 @@ def test_ncmoe_figures_say_the_device_and_the_out_of_sample_prediction(drawn, tm
     check(pp, EMULATED, "Prefill", "prefill (pp) speed, tokens/s")
 
 
+def test_a_wide_interval_is_cut_at_the_top_and_marked_never_flattening_the_points(drawn, tmp_path):
+    """The default run's tiny-gpt-oss panel once had a leave-one-out interval reaching 27,000 tok/s at n = 0,
+    which pressed its measured 100-150 tok/s onto the x axis."""
+    from moeplace.report.figures import ncmoe_figure
+
+    measured, compare = sweep()
+    compare.loc[compare.n_cpu_moe == 1, "predicted_tg_high"] = 27_000.0
+    ncmoe_figure(compare, measured, 32768, "tg", tmp_path / "x.png")
+    (fig,) = drawn
+    text = check(fig, "runs above the axis (cut)")
+    ax = fig.axes[0]
+    assert ax.get_ylim()[1] == pytest.approx(1.3 * (95 + 1))  # the highest mean + sd, and room
+    (cut,) = [line for line in ax.get_lines() if "cut" in line.get_label()]
+    assert list(cut.get_xdata()) == [1] and "27" not in text
+
+
 def test_variants_figure_says_what_it_cannot_tell_apart(drawn, tmp_path):
     from moeplace.measure.placement import variants_table
     from moeplace.report.figures import variants_figure

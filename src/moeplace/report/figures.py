@@ -58,7 +58,7 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
             n_min = int(c.budget_min_n.iloc[0])
             ax.axvline(n_min, color="tab:purple", lw=1.2, label=f"budget minimum (n = {n_min})")
         ax.set_xlim(-0.5, n_max + 0.5)
-        ax.set_ylim(bottom=0)
+        _scale_to_measured(ax, ok, p, test)
         ax.set_xlabel("--n-cpu-moe (layers whose experts stay in host RAM)")
         ax.set_ylabel(f"{'decode (tg)' if test == 'tg' else 'prefill (pp)'} speed, tokens/s")
         ax.set_title(f"{model}, {Context(ctx)} context ({ctx:,} tokens)\n{device}", fontsize=9)
@@ -71,6 +71,21 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
     with atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=130, format="png")
     plt.close(fig)
+
+
+def _scale_to_measured(ax: plt.Axes, ok: pd.DataFrame, predicted: pd.DataFrame, test: str) -> None:
+    """The y axis spans what was measured (with room for its spread); a prediction or interval beyond it is cut
+    at the top and marked there, so a wide interval never flattens the points."""
+    if not len(ok):
+        ax.set_ylim(bottom=0)
+        return
+    top = 1.3 * float((ok.avg_ts + ok.stddev_ts.fillna(0)).max())
+    ax.set_ylim(0, top)
+    if len(predicted):
+        cut = predicted[predicted[f"predicted_{test}_high"] > top]
+        if len(cut):
+            ax.plot(cut.n_cpu_moe, [top] * len(cut), "^", color="tab:orange", ms=7, clip_on=False, zorder=6,
+                    label="prediction or its interval runs above the axis (cut)")  # fmt: skip
 
 
 def matrix_figure(matrix: pd.DataFrame, out: str | Path) -> None:
