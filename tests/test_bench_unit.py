@@ -27,11 +27,12 @@ llama_kv_cache:        CPU KV buffer size =    64.50 MiB
 
 
 def test_auto_sweep_spans_below_the_minimum_up_to_all_layers():
-    assert auto_sweep(4, 8) == [2, 3, 4, 5, 6, 7, 8]
-    assert auto_sweep(18, 48) == [16, 17, 18, 24, 30, 36, 42, 48]
-    assert auto_sweep(0, 8) == [0, 2, 3, 5, 6, 8]
+    assert auto_sweep(4, 8) == [3, 4, 5, 6, 8]
+    assert auto_sweep(18, 48) == [17, 18, 19, 33, 48]
+    assert auto_sweep(0, 8) == [0, 1, 4, 8]
+    assert auto_sweep(8, 8) == [7, 8]
     assert auto_sweep(None, 8) == [8]
-    assert auto_sweep(18, 48, step=4) == [16, 17, 18, 22, 26, 30, 34, 38, 42, 46, 48]  # the GPU check's sweep
+    assert auto_sweep(18, 48, step=4) == [17, 18, 22, 26, 30, 34, 38, 42, 46, 48]  # the GPU check's sweep
 
 
 def test_parse_log_sums_kv_buffers_per_context_and_lists_placements():

@@ -372,7 +372,7 @@ def test_published_sweeps_two_runs_predict_the_rest(published_sweeps):
     errors = pd.DataFrame(rows)
     same = errors[errors.depth == errors.fit_depth]
     assert same.setup.nunique() >= 15
-    # The bar is 5% for both. Prefill misses it on AMD's cards (see the README); its bound guards what it reaches.
+    # The bar is 5% for both. Prefill misses it on AMD's cards (see docs/method.md); its bound guards what it reaches.
     for test, points, bound in (("tg", 85, 5.0), ("pp", 65, 7.5)):
         err = same[same.test == test].error_pct.abs()
         p90 = np.percentile(err, 90)

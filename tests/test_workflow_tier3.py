@@ -57,7 +57,7 @@ def test_ceilings_feed_the_uncalibrated_prediction(wd):
     moe = decode[decode.subject == "tiny-qwen3moe"]
     assert moe.effective_gbps.tolist() == pytest.approx((moe.value * bytes_per_token(meta) / GB).tolist())
     # Attention timed on the device at the benchmarks' depth (1024 - 512) and an eighth of it, every routed
-    # expert on the host (its value at such shallow depths is mostly noise: see the README for 4K and 32K).
+    # expert on the host (its value at such shallow depths is mostly noise: see docs/measurements.md for 4K and 32K).
     attention = ceilings[ceilings.ceiling.str.startswith("attention_")].set_index("ceiling")
     assert set(attention.index) == {"attention_tg", "attention_pp"} and (attention.subject == "tiny-qwen3moe").all()
     assert (attention.depths == "64 512").all() and (attention.n_cpu_moe == meta["n_layer"]).all()

@@ -123,6 +123,7 @@ class DeviceTarget:
     kind: str  # auto, gpu or emulated
     name: str
     vram_bytes: int | None  # None: auto, the free memory the GPU reports when a job starts
+    host_slowdown: float = 1.0  # emulated device: how much slower its host side computes than the device
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,7 @@ def parse_settings(config: dict[str, Any]) -> Settings:
     )
     return Settings(
         contexts=contexts,
-        device=DeviceTarget(dev["kind"], dev["name"], vram),
+        device=DeviceTarget(dev["kind"], dev["name"], vram, dev["host_slowdown"]),
         memory=Device(vram, parse_size(dev["overhead"], "config device.overhead")),
         bandwidths=Bandwidths(
             vram_gbps=dev["bw_vram_gbps"],

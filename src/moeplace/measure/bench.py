@@ -20,8 +20,8 @@ from typing import Any
 
 from ..core.config import BenchSettings
 from ..core.stats import delta_interval, mean_halfwidth, repetitions_for
-from ..runtime.cpus import pin, split_cpus, wait_for_quiet
-from ..runtime.device import DeviceSetup, attached
+from ..runtime.cpus import split_cpus, wait_for_quiet
+from ..runtime.device import DeviceSetup, HostSide, attached, host_side
 from ..runtime.llama_log import is_host, read_log
 from ..runtime.llamacpp import bench_command
 from ..runtime.process import classify, run, tail
@@ -169,6 +169,7 @@ class _Session:
     threads: int
     arm: Arm
     baseline: Arm | None
+    host: HostSide = HostSide(lambda: None)  # how llama-bench runs (runtime.device.host_side)
     quiet: list[dict[str, Any]] = field(default_factory=list)
     t0: float = field(default_factory=time.monotonic)
 
@@ -197,7 +198,8 @@ def run_bench(job: BenchJob, rig: Rig) -> list[dict[str, Any]]:
     tests = TESTS if settings.prompt else ("tg",)  # -p 0: a decode-only probe
     threads = min(settings.threads, len(cpus.bench))
     session = _Session(job, rig, depth, tests, cpus, threads, Arm(job.n_cpu_moe, job.overrides), baseline)
-    with attached(rig.device, rig.manifest, cpus, rig.log_path) as rpc:
+    with attached(rig.device, rig.manifest, cpus, rig.log_path) as rpc, host_side(rig.device, cpus.bench) as host:
+        session.host = host
         _measure(session, rpc)
     return _records(session, started, facts)
 
@@ -231,7 +233,8 @@ def _batch(s: _Session, a: Arm, rpc: str | None, reps: int, open_ended: bool) ->
     cmd = bench_command(manifest, s.job.model_path, s.depth, a.n_cpu_moe, settings, rpc, a.overrides, reps,
                         s.threads, copies)  # fmt: skip
     stop_when = _enough(a, s.tests, settings, s.t0) if open_ended else None
-    result = run(cmd, timeout_s=settings.timeout_s, log_path=s.rig.log_path, before_exec=lambda: pin(s.cpus.bench),
+    result = run(cmd, timeout_s=settings.timeout_s, log_path=s.rig.log_path, before_exec=s.host.enter,
+                 on_stderr_line=s.host.on_line,
                  stop_when=stop_when)  # fmt: skip
     a.batches += 1
     a.wall_s += result.wall_s
@@ -296,6 +299,7 @@ def _records(s: _Session, started: str, facts: dict[str, Any]) -> list[dict[str,
         "device_kind": rig.device.kind,
         "device": rig.device.label,
         "device_cap_bytes": rig.device.cap_bytes,
+        "host_slowdown": rig.device.host_slowdown,
         **build_facts(rig.manifest),
         "model_files": job.model_files,
         "started": started,
@@ -360,17 +364,14 @@ def _record(
     return record
 
 
-def auto_sweep(n_min: int | None, n_layer: int, points_above: int = 6, step: int = 0) -> list[int]:
-    """Two values below the budget's minimum (expected to run out of memory), then up to all layers: `points_above`
-    spread evenly, or every `step`-th n."""
+def auto_sweep(n_min: int | None, n_layer: int, points_above: int = 3, step: int = 0) -> list[int]:
+    """The value below the budget's minimum (expected to run out of memory: the budget's proof), the minimum and
+    its next neighbour (where the card's speed is decided), and up to all layers: `points_above` spread evenly
+    from the minimum, or every `step`-th n."""
     if n_min is None:  # the context does not fit at all: one run records how it fails
         return [n_layer]
-    below = [n for n in (n_min - 2, n_min - 1) if n >= 0]
-    span = n_layer - n_min
+    below = [n_min - 1] if n_min > 0 else []
     if step:
-        above = sorted({*range(n_min, n_layer + 1, step), n_layer})
-    elif span:
-        above = sorted({n_min + round(i * span / (points_above - 1)) for i in range(points_above)})
-    else:
-        above = [n_min]
-    return below + above
+        return below + sorted({*range(n_min, n_layer + 1, step), n_layer})
+    spread = {n_min + round(i * (n_layer - n_min) / (points_above - 1)) for i in range(points_above)}
+    return below + sorted({n_min, min(n_min + 1, n_layer), *spread})

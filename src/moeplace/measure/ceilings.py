@@ -39,8 +39,8 @@ from ..core.errors import MoeplaceError
 from ..core.units import GB
 from ..model.reads import bytes_per_token
 from ..plan.speed import TESTS, Run, SpeedModel, anchored, features, prior
-from ..runtime.cpus import pin, split_cpus
-from ..runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, attached, link_facts
+from ..runtime.cpus import split_cpus
+from ..runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, HostSide, attached, host_side, link_facts
 from ..runtime.llamacpp import bench_command, require_binary
 from ..runtime.native import build_native
 from ..runtime.process import run_checked
@@ -212,8 +212,8 @@ def attention_rows(
     cpus = split_cpus(device.kind == "emulated")
     threads = min(bench.threads, len(cpus.bench))
     placements = [(depth, n_layer) for depth in depths] + [(depths[0], 0)]
-    with attached(device, manifest, cpus, log_file) as rpc:
-        samples = _timed_rounds(manifest, name, model, bench, placements, rpc, cpus, threads, log_file)
+    with attached(device, manifest, cpus, log_file) as rpc, host_side(device, cpus.bench) as host:
+        samples = _timed_rounds(manifest, name, model, bench, placements, rpc, host, threads, log_file)
     rows = []
     for test, timed_runs in samples.items():
         rows += _placement_rows(name, test, timed_runs, (depths[0], n_layer), threads, device.label)
@@ -223,7 +223,7 @@ def attention_rows(
 
 def _timed_rounds(
     manifest: dict[str, Any], name: str, model: Path, bench: BenchSettings, placements: list[tuple[int, int]],
-    rpc: str | None, cpus: Any, threads: int, log_file: Path,
+    rpc: str | None, host: HostSide, threads: int, log_file: Path,
 ) -> dict[str, dict[tuple[int, int, int], list[float]]]:  # fmt: skip
     """Per test, the seconds per token of each repetition by (round, depth, n_cpu_moe): the placements take
     turns, ATTENTION_ROUNDS times, one llama-bench process each; one that fails is not tried again."""
@@ -235,7 +235,8 @@ def _timed_rounds(
         cmd = bench_command(manifest, str(model), depth, n, bench, rpc, threads=threads)
         try:
             out = run_checked(cmd, f"timing {name} at depth {depth} with -ncmoe {n}", log_file,
-                              timeout_s=bench.timeout_s, before_exec=lambda: pin(cpus.bench))  # fmt: skip
+                              timeout_s=bench.timeout_s, before_exec=host.enter,
+                              on_stderr_line=host.on_line)  # fmt: skip
         except MoeplaceError as e:  # e.g. this depth does not fit even with every expert on the host
             log.warning("%s", e)
             failed.add((depth, n))

@@ -1,16 +1,20 @@
 """Where '-ngl 99' puts the model: a real GPU, or the emulated device (a capped RPC server on 127.0.0.1).
 
 On a machine without a GPU the "device" is llama.cpp's RPC backend, CPU-backed, whose memory is capped
-by the devcap shim: placement and out-of-memory are real while speed is a CPU's.
+by the devcap shim: placement and out-of-memory are real while speed is a CPU's. So that it has a real
+card's shape, where experts kept in host RAM cost more per token than those on the device, its host side
+(the llama.cpp process measured) runs slowed by a declared factor: a cgroup CPU quota gives it
+1/host_slowdown of each of its cores, while the RPC server runs free on its own.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +22,13 @@ from typing import Any
 
 from ..core.config import DeviceTarget
 from ..core.errors import MoeplaceError
+from .cgroup import cgroup_site, cpu_cgroup
 from .cpus import CpuSplit, pin
 from .llamacpp import free_device_bytes, require_binary
 from .native import build_native
 from .process import run_checked, spawn, stop
+
+log = logging.getLogger("moeplace")
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,7 @@ class DeviceSetup:
     label: str
     cap_bytes: int
     hold: bool = False  # a GPU capped to cap_bytes: the rest of its free memory is held while a job runs
+    host_slowdown: float = 1.0  # emulated: the host side gets 1/host_slowdown of each of its cores
 
 
 def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
@@ -50,8 +58,15 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
         raise MoeplaceError(
             "device.vram is auto, but there is no GPU to ask: give the emulated device a size, e.g. vram: 135MB."
         )
-    label = f"emulated device: CPU behind RPC with a {vram_bytes / 2**20:.0f} MiB cap, not a GPU's speed"
-    return DeviceSetup("emulated", label, vram_bytes)
+    label = f"emulated device: a CPU core behind RPC, {vram_bytes / 2**20:.0f} MiB"
+    slowdown, why_not = target.host_slowdown, None
+    if slowdown > 1 and isinstance(site := cgroup_site("cpu"), str):
+        slowdown, why_not = 1.0, site
+    if slowdown > 1:
+        label += f"; host side held to 1/{slowdown:g} of its CPU time while timed"
+    elif why_not:
+        label += f"; host side not slowed ({why_not})"
+    return DeviceSetup("emulated", label, vram_bytes, host_slowdown=slowdown)
 
 
 def _free_port() -> int:
@@ -130,6 +145,45 @@ def link_facts(log_path: Path, nbytes: int = LINK_PROBE_BYTES, trials: int = 5, 
     if set(facts) != set(LINK_FACTS):
         raise MoeplaceError(f"the GPU link probe printed {sorted(facts)}, not {sorted(LINK_FACTS)}; see {log_path}.")
     return facts
+
+
+@dataclass(frozen=True)
+class HostSide:
+    """How a measured llama.cpp process runs: `enter` before exec (pinned to its CPUs, into its cpu cgroup), and
+    `on_line` for each line of its stderr: with a slowed host, llama-bench's --progress lines hold the cgroup to
+    its share while a prompt or generation run is timed and let it run free for the rest (the depth fill, the
+    warmups), which, slowed, would cost minutes and measure nothing."""
+
+    enter: Callable[[], None]
+    on_line: Callable[[str], None] | None = None
+
+
+PROGRESS = re.compile(r"llama-bench: benchmark \d+/\d+: (.*)")  # --progress: what it starts next
+
+
+@contextmanager
+def host_side(device: DeviceSetup, cpus: tuple[int, ...]) -> Iterator[HostSide]:
+    """The measured process's side of `device`: pinned to `cpus` and, on an emulated device with a slowed host,
+    given 1/host_slowdown of each of them while timed (a cpu cgroup, removed after)."""
+    if device.host_slowdown <= 1:
+        yield HostSide(lambda: pin(cpus))
+        return
+    site = cgroup_site("cpu")
+    if isinstance(site, str):  # device_setup found one moments ago
+        raise MoeplaceError(f"the emulated device's host side cannot be slowed: {site}; set device.host_slowdown: 1.")
+    with cpu_cgroup(site, len(cpus) / device.host_slowdown) as cg:
+
+        def enter() -> None:
+            pin(cpus)
+            cg.join()
+
+        def on_line(line: str) -> None:
+            if m := PROGRESS.match(line):
+                cg.hold(m[1].startswith(("prompt run", "generation run")))
+
+        yield HostSide(enter, on_line)
+        if not cg.throttled_s():
+            log.warning("the host side's cpu cgroup %s was never throttled: this run was not slowed", cg.path)
 
 
 def attached(device: DeviceSetup, manifest: dict[str, Any], cpus: CpuSplit, log_path: Path):  # noqa: ANN201

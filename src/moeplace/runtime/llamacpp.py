@@ -308,7 +308,8 @@ def bench_command(
     copies: int = 1,
 ) -> list[str]:
     """The llama-bench command of one benchmark configuration, as the bench stage runs it and the ceilings
-    stage's attention probe repeats it: JSON lines out, llama.cpp's -v log (its buffers) on stderr.
+    stage's attention probe repeats it: JSON lines out; on stderr llama.cpp's -v log (its buffers) and, with
+    --progress, what it starts next.
     `copies` of it run one after another in the one process, each printing its lines when done: llama-bench
     fills the depth once and restores that KV cache for every later copy, so a caller may stop it between
     copies and have paid one fill."""
@@ -317,7 +318,7 @@ def bench_command(
         cmd += ["--rpc", rpc]  # before -ot, so RPC buffer types are known when -ot is parsed
     cmd += ["-m", model, "-d", ",".join([str(depth)] * copies), "-p", str(s.prompt), "-n", str(s.gen), "-ngl", "99"]
     cmd += ["-ncmoe", str(n_cpu_moe), "-t", str(threads or s.threads), "-r", str(repetitions or s.repetitions)]
-    cmd += [*cache_args(s.type_k, s.type_v, s.flash_attn, s.ubatch), "-o", "jsonl", "-v"]
+    cmd += [*cache_args(s.type_k, s.type_v, s.flash_attn, s.ubatch), "-o", "jsonl", "-v", "--progress"]
     if overrides:
         cmd += ["-ot", overrides]
     return cmd

@@ -153,6 +153,7 @@ def run(
     before_exec: Callable[[], None] | None = None,
     max_poll_s: float = 0.05,
     stop_when: Callable[[str], bool] | None = None,
+    on_stderr_line: Callable[[str], None] | None = None,
 ) -> Finished:
     """Run `cmd` to its end or to `timeout_s` (then SIGTERM, and SIGKILL 5 s later, to its whole group).
 
@@ -160,7 +161,8 @@ def run(
     `log_path` as it comes (long builds). With a log and captured output, the command line and its
     stderr are appended to the log afterwards. `before_exec` runs in the child (e.g. join a cgroup).
     `stop_when` sees the captured stdout so far each time it grows; when it says so, the run is ended the
-    same way and counts as a success (`stopped`).
+    same way and counts as a success (`stopped`). `on_stderr_line` is called with each line of stderr as the
+    child prints it (from a thread reading a pipe: within a fraction of a millisecond).
     """
     log = Path(log_path) if log_path else None
     if log:
@@ -178,7 +180,7 @@ def run(
                 cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
-                stderr=out if stream_to_log else err,
+                stderr=out if stream_to_log else subprocess.PIPE if on_stderr_line else err,
                 env=env,
                 cwd=cwd,
                 preexec_fn=_child(before_exec),
@@ -186,6 +188,7 @@ def run(
         except (OSError, subprocess.SubprocessError) as e:
             err.seek(0)
             return Finished(Path(cmd[0]).name, None, False, 0.0, None, 0, "", err.read(), start_error=str(e))
+        reader = _read_lines(proc.stderr, err, on_stderr_line) if proc.stderr else None
         watch = _Watch(proc.pid, t0, timeout_s, stop_when if not stream_to_log else None, out)
         status, rusage = 0, None
         try:
@@ -202,6 +205,8 @@ def run(
                 kill_group(proc.pid, signal.SIGKILL)
                 _, status, rusage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)
+            if reader:
+                reader.join(timeout=5)  # EOF once the child's group has let go of the pipe
         wall = time.monotonic() - t0
         stdout = stderr = ""
         if not stream_to_log:
@@ -213,6 +218,21 @@ def run(
             f.write(stderr)
     return Finished(Path(cmd[0]).name, proc.returncode, watch.timed_out, wall, rusage.ru_majflt, watch.anon, stdout,
                     stderr, stopped=watch.stopped)  # fmt: skip
+
+
+def _read_lines(pipe: Any, into: Any, on_line: Callable[[str], None]) -> threading.Thread:
+    """A thread copying the child's stderr into `into`, calling `on_line` with each line as it comes."""
+
+    def pump() -> None:
+        with pipe:
+            for raw in pipe:
+                line = raw.decode(errors="replace")
+                into.write(line)
+                on_line(line)
+
+    reader = threading.Thread(target=pump, name="stderr-lines", daemon=True)
+    reader.start()
+    return reader
 
 
 def spawn(
