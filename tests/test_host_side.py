@@ -61,3 +61,16 @@ def test_the_label_says_the_host_is_slowed_or_why_not(monkeypatch):
     setup = device_setup(target, {})
     assert setup.host_slowdown == SLOWDOWN and "host side held to 1/8 of its CPU time while timed" in setup.label
     assert device_setup(DeviceTarget("emulated", "", 2**27), {}).host_slowdown == 1  # not asked for
+
+
+def test_a_line_handler_that_fails_never_stalls_the_child():
+    """A cgroup write refused mid-run: the run goes on (its stderr, more than a pipe holds, still read whole)."""
+
+    def refuse(line: str) -> None:
+        raise PermissionError(13, "Permission denied", "cpu.cfs_quota_us")
+
+    loud = "import sys\nfor i in range(4000): print('llama-bench: benchmark 1/1: prompt run', i, file=sys.stderr)"
+    result = run([sys.executable, "-c", loud], on_stderr_line=refuse, timeout_s=60)
+    assert result.ok and not result.timed_out
+    assert result.stderr.count("prompt run") == 4000
+    assert result.stderr.count("moeplace: stopped following this output: [Errno 13] Permission denied") == 1

@@ -220,15 +220,24 @@ def run(
                     stderr, stopped=watch.stopped)  # fmt: skip
 
 
+def _ignore(line: str) -> None:
+    pass
+
+
 def _read_lines(pipe: Any, into: Any, on_line: Callable[[str], None]) -> threading.Thread:
     """A thread copying the child's stderr into `into`, calling `on_line` with each line as it comes."""
 
     def pump() -> None:
+        call = on_line
         with pipe:
             for raw in pipe:
                 line = raw.decode(errors="replace")
                 into.write(line)
-                on_line(line)
+                try:
+                    call(line)
+                except OSError as e:  # keep draining the pipe (a full one would stall the child); say it once
+                    into.write(f"moeplace: stopped following this output: {e}\n")
+                    call = _ignore
 
     reader = threading.Thread(target=pump, name="stderr-lines", daemon=True)
     reader.start()
