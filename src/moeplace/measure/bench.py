@@ -169,9 +169,9 @@ class _Session:
     threads: int
     arm: Arm
     baseline: Arm | None
-    host: HostSide = HostSide(lambda: None)  # how llama-bench runs (runtime.device.host_side)
+    host: HostSide  # how llama-bench runs (runtime.device.host_side)
+    t0: float  # the start: the time budget counts the device's start too
     quiet: list[dict[str, Any]] = field(default_factory=list)
-    t0: float = field(default_factory=time.monotonic)
 
     @property
     def arms(self) -> list[Arm]:
@@ -197,9 +197,9 @@ def run_bench(job: BenchJob, rig: Rig) -> list[dict[str, Any]]:
     depth = settings.depth(job.ctx) if job.depth is None else job.depth
     tests = TESTS if settings.prompt else ("tg",)  # -p 0: a decode-only probe
     threads = min(settings.threads, len(cpus.bench))
-    session = _Session(job, rig, depth, tests, cpus, threads, Arm(job.n_cpu_moe, job.overrides), baseline)
+    arm, t0 = Arm(job.n_cpu_moe, job.overrides), time.monotonic()
     with attached(rig.device, rig.manifest, cpus, rig.log_path) as rpc, host_side(rig.device, cpus.bench) as host:
-        session.host = host
+        session = _Session(job, rig, depth, tests, cpus, threads, arm, baseline, host, t0)
         _measure(session, rpc)
     return _records(session, started, facts)
 

@@ -142,14 +142,13 @@ def compare_table(
     return table
 
 
-# How far ours may be from llama.cpp's and still agree: weights and KV are exact (llama.cpp prints 0.01 MiB, each
-# tensor padded to its alignment: 0.05 MiB); compute is our estimate of the scheduler's reserve (memory.py), which
-# on the tiny twins lands within 13% (16.02 MiB logged, 18.00 ours at 8K) and on full-size models within 5%.
-EXACT_TOLERANCE = 0.05 * 2**20  # bytes: weights and KV, to llama.cpp's logged 0.01 MiB plus tensor alignment
-# Our compute figure is the graph's largest live tensors summed without the allocator's reuse: never far under
-# llama.cpp's (an under-estimate risks an out-of-memory), often over (llama.cpp packs the attention mask and the
-# logits tighter: 36.01 MiB against our 42.00 on the tiny qwen3moe twin at 32K with every expert on the host; on
-# real cards with every matrix on the device 1.00-1.11 of the log). Shares of llama.cpp's figure:
+# How far ours may be from llama.cpp's and still agree. Weights and KV are exact: llama.cpp prints 0.01 MiB, each
+# tensor padded to its alignment (bytes). Compute is our estimate of the scheduler's reserve (memory.py), the
+# graph's largest live tensors summed without the allocator's reuse: never far under llama.cpp's (an under-estimate
+# risks an out-of-memory), often over (llama.cpp packs the attention mask and the logits tighter: 36.01 MiB against
+# our 42.00 on the tiny qwen3moe twin at 32K with every expert on the host; on real cards with every matrix on the
+# device 1.00-1.11 of the log). Shares of llama.cpp's figure, under and over:
+EXACT_TOLERANCE = 0.05 * 2**20
 COMPUTE_TOLERANCE = (-0.05, 0.20)
 
 
@@ -196,6 +195,7 @@ def memory_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[s
 
 
 def within_tolerance(buffer: str, ours: int, theirs: int) -> bool:
+    """Whether our figure for a device buffer agrees with llama.cpp's logged one."""
     if buffer != "compute":
         return abs(ours - theirs) <= EXACT_TOLERANCE
     under, over = COMPUTE_TOLERANCE
