@@ -89,7 +89,7 @@ def small_moe(tmp_path: Path) -> Path:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's hook
-    """The README's fault matrix, row by row, as this run found it (docs/fault_matrix.py writes the table)."""
+    """docs/faults.md's fault matrix, row by row, as this run found it (docs/fault_matrix.py writes the table)."""
     outcomes = {}
     for outcome in ("passed", "failed", "skipped", "error"):
         for report in terminalreporter.stats.get(outcome, []):

@@ -1,6 +1,6 @@
 """Every architecture moeplace twins, against the pinned llama.cpp: each tiny variant loads and decodes in
 llama-bench with the KV and recurrent-state buffers our memory model predicts, each full-size spec's header twin
-has the bytes llama-quantize gives the same shapes, and the README's model-zoo table is current."""
+has the bytes llama-quantize gives the same shapes, and docs/models.md's model-zoo table is current."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_the_header_twin_has_llama_quantizes_types_for_every_preset(spec, tmp_pa
           f"{preset} {size:.0f} MiB")  # fmt: skip
 
 
-def test_the_readme_table_is_what_the_specs_give():
+def test_the_model_zoo_page_is_what_the_specs_give():
     done = subprocess.run([sys.executable, str(ROOT / "docs/model_zoo.py"), "--check"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 

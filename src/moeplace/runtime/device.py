@@ -3,8 +3,8 @@
 On a machine without a GPU the "device" is llama.cpp's RPC backend, CPU-backed, whose memory is capped
 by the devcap shim: placement and out-of-memory are real while speed is a CPU's. So that it has a real
 card's shape, where experts kept in host RAM cost more per token than those on the device, its host side
-(the llama.cpp process measured) runs slowed by a declared factor: a cgroup CPU quota gives it
-1/host_slowdown of each of its cores, while the RPC server runs free on its own.
+(the llama.cpp process measured) runs slowed by a declared factor while a run is timed: a cgroup CPU quota
+gives it 1/host_slowdown of its CPU time, while the RPC server runs free on its own.
 """
 
 from __future__ import annotations
