@@ -171,7 +171,8 @@ def test_a_blocks_twin_has_the_recipes_bytes_and_runs(arch, tmp_path):
 
 
 def test_auto_repetitions_stop_at_the_precision_target_or_the_most_allowed(twins, tmp_path):
-    """Adaptive repetitions: an easy target is met with the minimum, an impossible one stops at the maximum;
+    """Adaptive repetitions: an easy target is met as soon as the median has a 95% interval (6 repetitions, two
+    copies of 3), an impossible one stops at the maximum;
     either way in one llama-bench process that fills the depth once; every record keeps its samples, count
     and interval; the device and llama-bench get disjoint CPUs."""
     import os
@@ -179,7 +180,8 @@ def test_auto_repetitions_stop_at_the_precision_target_or_the_most_allowed(twins
 
     auto = BenchSettings(prompt=16, gen=4, repetitions=3, threads=2, timeout_s=300, max_repetitions=6)
     easy = bench(twins["qwen3moe"], tmp_path / "easy", ctx=1024, cap=2**30, settings=replace(auto, precision=0.9))
-    assert all(r["repetitions"] == 3 and r["target_reached"] and r["batches"] == 1 for r in easy), easy
+    assert all(r["repetitions"] == 6 and r["target_reached"] and r["batches"] == 1 for r in easy), easy
+    assert all(r["ci95_low_ts"] == min(r["samples_ts"]) and r["ci95_high_ts"] == max(r["samples_ts"]) for r in easy)
     hard = bench(twins["qwen3moe"], tmp_path / "hard", ctx=1024, cap=2**30, settings=replace(auto, precision=1e-6))
     for r in hard:
         assert r["status"] == "ok" and r["repetitions"] == len(r["samples_ts"]) == 6

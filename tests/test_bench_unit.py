@@ -113,9 +113,10 @@ def fake_bench(
 
 def test_an_open_ended_batch_stops_after_the_first_precise_copy(tmp_path):
     records = fake_bench(tmp_path, tg="50.0, 50.5, 49.5", copies=3, end="TERM", precision=0.05)
+    # The median's 95% interval needs 6 repetitions (x(1), x(6): 96.9%): the second copy is the first precise one.
     assert [(r["test"], r["status"], r["repetitions"], r["batches"]) for r in records] == [
-        ("pp", "ok", 3, 1),
-        ("tg", "ok", 3, 1),
+        ("pp", "ok", 6, 1),
+        ("tg", "ok", 6, 1),
     ]
     assert all(r["target_reached"] and r["error"] == "" for r in records)
 
@@ -169,6 +170,7 @@ def _record(n, test, status, ts):
         "variant": "ncmoe",
         "test": test,
         "status": status,
+        "median_ts": ts,
         "avg_ts": ts,
         "stddev_ts": 0.1 if ts else None,
         "samples_ts": [ts, ts] if ts else [],

@@ -8,17 +8,34 @@ import math
 import pandas as pd
 import pytest
 
-from moeplace.core.stats import mean_halfwidth, min_detectable_effect, repetitions_for
+from moeplace.core.stats import median_halfwidth, median_interval, min_detectable_effect, outlying, repetitions_for
 from moeplace.measure.bench import next_batch
 from moeplace.measure.placement import variants_table
 from moeplace.report.aggregate import precision_table
 from moeplace.runtime import cpus
 
 
-def test_mean_halfwidth_is_the_t_interval_relative_to_the_mean():
-    # mean 10, sd 1, n 3: t(0.975, 2) = 4.303
-    assert mean_halfwidth([9.0, 10.0, 11.0]) == pytest.approx(4.303 / math.sqrt(3) / 10, rel=1e-3)
-    assert mean_halfwidth([5.0]) == math.inf
+def test_the_median_interval_is_the_order_statistics_of_the_binomial_table():
+    # Coverage of (x(k), x(n+1-k)) is 1 - 2 P(Binomial(n, 1/2) <= k-1): n = 6, k = 1: 1 - 2/64 = 96.9%;
+    # n = 8, k = 2 would be 1 - 2*9/256 = 93.0% (< 95%, so k = 1); n = 9, k = 2: 1 - 2*10/512 = 96.1%;
+    # n = 12, k = 3: 1 - 2*79/4096 = 96.1%.
+    assert median_interval([5.0, 1.0, 3.0, 2.0, 6.0, 4.0]) == (3.5, 1.0, 6.0)
+    assert median_interval([float(v) for v in range(1, 9)])[1:] == (1.0, 8.0)
+    assert median_interval([float(v) for v in range(1, 10)]) == (5.0, 2.0, 8.0)
+    assert median_interval([float(v) for v in range(1, 13)]) == (6.5, 3.0, 10.0)
+    low, high = median_interval([10.0, 10.0, 10.0, 10.0, 10.0])[1:]  # no pair reaches 95% below 6 samples
+    assert math.isnan(low) and math.isnan(high)
+    assert median_halfwidth([10.0] * 5) == math.inf
+
+
+def test_a_slow_repetition_moves_neither_the_value_nor_its_interval():
+    steady = [100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 99.8, 100.1, 99.9]
+    spell = [*steady[:-1], 40.0]  # one repetition caught by a slow spell of the host
+    assert median_interval(spell)[0] == pytest.approx(100.0, abs=0.11)
+    assert median_halfwidth(steady) == pytest.approx(0.005)  # (99.5, 100.5)
+    assert median_halfwidth(spell) == pytest.approx(0.0075)  # (99.0, 100.5); the mean's t interval: +-16%
+    assert outlying(spell, 0.05) == [40.0]
+    assert outlying(steady, 0.05) == []
 
 
 def test_repetitions_for_a_target_grow_with_the_noise():
@@ -98,11 +115,12 @@ def test_precision_table_summarises_the_sweep_and_the_variants():
             "model": "m", "ctx": 4096, "variant": "ncmoe", "test": "tg", "status": "ok",
             "n_cpu_moe": [0, 4, 8, 12], "cv": [0.01, 0.02, 0.03, 0.2], "ci95_halfwidth_pct": [1.0, 2.0, 3.0, 20.0],
             "repetitions": [3, 3, 5, 10], "target_reached": [True, True, True, False], "contended": False,
+            "outlying": [0, 0, 1, 2],
         }
     )  # fmt: skip
     variants = variants_table([record("up_down", "tg", [40.0, 41.0, 39.0, 40.0], baseline=[40.5, 39.5, 40.0, 40.0])])
     table = precision_table(measured, variants).set_index("stage")
     bench = table.loc["bench"]
     assert bench.configurations == 4 and bench.median_cv_pct == pytest.approx(2.5)
-    assert bench.reached_target_pct == 75.0 and bench.median_repetitions == 4.0
+    assert bench.reached_target_pct == 75.0 and bench.median_repetitions == 4.0 and bench.outlying == 3
     assert table.loc["variants", "median_mde_pct"] == pytest.approx(variants.mde_pct.iloc[0])

@@ -1,5 +1,6 @@
-"""The statistics of repeated measurements: confidence intervals of a mean and of a difference (Welch),
-and the smallest difference a comparison could have detected."""
+"""The statistics of repeated measurements: a configuration's value (the median, with its distribution-free
+interval), confidence intervals of a mean and of a difference (Welch), and the smallest difference a comparison
+could have detected."""
 
 from __future__ import annotations
 
@@ -12,13 +13,44 @@ LEVEL = 0.95
 POWER = 0.8
 
 
-def mean_halfwidth(samples: list[float], level: float = LEVEL) -> float:
-    """Half-width of the mean's t confidence interval, relative to the mean (inf with fewer than 2 samples)."""
-    n = len(samples)
-    mean = statistics.fmean(samples) if samples else 0.0
-    if n < 2 or mean == 0:
+# A repetition farther from the median than this many robust standard deviations (1.4826 MAD) is outlying.
+OUTLIER_SDS = 3.0
+
+
+def median_interval(samples: list[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """(median, low, high): the median and its distribution-free confidence interval, the order statistics
+    x(k) and x(n+1-k) with the largest k whose binomial coverage is at least `level` (as pyperf and hyperfine
+    report medians). Sporadic slow repetitions move neither the median nor, past the first few, the interval.
+    NaN bounds where no such pair exists (fewer than 6 samples at 95%)."""
+    x = sorted(samples)
+    n = len(x)
+    median = statistics.median(x) if x else math.nan
+    k = 0
+    # P(x(k) <= median <= x(n+1-k)) = 1 - 2 P(Binomial(n, 1/2) <= k-1)
+    while k + 1 <= n // 2 and 1 - 2 * float(stats.binom.cdf(k, n, 0.5)) >= level:
+        k += 1
+    if k == 0:
+        return median, math.nan, math.nan
+    return median, x[k - 1], x[n - k]
+
+
+def median_halfwidth(samples: list[float], level: float = LEVEL) -> float:
+    """Half the width of the median's interval, relative to the median (inf where it has none)."""
+    median, low, high = median_interval(samples, level)
+    if math.isnan(low) or median == 0:
         return math.inf
-    return float(stats.t.ppf(0.5 + level / 2, n - 1)) * statistics.stdev(samples) / math.sqrt(n) / abs(mean)
+    return (high - low) / 2 / abs(median)
+
+
+def outlying(samples: list[float], precision: float) -> list[float]:
+    """The repetitions that disagree with the rest: farther from the median than `precision` of it and than
+    OUTLIER_SDS robust standard deviations."""
+    if len(samples) < 3:
+        return []
+    median = statistics.median(samples)
+    spread = 1.4826 * statistics.median(abs(v - median) for v in samples)
+    limit = max(OUTLIER_SDS * spread, precision * abs(median))
+    return [v for v in samples if abs(v - median) > limit]
 
 
 def repetitions_for(samples: list[float], precision: float, level: float = LEVEL) -> int:

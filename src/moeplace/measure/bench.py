@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import BenchSettings
-from ..core.stats import delta_interval, mean_halfwidth, repetitions_for
+from ..core.stats import delta_interval, median_halfwidth, median_interval, outlying, repetitions_for
 from ..runtime.cpus import split_cpus, wait_for_quiet
 from ..runtime.device import DeviceSetup, HostSide, attached, host_side
 from ..runtime.llama_log import is_host, read_log
@@ -67,15 +67,16 @@ class Arm:
 
 
 def _precise_enough(samples: dict[str, list[float]], baseline: dict[str, list[float]] | None, precision: float) -> bool:
-    """Every test's 95% CI half-width within `precision`: of the mean, or with a paired baseline, of the
-    difference from it (relative to the baseline's mean)."""
+    """Every test's 95% CI half-width within `precision`: of the median (distribution-free, so a slow spell's
+    repetitions widen it only when they are many, and a noisy configuration is measured again instead), or with
+    a paired baseline, of the mean difference from it (relative to the baseline's mean)."""
     for test, values in samples.items():
         base = (baseline or {}).get(test)
         if base:
             _, low, high = delta_interval(values, base)
             if not (high - low) / 2 <= precision * statistics.fmean(base):
                 return False
-        elif mean_halfwidth(values) > precision:
+        elif median_halfwidth(values) > precision:
             return False
     return True
 
@@ -329,12 +330,14 @@ def _record(
     samples = arm.samples.get(test) or []
     if not samples:
         status, reason, stderr_tail = arm.failure or ("error", "no result", "")
-        return {**base, "test": test, "status": status, "avg_ts": None, "stddev_ts": None, "samples_ts": [],
+        return {**base, "test": test, "status": status, "median_ts": None, "ci95_low_ts": None, "ci95_high_ts": None,
+                "outlying_ts": [], "avg_ts": None, "stddev_ts": None, "samples_ts": [],
                 "repetitions": 0, "cv": None, "ci95_halfwidth_pct": None, "target_reached": None, "noisy": None,
                 "backends": None, "gpu_info": None, "error": f"{reason}: {stderr_tail}"}  # fmt: skip
     mean = statistics.fmean(samples)
     cv = statistics.stdev(samples) / mean if len(samples) > 1 and mean else 0.0
-    halfwidth = mean_halfwidth(samples)
+    median, low, high = median_interval(samples)
+    halfwidth = median_halfwidth(samples)
     paired = baseline.samples.get(test) if baseline else None
     first = arm.first[test]
     record = {
@@ -343,6 +346,12 @@ def _record(
         # a run that failed after some repetitions keeps them, under its failure's status (partial)
         "status": arm.failure[0] if arm.failure else "ok",
         "partial": bool(arm.failure),
+        # The configuration's value is the median; llama-bench's mean and sd are kept beside it.
+        "median_ts": median,
+        "ci95_low_ts": None if math.isnan(low) else low,
+        "ci95_high_ts": None if math.isnan(high) else high,
+        "interval": "order statistics of the median (95%); none below 6 repetitions",
+        "outlying_ts": outlying(samples, settings.precision),
         "avg_ts": mean,
         "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
         "samples_ts": samples,
