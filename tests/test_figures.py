@@ -66,7 +66,9 @@ def sweep() -> tuple[pd.DataFrame, pd.DataFrame]:
                 "test": t,
                 "n_cpu_moe": n,
                 "status": "oom" if n == 0 else "ok",
-                "avg_ts": None if n == 0 else 100 - 5 * n,
+                "median_ts": None if n == 0 else 100 - 5 * n,
+                "ci95_low_ts": None if n in (0, 1) else 98 - 5 * n,  # n = 1: below 6 repetitions, no interval
+                "ci95_high_ts": None if n in (0, 1) else 101 - 5 * n,
                 "stddev_ts": 1.0,
                 "repetitions": 3 + n % 2,
                 "device": EMULATED,
@@ -108,6 +110,9 @@ def test_ncmoe_figures_say_the_device_and_the_out_of_sample_prediction(drawn, tm
     text = check(tg, EMULATED, "32k context", "fitted without it", "budget minimum (n = 1)", "3-4 repetitions")
     assert "right axis" not in text and "η" not in text  # one axis, no scale factor fitted to its own points
     assert len(tg.axes) == 1
+    assert "median, 95% interval (± sd below 6)" in text
+    bars = tg.axes[0].containers[0].lines[2][0].get_segments()  # each point's vertical bar, n = 1, 2, 4, 6, 8
+    assert [tuple(seg[:, 1]) for seg in bars[:2]] == [(94.0, 96.0), (88.0, 91.0)]  # n = 1: ± sd; n = 2: its interval
     check(pp, EMULATED, "Prefill", "prefill (pp) speed, tokens/s")
 
 

@@ -40,7 +40,8 @@ def runs_from_records(meta: dict[str, Any], records: list[dict[str, Any]]) -> li
                 type_k=r.get("type_k") or "f16",
                 type_v=r.get("type_v") or "f16",
                 host_tensors=frozenset(matching_tensors(overrides, names)),
-                tok_s=float(r["avg_ts"]),
+                # the pipeline's records give their median (a slow spell does not pull it); llama-bench's rows a mean
+                tok_s=float(r.get("median_ts") or r["avg_ts"]),
             )
         )
     return runs

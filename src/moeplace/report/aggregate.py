@@ -19,9 +19,13 @@ MEASURED_COLUMNS = [
     "variant",
     "test",
     "status",
+    "median_ts",
+    "ci95_low_ts",
+    "ci95_high_ts",
     "avg_ts",
     "stddev_ts",
     "samples",
+    "outlying",
     "cv",
     "ci95_halfwidth_pct",
     "precision_target",
@@ -60,6 +64,7 @@ def measured_table(records: list[dict[str, Any]]) -> pd.DataFrame:
             {
                 **{k: r.get(k) for k in MEASURED_COLUMNS},
                 "samples": len(r.get("samples_ts") or []),
+                "outlying": len(r.get("outlying_ts") or []),
                 "model_size": sum(f["size"] for f in files),
                 "model_header_sha256": ";".join(f["header_sha256"][:16] for f in files),
                 "error": (r.get("error") or "").replace("\n", " | ")[-300:],
@@ -113,16 +118,18 @@ def compare_table(
         pp = group[(group.test == "pp")].set_index("n_cpu_moe")
         ok = tg[tg.status == "ok"].sort_index()
         noise = float(ok.stddev_ts.median()) if len(ok) else 0.0
-        measured_knee = knee(ok.index.tolist(), ok.avg_ts.tolist(), noise)
+        measured_knee = knee(ok.index.tolist(), ok.median_ts.tolist(), noise)
         for n in sorted(set(tg.index) | set(pp.index)):
             row: dict[str, Any] = {"model": model, "ctx": ctx, "n_cpu_moe": n}
             for test, table in (("tg", tg), ("pp", pp)):
                 m = table.loc[n] if n in table.index else None
                 pred = predicted.get((test, n))
-                value = None if m is None or m.status != "ok" else m.avg_ts
+                value = None if m is None or m.status != "ok" else m.median_ts
                 row |= {
                     f"{test}_status": None if m is None else m.status,
                     f"measured_{test}_tok_s": value,
+                    f"measured_{test}_low": None if value is None else m.ci95_low_ts,
+                    f"measured_{test}_high": None if value is None else m.ci95_high_ts,
                     f"measured_{test}_sd": None if value is None else m.stddev_ts,
                     f"predicted_{test}_tok_s": pred and pred["tok_s"],
                     f"predicted_{test}_low": pred and pred["low"],
@@ -203,9 +210,10 @@ def within_tolerance(buffer: str, ours: int, theirs: int) -> bool:
 
 
 def precision_table(measured: pd.DataFrame, variants: pd.DataFrame) -> pd.DataFrame:
-    """How precise the means are, per stage, model, context and test: configurations measured, the median
-    CV and 95% CI half-width (% of the mean), the share that reached the precision target, and for the
-    placement variants the median smallest detectable difference from -ncmoe (% of its mean)."""
+    """How precise the values are, per stage, model, context and test: configurations measured, the median
+    CV and 95% CI half-width (% of the median), the share that reached the precision target, the outlying
+    repetitions, and for the placement variants the median smallest detectable difference from -ncmoe (% of
+    its mean)."""
     rows = []
     sweep = measured[(measured.variant == "ncmoe") & (measured.status == "ok")]
     for (model, ctx, test), g in sweep.groupby(["model", "ctx", "test"]):
@@ -222,6 +230,7 @@ def precision_table(measured: pd.DataFrame, variants: pd.DataFrame) -> pd.DataFr
                 "median_ci95_halfwidth_pct": float(g.ci95_halfwidth_pct.median()),
                 "reached_target_pct": 100 * float(reached.astype(bool).mean()) if len(reached) else None,
                 "contended": int(g.contended.fillna(False).astype(bool).sum()),
+                "outlying": int(g.outlying.sum()),
             }
         )
     compared = variants[(variants.status == "ok") & variants.get("mde_pct", pd.Series(dtype=float)).notna()]
@@ -246,6 +255,6 @@ def precision_table(measured: pd.DataFrame, variants: pd.DataFrame) -> pd.DataFr
     columns = [
         "stage", "model", "ctx", "test", "configurations", "median_repetitions", "median_cv_pct",
         "median_ci95_halfwidth_pct", "reached_target_pct", "median_mde_pct", "max_mde_pct", "contended",
-        "distinguishable",
+        "outlying", "distinguishable",
     ]  # fmt: skip
     return pd.DataFrame(rows, columns=columns)

@@ -22,8 +22,9 @@ def _reps(repetitions: pd.Series) -> str:
 
 
 def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: str, out: str | Path) -> None:
-    """Decode ('tg') or prefill ('pp') speed against --n-cpu-moe, one panel per model: what was measured (mean
-    ± sd) and, on the same axis, the speed model's out-of-sample prediction of each point with its band."""
+    """Decode ('tg') or prefill ('pp') speed against --n-cpu-moe, one panel per model: what was measured (the
+    median with its 95% interval, or ± sd where the repetitions are too few for one) and, on the same axis, the
+    speed model's out-of-sample prediction of each point with its band."""
     models = sorted(measured.model.unique())
     fig, axes = plt.subplots(1, max(len(models), 1), figsize=(6.8 * max(len(models), 1), 5.6), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -41,8 +42,11 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
             for r in failed.itertuples():
                 ax.annotate(r.status.upper(), (r.n_cpu_moe, 0), xytext=(0, 4), textcoords="offset points",
                             ha="center", fontsize=8, color="tab:red", xycoords=("data", "axes fraction"))  # fmt: skip
-        ax.errorbar(ok.n_cpu_moe, ok.avg_ts, yerr=ok.stddev_ts, fmt="o", color="tab:blue", capsize=3,
-                    label=f"measured {test} (mean ± sd, {_reps(ok.repetitions)} repetitions)")  # fmt: skip
+        low, high = _interval(ok)
+        few = " (± sd below 6)" if (ok.repetitions < 6).any() else ""
+        label = f"measured {test}: median, 95% interval{few} ({_reps(ok.repetitions)} repetitions)"
+        ax.errorbar(ok.n_cpu_moe, ok.median_ts, yerr=[ok.median_ts - low, high - ok.median_ts], fmt="o",
+                    color="tab:blue", capsize=3, label=label)  # fmt: skip
         p = c[c[f"predicted_{test}_tok_s"].notna()] if len(c) else c
         if len(p):
             err = p[f"{test}_error_pct"].abs().median()
@@ -52,7 +56,7 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
                             alpha=0.2, label="~95% prediction interval")  # fmt: skip
         if test == "tg" and len(c) and pd.notna(c.knee_measured.iloc[0]):
             k = int(c.knee_measured.iloc[0])
-            y = ok.set_index("n_cpu_moe").avg_ts.get(k, float("nan"))
+            y = ok.set_index("n_cpu_moe").median_ts.get(k, float("nan"))
             ax.plot([k], [y], "*", ms=16, color="tab:green", label=f"measured knee (n = {k})", zorder=5)
         if len(c) and pd.notna(c.budget_min_n.iloc[0]):
             n_min = int(c.budget_min_n.iloc[0])
@@ -73,13 +77,19 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
     plt.close(fig)
 
 
+def _interval(ok: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Each point's 95% interval of its median; below 6 repetitions, where none exists, its sd about it."""
+    low, high = (pd.to_numeric(ok[c], errors="coerce") for c in ("ci95_low_ts", "ci95_high_ts"))
+    return low.fillna(ok.median_ts - ok.stddev_ts), high.fillna(ok.median_ts + ok.stddev_ts)
+
+
 def _scale_to_measured(ax: plt.Axes, ok: pd.DataFrame, predicted: pd.DataFrame, test: str) -> None:
     """The y axis spans what was measured (with room for its spread); a prediction or interval beyond it is cut
     at the top and marked there, so a wide interval never flattens the points."""
     if not len(ok):
         ax.set_ylim(bottom=0)
         return
-    top = 1.3 * float((ok.avg_ts + ok.stddev_ts.fillna(0)).max())
+    top = 1.3 * float(_interval(ok)[1].max())
     ax.set_ylim(0, top)
     if len(predicted):
         cut = predicted[predicted[f"predicted_{test}_high"] > top]
