@@ -23,8 +23,8 @@ CFG = {
     "bench": {"prompt": 64, "gen": 16, "repetitions": 3, "n_cpu_moe": [0, 2, 4, 6, 8]},
 }
 # What differs between two runs of the same configuration: speeds, their spread, and the machine around them.
-TIMING = ["avg_ts", "stddev_ts", "cv", "ci95_halfwidth_pct", "noisy", "contended", "others_running", "started",
-          "load_avg_1m", "error"]  # fmt: skip
+TIMING = ["median_ts", "ci95_low_ts", "ci95_high_ts", "avg_ts", "stddev_ts", "outlying", "cv", "ci95_halfwidth_pct",
+          "noisy", "contended", "others_running", "started", "load_avg_1m", "error"]  # fmt: skip
 
 
 def stable(path) -> pd.DataFrame:
