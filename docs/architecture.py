@@ -79,7 +79,7 @@ def rule_graph() -> list[tuple[str, str]]:
         for item in ("Snakefile", "workflow", "config"):
             src = ROOT / item
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, Path(tmp) / item)
-        bench = "results/bench/tiny-qwen3moe/32k/ncmoe0.jsonl"
+        bench = "results/bench/tiny-qwen3moe/32k.jsonl"
         dot = subprocess.run(
             [str(snakemake), "--rulegraph", "dot", "all", bench], cwd=tmp, capture_output=True, text=True, check=True
         ).stdout

@@ -144,6 +144,53 @@ def test_a_run_that_fails_mid_copy_keeps_the_copies_it_finished(tmp_path):
     assert calibration_file(meta, records, None)["left_out_partial"] == 2
 
 
+FAKE_SWEEP = """#!{python}
+import json, sys
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+with open("{calls}", "a") as calls:
+    print(args["-ncmoe"], file=calls)
+values = [int(n) for n in args["-ncmoe"].split(",")]
+for i, n in enumerate(values):
+    for j, (p, g) in enumerate(((16, 0), (0, 4))):
+        print(f"llama-bench: benchmark {{2 * i + j + 1}}/{{2 * len(values)}}: starting", file=sys.stderr)
+        if n in {fails}:
+            print("devcap: out of device memory: refusing 1 bytes", file=sys.stderr)
+            sys.exit(1)
+        if j == 0:
+            print(f"tensor blk.{{n}}.ffn_up_exps.weight (2 MiB q4_K) buffer type overridden to CPU", file=sys.stderr)
+        ts = [100.0 - n] * int(args["-r"])
+        print(json.dumps({{"n_prompt": p, "n_gen": g, "n_cpu_moe": n, "samples_ts": ts, "avg_ts": ts[0]}}))
+"""
+
+
+def test_a_sweep_shares_processes_and_a_failed_load_ends_only_its_own_value(tmp_path):
+    """n = 1 runs out of memory at load (llama-bench stops there), n = 5 too: each is recorded as oom, and the
+    values after each get the next process; every value's record carries its own load's placements."""
+    import sys
+
+    from moeplace.core.config import BenchSettings
+    from moeplace.measure.bench import BenchJob, Rig, run_sweep
+    from moeplace.runtime.device import DeviceSetup
+
+    program, calls = tmp_path / "bin/llama-bench", tmp_path / "calls"
+    program.parent.mkdir(parents=True)
+    program.write_text(FAKE_SWEEP.format(python=sys.executable, calls=calls, fails={1, 5}))
+    program.chmod(0o755)
+    settings = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60)
+    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), {"bin_dir": str(program.parent)}, tmp_path / "bench.log",
+              tmp_path)  # fmt: skip
+    records = run_sweep(BenchJob("fake", "fake.gguf", [], 1024, 1), [8, 1, 2, 5, 3], rig)
+    assert calls.read_text().split() == ["1,2,3,5,8", "2,3,5,8", "8"]
+    assert [(r["n_cpu_moe"], r["test"], r["status"], r["median_ts"]) for r in records] == [
+        (1, "pp", "oom", None), (1, "tg", "oom", None), (2, "pp", "ok", 98.0), (2, "tg", "ok", 98.0),
+        (3, "pp", "ok", 97.0), (3, "tg", "ok", 97.0), (5, "pp", "oom", None), (5, "tg", "oom", None),
+        (8, "pp", "ok", 92.0), (8, "tg", "ok", 92.0)]  # fmt: skip
+    assert [r["tensor_buffers"] for r in records if r["test"] == "tg"] == [
+        {}, {"blk.2.ffn_up_exps.weight": "CPU"}, {"blk.3.ffn_up_exps.weight": "CPU"}, {},
+        {"blk.8.ffn_up_exps.weight": "CPU"}]  # fmt: skip
+    assert "out of device memory" in records[0]["error"] and records[2]["batches"] == 2
+
+
 def test_bench_records_are_whole_json_lines_only():
     """A log line, a garbled record and a last record cut mid-line (a killed run) are not results; the garbled
     whole line is counted (the bench stage warns), the cut last one is not (a stop cuts it)."""

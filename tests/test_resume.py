@@ -19,9 +19,10 @@ CFG = {
     **yaml.safe_load((ROOT / "config/config.yaml").read_text()),
     "models": {"tiny-qwen3moe": {"twin": "config/models/tiny-qwen3moe.yaml"}},
     "ceilings": {"enabled": False},  # measured by test_workflow_tier3; here only the sweep matters
-    "contexts": [4096],
+    "contexts": [1024, 2048, 4096],  # one bench job each: all its n values in one
     "bench": {"prompt": 64, "gen": 16, "repetitions": 3, "n_cpu_moe": [0, 2, 4, 6, 8]},
 }
+TARGETS = [f"results/figures/ncmoe_{k}k.png" for k in (1, 2, 4)]
 # What differs between two runs of the same configuration: speeds, their spread, and the machine around them.
 TIMING = ["median_ts", "ci95_low_ts", "ci95_high_ts", "avg_ts", "stddev_ts", "outlying", "cv", "ci95_halfwidth_pct",
           "noisy", "contended", "others_running", "started", "load_avg_1m", "error"]  # fmt: skip
@@ -41,42 +42,40 @@ def stable(path) -> pd.DataFrame:
 def test_sigkill_mid_sweep_then_rerun(tmp_path):
     servers_before = rpc_servers()
     wd = workflow_copy(tmp_path / "killed", CFG)
-    bench_dir = wd / "results/bench/tiny-qwen3moe/4k"
+    bench_dir = wd / "results/bench/tiny-qwen3moe"
     proc = subprocess.Popen(
-        [SNAKEMAKE, "--cores", "1", "results/figures/ncmoe_4k.png"],
+        [SNAKEMAKE, "--cores", "1", *TARGETS],
         cwd=wd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     deadline = time.monotonic() + 900
-    while time.monotonic() < deadline and len(list(bench_dir.glob("*.jsonl"))) < 2:
+    while time.monotonic() < deadline and len(list(bench_dir.glob("*.jsonl"))) < 1:
         assert proc.poll() is None, "snakemake ended before the kill"
         time.sleep(0.2)
     # A job is finished once Snakemake has recorded it, a moment after its output appears; each
-    # job here runs for seconds, so this lands the kill in the middle of the next one.
+    # job here runs for seconds, so this lands the kill in the middle of the next one (or the tables'
+    # between them).
     time.sleep(1.0)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     done = {p.name: p.stat().st_mtime_ns for p in bench_dir.glob("*.jsonl")}
-    assert 2 <= len(done) < 5, "the kill should land mid-sweep"
+    assert 1 <= len(done) < 3, "the kill should land mid-sweep"
     time.sleep(1)
     assert rpc_servers() == servers_before, "the RPC server outlived its job"
     assert subprocess.run(["pgrep", "-f", f"llama-bench.*{wd}"], capture_output=True).returncode == 1
     assert not list((wd / "results").rglob("*.tmp")), "a partial output survived"
 
-    rerun = snakemake(wd, "results/figures/ncmoe_4k.png")
+    rerun = snakemake(wd, *TARGETS)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     after = {p.name: p.stat().st_mtime_ns for p in bench_dir.glob("*.jsonl")}
-    assert len(after) == 5
+    assert len(after) == 3
     assert all(after[name] == mtime for name, mtime in done.items()), "a finished job was redone"
 
     clean = workflow_copy(tmp_path / "clean", CFG)
-    assert snakemake(clean, "results/figures/ncmoe_4k.png").returncode == 0
-    resumed, fresh = (
-        stable(wd / "results/tables/measured/4k.csv"),
-        stable(clean / "results/tables/measured/4k.csv"),
-    )
-    assert resumed.drop(columns=["pipeline_commit", "pipeline_dirty"]).equals(
-        fresh.drop(columns=["pipeline_commit", "pipeline_dirty"])
-    )
+    assert snakemake(clean, *TARGETS).returncode == 0
+    for ctx in ("1k", "2k", "4k"):
+        resumed, fresh = (stable(d / f"results/tables/measured/{ctx}.csv") for d in (wd, clean))
+        revision = ["pipeline_commit", "pipeline_dirty"]
+        assert resumed.drop(columns=revision).equals(fresh.drop(columns=revision)), ctx

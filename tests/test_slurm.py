@@ -71,8 +71,8 @@ def test_pipeline_runs_through_slurm_like_at_home(tmp_path, cluster_env):
     run = on_cluster(cluster, env)
     assert run.returncode == 0, run.stderr[-4000:]
     finished = jobcomp.read_text().splitlines()[before:]
-    # llamacpp, twin and three bench jobs went through the cluster; the cheap rules stayed local.
-    assert sum("JobState=COMPLETED" in line for line in finished) >= 5, finished
+    # llamacpp, twin and the bench job went through the cluster; the cheap rules stayed local.
+    assert sum("JobState=COMPLETED" in line for line in finished) >= 3, finished
     here = pd.read_csv(local / "results/tables/measured/1k.csv")[STABLE]
     there = pd.read_csv(cluster / "results/tables/measured/1k.csv")[STABLE]
     assert here.equals(there)
@@ -87,7 +87,8 @@ def test_pipeline_runs_through_slurm_like_at_home(tmp_path, cluster_env):
 )
 def test_a_job_killed_by_slurm_leaves_nothing_and_reruns(tmp_path, cluster_env):
     env, _ = cluster_env
-    cfg = {**CFG, "bench": {**CFG["bench"], "repetitions": 5, "n_cpu_moe": [0, 8]}}
+    twins = {name: {"twin": f"config/models/{name}.yaml"} for name in ("tiny-qwen3moe", "tiny-gpt-oss")}
+    cfg = {**CFG, "models": twins, "bench": {**CFG["bench"], "repetitions": 5, "n_cpu_moe": [0, 8]}}  # 2 jobs
     cluster = cluster_copy(tmp_path / "cluster", cfg)
     proc = on_cluster(cluster, env, wait=False)
     deadline = time.monotonic() + 600

@@ -69,7 +69,8 @@ def test_default_pipeline_makes_the_32k_figure_from_real_runs(tmp_path):
     exact = memory[memory.buffer != "compute"]  # weights and KV to llama.cpp's logged 0.01 MiB
     assert len(exact) and exact.diff_mib.abs().max() <= 0.02, memory.to_string()
     assert memory.within_tolerance.all(), memory.to_string()
-    record = json.loads((wd / f"results/bench/tiny-qwen3moe/32k/ncmoe{n_min}.jsonl").read_text().splitlines()[0])
+    records = [json.loads(line) for line in (wd / "results/bench/tiny-qwen3moe/32k.jsonl").read_text().splitlines()]
+    (record,) = [r for r in records if r["n_cpu_moe"] == n_min and r["test"] == "tg"]
     for key in ("pipeline_commit", "llamacpp_version", "model_files", "host", "cpu", "device", "started"):
         assert record[key] not in (None, "")
     assert_publishes(wd, runs=len(measured), ctx=32768)
@@ -182,11 +183,11 @@ def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
     cfg["contexts"] = [1024, 2048]
     (wd / "config/config.yaml").write_text(yaml.safe_dump(cfg))
     plan = planned_jobs(wd)
-    assert plan["bench"] == 4  # only the new context's benchmarks (2 models x 2 n)
+    assert plan["bench"] == 2  # only the new context's sweeps (2 models, each both n values)
     assert snakemake(wd, *TARGETS).returncode == 0
     cfg["bench"]["repetitions"] = 2
     (wd / "config/config.yaml").write_text(yaml.safe_dump(cfg))
-    assert planned_jobs(wd)["bench"] == 8  # repetitions changed: every benchmark reruns
+    assert planned_jobs(wd)["bench"] == 4  # repetitions changed: every sweep reruns (2 models x 2 contexts)
     # The speed model on the pipeline's own runs: calibrated per model, checked out of sample.
     speed = ["results/calibration/tiny-qwen3moe.json", "results/tables/fidelity.csv", "results/figures/fidelity.png"]
     run = snakemake(wd, *speed)

@@ -3,10 +3,11 @@ rule bench:
         model=get_model_gguf,
         metadata=rules.metadata.output[0],
         llamacpp=rules.llamacpp.output[0],
+        budget=get_sweep_budget,
     output:
-        "results/bench/{model}/{ctx}/ncmoe{n}.jsonl",
+        "results/bench/{model}/{ctx}.jsonl",
     log:
-        "logs/bench/{model}/{ctx}/ncmoe{n}.log",
+        "logs/bench/{model}/{ctx}.log",
     conda:
         "../../environment.yml"
     threads: config["bench"]["threads"]
@@ -16,5 +17,6 @@ rule bench:
         settings=params(SETTINGS.bench),
         device=params(SETTINGS.device),
         ctx=ctx_tokens,
+        n_cpu_moe=get_sweep_values,
     script:
         "../scripts/bench.py"

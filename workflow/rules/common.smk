@@ -277,12 +277,25 @@ def sweep_values(model, ctx):
     )
 
 
+def get_sweep_values(wildcards):
+    return sweep_values(wildcards.model, CONTEXTS[wildcards.ctx])
+
+
+def get_sweep_budget(wildcards):
+    """The budget table an auto sweep's n values come from. Ancient: a new table (another context added)
+    reruns a sweep only where its n values, a param, changed."""
+    if config["bench"]["n_cpu_moe"] != "auto":
+        return []
+    return ancient(checkpoints.budget.get(model=wildcards.model).output[0])
+
+
 def bench_files(models, contexts):
+    """One record file per model and context: all its n values (none where the sweep is empty)."""
     return [
-        rules.bench.output[0].format(model=model, ctx=label, n=n)
+        rules.bench.output[0].format(model=model, ctx=label)
         for model in models
         for label in contexts
-        for n in sweep_values(model, CONTEXTS[label])
+        if sweep_values(model, CONTEXTS[label])
     ]
 
 

@@ -1,9 +1,10 @@
-"""Stage 'bench': one llama-bench run -> results/bench/{model}/{ctx}/ncmoe{n}.jsonl (records, whatever happened)."""
+"""Stage 'bench': one model and context at each n_cpu_moe -> results/bench/{model}/{ctx}.jsonl (records, whatever
+happened)."""
 
 from pathlib import Path
 
 from moeplace.core.config import BenchSettings, DeviceTarget
-from moeplace.measure.bench import BenchJob, Rig, run_bench
+from moeplace.measure.bench import BenchJob, Rig, run_sweep
 from moeplace.runtime.device import device_setup
 from moeplace.runtime.outputs import read_json, stage, write_jsonl
 
@@ -12,7 +13,7 @@ with stage(snakemake.log[0]) as log:
     manifest = read_json(snakemake.input.llamacpp)
     meta = read_json(snakemake.input.metadata)
     device = device_setup(DeviceTarget(**p.device), manifest)
-    job = BenchJob(w.model, snakemake.input.model[0], meta["files"], p.ctx, int(w.n))
+    job = BenchJob(w.model, snakemake.input.model[0], meta["files"], p.ctx, p.n_cpu_moe[0])
     rig = Rig(BenchSettings(**p.settings), device, manifest, Path(snakemake.log[0]), Path.cwd())
-    records = run_bench(job, rig)
+    records = run_sweep(job, p.n_cpu_moe, rig)
     write_jsonl(snakemake.output[0], records)

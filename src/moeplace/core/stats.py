@@ -34,6 +34,11 @@ def median_interval(samples: list[float], level: float = LEVEL) -> tuple[float, 
     return median, x[k - 1], x[n - k]
 
 
+def fewest_for_median_interval(level: float = LEVEL) -> int:
+    """The fewest samples whose median has an interval at `level`: 6 at 95% (x(1)..x(6) covers 96.9%)."""
+    return next(n for n in range(2, 64) if not math.isnan(median_interval(list(range(n)), level)[1]))
+
+
 def median_halfwidth(samples: list[float], level: float = LEVEL) -> float:
     """Half the width of the median's interval, relative to the median (inf where it has none)."""
     median, low, high = median_interval(samples, level)

@@ -1,7 +1,7 @@
-"""Stage 'bench': one real llama-bench run per (model, context, n_cpu_moe), recorded whatever happens.
+"""Stage 'bench': real llama-bench runs of one model and context at each n_cpu_moe, recorded whatever happens.
 
-Each configuration runs in its own llama-bench process (a failed load aborts the rest of a
-llama-bench sweep). A run that cannot allocate, crashes or hangs becomes records with status
+The n values share llama-bench processes and so one depth fill (a failed load ends a process: the values
+after it get a new one). A run that cannot allocate, crashes or hangs becomes records with status
 oom/crash/timeout and the stderr tail, never a lost sweep. The device is a GPU, or the emulated
 one (runtime/device.py).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -19,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import BenchSettings
-from ..core.stats import delta_interval, median_halfwidth, median_interval, outlying, repetitions_for
+from ..core.stats import (
+    delta_interval,
+    fewest_for_median_interval,
+    median_halfwidth,
+    median_interval,
+    outlying,
+    repetitions_for,
+)
 from ..runtime.cpus import split_cpus, wait_for_quiet
 from ..runtime.device import DeviceSetup, HostSide, attached, host_side
 from ..runtime.llama_log import is_host, read_log
@@ -160,7 +168,8 @@ class Rig:
 
 @dataclass
 class _Session:
-    """One configuration's measuring: its arms, the CPUs, the quiet checks before each batch, the start."""
+    """One configuration's, or one sweep's, measuring: its arms, the CPUs, the quiet checks before each batch,
+    the start."""
 
     job: BenchJob
     rig: Rig
@@ -168,15 +177,11 @@ class _Session:
     tests: tuple[str, ...]
     cpus: Any
     threads: int
-    arm: Arm
+    arms: list[Arm]  # the placements measured, in the order llama-bench runs them
     baseline: Arm | None
     host: HostSide  # how llama-bench runs (runtime.device.host_side)
     t0: float  # the start: the time budget counts the device's start too
     quiet: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def arms(self) -> list[Arm]:
-        return [a for a in (self.baseline, self.arm) if a is not None]
 
 
 def run_bench(job: BenchJob, rig: Rig) -> list[dict[str, Any]]:
@@ -184,10 +189,23 @@ def run_bench(job: BenchJob, rig: Rig) -> list[dict[str, Any]]:
 
     Repetitions come in batches (one llama-bench process each, its own warm-up and one fill of the depth
     first): one batch of `settings.repetitions`; or with adaptive settings one open-ended batch, copies of
-    `settings.repetitions` each, stopped once the mean is precise enough (the minimum always), so a 32K
+    `settings.repetitions` each, stopped once the median is precise enough (the minimum always), so a 32K
     configuration pays its depth fill once. With `paired_n_cpu_moe` the configuration is compared with that
     `-ncmoe` run, measured interleaved with it batch by batch (A B A B ...), so drift falls on both alike; the
     records carry both.
+    """
+    return run_sweep(job, [job.n_cpu_moe], rig)
+
+
+def run_sweep(job: BenchJob, n_values: list[int], rig: Rig) -> list[dict[str, Any]]:
+    """Run `job` at each of `n_values` (its own n_cpu_moe aside), one record per value and test, successful or not.
+
+    The values share llama-bench processes, so a 32K sweep pays one depth fill (llama-bench restores the KV
+    cache it saved for every later load at the same depth) rather than one per value. A value that fails
+    to load ends its process (llama-bench stops at the first failed load): it is recorded as failed and the
+    values after it get a process of their own; the value below the budget's minimum, expected to run out of
+    memory, comes first and costs a load. With adaptive settings the values not yet precise enough are
+    measured again, together, in one more process per round.
     """
     settings = rig.settings
     rig.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,95 +216,165 @@ def run_bench(job: BenchJob, rig: Rig) -> list[dict[str, Any]]:
     depth = settings.depth(job.ctx) if job.depth is None else job.depth
     tests = TESTS if settings.prompt else ("tg",)  # -p 0: a decode-only probe
     threads = min(settings.threads, len(cpus.bench))
-    arm, t0 = Arm(job.n_cpu_moe, job.overrides), time.monotonic()
+    arms, t0 = [Arm(n, job.overrides) for n in sorted(n_values)], time.monotonic()
     with attached(rig.device, rig.manifest, cpus, rig.log_path) as rpc, host_side(rig.device, cpus.bench) as host:
-        session = _Session(job, rig, depth, tests, cpus, threads, arm, baseline, host, t0)
-        _measure(session, rpc)
+        session = _Session(job, rig, depth, tests, cpus, threads, arms, baseline, host, t0)
+        if baseline:
+            _measure_paired(session, rpc)
+        else:
+            _measure_shared(session, rpc)
     return _records(session, started, facts)
 
 
-def _measure(s: _Session, rpc: str | None) -> None:
-    """Batches until the arm has enough (or fails): interleaved with its baseline where it has one."""
-    settings, reps = s.rig.settings, s.rig.settings.repetitions
-    while not s.arm.failure:
-        open_ended = settings.adaptive and len(s.arms) == 1
-        for a in s.arms:
-            if not _batch(s, a, rpc, reps, open_ended):
-                break
-        if s.arm.failure or open_ended:  # an open-ended batch ran until it had enough
-            return
-        if s.baseline and s.baseline.failure:  # nothing to pair with: measure this placement alone
-            log.warning("the -ncmoe %d baseline failed (%s); measuring unpaired", s.baseline.n_cpu_moe,
-                        s.baseline.failure[1])  # fmt: skip
-            s.baseline, reps = None, settings.repetitions
+def _measure_shared(s: _Session, rpc: str | None) -> None:
+    """Batches that each measure every arm still short of its precision in one process, until all have enough
+    (or fail); a lone arm gets one open-ended batch that stops itself once precise."""
+    settings = s.rig.settings
+    todo, reps = [a for a in s.arms if not a.failure], settings.repetitions
+    if settings.adaptive and len(todo) > 1:  # fewer cannot be precise: a second round would fill the depth again
+        reps = max(reps, fewest_for_median_interval())
+    while todo:
+        open_ended = settings.adaptive and len(todo) == 1
+        if unreached := _batch(s, todo, rpc, reps, open_ended):
+            todo = unreached  # a failed load ended the process before these: they get their own
             continue
-        reps = _next_repetitions(s)
+        if open_ended or not settings.adaptive:
+            return
+        todo = [a for a in s.arms if not a.failure and not _precise_enough(a.samples, None, settings.precision)]
+        reps = _shared_repetitions(s, todo) if todo else 0
         if reps < 1:
             return
 
 
-def _batch(s: _Session, a: Arm, rpc: str | None, reps: int, open_ended: bool) -> bool:
-    """One llama-bench process for arm `a`: its rows added to the arm; False (and the arm's failure set) where it
-    failed, printed no result for a test, or ran on the CPU instead of the device."""
-    settings, manifest = s.rig.settings, s.rig.manifest
+def _measure_paired(s: _Session, rpc: str | None) -> None:
+    """Batches of the arm and its baseline, one process each, interleaved until the difference is precise."""
+    reps, (arm,) = s.rig.settings.repetitions, s.arms
+    while not arm.failure:
+        for a in (s.baseline, arm):
+            _batch(s, [a], rpc, reps, False)
+            if a.failure:
+                break
+        if arm.failure:
+            return
+        if s.baseline.failure:  # nothing to pair with: measure this placement alone
+            log.warning("the -ncmoe %d baseline failed (%s); measuring unpaired", s.baseline.n_cpu_moe,
+                        s.baseline.failure[1])  # fmt: skip
+            s.baseline = None
+            _measure_shared(s, rpc)
+            return
+        reps = _paired_repetitions(s)
+        if reps < 1:
+            return
+
+
+def _arm_logs(stderr: str, arms: int, instances_per_arm: int) -> list[str]:
+    """Each arm's part of one process's -v log: what came before the first benchmark (the devices), then the
+    lines of its own benchmarks (its model load, its contexts)."""
+    if arms == 1:
+        return [stderr]
+    head, *instances = re.split(r"(?m)^(?=llama-bench: benchmark \d+/\d+: starting)", stderr)
+    return [head + "".join(instances[i * instances_per_arm : (i + 1) * instances_per_arm]) for i in range(arms)]
+
+
+def _batch(s: _Session, arms: list[Arm], rpc: str | None, reps: int, open_ended: bool) -> list[Arm]:
+    """One llama-bench process for `arms` (their n values one after another): their rows added to each; an arm
+    that failed, printed no result for a test, or ran on the CPU instead of the device gets its failure. Returns
+    the arms the process never reached because an earlier one failed."""
+    settings, manifest, tests = s.rig.settings, s.rig.manifest, s.tests
     s.quiet.append(wait_for_quiet(settings.quiet_wait_s))
-    copies = max(1, (settings.max_repetitions - len(a.samples.get("tg", []))) // reps) if open_ended else 1
-    cmd = bench_command(manifest, s.job.model_path, s.depth, a.n_cpu_moe, settings, rpc, a.overrides, reps,
-                        s.threads, copies)  # fmt: skip
-    stop_when = _enough(a, s.tests, settings, s.t0) if open_ended else None
-    result = run(cmd, timeout_s=settings.timeout_s, log_path=s.rig.log_path, before_exec=s.host.enter,
-                 on_stderr_line=s.host.on_line,
-                 stop_when=stop_when)  # fmt: skip
-    a.batches += 1
-    a.wall_s += result.wall_s
-    a.stderr = a.stderr or result.stderr
+    first = arms[0]
+    copies = max(1, (settings.max_repetitions - len(first.samples.get("tg", []))) // reps) if open_ended else 1
+    cmd = bench_command(manifest, s.job.model_path, s.depth, [a.n_cpu_moe for a in arms], settings, rpc,
+                        first.overrides, reps, s.threads, copies)  # fmt: skip
+    stop_when = _enough(first, tests, settings, s.t0) if open_ended else None
+    result = run(cmd, timeout_s=settings.timeout_s * len(arms), log_path=s.rig.log_path, before_exec=s.host.enter,
+                 on_stderr_line=s.host.on_line, stop_when=stop_when)  # fmt: skip
     rows = bench_records(result.stdout)
     if garbled := garbled_records(result.stdout):
         log.warning("llama-bench printed %d line(s) that start like a record but are not JSON (output of another "
                     "process interleaved?); left out of %s", garbled, s.job.model_name)  # fmt: skip
+    logs = _arm_logs(result.stderr, len(arms), len(tests) * copies)
+    printed = []
+    for a, arm_log in zip(arms, logs):
+        mine = rows if len(arms) == 1 else [r for r in rows if r.get("n_cpu_moe") == a.n_cpu_moe]
+        a.batches += 1
+        a.wall_s += result.wall_s  # the process it shared
+        a.stderr = a.stderr or arm_log
+        for r in mine[: len(mine) - len(mine) % len(tests)]:  # whole copies: those a failed run finished too
+            a.first.setdefault(_test_of(r), r)
+            a.measured_s += sum(r.get("samples_ns") or []) / 1e9
+            a.samples.setdefault(_test_of(r), []).extend(_samples_of(r))
+        printed.append(mine)
     if rpc and result.ok and f"RPC0[{rpc}]" not in result.stderr:
         # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
-        a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))
-        return False
-    for r in rows[: len(rows) - len(rows) % len(s.tests)]:  # whole copies: those a failed run finished too
-        a.first.setdefault(_test_of(r), r)
-        a.measured_s += sum(r.get("samples_ns") or []) / 1e9
-        a.samples.setdefault(_test_of(r), []).extend(_samples_of(r))
-    printed = {_test_of(r) for r in rows}
-    if not result.ok or printed != set(s.tests):
-        status, reason = classify(result)
-        if status == "ok":
-            status, reason = "error", f"llama-bench printed no {'/'.join(set(s.tests) - printed)} result"
-        a.failure = (status, reason, tail(result.stderr))
-        return False
-    return True
+        for a in arms:
+            a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))
+        return []
+    if result.ok:
+        for a, mine in zip(arms, printed):
+            if missing := set(tests) - {_test_of(r) for r in mine}:
+                a.failure = ("error", f"llama-bench printed no {'/'.join(sorted(missing))} result", tail(a.stderr))
+        return []
+    # The process ended early: on the arm it was measuring, the last to print, or the one after a finished one.
+    last = max((i for i, mine in enumerate(printed) if mine), default=-1)
+    done = last >= 0 and len(printed[last]) >= len(tests) * copies
+    failed = min(last + 1, len(arms) - 1) if done or last < 0 else last
+    status, reason = classify(result)
+    if status == "ok":
+        status, reason = "error", "llama-bench stopped early"
+    arms[failed].failure = (status, reason, tail(logs[failed] if len(arms) > 1 else result.stderr))
+    return arms[failed + 1 :]
 
 
-def _next_repetitions(s: _Session) -> int:
-    """How many repetitions the next batch of each arm gets (0: stop): none once precise enough."""
+def _shared_repetitions(s: _Session, arms: list[Arm]) -> int:
+    """How many repetitions the next shared batch of `arms` gets (0: stop): the most any of them still wants,
+    where the batch's fixed part (start, loads, one depth fill) is shared and each arm pays its repetitions."""
     settings = s.rig.settings
-    paired = s.baseline.samples if s.baseline else None
-    if not settings.adaptive or _precise_enough(s.arm.samples, paired, settings.precision):
-        return 0
-    n = len(s.arm.samples["tg"])
-    # A difference of two means is as precise as each mean is to precision / sqrt(2).
-    target = settings.precision / math.sqrt(2) if s.baseline else settings.precision
-    wanted = max(repetitions_for(a.samples[t], target) for a in s.arms for t in s.tests) - n
-    fixed_s, repetition_s = (max(c) for c in zip(*(a.costs() for a in s.arms)))
+    counts = [len(a.samples[s.tests[0]]) for a in arms]
+    wanted = max(repetitions_for(a.samples[t], settings.precision) - n for a, n in zip(arms, counts) for t in s.tests)
+    fixed_s = max(a.costs()[0] for a in arms)
+    repetition_s = sum(a.costs()[1] for a in arms)
     left_s = settings.time_budget_s * len(s.arms) - (time.monotonic() - s.t0)
-    return next_batch(wanted, settings.max_repetitions - n, fixed_s, repetition_s, left_s / len(s.arms))
+    return next_batch(wanted, settings.max_repetitions - max(counts), fixed_s, repetition_s, left_s)
+
+
+def _paired_repetitions(s: _Session) -> int:
+    """How many repetitions the next batch of the arm and its baseline gets each (0: stop): none once the
+    difference is precise enough."""
+    settings, (arm,) = s.rig.settings, s.arms
+    if not settings.adaptive or _precise_enough(arm.samples, s.baseline.samples, settings.precision):
+        return 0
+    n = len(arm.samples["tg"])
+    # A difference of two means is as precise as each mean is to precision / sqrt(2).
+    pair = (s.baseline, arm)
+    wanted = max(repetitions_for(a.samples[t], settings.precision / math.sqrt(2)) for a in pair for t in s.tests) - n
+    fixed_s, repetition_s = (max(c) for c in zip(*(a.costs() for a in pair)))
+    left_s = settings.time_budget_s * 2 - (time.monotonic() - s.t0)
+    return next_batch(wanted, settings.max_repetitions - n, fixed_s, repetition_s, left_s / 2)
 
 
 def _records(s: _Session, started: str, facts: dict[str, Any]) -> list[dict[str, Any]]:
-    """The session's records, one per test, with everything that ties them to their inputs."""
-    job, rig, settings = s.job, s.rig, s.rig.settings
-    parsed = parse_log(s.arm.stderr)
+    """The session's records, one per arm and test, with everything that ties them to their inputs."""
     seen = [q["contended"] for q in s.quiet]
     contended = True if any(seen) else None if seen and all(c is None for c in seen) else False
-    base = {
+    records = []
+    for arm in s.arms:
+        base = _base(s, arm, started, facts, contended)
+        arm_records = [_record(base, test, arm, s.baseline, s.rig.settings, contended) for test in s.tests]
+        statuses = ", ".join(f"{r['test']} {r['status']}" for r in arm_records)
+        log.info("n_cpu_moe=%d ctx=%d: %s", arm.n_cpu_moe, s.job.ctx, statuses)
+        records += arm_records
+    return records
+
+
+def _base(s: _Session, arm: Arm, started: str, facts: dict[str, Any], contended: bool | None) -> dict[str, Any]:
+    """What every record of `arm` carries: the configuration, the device, the build, the host, the revision."""
+    job, rig, settings = s.job, s.rig, s.rig.settings
+    parsed = parse_log(arm.stderr)
+    return {
         "model": job.model_name,
         "ctx": job.ctx,
-        "n_cpu_moe": job.n_cpu_moe,
+        "n_cpu_moe": arm.n_cpu_moe,
         "variant": job.variant,
         "overrides": job.overrides or "",
         "n_prompt": settings.prompt,
@@ -314,14 +402,10 @@ def _records(s: _Session, started: str, facts: dict[str, Any]) -> list[dict[str,
         "flash_attn": settings.flash_attn,
         "tensor_buffers": parsed["tensor_buffers"],
         "cpu_tensors": [name for name, buffer in parsed["tensor_buffers"].items() if is_host(buffer)],
-        "batches": s.arm.batches,
+        "batches": arm.batches,
         "precision_target": settings.precision if settings.adaptive else None,
         "paired_n_cpu_moe": job.paired_n_cpu_moe,
     }
-    records = [_record(base, test, s.arm, s.baseline, settings, contended) for test in s.tests]
-    statuses = ", ".join(f"{r['test']} {r['status']}" for r in records)
-    log.info("n_cpu_moe=%d ctx=%d: %s", job.n_cpu_moe, job.ctx, statuses)
-    return records
 
 
 def _record(

@@ -20,6 +20,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -299,7 +300,7 @@ def bench_command(
     manifest: dict[str, Any],
     model: str,
     depth: int,
-    n_cpu_moe: int,
+    n_cpu_moe: int | Sequence[int],
     s: BenchSettings,
     rpc: str | None,
     overrides: str | None = None,
@@ -312,12 +313,14 @@ def bench_command(
     --progress, what it starts next.
     `copies` of it run one after another in the one process, each printing its lines when done: llama-bench
     fills the depth once and restores that KV cache for every later copy, so a caller may stop it between
-    copies and have paid one fill."""
+    copies and have paid one fill. Several `n_cpu_moe` values run one after another (each loads the model
+    anew) and share that fill too: llama-bench keys its saved KV cache by depth alone."""
     cmd = [str(require_binary(manifest, "llama-bench"))]
     if rpc:
         cmd += ["--rpc", rpc]  # before -ot, so RPC buffer types are known when -ot is parsed
     cmd += ["-m", model, "-d", ",".join([str(depth)] * copies), "-p", str(s.prompt), "-n", str(s.gen), "-ngl", "99"]
-    cmd += ["-ncmoe", str(n_cpu_moe), "-t", str(threads or s.threads), "-r", str(repetitions or s.repetitions)]
+    values = ",".join(map(str, [n_cpu_moe] if isinstance(n_cpu_moe, int) else n_cpu_moe))
+    cmd += ["-ncmoe", values, "-t", str(threads or s.threads), "-r", str(repetitions or s.repetitions)]
     cmd += [*cache_args(s.type_k, s.type_v, s.flash_attn, s.ubatch), "-o", "jsonl", "-v", "--progress"]
     if overrides:
         cmd += ["-ot", overrides]
