@@ -150,6 +150,7 @@ args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 with open("{calls}", "a") as calls:
     print(args["-ncmoe"], file=calls)
 values = [int(n) for n in args["-ncmoe"].split(",")]
+print("load_backend: loaded CPU backend", file=sys.stderr)  # a log line before the first benchmark
 for i, n in enumerate(values):
     for j, (p, g) in enumerate(((16, 0), (0, 4))):
         print(f"llama-bench: benchmark {{2 * i + j + 1}}/{{2 * len(values)}}: starting", file=sys.stderr)

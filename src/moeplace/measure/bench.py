@@ -299,7 +299,8 @@ def _batch(s: _Session, arms: list[Arm], rpc: str | None, reps: int, open_ended:
         mine = rows if len(arms) == 1 else [r for r in rows if r.get("n_cpu_moe") == a.n_cpu_moe]
         a.batches += 1
         a.wall_s += result.wall_s  # the process it shared
-        a.stderr = a.stderr or arm_log
+        if not a.first:  # its log: that of the process that measured it first (or failed it)
+            a.stderr = arm_log
         for r in mine[: len(mine) - len(mine) % len(tests)]:  # whole copies: those a failed run finished too
             a.first.setdefault(_test_of(r), r)
             a.measured_s += sum(r.get("samples_ns") or []) / 1e9
