@@ -63,7 +63,7 @@ class Arm:
     first: dict[str, dict[str, Any]] = field(default_factory=dict)  # llama-bench's JSON per test
     stderr: str = ""
     batches: int = 0
-    wall_s: float = 0.0  # all its batches' llama-bench processes, start to exit
+    wall_s: float = 0.0  # its batches' processes, start to exit, less the other arms' repetitions in them
     measured_s: float = 0.0  # of which timed repetitions (llama-bench's samples_ns)
     failure: tuple[str, str, str] | None = None  # status, reason, stderr tail
 
@@ -294,18 +294,19 @@ def _batch(s: _Session, arms: list[Arm], rpc: str | None, reps: int, open_ended:
         log.warning("llama-bench printed %d line(s) that start like a record but are not JSON (output of another "
                     "process interleaved?); left out of %s", garbled, s.job.model_name)  # fmt: skip
     logs = _arm_logs(result.stderr, len(arms), len(tests) * copies)
-    printed = []
-    for a, arm_log in zip(arms, logs):
-        mine = rows if len(arms) == 1 else [r for r in rows if r.get("n_cpu_moe") == a.n_cpu_moe]
+    printed = [rows if len(arms) == 1 else [r for r in rows if r.get("n_cpu_moe") == a.n_cpu_moe] for a in arms]
+    whole = [mine[: len(mine) - len(mine) % len(tests)] for mine in printed]  # copies a failed run finished too
+    measured = [sum(sum(r.get("samples_ns") or []) for r in done) / 1e9 for done in whole]
+    for a, arm_log, own_rows, own_s in zip(arms, logs, whole, measured):
         a.batches += 1
-        a.wall_s += result.wall_s  # the process it shared
+        # The process's fixed part (start, loads, the fill) counts for each arm, its repetitions for their own.
+        a.wall_s += result.wall_s - (sum(measured) - own_s)
+        a.measured_s += own_s
         if not a.first:  # its log: that of the process that measured it first (or failed it)
             a.stderr = arm_log
-        for r in mine[: len(mine) - len(mine) % len(tests)]:  # whole copies: those a failed run finished too
+        for r in own_rows:
             a.first.setdefault(_test_of(r), r)
-            a.measured_s += sum(r.get("samples_ns") or []) / 1e9
             a.samples.setdefault(_test_of(r), []).extend(_samples_of(r))
-        printed.append(mine)
     if rpc and result.ok and f"RPC0[{rpc}]" not in result.stderr:
         # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
         for a in arms:
