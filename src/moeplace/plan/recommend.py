@@ -22,6 +22,7 @@ from ..model.metadata import from_constants, inspect_model, structure
 from ..runtime.llamacpp_args import needs_flash_attn
 from . import budget as budget_mod
 from . import commands
+from .cards import datasheet_bandwidth
 from .offload import read_pins
 
 # The seed's workstation (640 GB/s card, dual-channel DDR5 at 57.6 GB/s): the bandwidths a plan assumes when
@@ -119,16 +120,17 @@ def _backend(args: argparse.Namespace) -> tuple[str, str]:
     return "cuda", "no GPU here to ask: CUDA assumed; --backend for another"
 
 
-def _vram(args: argparse.Namespace, backend: str) -> tuple[int, str]:
+def _vram(args: argparse.Namespace, backend: str) -> tuple[int, str, str | None]:
+    """The card's bytes, where they come from, and the card's name where this machine's card was read."""
     if args.vram != "auto":
         given = f"--vram {args.vram}, as given"
         if args.vram.strip().upper().endswith("GB"):  # cards sold as "16 GB" hold 16 GiB
             given += f"; a card sold as {args.vram} holds {args.vram[:-2].strip()}GiB"
-        return parse_size(args.vram, "--vram"), given
+        return parse_size(args.vram, "--vram"), given, None
     from ..runtime.backend import free_gpu_memory
 
-    free, what = free_gpu_memory(backend)
-    return free, f"free on {what} now (--vram auto)"
+    free, card, what = free_gpu_memory(backend)
+    return free, f"free on {what} now (--vram auto)", card
 
 
 def _ram(args: argparse.Namespace) -> tuple[int | None, str]:
@@ -144,7 +146,7 @@ def _ram(args: argparse.Namespace) -> tuple[int | None, str]:
 def assumptions(args: argparse.Namespace) -> Assumptions:
     """The card, the margin, the bandwidths and the host's RAM the plan assumes, with their sources."""
     backend, backend_source = _backend(args)
-    vram, vram_source = _vram(args, backend)
+    vram, vram_source, card = _vram(args, backend)
     if args.margin is not None:
         margin, margin_source = args.margin * 2**20, "--margin"
     else:
@@ -158,9 +160,13 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         bw = (args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
         given = all((args.bw_vram_gbps, args.bw_ddr_gbps))
         speed = "--bw-vram/--bw-ddr as given" + ("" if given else ", the other moeplace's default")
+    elif card and (sheet := datasheet_bandwidth(card)):
+        bw = (sheet[0], DEFAULT_BANDWIDTHS[1])
+        speed = f"the card: {sheet[1]}; the host: moeplace's default (the seed's workstation), --bw-ddr for yours"
     else:
         bw = DEFAULT_BANDWIDTHS
-        speed = "moeplace's defaults, the seed's workstation; --bw-vram/--bw-ddr for yours"
+        unknown = f"{card} is not in moeplace's table of cards, so " if card else ""
+        speed = f"{unknown}moeplace's defaults, the seed's workstation; --bw-vram/--bw-ddr for yours"
     ram, ram_source = _ram(args)
     return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram,
                        ram_source)  # fmt: skip

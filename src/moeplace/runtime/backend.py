@@ -127,15 +127,17 @@ def detected_gpu_backend() -> str | None:
     return next((_PLAN_BACKEND[name] for name, *_ in _candidates()), None)
 
 
-def free_gpu_memory(backend: str) -> tuple[int, str]:
-    """The first card's free memory now, and which card it is, from nvidia-smi or rocm-smi."""
+def free_gpu_memory(backend: str) -> tuple[int, str, str]:
+    """The first card's free memory now, its name, and which card it is and how that was read (nvidia-smi or
+    rocm-smi)."""
     if backend == "cuda" and (cards := nvidia_devices()):
-        return cards[0]["free_bytes"], _which(cards[0]["name"], len(cards), "nvidia-smi")
+        return cards[0]["free_bytes"], cards[0]["name"], _which(cards[0]["name"], len(cards), "nvidia-smi")
     if backend == "rocm" and (tool := _tool("rocm-smi", f"{ROCM}/bin/rocm-smi")):
         done = run([tool, "--showmeminfo", "vram"], timeout_s=30)
         cards = [c for c in rocm_smi(done.stdout) if "free_mib" in c] if done.ok else []
         if cards:
-            return round(cards[0]["free_mib"] * 2**20), _which(cards[0]["name"], len(cards), "rocm-smi")
+            name = cards[0]["name"]
+            return round(cards[0]["free_mib"] * 2**20), name, _which(name, len(cards), "rocm-smi")
     raise MoeplaceError(
         f"--vram auto: cannot read a {backend} card's free memory here (nvidia-smi or rocm-smi finds none); "
         "give the card's memory instead, e.g. --vram 16GB."
