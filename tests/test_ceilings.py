@@ -14,12 +14,12 @@ from moeplace.measure.ceilings import (
     disk_read_mbps,
     measured_bandwidths,
     measured_prior,
-    ram_read_gbps,
 )
 from moeplace.model.metadata import from_constants, inspect_model
 from moeplace.model.reads import bytes_per_token
 from moeplace.model.twin import load_spec, write_twin
 from moeplace.plan.predict import predict_table, ram_tier_tok_s
+from moeplace.runtime.native import ram_read_gbps
 
 SEED = from_constants("seed", SEED_CONSTANTS)
 BENCH = BenchSettings(prompt=512, gen=64, repetitions=3, threads=2, timeout_s=600)

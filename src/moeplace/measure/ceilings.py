@@ -42,7 +42,7 @@ from ..plan.speed import TESTS, Run, SpeedModel, anchored, features, prior
 from ..runtime.cpus import split_cpus
 from ..runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, HostSide, attached, host_side, link_facts
 from ..runtime.llamacpp import bench_command, require_binary
-from ..runtime.native import build_native
+from ..runtime.native import ram_read_gbps
 from ..runtime.process import run_checked
 from ..runtime.provenance import host_facts
 from ..runtime.tool_output import bench_records
@@ -78,18 +78,6 @@ COLUMNS = [
     "depths",
     "detail",
 ]
-
-
-def ram_read_gbps(log_file: Path, threads: int, nbytes: int, seconds: float, trials: int = 3) -> float:
-    """The best of a few probes: a ceiling, and on a shared host the others are its neighbours' noise."""
-    tool = build_native("membw", log_file, shared=False)
-    best = 0.0
-    for _ in range(trials):
-        cmd = [str(tool), str(threads), str(nbytes), str(seconds / trials)]
-        out = run_checked(cmd, "the RAM bandwidth probe", log_file, timeout_s=seconds + 120)
-        fields = dict(item.split("=", 1) for item in out.stdout.split())
-        best = max(best, float(fields["gbps"]))
-    return best
 
 
 def disk_read_mbps(path: Path, *, block: int, random_order: bool, seconds: float, seed: int = 0) -> float | None:

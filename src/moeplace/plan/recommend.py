@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from ..core.units import GB, parse_size
 from ..model.memory import NO_PINS, SERVER, Pins, Workload
 from ..model.metadata import from_constants, inspect_model, structure
 from ..runtime.llamacpp_args import needs_flash_attn
+from ..runtime.native import ram_read_gbps
 from . import budget as budget_mod
 from . import commands
 from .cards import datasheet_bandwidth
@@ -28,6 +30,8 @@ from .offload import read_pins
 # The seed's workstation (640 GB/s card, dual-channel DDR5 at 57.6 GB/s): the bandwidths a plan assumes when
 # neither a calibration nor the user's own figures say otherwise.
 DEFAULT_BANDWIDTHS = (640.0, 57.6)
+# The host RAM probe of a plan for this machine: larger than any CPU cache, ~1.5 s in all.
+HOST_PROBE_BYTES, HOST_PROBE_S = 256 * 2**20, 1.5
 MAX_CONTEXT = 10_000_000  # no GGUF model has a trained context this long: a typo, not a plan
 
 
@@ -143,6 +147,24 @@ def _ram(args: argparse.Namespace) -> tuple[int | None, str]:
         return None, "unknown (give --ram)"
 
 
+def _this_machine(card: str) -> tuple[float, float, str]:
+    """The bandwidths of the machine a plan is for (--vram auto): the card's datasheet, found from its name, and
+    the host's RAM read measured here; each falls back to moeplace's default, saying why."""
+    if sheet := datasheet_bandwidth(card):
+        vram, vram_from = sheet[0], f"the card: {sheet[1]}"
+    else:
+        vram = DEFAULT_BANDWIDTHS[0]
+        vram_from = f"the card: {card} is not in moeplace's table of cards, so moeplace's default, --bw-vram for yours"
+    threads = len(os.sched_getaffinity(0))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            ddr = ram_read_gbps(Path(tmp) / "membw.log", threads, HOST_PROBE_BYTES, HOST_PROBE_S)
+        ddr_from = f"the host: measured here ({threads} threads reading {HOST_PROBE_BYTES >> 20} MiB, best of 3)"
+    except MoeplaceError as e:
+        ddr, ddr_from = DEFAULT_BANDWIDTHS[1], f"the host: moeplace's default ({e}), --bw-ddr for yours"
+    return vram, ddr, f"{vram_from}; {ddr_from}"
+
+
 def assumptions(args: argparse.Namespace) -> Assumptions:
     """The card, the margin, the bandwidths and the host's RAM the plan assumes, with their sources."""
     backend, backend_source = _backend(args)
@@ -160,13 +182,11 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         bw = (args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
         given = all((args.bw_vram_gbps, args.bw_ddr_gbps))
         speed = "--bw-vram/--bw-ddr as given" + ("" if given else ", the other moeplace's default")
-    elif card and (sheet := datasheet_bandwidth(card)):
-        bw = (sheet[0], DEFAULT_BANDWIDTHS[1])
-        speed = f"the card: {sheet[1]}; the host: moeplace's default (the seed's workstation), --bw-ddr for yours"
+    elif card:
+        *bw, speed = _this_machine(card)
     else:
         bw = DEFAULT_BANDWIDTHS
-        unknown = f"{card} is not in moeplace's table of cards, so " if card else ""
-        speed = f"{unknown}moeplace's defaults, the seed's workstation; --bw-vram/--bw-ddr for yours"
+        speed = "moeplace's defaults, the seed's workstation; --bw-vram/--bw-ddr for yours"
     ram, ram_source = _ram(args)
     return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram,
                        ram_source)  # fmt: skip

@@ -51,6 +51,19 @@ def build_native(name: str, log_file: Path, *, shared: bool) -> Path:
     return _compile_once(out, "cc", "gcc", [*kind, str(source), "-ldl", "-lpthread"], log_file)
 
 
+def ram_read_gbps(log_file: Path, threads: int, nbytes: int, seconds: float, trials: int = 3) -> float:
+    """Host RAM read bandwidth, GB/s (native/membw.c: `threads` threads summing `nbytes`), the best of a few
+    probes: a ceiling, and on a shared host the others are its neighbours' noise."""
+    tool = build_native("membw", log_file, shared=False)
+    best = 0.0
+    for _ in range(trials):
+        cmd = [str(tool), str(threads), str(nbytes), str(seconds / trials)]
+        out = run_checked(cmd, "the RAM bandwidth probe", log_file, timeout_s=seconds + 120)
+        fields = dict(item.split("=", 1) for item in out.stdout.split())
+        best = max(best, float(fields["gbps"]))
+    return best
+
+
 def build_tool(name: str, manifest: dict[str, Any], log_file: Path) -> Path:
     """Compile our C++ tool native/<name>.cpp against the pinned build's static libraries, once per source and build.
 
