@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from ..core.stats import (
     repetitions_for,
 )
 from ..runtime.cpus import split_cpus, wait_for_quiet
-from ..runtime.device import DeviceSetup, HostSide, attached, host_side
+from ..runtime.device import PROGRESS, DeviceSetup, HostSide, attached, host_side
 from ..runtime.llama_log import is_host, read_log
 from ..runtime.llamacpp import bench_command
 from ..runtime.process import classify, run, tail
@@ -269,10 +268,13 @@ def _measure_paired(s: _Session, rpc: str | None) -> None:
 
 def _arm_logs(stderr: str, arms: int, instances_per_arm: int) -> list[str]:
     """Each arm's part of one process's -v log: what came before the first benchmark (the devices), then the
-    lines of its own benchmarks (its model load, its contexts)."""
-    if arms == 1:
-        return [stderr]
-    head, *instances = re.split(r"(?m)^(?=llama-bench: benchmark \d+/\d+: starting)", stderr)
+    lines of its own benchmarks (its model load, its contexts), cut at llama-bench's --progress "starting"."""
+    parts = [""]
+    for line in stderr.splitlines(keepends=True):
+        if (m := PROGRESS.match(line)) and m[1].startswith("starting"):
+            parts.append("")
+        parts[-1] += line
+    head, instances = parts[0], parts[1:]
     return [head + "".join(instances[i * instances_per_arm : (i + 1) * instances_per_arm]) for i in range(arms)]
 
 
@@ -324,7 +326,7 @@ def _batch(s: _Session, arms: list[Arm], rpc: str | None, reps: int, open_ended:
     status, reason = classify(result)
     if status == "ok":
         status, reason = "error", "llama-bench stopped early"
-    arms[failed].failure = (status, reason, tail(logs[failed] if len(arms) > 1 else result.stderr))
+    arms[failed].failure = (status, reason, tail(logs[failed]))
     return arms[failed + 1 :]
 
 
