@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import ROOT
+from published import published, sweeps, twins
 
 from moeplace.core.config import Bandwidths
 from moeplace.core.units import GB
-from moeplace.model.memory import device_weight_bytes
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
 from moeplace.plan.calibrate import calibrate, runs_from_records
@@ -36,15 +36,6 @@ from moeplace.plan.speed import (
 )
 from moeplace.report.fidelity import fidelity_table, summary
 
-PUBLISHED = ROOT / "tests/data/published"
-SPECS = {
-    "Qwen3-30B-A3B": ROOT / "config/models/qwen3-coder-30b-a3b.yaml",
-    "Qwen3-Coder-30B-A3B-Instruct": ROOT / "config/models/qwen3-coder-30b-a3b.yaml",
-    "gpt-oss-20b": ROOT / "config/models/gpt-oss-20b.yaml",  # MXFP4 experts: the published files' bytes
-    "gpt-oss-120b": ROOT / "config/models/gpt-oss-120b.yaml",
-    "Qwen3.5-35B-A3B": ROOT / "config/models/qwen3.6-35b-a3b.yaml",  # the same architecture and shapes
-    "Qwen3.6-35B-A3B": ROOT / "config/models/qwen3.6-35b-a3b.yaml",
-}
 TRUE = {"layers": 3e-4, "device_gb": 1 / 20, "host_gb": 1 / 8, "hops": 2e-5, "kv_gb": 0.5}
 TRUE_PP = {"layers": 2e-5, "link_gb": 0.3, "kv_gb": 0.05}
 
@@ -304,56 +295,18 @@ def test_records_of_llama_bench_and_of_the_pipeline_both_calibrate(tiny):
     assert (b.test, b.n_cpu_moe, b.n_tokens, b.host_tensors) == ("pp", 2, 512, frozenset())
 
 
-SWEEP = ["setup", "model", "test", "size", "ubatch", "flash_attn", "type_k", "type_v"]  # one published sweep
-
-
-def published() -> pd.DataFrame:
-    """The published points the speed model covers: a model with a twin spec, a placement, and no --swa-full
-    (llama-bench always runs without it, and the KV bytes follow llama-bench); with the card's datasheet
-    memory bandwidth (gpus.csv)."""
-    t = pd.read_csv(PUBLISHED / "sweeps.csv")
-    t = t[t.model.isin(SPECS) & t.n_cpu_moe.notna() & ~t.setup.str.endswith("-swafull")].copy()
-    gpus = pd.read_csv(PUBLISHED / "gpus.csv").set_index("gpu").memory_gbps
-    t["gpu_gbps"] = t.gpu.str.split(" (", regex=False).str[0].map(gpus)
-    assert t.gpu_gbps.notna().all(), "a card without its bandwidth in gpus.csv"
-    t["n_depth"] = t.n_depth.fillna(0).astype(int)
-    t["ubatch"] = t.ubatch.fillna(512).astype(int)
-    t[["type_k", "type_v"]] = t[["type_k", "type_v"]].fillna("f16")
-    t["flash_attn"] = t.flash_attn.fillna("").astype(str)
-    t["size"] = np.where(t.test == "tg", t.n_gen, t.n_prompt)
-    t = t[t["size"].notna()]
-    # Where a source measured a point with a warm page cache (its log read less than half the model from disk),
-    # that measurement stands: a run reading the model from disk measures the disk (gpt-oss-120b's, 2x slower).
-    warm = t.disk_read_mib < t.model_size_gib * 1024 / 2
-    point = t[["setup", *SWEEP[1:], "n_cpu_moe", "n_depth"]].apply(tuple, axis=1)
-    return t[warm | ~point.isin(set(point[warm]))]
-
-
-def spilled(meta: dict, point: pd.Series) -> bool:
-    """Whether a published point's device weights alone (the twin's, scaled to the file's size where the source
-    gives it) exceed the card's memory: it ran only because the driver spilled to system RAM (Windows does by
-    default), which the speed model does not cover, so it is neither fitted nor scored."""
-    scale = point.model_size_gib * 2**30 / meta["total_bytes"] if point.model_size_gib > 0 else 1.0
-    n = min(int(point.n_cpu_moe), meta["n_layer"])
-    return device_weight_bytes(meta, n) * scale > point.gpu_vram_gib * 2**30
-
-
 @pytest.fixture(scope="module")
 def published_sweeps(tmp_path_factory) -> list[tuple[str, str, dict, list[Run], SpeedModel]]:
-    """Each published sweep (see SWEEP) as runs on its model's header-only twin, repeated runs of a point
-    averaged, spilled points left out; with the prior of the card's datasheet bandwidth."""
-    tmp = tmp_path_factory.mktemp("published")
-    twins = {spec: inspect_model(write_twin(load_spec(spec), tmp / spec.name, "none")) for spec in set(SPECS.values())}
-    sweeps = []
-    for (setup, model, test, size, ubatch, _, type_k, type_v), g in published().groupby(SWEEP):
-        meta = twins[SPECS[model]]
+    """Each published sweep as runs on its model's header-only twin, with the prior of the card's datasheet
+    bandwidth (see published.sweeps)."""
+    metas = twins(tmp_path_factory.mktemp("published"))
+    out = []
+    for (setup, _, test, size, ubatch, _, type_k, type_v), meta, g in sweeps(published(), metas):
         base = prior(Bandwidths(float(g.gpu_gbps.iloc[0]), 50))
-        g = g[~g.apply(lambda r: spilled(meta, r), axis=1)]
-        g = g.groupby(["n_cpu_moe", "n_depth"], as_index=False).tok_s.mean()
         runs = [Run(min(int(r.n_cpu_moe), meta["n_layer"]), r.n_depth, test, int(size), ubatch, type_k, type_v,
                     tok_s=r.tok_s) for r in g.itertuples()]  # fmt: skip
-        sweeps.append((setup, test, meta, runs, base))
-    return sweeps
+        out.append((setup, test, meta, runs, base))
+    return out
 
 
 def test_published_sweeps_two_runs_predict_the_rest(published_sweeps):
@@ -455,7 +408,7 @@ def test_predict_cli_answers_json_fast_on_a_large_split_header_twin(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     rows = json.loads(out.stdout)
     assert len(rows) == 2 * 95 and {"n_cpu_moe", "depth", "tg_tok_s", "pp_tok_s", "tg_low", "tg_high"} <= set(rows[0])
-    assert rows[0]["pp_tok_s"] is None and rows[0]["tg_tok_s"] > rows[-1]["tg_tok_s"]
+    assert rows[0]["tg_tok_s"] > rows[-1]["tg_tok_s"] and rows[0]["pp_tok_s"] > rows[-1]["pp_tok_s"]
     seconds = float(out.stderr.strip().splitlines()[-1])
     print(f"moeplace predict on a {meta['total_bytes'] / GB:.0f} GB twin: {seconds:.2f} s")
     assert math.isfinite(seconds)

@@ -16,7 +16,7 @@ from .model.memory import FLASH_ATTN, NO_PINS, Workload
 from .model.metadata import describe, inspect_model
 from .plan import budget as budget_mod
 from .plan import commands
-from .plan.recommend import DEFAULT_BANDWIDTHS, cmd_recommend, parse_contexts, speed_model
+from .plan.recommend import DEFAULT_BANDWIDTHS, DEFAULT_LINK_GBPS, cmd_recommend, parse_contexts, speed_model
 
 
 def _version() -> str:
@@ -62,7 +62,7 @@ def cmd_predict(args: argparse.Namespace) -> None:
     from .plan.speed import Run, prefill_run
 
     meta = inspect_model(args.model)
-    model = speed_model(args)
+    model = speed_model(args, meta, backend=args.backend)
     kv = (args.cache_type_k, args.cache_type_v)
     rows = []
     for depth in parse_contexts(args.depth, "--depth", allow_zero=True):
@@ -128,7 +128,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if is_remote(args.model):
         raise MoeplaceError(f"{args.model_ref}: tune runs the model, so it needs the file on disk; download it first.")
     meta = inspect_model(args.model)
-    speeds = speed_model(args)  # before the probes: a bad --calibration fails at once
+    speeds = speed_model(args, meta)  # before the probes: a bad --calibration fails at once
     log_path = Path(args.log)
     manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
     print(f"probing {meta['name']} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
@@ -185,6 +185,14 @@ def _speed_options(parser: argparse.ArgumentParser, calibration: bool = True) ->
         dest="bw_ddr_gbps",
         type=float,
         help=f"host RAM bandwidth, GB/s, where no calibration says (default {DEFAULT_BANDWIDTHS[1]:g})",
+    )
+    parser.add_argument(
+        "--bw-link",
+        "--bw-link-gbps",
+        dest="bw_link_gbps",
+        type=float,
+        help=f"the card's PCIe link, GB/s, that prefill copies host experts over (default {DEFAULT_LINK_GBPS:g}: "
+        "PCIe 4.0 x16)",
     )
 
 
@@ -301,6 +309,12 @@ def _predict_and_calibrate_parsers(sub: Any) -> None:
     pr.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
     pr.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
     pr.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    pr.add_argument(
+        "--backend",
+        choices=("cuda", "rocm", "vulkan", "sycl", "metal"),
+        default="cuda",
+        help="the card's llama.cpp backend: the prior learned from published sweeps differs by backend",
+    )
     _speed_options(pr)
     pr.set_defaults(func=cmd_predict)
 

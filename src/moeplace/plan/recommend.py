@@ -30,6 +30,7 @@ from .offload import read_pins
 # The seed's workstation (640 GB/s card, dual-channel DDR5 at 57.6 GB/s): the bandwidths a plan assumes when
 # neither a calibration nor the user's own figures say otherwise.
 DEFAULT_BANDWIDTHS = (640.0, 57.6)
+DEFAULT_LINK_GBPS = 31.5  # PCIe 4.0 x16, one direction: what prefill copies host experts over
 # The host RAM probe of a plan for this machine: larger than any CPU cache, ~1.5 s in all.
 HOST_PROBE_BYTES, HOST_PROBE_S = 256 * 2**20, 1.5
 MAX_CONTEXT = 10_000_000  # no GGUF model has a trained context this long: a typo, not a plan
@@ -187,15 +188,21 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
     else:
         bw = DEFAULT_BANDWIDTHS
         speed = "moeplace's defaults, the seed's workstation; --bw-vram/--bw-ddr for yours"
+    if not getattr(args, "calibration", None):
+        speed += "; efficiencies learned from published sweeps of real cards (docs/speed-prior.md)"
     ram, ram_source = _ram(args)
     return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram,
                        ram_source)  # fmt: skip
 
 
-def speed_model(args: argparse.Namespace, bw: tuple[float | None, float | None] | None = None):  # noqa: ANN201
-    """--calibration's fitted model, else the bandwidths' prior (decode only)."""
-    from ..core.config import Bandwidths
-    from .speed import SpeedModel, prior
+def speed_model(  # noqa: ANN201
+    args: argparse.Namespace, meta: dict[str, Any], bw: tuple[float | None, float | None] | None = None,
+    backend: str = "cuda",
+):  # fmt: skip
+    """--calibration's fitted model, else the prior learned from published sweeps for these bandwidths."""
+    from .learned_prior import Machine
+    from .learned_prior import speed_model as learned
+    from .speed import SpeedModel
 
     if getattr(args, "calibration", None):
         try:
@@ -204,7 +211,7 @@ def speed_model(args: argparse.Namespace, bw: tuple[float | None, float | None] 
             raise MoeplaceError(f"--calibration {args.calibration}: cannot read it ({e}).") from None
         return SpeedModel.from_json(data, f"--calibration {args.calibration}")
     vram, ddr = bw or (args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
-    return prior(Bandwidths(vram, ddr))
+    return learned(meta, Machine(backend, vram, ddr, args.bw_link_gbps or DEFAULT_LINK_GBPS))
 
 
 def expected(meta: dict[str, Any], model: Any, host: frozenset[str], depth: int, args: argparse.Namespace) -> dict:
@@ -284,7 +291,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                           offload) for c in contexts]  # fmt: skip
     with llamacpp_compute(args, pins) as compute:
         plans = [budget_mod.plan(meta, device, w, compute, extra, pins) for w in workloads]
-    model = speed_model(args, (a.bw_vram_gbps, a.bw_ddr_gbps)) if a else None
+    model = speed_model(args, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend) if a else None
     for p in plans:
         _complete(p, meta, model, pins, a, args)
     return _output(emit, meta, plans, workloads, device, model, pins, a, args)

@@ -1,0 +1,194 @@
+"""The speed model before any run: its terms learned from published --n-cpu-moe sweeps of real cards.
+
+A datasheet gives a card's and a host's bandwidth; it does not give how far below them llama.cpp reads, nor the
+fixed time per token, nor how fast a card computes a prompt. Published sweeps do (tests/data/published/, 30-odd
+setups on NVIDIA, AMD and Intel cards). Per token, with the features of speed.features:
+
+decode   t = t0 * L + a_card[backend] * V / B_card + a_host * D / B_host + h * hops + a_kv * KV / B_card
+prefill  t = q0 * L + q_compute[backend] * A / B_card + q_link * C / B_link + q_kv * KV / B_card
+
+where B_card is the card's datasheet bandwidth, B_host the host RAM's (datasheet, or moeplace's default where a
+source does not say, as for a user who does not give it), B_link the card's PCIe link, and A the bytes of weights
+one token uses (prefill computes them all on the card: llama.cpp copies host experts there for a large batch).
+The term that varies most between backends (the card's share, which takes in the per-layer kernel costs of a
+backend) is learned per backend; the others are shared. The fit is in log space (relative errors), robust (a
+soft-L1 loss, so one odd setup does not bend the rest), and weighs each setup as one, however many points it has.
+
+The interval is what held-out setups show: each setup predicted by terms learned without it; the 95% quantile
+of those errors (in log space) is the prior's ~95% interval. That spread is mostly a setup's own offset (its
+host, its threads, its driver), shared by its placements, so it says how far off an absolute speed may be.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from ..core.errors import MoeplaceError
+from .speed import FEATURES, Z95, Run, SpeedModel, TestModel, features
+
+PRIOR_FILE = Path(__file__).with_name("learned_prior.json")  # written by docs/speed_prior.py
+# Backends the published sweeps cover (moeplace's --backend names); others get the mean of these.
+BACKENDS = ("cuda", "rocm", "vulkan", "sycl")
+TERMS = {
+    "tg": ("fixed", "card", "host", "hops", "kv"),
+    "pp": ("fixed", "compute", "link", "kv"),
+}
+PER_BACKEND = {"tg": "card", "pp": "compute"}
+# Each term's column in natural units before its coefficient: seconds if the coefficient were 1 (bandwidth
+# shares), or a scale that puts every coefficient near 1 for the solver.
+SCALE = {"fixed": 1e-4, "hops": 1e-5, "card": 1.0, "host": 1.0, "kv": 1.0, "compute": 0.1, "link": 1.0}
+SOURCE = "learned (published sweeps)"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the prior needs to know of a machine: its backend and bandwidths, GB/s."""
+
+    backend: str
+    card_gbps: float
+    host_gbps: float
+    link_gbps: float
+
+
+@dataclass(frozen=True)
+class Point:
+    """One published measurement: its setup, machine, the speed model's features for it, and tok/s."""
+
+    setup: str
+    test: str
+    machine: Machine
+    x: dict[str, float]  # speed.features, plus active_gb: the weights one token uses
+    tok_s: float
+
+
+def point_features(meta: dict[str, Any], run: Run) -> dict[str, float]:
+    """speed.features for `run`, with the bytes of weights one token uses wherever they live (active_gb)."""
+    decode = features(meta, Run(run.n_cpu_moe, run.depth, "tg", 1, host_tensors=run.host_tensors))
+    return features(meta, run) | {"active_gb": decode["device_gb"] + decode["host_gb"]}
+
+
+def columns(test: str, x: dict[str, float], m: Machine) -> dict[str, float]:
+    """Each term's value before its coefficient (see the module's formula), scaled by SCALE."""
+    raw = {
+        "fixed": x["layers"],
+        "kv": x["kv_gb"] / m.card_gbps,
+        **(
+            {"card": x["device_gb"] / m.card_gbps, "host": x["host_gb"] / m.host_gbps, "hops": x["hops"]}
+            if test == "tg"
+            else {"compute": x["active_gb"] / m.card_gbps, "link": x["link_gb"] / m.link_gbps}
+        ),
+    }
+    return {k: raw[k] * SCALE[k] for k in TERMS[test]}
+
+
+@dataclass
+class Learned:
+    """One test's learned terms: a coefficient per term (the per-backend term's per backend), and the spread."""
+
+    coef: dict[str, float]
+    per_backend: dict[str, float]
+    log_q95: float  # 95% quantile of held-out setups' |log(predicted / measured)|
+    log_q90: float
+
+    def coefficients(self, test: str, backend: str) -> dict[str, float]:
+        mine = self.per_backend.get(backend)
+        if mine is None:  # a backend no published sweep used: the geometric mean of those that did
+            mine = math.exp(sum(math.log(v) for v in self.per_backend.values()) / len(self.per_backend))
+        return self.coef | {PER_BACKEND[test]: mine}
+
+    def seconds(self, test: str, x: dict[str, float], m: Machine) -> float:
+        c = self.coefficients(test, m.backend)
+        return sum(c[k] * v for k, v in columns(test, x, m).items())
+
+
+def _fit(test: str, points: list[Point]) -> tuple[dict[str, float], dict[str, float]]:
+    """Log-coefficients by a robust least squares of log time per token, each setup weighing as one."""
+    terms, backends = TERMS[test], sorted({p.machine.backend for p in points})
+    cols = np.array([[columns(test, p.x, p.machine)[k] for k in terms] for p in points])
+    y = np.log([1 / p.tok_s for p in points])
+    sizes = {s: sum(1 for p in points if p.setup == s) for s in {p.setup for p in points}}
+    weight = np.array([1 / math.sqrt(sizes[p.setup]) for p in points])
+    which = np.array([backends.index(p.machine.backend) for p in points])
+    shared = [k for k in terms if k != PER_BACKEND[test]]
+
+    def coefficients(params: np.ndarray) -> np.ndarray:
+        c = np.tile(np.exp(params[: len(terms)]), (len(points), 1))
+        c[:, terms.index(PER_BACKEND[test])] = np.exp(params[len(terms) + which])
+        return c
+
+    def residuals(params: np.ndarray) -> np.ndarray:
+        return weight * (np.log((cols * coefficients(params)).sum(axis=1)) - y)
+
+    start = np.zeros(len(terms) + len(backends))
+    params = least_squares(residuals, start, loss="soft_l1", f_scale=0.2).x
+    coef = {k: float(math.exp(params[terms.index(k)])) for k in shared}
+    per_backend = {b: float(math.exp(params[len(terms) + i])) for i, b in enumerate(backends)}
+    return coef, per_backend
+
+
+def learn(test: str, points: list[Point]) -> Learned:
+    """The terms from all `points` of `test`, with the spread their leave-one-setup-out errors show."""
+    mine = [p for p in points if p.test == test]
+    coef, per_backend = _fit(test, mine)
+    errors = np.abs([e for _, e in held_out_errors(test, mine)])
+    return Learned(coef, per_backend, float(np.quantile(errors, 0.95)), float(np.quantile(errors, 0.90)))
+
+
+def held_out_errors(test: str, points: list[Point]) -> list[tuple[Point, float]]:
+    """Each point's log(predicted / measured) from terms learned without its setup."""
+    mine = [p for p in points if p.test == test]
+    out = []
+    for setup in sorted({p.setup for p in mine}):
+        learned = Learned(*_fit(test, [p for p in mine if p.setup != setup]), 0.0, 0.0)
+        out += [(p, -math.log(p.tok_s * learned.seconds(test, p.x, p.machine))) for p in mine if p.setup == setup]
+    return out
+
+
+def errors_against(prior: dict[str, Learned], points: list[Point]) -> list[tuple[Point, float]]:
+    """log(predicted / measured) of points no term was learned from (a held-out set)."""
+    return [(p, -math.log(p.tok_s * prior[p.test].seconds(p.test, p.x, p.machine))) for p in points]
+
+
+def to_json(prior: dict[str, Learned], about: dict[str, Any]) -> str:
+    return json.dumps({"about": about, "tests": {t: asdict(v) for t, v in prior.items()}}, indent=1) + "\n"
+
+
+def load(path: Path = PRIOR_FILE) -> dict[str, Learned]:
+    try:
+        data = json.loads(path.read_text())
+        return {t: Learned(**v) for t, v in data["tests"].items()}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise MoeplaceError(
+            f"{path}: not moeplace's learned prior ({e}); rewrite it with python docs/speed_prior.py."
+        ) from None
+
+
+def speed_model(meta: dict[str, Any], m: Machine, prior: dict[str, Learned] | None = None) -> SpeedModel:
+    """The speed model of `meta` on machine `m` from the learned terms: speed.FEATURES' coefficients, with the
+    held-out spread as each test's (its ~95% interval is the held-out setups' 95% quantile). Prefill's compute
+    is per token and the same at every placement, so it joins the fixed time of this model's layers."""
+    prior = prior or load()
+    tests = {}
+    for test, learned in prior.items():
+        c = learned.coefficients(test, m.backend)
+        per_unit = {  # seconds per unit of each speed.FEATURES feature
+            "layers": c["fixed"] * SCALE["fixed"],
+            "kv_gb": c["kv"] * SCALE["kv"] / m.card_gbps,
+            "device_gb": c.get("card", 0.0) * SCALE["card"] / m.card_gbps,
+            "host_gb": c.get("host", 0.0) * SCALE["host"] / m.host_gbps,
+            "hops": c.get("hops", 0.0) * SCALE["hops"],
+            "link_gb": c.get("link", 0.0) * SCALE["link"] / m.link_gbps,
+        }
+        if test == "pp":
+            active = point_features(meta, Run(0, 0, "pp", 1))["active_gb"]
+            per_unit["layers"] += c["compute"] * SCALE["compute"] * active / m.card_gbps / meta["n_layer"]
+        coef = {k: per_unit[k] for k in FEATURES[test]}
+        tests[test] = TestModel(coef, dict.fromkeys(coef, SOURCE), spread=learned.log_q95 / Z95)
+    return SpeedModel(tests)
