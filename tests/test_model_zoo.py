@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import subprocess
 import sys
@@ -16,11 +17,13 @@ from conftest import ROOT
 from llamacpp_helpers import manifest
 
 from moeplace.model.gguf_file import read_header
-from moeplace.model.kvcache import kv_bytes
+from moeplace.model.kvcache import kv_bytes, layer_kv_bytes
 from moeplace.model.memory import state_bytes
-from moeplace.model.metadata import inspect_model
+from moeplace.model.metadata import inspect_model, layer_kinds
 from moeplace.model.recipe import PRESETS, UNQUANTIZED
-from moeplace.model.twin import load_spec, tensor_type_args, twin_types, write_twin
+from moeplace.model.twin import load_spec, make_twin, tensor_type_args, twin_types, write_twin
+from moeplace.runtime.llamacpp import PINNED
+from moeplace.runtime.native import cache_root
 
 SPECS = sorted((ROOT / "config/models").glob("*.yaml"))
 TINY = [p for p in SPECS if p.name.startswith("tiny-") and load_spec(p).n_expert]
@@ -84,3 +87,70 @@ def test_a_type_map_copies_a_published_files_mix_to_the_byte(spec, model_size, t
     (tests/data/published/sweeps.csv, MoEArc's runs)."""
     twin = write_twin(load_spec(ROOT / f"config/models/{spec}.yaml"), tmp_path / "t.gguf")
     assert sum(t.n_bytes for t in read_header(twin).tensors) == model_size
+
+
+# Gemma 4 26B A4B (config/models/gemma-4-26b-a4b.yaml) against what llama.cpp printed for the published GGUFs.
+GEMMA4 = ROOT / "config/models/gemma-4-26b-a4b.yaml"
+
+
+def test_the_gemma4_26b_header_twin_is_the_published_model(tmp_path):
+    twin = write_twin(load_spec(GEMMA4), tmp_path / "gemma4.gguf")
+    header, meta = read_header(twin), inspect_model(twin)
+    # "loaded meta data with 50 key-value pairs and 658 tensors" (LostRuins/koboldcpp#2262, its UD-Q4_K_XL GGUF)
+    assert len(header.tensors) == 658
+    # llama-bench's model_n_params for gemma-4-26B-A4B-it-UD-Q4_K_M.gguf (its -o csv row): 25233142046
+    params = sum(math.prod(t.shape) for t in header.tensors)
+    assert params == 25_233_142_046
+    # the model card (as quoted in anomalyco/models.dev#1328): 25.2B total, 3.8B active (8 of 128 experts)
+    expert_params = sum(math.prod(t.shape) for t in header.tensors if "_exps" in t.name)
+    assert round(params / 1e9, 1) == 25.2 and round((params - expert_params * 120 / 128) / 1e9, 1) == 3.8
+    # print_info: n_layer 30, n_expert 128, n_expert_used 8, n_swa 1024; sliding_window_pattern [true x 5, false, ...]
+    assert (meta["n_layer"], meta["n_expert"], meta["n_expert_used"], meta["n_ff_exp"]) == (30, 128, 8, 704)
+    assert meta["attention"]["sliding_window"] == 1024
+    assert [layer["swa"] for layer in meta["layers"]] == [il % 6 != 5 for il in range(30)]
+    assert layer_kinds(meta) == {"attention": 5, "sliding-window": 25, "recurrent": 0, "MoE": 30, "dense": 30}
+    # "gemma4 26B.A4B Q4_K - Medium | 15.63 GiB | 25.23 B" (llama-bench on lmstudio-community's Q4_K_M)
+    assert round(meta["total_bytes"] / 2**30, 2) == 15.63
+    # Expert bytes at Q4_K_M: gate_up Q4_K in all 30 layers; down (704-element rows, not whole 256-element K
+    # blocks: llama-quantize's fallback) Q8_0 for Q6_K in its 14 "more bits" layers (0-2, 5, 8, ..., 23, 26-29),
+    # Q5_0 for Q4_K in the other 16; the per-expert scales F32.
+    gate_up, down = 2816 * 1408 * 128, 704 * 2816 * 128
+    assert meta["expert_bytes"] == 30 * gate_up // 256 * 144 + (14 * 34 + 16 * 22) * down // 32 + 30 * 128 * 4
+    # llama-server -c 8192 -ub 2048 on a gemma-4-26B-A4B GGUF (b9849): "creating non-SWA KV cache, size = 8192
+    # cells ... KV buffer size = 160.00 MiB", "creating SWA KV cache, size = 3072 cells ... 600.00 MiB"
+    per_layer = layer_kv_bytes(meta, 8192, n_ubatch=2048)
+    full = sum(b for b, layer in zip(per_layer, meta["layers"]) if not layer["swa"])
+    assert (full, sum(per_layer) - full) == (160 * 2**20, 600 * 2**20)
+
+
+def pinned_llamacpp() -> dict:
+    """The pinned llama.cpp build where one is already built here (this test does not start a 5-15 minute build)."""
+    builds = cache_root() / "llama.cpp"
+    if not any(builds.glob(f"{PINNED['version']}-*/manifest.json")):
+        pytest.skip(f"no llama.cpp {PINNED['version']} built under {builds} (moeplace builds it on first use)")
+    return manifest()
+
+
+@pytest.mark.llamacpp
+def test_the_tiny_gemma4_quantizes_loads_and_generates_as_its_spec_says(tmp_path):
+    """llama-quantize's Q4_K_M of the random tiny twin, generating 8 tokens in llama-completion; llama.cpp reads the
+    layout the spec gives: five sliding layers of 64-wide heads and 2 KV heads, then a full one of 128 and 1."""
+    build = pinned_llamacpp()
+    spec = ROOT / "config/models/tiny-gemma4.yaml"
+    model = make_twin(load_spec(spec), tmp_path / "tiny.gguf", "random", "Q4_K_M", 0, build, tmp_path / "q.log")
+    cmd = [str(Path(build["bin_dir"]) / "llama-completion"), "-m", str(model), "-n", "8", "-p", "Hello", "-no-cnv",
+           "--no-warmup", "--temp", "0", "-t", "2", "-v"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    printed = dict(re.findall(r"print_info: ([\w ]+?)\s+= (.+)", out.stderr))
+    assert {k: printed[k] for k in ("n_layer", "n_head_kv", "n_embd_head_k", "n_embd_head_k_swa", "n_swa")} == {
+        "n_layer": "6",
+        "n_head_kv": "[2, 2, 2, 2, 2, 1]",
+        "n_embd_head_k": "128",
+        "n_embd_head_k_swa": "64",
+        "n_swa": "128",
+    }
+    assert (printed["n_expert"], printed["n_expert_used"], printed["n_ff"]) == ("8", "2", "256")
+    params = sum(math.prod(t.shape) for t in read_header(model).tensors)
+    assert printed["model params"] == f"{params / 1e6:.2f} M"
+    assert re.search(r"eval time =.*/\s+8 runs", out.stderr), out.stderr[-2000:]
