@@ -24,6 +24,7 @@ SPECS = {
     "gpt-oss-120b": ROOT / "config/models/gpt-oss-120b.yaml",
     "Qwen3.5-35B-A3B": ROOT / "config/models/qwen3.6-35b-a3b.yaml",  # the same architecture and shapes
     "Qwen3.6-35B-A3B": ROOT / "config/models/qwen3.6-35b-a3b.yaml",
+    "gemma-4-26B-A4B-it": ROOT / "config/models/gemma-4-26b-a4b.yaml",
 }
 SWEEP = ["setup", "model", "test", "size", "ubatch", "flash_attn", "type_k", "type_v"]  # one published sweep
 # The host RAM of a source that does not say it: DDR5-5600 in two channels, what the desktops the sources name
@@ -79,17 +80,24 @@ def sweeps(table: pd.DataFrame, metas: dict[Path, dict]):
         meta = metas[SPECS[key[1]]]
         g = g[~g.apply(lambda r: spilled(meta, r), axis=1)]
         points = g.groupby(["n_cpu_moe", "n_depth"], as_index=False).agg(
-            tok_s=("tok_s", "mean"), **{k: (k, "first") for k in ("gpu_gbps", "host_gbps", "link_gbps", "backend")}
+            tok_s=("tok_s", "mean"),
+            **{k: (k, "first") for k in ("gpu_gbps", "host_gbps", "link_gbps", "backend", "model_size_gib")},
         )
         yield key, meta, points
 
 
+WEIGHT_FEATURES = ("device_gb", "host_gb", "link_gb", "active_gb")
+
+
 def prior_points(table: pd.DataFrame, metas: dict[Path, dict]) -> list[Point]:
-    """The published points as the learned prior takes them."""
+    """The published points as the learned prior takes them; where the source gives the file's size, the weight
+    bytes scaled from the twin's quant to the file's (a Q2_K file reads a third less than the twin's Q4_K_M)."""
     out = []
     for (setup, _, test, size, ubatch, _, type_k, type_v), meta, g in sweeps(table, metas):
         for r in g.itertuples():
             run = Run(min(int(r.n_cpu_moe), meta["n_layer"]), r.n_depth, test, int(size), ubatch, type_k, type_v)
             machine = Machine(BACKENDS[r.backend], r.gpu_gbps, r.host_gbps, r.link_gbps)
-            out.append(Point(setup, test, machine, point_features(meta, run), r.tok_s))
+            scale = r.model_size_gib * 2**30 / meta["total_bytes"] if r.model_size_gib > 0 else 1.0
+            x = {k: v * scale if k in WEIGHT_FEATURES else v for k, v in point_features(meta, run).items()}
+            out.append(Point(setup, test, machine, x, r.tok_s))
     return out
