@@ -50,7 +50,7 @@ def main() -> int:
         p = learn(test, points)
         p.coef = {k: rounded(v) for k, v in p.coef.items()}
         p.per_backend = {k: rounded(v) for k, v in p.per_backend.items()}
-        p.log_q95, p.log_q90 = rounded(p.log_q95), rounded(p.log_q90)
+        p.log_q95, p.log_q95_difference = rounded(p.log_q95), rounded(p.log_q95_difference)
         prior[test] = p
     setups = {t: len({p.setup for p in points if p.test == t}) for t in prior}
     about = {"learned_from": "tests/data/published/sweeps.csv", "setups": setups, "written_by": "docs/speed_prior.py"}
@@ -76,6 +76,14 @@ def main() -> int:
             n = len({q.setup for q in mine})
             lines.append(f"| {test}, held-out sweeps ({n} setups, heldout.csv) | {summary(errors, p.log_q95)} | "
                          f"x{math.exp(p.log_q95):.2f} |")  # fmt: skip
+    bounds = ", ".join(f"x{math.exp(p.log_q95_difference):.2f} ({t})" for t, p in prior.items())
+    lines += [
+        "",
+        "Two placements of one machine predicted within 20% of each other (what a ranking weighs): the error of their",
+        f"predicted ratio, each setup left out, is within {bounds} in 95% of pairs. `recommend --placement optimal`",
+        "calls placements closer than that equivalent and keeps your KV cache type and ubatch, and --n-cpu-moe",
+        "before -ot, among them.",
+    ]
     tables = {
         "Each setup left out (learned without it)": {t: held_out_errors(t, points) for t in prior},
         "The held-out sweeps (heldout.csv; HELDOUT_SOURCES.md)": {

@@ -24,6 +24,15 @@ def qwen3(tmp_path_factory):
     return inspect_model(path)
 
 
+def certain(model):
+    """The model as if exact (no spread): a test of the ranking's algebra, where every gain decides."""
+    from dataclasses import replace
+
+    from moeplace.plan.speed import SpeedModel
+
+    return SpeedModel({t: replace(m, spread=0.0, difference_spread=None) for t, m in model.tests.items()})
+
+
 def matched(value: str, names: list[str]) -> set[str]:
     patterns = [p.rsplit("=", 1)[0] for p in value.split(";") if p]
     return {n for n in names if any(re.search(p, n) for p in patterns)}  # llama.cpp uses regex_search
@@ -126,11 +135,11 @@ def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
     host = optimal_placement(qwen3, p["budget_bytes"])
     assert tensor_bytes(qwen3, expert_tensors(qwen3, list(range(p["n_cpu_moe"])))) >= tensor_bytes(qwen3, host)
     assert qwen3["expert_bytes"] - tensor_bytes(qwen3, host) <= p["budget_bytes"]  # it fits
-    ranked = rank_placements(qwen3, device, 32768, prior(Bandwidths(640, 57.6)), "decode", [("f16", "f16")], [512])
+    model = certain(prior(Bandwidths(640, 57.6)))
+    ranked = rank_placements(qwen3, device, 32768, model, "decode", [("f16", "f16")], [512])
     assert [r["placement"] for r in ranked] == ["optimal", "ncmoe"] and ranked[0]["score"] > ranked[1]["score"]
     # a quantized KV cache leaves room for more experts on the card: faster still, and ranked first
-    ranked = rank_placements(qwen3, device, 32768, prior(Bandwidths(640, 57.6)), "decode",
-                             [("f16", "f16"), ("q8_0", "q8_0")], [512])  # fmt: skip
+    ranked = rank_placements(qwen3, device, 32768, model, "decode", [("f16", "f16"), ("q8_0", "q8_0")], [512])
     assert ranked[0]["type_k"] == "q8_0"
     assert (
         rank_placements(qwen3, device, 32768, prior(Bandwidths(640, 57.6)), "prefill", [("f16", "f16")], [512])[0][
@@ -138,6 +147,26 @@ def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
         ]
         is None
     )  # prefill needs a calibration
+
+
+def test_a_gain_inside_the_uncertainty_keeps_the_users_kv_type_and_ncmoe(qwen3):
+    """Before any run (the learned prior), a quantized KV cache's few more experts on the card and the knapsack's
+    -ot are faster by less than the prior can tell (its ratio bound, docs/speed-prior.md): the user's f16 and
+    --n-cpu-moe lead, the others marked equivalent. As if exact, the same gains decide."""
+    from moeplace.core.config import Device
+    from moeplace.plan.learned_prior import Machine, speed_model
+    from moeplace.plan.offload import rank_placements
+
+    model = speed_model(qwen3, Machine("cuda", 672, 60, 31.5))
+    kv_types = [("f16", "f16"), ("q8_0", "q8_0")]
+    device = Device(16 * 10**9, 10**9)
+    ranked = rank_placements(qwen3, device, 32768, model, "decode", kv_types, [512])
+    best = max(ranked, key=lambda r: r["score"])
+    assert best["type_k"] == "q8_0" and best["score"] < ranked[0]["score"] * model.equivalence_factor("tg")
+    assert (ranked[0]["type_k"], ranked[0]["placement"]) == ("f16", "ncmoe") and all(r["equivalent"] for r in ranked)
+    sure = rank_placements(qwen3, device, 32768, certain(model), "decode", kv_types, [512])
+    key = ("placement", "type_k", "ubatch", "score")
+    assert [sure[0][k] for k in key] == [best[k] for k in key] and not all(r["equivalent"] for r in sure)
 
 
 def test_optimal_placement_weighs_scattered_tensors_against_their_hops():
@@ -186,7 +215,7 @@ def test_decode_ranks_the_placement_that_pays_for_its_hops_first(qwen3):
     from moeplace.plan.offload import rank_placements
     from moeplace.plan.speed import host_layer_bytes, prior
 
-    model = prior(Bandwidths(640, 57.6, measured_hop_s=20e-6))
+    model = certain(prior(Bandwidths(640, 57.6, measured_hop_s=20e-6)))
     # 2 hops of 20 us over (8/128 read) x (1/57.6 - 1/640) s/GB: 38.6 MiB
     assert host_layer_bytes(qwen3, model) == pytest.approx(40e-6 / (8 / 128 * (1 / 57.6 - 1 / 640) / 1e9))
     assert host_layer_bytes(qwen3, prior(Bandwidths(640, 57.6))) == 0  # no hop priced: bytes alone
@@ -263,7 +292,7 @@ def test_ranking_searches_ubatch_with_its_compute_buffer(qwen3):
     from moeplace.plan.offload import rank_placements
     from moeplace.plan.speed import prior
 
-    ranked = rank_placements(qwen3, Device(16 * 10**9, 0), 32768, prior(Bandwidths(640, 57.6)), "decode",
+    ranked = rank_placements(qwen3, Device(16 * 10**9, 0), 32768, certain(prior(Bandwidths(640, 57.6))), "decode",
                              [("f16", "f16")], [2048, 512])  # fmt: skip
     ncmoe = {r["ubatch"]: r for r in ranked if r["placement"] == "ncmoe"}
     assert ncmoe[2048]["n_cpu_moe"] > ncmoe[512]["n_cpu_moe"]

@@ -95,7 +95,8 @@ class Learned:
     coef: dict[str, float]
     per_backend: dict[str, float]
     log_q95: float  # 95% quantile of held-out setups' |log(predicted / measured)|
-    log_q90: float
+    # ... and of the error of a predicted ratio between two near placements of one setup (see difference_errors)
+    log_q95_difference: float
 
     def coefficients(self, test: str, backend: str) -> dict[str, float]:
         mine = self.per_backend.get(backend)
@@ -134,11 +135,34 @@ def _fit(test: str, points: list[Point]) -> tuple[dict[str, float], dict[str, fl
 
 
 def learn(test: str, points: list[Point]) -> Learned:
-    """The terms from all `points` of `test`, with the spread their leave-one-setup-out errors show."""
+    """The terms from all `points` of `test`, with the spreads their leave-one-setup-out errors show."""
     mine = [p for p in points if p.test == test]
     coef, per_backend = _fit(test, mine)
-    errors = np.abs([e for _, e in held_out_errors(test, mine)])
-    return Learned(coef, per_backend, float(np.quantile(errors, 0.95)), float(np.quantile(errors, 0.90)))
+    held_out = held_out_errors(test, mine)
+    errors = np.abs([e for _, e in held_out])
+    differences = difference_errors(held_out)
+    return Learned(coef, per_backend, float(np.quantile(errors, 0.95)), float(np.quantile(differences, 0.95)))
+
+
+# Placements a ranking weighs against each other differ by a few layers' experts: predicted within this of each
+# other (in log: 20%).
+NEAR = 0.2
+
+
+def difference_errors(held_out: list[tuple[Point, float]]) -> list[float]:
+    """How far off a predicted ratio between two placements is: |e1 - e2| for each pair of one setup's points at
+    one depth whose predictions are NEAR each other. Most of a setup's error is its own offset, shared by its
+    placements, and cancels here; what is left says when one placement is faster than another beyond doubt."""
+    by_sweep: dict[tuple[str, float], list[tuple[float, float]]] = {}
+    for p, e in held_out:
+        by_sweep.setdefault((p.setup, round(p.x["kv_gb"], 9)), []).append((math.log(p.tok_s) + e, e))
+    return [
+        abs(e1 - e2)
+        for pairs in by_sweep.values()
+        for i, (predicted1, e1) in enumerate(pairs)
+        for predicted2, e2 in pairs[i + 1 :]
+        if abs(predicted1 - predicted2) <= NEAR
+    ]
 
 
 def held_out_errors(test: str, points: list[Point]) -> list[tuple[Point, float]]:
@@ -146,7 +170,7 @@ def held_out_errors(test: str, points: list[Point]) -> list[tuple[Point, float]]
     mine = [p for p in points if p.test == test]
     out = []
     for setup in sorted({p.setup for p in mine}):
-        learned = Learned(*_fit(test, [p for p in mine if p.setup != setup]), 0.0, 0.0)
+        learned = Learned(*_fit(test, [p for p in mine if p.setup != setup]), 0.0, 0.0)  # spreads unused here
         out += [(p, -math.log(p.tok_s * learned.seconds(test, p.x, p.machine))) for p in mine if p.setup == setup]
     return out
 
@@ -190,5 +214,6 @@ def speed_model(meta: dict[str, Any], m: Machine, prior: dict[str, Learned] | No
             active = point_features(meta, Run(0, 0, "pp", 1))["active_gb"]
             per_unit["layers"] += c["compute"] * SCALE["compute"] * active / m.card_gbps / meta["n_layer"]
         coef = {k: per_unit[k] for k in FEATURES[test]}
-        tests[test] = TestModel(coef, dict.fromkeys(coef, SOURCE), spread=learned.log_q95 / Z95)
+        tests[test] = TestModel(coef, dict.fromkeys(coef, SOURCE), spread=learned.log_q95 / Z95,
+                                difference_spread=learned.log_q95_difference / Z95)  # fmt: skip
     return SpeedModel(tests)

@@ -240,14 +240,17 @@ def rank_placements(
     """Every placement that fits at `ctx` for each KV cache type and ubatch (--n-cpu-moe at the budget's minimum,
     and where they differ from it the knapsack's -ot placements: the most expert bytes on the device, prefill's
     best, and the same less the hops the model prices, decode's best), the user's pins kept in each, with the
-    speed model's decode and prefill at that depth, best first by `objective` (decode, prefill or mix:W); ties
-    keep the order given. A larger ubatch prefills faster but its compute buffer takes device memory from the
-    experts. `host_tensors` is each placement's whole host set, pins included."""
+    speed model's decode and prefill at that depth, best first by `objective` (decode, prefill or mix:W). A
+    placement whose score is within the model's equivalence factor of the best is `equivalent` to it: which is
+    faster is not known, so the first of those in the order given leads (the user's KV cache type and ubatch,
+    --n-cpu-moe before -ot), not a gain inside the uncertainty. A larger ubatch prefills faster but its compute
+    buffer takes device memory from the experts. `host_tensors` is each placement's whole host set, pins
+    included."""
     from ..model.memory import Workload
     from .budget import plan
     from .speed import Run, host_layer_bytes, prefill_up_to
 
-    ranked = []
+    order = []  # as given
     hop_bytes = host_layer_bytes(meta, model)
     for (type_k, type_v), ubatch in itertools.product(cache_types, ubatches):
         p = plan(meta, device, Workload(ctx, ubatch, type_k=type_k, type_v=type_v), pins=pins)
@@ -261,11 +264,19 @@ def rank_placements(
         for name, n, host in candidates:
             tg = model.predict(meta, Run(0, ctx, "tg", 128, ubatch, type_k, type_v, host))
             pp = model.predict(meta, prefill_up_to(0, ctx, ubatch, type_k, type_v, host))
-            ranked.append(
+            order.append(
                 {"placement": name, "n_cpu_moe": n, "host_tensors": sorted(host), "type_k": type_k, "type_v": type_v,
                  "ubatch": ubatch, "tg": tg, "pp": pp, "score": objective_score(objective, tg, pp)}
             )  # fmt: skip
-    return sorted(ranked, key=lambda r: -(r["score"] or 0.0))
+    ranked = sorted(order, key=lambda r: -(r["score"] or 0.0))
+    if not ranked or ranked[0]["score"] is None:
+        return ranked
+    tests = {"decode": ("tg",), "prefill": ("pp",)}.get(objective, ("tg", "pp"))
+    factor = max(model.equivalence_factor(t) for t in tests)
+    for r in ranked:
+        r["equivalent"] = r["score"] is not None and r["score"] * factor >= ranked[0]["score"]
+    given = [r for r in order if r["equivalent"]]
+    return [given[0]] + [r for r in ranked if r is not given[0]]
 
 
 def matching_tensors(overrides: str | None, names: list[str]) -> set[str]:

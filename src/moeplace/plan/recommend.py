@@ -451,16 +451,17 @@ def _print_optimal(meta: dict[str, Any], model: Any, device: Any, ctx: int, pins
     ubatches = list(dict.fromkeys([args.ubatch, 512, 2048]))  # yours first: it wins ties
     ranked = rank_placements(meta, device, ctx, model, args.objective, kv_types, ubatches, pins)
     if not ranked or ranked[0]["score"] is None:
-        why = "prefill needs --calibration" if args.objective != "decode" else "nothing fits"
+        why = "the speed model gives no prefill" if args.objective != "decode" else "nothing fits"
         print(f"  placements by {args.objective}: cannot rank ({why}).")
         return
-    print(f"  placements by {args.objective} at {ctx} tokens, best first:")
+    print(f"  placements by {args.objective} at {ctx} tokens, best first; '~' marks those the speed model cannot "
+          "tell from the best (its uncertainty on a ratio), of which yours as given leads:")  # fmt: skip
     for r in ranked:
         tensors, layers = len(r["host_tensors"]), len(host_layers(r["host_tensors"]))
         what = (f"--n-cpu-moe {r['n_cpu_moe']}" if r["placement"] == "ncmoe"
                 else f"-ot ({tensors} expert tensors on the host, in {layers} layers)")  # fmt: skip
-        print(f"    {what}, KV {r['type_k']}/{r['type_v']}, -ub {r['ubatch']}: decode {speed_text(r['tg'])}, "
-              f"prefill {speed_text(r['pp'])}")  # fmt: skip
+        print(f"  {'~' if r['equivalent'] else ' '} {what}, KV {r['type_k']}/{r['type_v']}, -ub {r['ubatch']}: "
+              f"decode {speed_text(r['tg'])}, prefill {speed_text(r['pp'])}")  # fmt: skip
     best = ranked[0]
     # The user's pins stay as written (they match first); the plan's own patterns name the rest of its host set.
     rest = set(best["host_tensors"]) - pins.host

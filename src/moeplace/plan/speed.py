@@ -162,6 +162,9 @@ class TestModel:
     # For a prior coefficient with an sd: how the probe's fixed time per layer moves per unit of it (anchored
     # solves the fixed time with it), which moves the shares of a fit at one depth too.
     fixed_lever: dict[str, float] = field(default_factory=dict)
+    # Relative sd of the ratio of two placements' predictions, where known (the learned prior's, which shares most
+    # of its error between placements); None: two independent errors of `spread`.
+    difference_spread: float | None = None
 
     def seconds(self, x: dict[str, float]) -> float:
         return sum(self.coef.get(k, 0.0) * v for k, v in x.items())
@@ -199,6 +202,15 @@ class SpeedModel:
             return None
         spread = math.exp(Z95 * model.relative_sd(x))  # multiplicative: speeds are positive and errors relative
         return {"tok_s": 1 / t, "low": 1 / (t * spread), "high": spread / t}
+
+    def equivalence_factor(self, test: str) -> float:
+        """The ~95% bound on a predicted ratio between two placements: closer than this, which is faster is not
+        known (a ranking calls them equivalent)."""
+        m = self.tests.get(test)
+        if m is None:
+            return math.inf
+        sd = m.difference_spread if m.difference_spread is not None else math.sqrt(2) * m.spread
+        return math.exp(Z95 * sd)
 
     def to_json(self) -> dict[str, Any]:
         return {
