@@ -128,3 +128,49 @@ def test_tune_prints_the_speed_its_calibration_expects_at_the_chosen_n(tmp_path)
     host = frozenset(name for layer in meta["layers"][:chosen] for name in layer["expert_tensors"])
     line = "  expected: " + describe_speed(expected(meta, model, host, 8192, kv), 8192)
     assert line in done.stdout.splitlines() and "prefill unknown" not in line
+
+
+@pytest.mark.llamacpp
+def test_tune_calibrates_the_speed_model_and_plans_with_it(tmp_path):
+    """moeplace tune without --calibration: after the search, decode and a prefill at the chosen n and with every
+    expert on the host, written as a calibration that predicts those two runs (a two-point fit, exact where no
+    coefficient met its bound: on the emulated device without its slowed host side, the host may be as fast) and
+    gives the speed it prints for the chosen n."""
+    import argparse
+    import json
+    import subprocess
+    import sys
+
+    from llamacpp_helpers import manifest, tiny_twin
+
+    from moeplace.model.metadata import inspect_model
+    from moeplace.plan.recommend import describe_speed, expected
+    from moeplace.plan.speed import Run, SpeedModel
+
+    path = tiny_twin(tmp_path)
+    meta = inspect_model(path)
+    out = tmp_path / "calibration.json"
+    args = [str(path), "--ctx", "8192", "--vram", "50MB", "--device", "emulated", "--calibration-out", str(out),
+            "--bin-dir", manifest()["bin_dir"], "--log", str(tmp_path / "tune.log")]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "moeplace.cli", "tune", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    print(done.stdout)
+    chosen = int(done.stdout.split("chosen n = ")[1].split()[0])
+    data = json.loads(out.read_text())
+    assert data["status"] == "calibrated" and set(data["tests"]) == {"tg", "pp"}
+    model = SpeedModel.from_json(data)
+    measured = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("  calibrating: --n-cpu-moe "):
+            n, rest = line.removeprefix("  calibrating: --n-cpu-moe ").split(", ", 1)
+            test, speed = rest.split(": ")
+            measured[int(n), test] = float(speed.split()[0])
+    assert {n for n, _ in measured} == {chosen, meta["n_layer"]} and len(measured) == 4
+    for (n, test), tok_s in measured.items():
+        if model.tests[test].at_zero:
+            continue
+        run = Run(n, 0, test, 32 if test == "tg" else 512)
+        assert model.predict(meta, run)["tok_s"] == pytest.approx(tok_s, rel=0.02), (n, test)
+    kv = argparse.Namespace(cache_type_k="f16", cache_type_v="f16", ubatch=512)
+    host = frozenset(name for layer in meta["layers"][:chosen] for name in layer["expert_tensors"])
+    assert "  expected: " + describe_speed(expected(meta, model, host, 8192, kv), 8192) in done.stdout.splitlines()

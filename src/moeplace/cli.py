@@ -143,6 +143,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         manifest=manifest,
         log_path=log_path,
         workdir=Path.cwd(),
+        calibrate=not (args.calibration or args.no_calibrate),
     )
     print(f"predicted minimum --n-cpu-moe: {result.predicted_n}; probed on {record['device']}")
     for p in result.probes:
@@ -160,6 +161,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"{result.loads} loads; lowest feasible n = {result.lowest_n}, chosen n = {result.chosen_n} "
         f"(margin {args.margin}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens"
     )
+    if result.calibration_runs:
+        speeds = _calibrated_by_tune(meta, result.calibration_runs, speeds, args)
     host = NO_PINS.host_set(meta, result.chosen_n)
     print("  expected: " + describe_speed(expected(meta, speeds, host, args.ctx, args), args.ctx))
     note = "  # add --rpc HOST:PORT for the emulated device" if record["device_kind"] == "emulated" else ""
@@ -167,6 +170,29 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print("  " + commands.llama_server(args.model, args.ctx, result.chosen_n, *kv) + note)
     print("  " + commands.llama_bench(args.model, args.ctx, result.chosen_n, *kv) + note)
     return 0
+
+
+def _calibrated_by_tune(
+    meta: dict[str, Any], records: list[dict[str, Any]], prior: Any, args: argparse.Namespace
+) -> Any:
+    """The speed model fitted to tune's calibrating runs, written to --calibration-out; the prior where they cannot
+    calibrate."""
+    from .plan.calibrate import calibration_file
+    from .plan.speed import SpeedModel
+    from .runtime.outputs import write_json
+
+    for r in records:
+        what = f"{r['median_ts']:.2f} tok/s" if r.get("status") == "ok" else r.get("status")
+        print(f"  calibrating: --n-cpu-moe {r['n_cpu_moe']}, {r['test']}: {what}")
+    calibration = calibration_file(meta, records, prior)
+    if calibration["status"] != "calibrated":
+        print(f"  not calibrated ({calibration['not_calibrated']}): speeds from the prior")
+        return prior
+    out = args.calibration_out
+    write_json(out, calibration)
+    print(f"  calibration: {out}; plan with it: moeplace recommend {args.model} --vram {args.vram} --ctx {args.ctx} "
+          f"--calibration {out}")  # fmt: skip
+    return SpeedModel.from_json(calibration, out)
 
 
 def _speed_options(parser: argparse.ArgumentParser, calibration: bool = True) -> None:
@@ -295,6 +321,13 @@ def _tune_parser(sub: Any) -> None:
     tu.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa the probes run with")
     tu.add_argument("--record", help="append the result to this CSV, e.g. results/tables/tune.csv")
     tu.add_argument("--log", default="moeplace-tune.log", help="llama.cpp's output goes here")
+    tu.add_argument(
+        "--calibration-out",
+        default="moeplace-calibration.json",
+        help="where the speed calibration measured after the search goes (without --calibration): decode and a "
+        "prefill at the chosen n and with the experts on the host, a minute or two on a GPU",
+    )
+    tu.add_argument("--no-calibrate", action="store_true", help="skip those calibrating runs")
     _speed_options(tu)
     tu.set_defaults(func=cmd_tune)
 
