@@ -20,14 +20,19 @@ def llama_server(
     ubatch: int = DEFAULT_UBATCH,
     parallel: int = 1,
     pins: list[str] | None = None,
+    tensor_split: tuple[int, ...] | None = None,
 ) -> str:
     """`llama-server` at this placement: the user's own -ot rules first (llama.cpp's first matching rule wins),
     then `--n-cpu-moe N`, or the placement's own `-ot` patterns; rules joined with ',' as llama-server reads
     them. -c holds every slot's context; --parallel is always given, since llama-server's own default (4 slots
-    sharing one cache) would change the KV cache the plan counted."""
+    sharing one cache) would change the KV cache the plan counted. Over several devices, -ts as layer counts and
+    the -ot patterns alone (plan/devices.py)."""
     rules = [*(pins or []), *([overrides] if overrides else [])]
     placement = ["-ot", ",".join(rules)] if rules else []
-    placement += [] if overrides else ["--n-cpu-moe", str(n_cpu_moe)]
+    if tensor_split:
+        placement = ["-ts", ",".join(map(str, tensor_split)), *placement]
+    elif not overrides:
+        placement += ["--n-cpu-moe", str(n_cpu_moe)]
     source = ["-mu", model] if is_remote(model) else ["-m", model]  # -mu downloads it
     cmd = ["llama-server", *source, "-c", str(ctx * parallel), "-ngl", "99", *placement]
     cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), "--parallel", str(parallel)]
@@ -43,13 +48,17 @@ def llama_bench(
     flash_attn: str = "auto",
     ubatch: int = 512,
     pins: list[str] | None = None,
+    tensor_split: tuple[int, ...] | None = None,
 ) -> str:
     """The `llama-bench` run that checks it: decode and prefill with the KV cache filled so that the prefill test
-    holds exactly `ctx` cells, the user's pins before -ncmoe (llama-bench joins -ot rules with ';': its ',' would
-    make a sweep of them)."""
+    holds exactly `ctx` cells, the user's pins before -ncmoe (llama-bench joins -ot rules with ';' and -ts shares
+    with '/': its ',' would make a sweep of them). Over several devices, -ts and the -ot patterns (`pins`) alone."""
     prompt = min(ctx, 512)
     cmd = ["llama-bench", "-m", model, "-d", str(ctx - prompt), "-p", str(prompt), "-n", "128", "-ngl", "99"]
-    cmd += [*(["-ot", ";".join(pins)] if pins else []), "-ncmoe", str(n_cpu_moe), "-r", "5"]
+    cmd += ["-ts", "/".join(map(str, tensor_split))] if tensor_split else []
+    cmd += [*(["-ot", ";".join(pins)] if pins else [])]
+    cmd += [] if tensor_split else ["-ncmoe", str(n_cpu_moe)]
+    cmd += ["-r", "5"]
     cmd += cache_args(type_k, type_v, flash_attn, ubatch)
     return shlex.join(cmd)
 

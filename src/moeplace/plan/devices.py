@@ -1,0 +1,190 @@
+"""A plan for several devices: which layers each holds, whose experts stay with them, and what goes to the host.
+
+llama.cpp's layer split (-sm layer, the default) gives device i the repeating layers il with il / (L + 1) below the
+i-th cumulative share of -ts; the output layer counts as layer L and lands on the last device; the input embedding
+stays on the host. A layer's KV cache lives on its layer's device, and so do its experts unless an -ot rule sends
+them to the host. So -ts written as layer counts (k0, k1, ..., the last one counting the output layer) places
+whole layers exactly, and one -ot rule for the experts kept on the host finishes the plan: --n-cpu-moe across
+devices is never used (it takes the first n layers, which are all the first device's, and leaves the last device
+full). With any -ot rule llama.cpp turns pipeline parallelism off, so each device holds one compute buffer.
+
+Each device keeps its margin free; its compute buffer is the single-device estimate (the largest graph any device
+reserves: a device holding fewer layers never needs more) or llama.cpp's own reserve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.config import Device
+from ..model.kvcache import layer_kv_bytes
+from ..model.memory import Workload, estimate_compute, host_kept_bytes
+from .offload import expert_tensors, ot_value
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """One device's share: its repeating layers [first, end), the layers whose experts it holds, its buffers."""
+
+    index: int
+    vram_bytes: int
+    margin_bytes: int
+    first: int
+    end: int
+    expert_layers: tuple[int, ...]
+    weights: int
+    kv: int
+    compute: int
+    output: bool  # holds the output layer (the last device)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.vram_bytes - self.margin_bytes - self.weights - self.kv - self.compute
+
+
+@dataclass(frozen=True)
+class MultiPlan:
+    devices: tuple[DevicePlan, ...]
+    host_expert_layers: tuple[int, ...]
+
+    @property
+    def tensor_split(self) -> tuple[int, ...]:
+        """-ts as layer counts: each device's repeating layers, the last one's plus the output layer."""
+        return tuple(d.end - d.first + (1 if d.output else 0) for d in self.devices)
+
+    def host_rule(self, meta: dict[str, Any], separator: str = ",") -> str:
+        """The -ot value that keeps the host's experts there (empty: none)."""
+        return ot_value(expert_tensors(meta, list(self.host_expert_layers)), separator)
+
+    @property
+    def resident_expert_layers(self) -> int:
+        return sum(len(d.expert_layers) for d in self.devices)
+
+
+def _non_expert(layer: dict[str, Any]) -> int:
+    return sum(layer["bytes"].values()) - layer["expert_bytes"]
+
+
+def _output_bytes(meta: dict[str, Any]) -> int:
+    """The output layer's weights on its device: the output matrix (a tied one is a device copy of the input
+    embedding) and its norm."""
+    g = meta["global_bytes"]
+    return g.get("output", 0) or g.get("token_embd", 0), g.get("output_norm", 0)
+
+
+def device_share(meta: dict[str, Any], w: Workload, index: int, device: Device, first: int, end: int, output: bool,
+                 compute: int) -> DevicePlan:  # fmt: skip
+    """Device `index` holding layers [first, end) (and the output layer if `output`), keeping the experts of as many
+    of its last layers as fit beside its other buffers and margin."""
+    layers = meta["layers"][first:end]
+    kv_per_layer = layer_kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch)[first:end]
+    kv = (sum(kv_per_layer) + sum(layer.get("state_bytes", 0) for layer in layers)) * w.parallel
+    weights = sum(_non_expert(layer) for layer in layers) + (sum(_output_bytes(meta)) if output else 0)
+    room = device.vram_bytes - device.overhead_bytes - weights - kv - compute
+    kept: list[int] = []
+    for layer in reversed(layers):  # the last layers' experts stay: the host rule is then one range per device
+        if layer["expert_bytes"] > room:
+            break
+        room -= layer["expert_bytes"]
+        kept.append(layer["index"])
+    weights += sum(meta["layers"][il]["expert_bytes"] for il in kept)
+    return DevicePlan(index, device.vram_bytes, device.overhead_bytes, first, end, tuple(sorted(kept)), weights, kv,
+                      compute, output)  # fmt: skip
+
+
+def _split(meta: dict[str, Any], w: Workload, devices: list[Device], bounds: list[int],
+           compute: Callable[[int], int]) -> MultiPlan:  # fmt: skip
+    edges = [0, *bounds, meta["n_layer"]]
+    last = len(devices) - 1
+    shares = tuple(
+        device_share(meta, w, i, d, edges[i], edges[i + 1], i == last, compute(i)) for i, d in enumerate(devices)
+    )
+    resident = {il for d in shares for il in d.expert_layers}
+    return MultiPlan(shares, tuple(il for il in range(meta["n_layer"]) if il not in resident))
+
+
+def _score(plan: MultiPlan) -> tuple[bool, int]:
+    """Every device within its memory first, then the most expert bytes on the devices."""
+    fits = all(d.free_bytes >= 0 for d in plan.devices)
+    return fits, sum(d.weights for d in plan.devices)
+
+
+def plan_devices(meta: dict[str, Any], devices: list[Device], w: Workload,
+                 compute: Callable[[int], int] | None = None) -> MultiPlan:  # fmt: skip
+    """The layer split over `devices` (in llama.cpp's device order) that fits each and keeps the most expert bytes
+    on them: from a split proportional to each device's memory, each boundary moved while that gains (a coordinate
+    search; layers alike make the gain flat once every device's room is used). `compute(i)` is device i's compute
+    buffer, else the single-device estimate. A plan where some device does not fit even with all its experts on
+    the host has that device's free_bytes negative."""
+    n_layer = meta["n_layer"]
+    compute = compute or (lambda i: estimate_compute(meta, w, n_layer))
+    total = sum(d.vram_bytes for d in devices)
+    bounds, acc = [], 0
+    for d in devices[:-1]:
+        acc += d.vram_bytes
+        bounds.append(round(n_layer * acc / total))
+    best = _split(meta, w, devices, bounds, compute)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(len(bounds)):
+            lo = bounds[i - 1] if i else 0
+            hi = bounds[i + 1] if i + 1 < len(bounds) else n_layer
+            for b in range(lo, hi + 1):
+                trial = _split(meta, w, devices, bounds[:i] + [b] + bounds[i + 1 :], compute)
+                if _score(trial) > _score(best):
+                    best, bounds, improved = trial, bounds[:i] + [b] + bounds[i + 1 :], True
+    return best
+
+
+def host_bytes(meta: dict[str, Any], plan: MultiPlan) -> int:
+    """What the plan leaves in host RAM: the input embedding (where it is not also the output) and the host's
+    experts."""
+    return host_kept_bytes(meta) + sum(meta["layers"][il]["expert_bytes"] for il in plan.host_expert_layers)
+
+
+# How each backend names its devices in llama.cpp's logs and -ot rules.
+DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "sycl": "SYCL", "metal": "MTL", "rpc": "RPC"}
+
+
+def _layers_text(layers: tuple[int, ...] | list[int]) -> str:
+    """0-4, 7, 9-11."""
+    runs: list[list[int]] = []
+    for il in sorted(layers):
+        if runs and il == runs[-1][1] + 1:
+            runs[-1][1] = il
+        else:
+            runs.append([il, il])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs) or "none"
+
+
+def describe(meta: dict[str, Any], plan: MultiPlan, backend: str) -> list[str]:
+    """Per device what it holds, in MiB, and what stays on the host: the lines recommend prints."""
+    mib = 2**20
+    lines = []
+    for d in plan.devices:
+        name = f"{DEVICE_PREFIX.get(backend, backend)}{d.index}"
+        layers = f"layers {d.first}-{d.end - 1}" if d.end > d.first else "no layers"
+        buffers = ", ".join(f"{what} {size / mib:.0f} MiB" for what, size in (
+            ("weights", d.weights), ("KV", d.kv), ("compute", d.compute), ("margin", d.margin_bytes),
+            ("free", d.free_bytes)))  # fmt: skip
+        size = f"{d.vram_bytes / 2**30:.1f} GiB" if d.vram_bytes >= 2**30 else f"{d.vram_bytes / mib:.0f} MiB"
+        lines.append(f"{name} ({size}): {layers}{' and the output' if d.output else ''}, "
+                     f"the experts of {_layers_text(d.expert_layers)}; {buffers}")  # fmt: skip
+    lines.append(f"host: the experts of {_layers_text(plan.host_expert_layers)} "
+                 f"({host_bytes(meta, plan) / mib:.0f} MiB with the input embedding)")  # fmt: skip
+    return lines
+
+
+def plan_json(meta: dict[str, Any], plan: MultiPlan, w: Workload) -> dict[str, Any]:
+    return {
+        "ctx": w.ctx,
+        "fits": all(d.free_bytes >= 0 for d in plan.devices),
+        "tensor_split": list(plan.tensor_split),
+        "override_tensor": plan.host_rule(meta),
+        "devices": [{**d.__dict__, "free_bytes": d.free_bytes} for d in plan.devices],
+        "host_expert_layers": list(plan.host_expert_layers),
+        "host_bytes": host_bytes(meta, plan),
+    }

@@ -1,0 +1,104 @@
+"""Plans over several devices (plan/devices.py): the layer split as llama.cpp computes it, and the emitted line
+loaded by the pinned llama-bench on two capped emulated devices, each device's buffers as llama.cpp logs them."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from bisect import bisect_right
+from contextlib import ExitStack
+
+import pytest
+from conftest import ROOT
+
+from moeplace.core.config import Device
+from moeplace.model.memory import Workload
+from moeplace.model.metadata import inspect_model
+from moeplace.model.twin import load_spec, write_twin
+from moeplace.plan.devices import plan_devices
+
+MiB = 2**20
+
+
+def llamacpp_device_of(il: int, tensor_split: tuple[int, ...], n_layer: int) -> int:
+    """llama.cpp's layer split (llama-model.cpp, load_tensors): layer il (the output layer being il = n_layer) goes
+    to the first device whose cumulative share of -ts is above il / (n_layer + 1)."""
+    total, acc, cumulative = sum(tensor_split), 0, []
+    for share in tensor_split:
+        acc += share
+        cumulative.append(acc / total)
+    return bisect_right(cumulative, il / (n_layer + 1))
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    spec = load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml")
+    return inspect_model(write_twin(spec, tmp_path_factory.mktemp("q") / "q.gguf", "none"))
+
+
+@pytest.mark.parametrize("sizes", [(24, 12), (16, 16), (12, 8, 8), (10, 6)])
+def test_the_layer_split_is_llamacpps_and_each_device_fits(qwen3, sizes):
+    """-ts as layer counts puts exactly the planned layers, and the output layer, on each device as llama.cpp's
+    formula does; every device keeps its margin; the experts on the host are those no device holds."""
+    devices = [Device(gib * 2**30, 768 * MiB) for gib in sizes]
+    w = Workload(65536, outputs="server")
+    plan = plan_devices(qwen3, devices, w)
+    n = qwen3["n_layer"]
+    for d in plan.devices:
+        assert [llamacpp_device_of(il, plan.tensor_split, n) for il in range(d.first, d.end)] == [d.index] * (
+            d.end - d.first
+        )
+        assert d.free_bytes >= 0 and set(d.expert_layers) <= set(range(d.first, d.end))
+    assert llamacpp_device_of(n, plan.tensor_split, n) == len(devices) - 1  # the output layer
+    held = sorted(il for d in plan.devices for il in d.expert_layers)
+    assert sorted(held + list(plan.host_expert_layers)) == list(range(n))
+
+
+def test_a_device_that_cannot_hold_its_layers_says_so(qwen3):
+    plan = plan_devices(qwen3, [Device(2 * 2**30, 768 * MiB), Device(1 * 2**30, 768 * MiB)], Workload(131072))
+    assert any(d.free_bytes < 0 for d in plan.devices)
+    done = subprocess.run([sys.executable, "-m", "moeplace.cli", "recommend", str(qwen3["files"][0]["path"]),
+                           "--vram", "2GiB,1GiB", "--ctx", "131072", "--backend", "cuda"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1
+    assert "does not fit on these devices even with every expert on the host" in done.stderr
+
+
+@pytest.mark.llamacpp
+def test_the_emitted_line_loads_on_two_capped_devices_with_the_planned_buffers(tmp_path):
+    """recommend --vram 30MB,22MB --emit bench on the tiny twin: the pinned llama-bench, given two emulated devices
+    capped at those sizes, loads it and runs; each device's weights and KV cache are the plan's (to the 0.01 MiB
+    llama.cpp prints), its compute buffer no larger than the plan's estimate, and every buffer within its cap."""
+    from llamacpp_helpers import manifest, rpc_servers, tiny_twin
+
+    from moeplace.runtime.device import rpc_device
+    from moeplace.runtime.llama_log import parse_buffers
+
+    path = tiny_twin(tmp_path)
+    meta = inspect_model(path)
+    caps = (30 * 10**6, 22 * 10**6)
+    line = subprocess.run([sys.executable, "-m", "moeplace.cli", "recommend", str(path), "--vram", "30MB,22MB",
+                           "--ctx", "4096", "--backend", "rpc", "--emit", "bench"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    plan = plan_devices(meta, [Device(c, 0) for c in caps], Workload(4096, outputs="batch"))
+    args = shlex.split(line)
+    assert args[args.index("-ts") + 1] == "/".join(map(str, plan.tensor_split)) and plan.host_expert_layers
+    assert 0 < len(plan.host_expert_layers) < meta["n_layer"]
+    args[0] = str(manifest()["bin_dir"] + "/llama-bench")
+    args[args.index("-r") + 1] = "1"
+    args[args.index("-n") + 1] = "4"
+    with ExitStack() as stack:
+        endpoints = [stack.enter_context(rpc_device(manifest(), cap, (i % 2,), tmp_path / f"rpc{i}.log"))
+                     for i, cap in enumerate(caps)]  # fmt: skip
+        done = subprocess.run([*args, "--rpc", ",".join(endpoints), "-v"], capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+    assert rpc_servers() == 0
+    assert done.returncode == 0, done.stderr[-2000:]
+    (load, *_) = parse_buffers(done.stderr)
+    for d, endpoint, cap in zip(plan.devices, endpoints, caps):
+        logged = next(sizes for name, sizes in load.sizes.items() if name.endswith(f"[{endpoint}]"))
+        print(f"device {d.index}: planned weights {d.weights}, KV {d.kv}, compute {d.compute}; logged {logged}")
+        for kind, planned in (("weights", d.weights), ("kv", d.kv)):  # llama.cpp prints MiB to two decimals
+            assert round(logged[kind] / MiB, 2) == round(planned / MiB, 2), kind
+        assert logged["compute"] <= d.compute and sum(logged.values()) <= cap
