@@ -88,3 +88,16 @@ def test_a_plan_for_this_machines_card_takes_its_datasheet_bandwidth(tmp_path, s
     text = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env).stdout
     said = "RTX 4090's datasheet (nvidia.com" if gbps == 1008 else "RTX 3060 is not in moeplace's table of cards"
     assert said in text
+
+
+def test_a_machine_with_two_cards_gets_a_plan_over_both(tmp_path, small_moe):
+    """--vram auto with two cards (a 24 GB and a 12 GB, as nvidia-smi lists them): a layer split over both, each
+    card's free memory as read, the backend's --vram auto margin kept on each."""
+    smi = "NVIDIA GeForce RTX 3090, 24576, 23000, 8.6\nNVIDIA GeForce RTX 3060, 12288, 11000, 8.6"
+    env = stand_ins(tmp_path / "nvidia", **{"nvidia-smi": smi})
+    cmd = [sys.executable, "-m", "moeplace.cli", "recommend", str(small_moe), "--vram", "auto", "--ctx", "4096"]
+    (plan,) = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, cwd=ROOT, env=env).stdout)
+    assert [d["vram_bytes"] for d in plan["devices"]] == [23000 * 2**20, 11000 * 2**20]
+    assert {d["margin_bytes"] for d in plan["devices"]} == {768 * 2**20} and plan["fits"]
+    text = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env).stdout
+    assert "free now on NVIDIA GeForce RTX 3090, NVIDIA GeForce RTX 3060 (nvidia-smi)" in text and " -ts " in text

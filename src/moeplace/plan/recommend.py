@@ -278,8 +278,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         if args.vram is None:
             raise MoeplaceError("--vram is required: the card's memory (e.g. --vram 16GB), or auto for this GPU's.")
         check_context(meta, contexts)
-        if "," in args.vram:
-            return several_devices(args, meta, contexts, emit)
+        sizes, where = _several_cards(args)
+        if len(sizes) > 1:
+            return several_devices(args, meta, contexts, emit, sizes, where)
         a = assumptions(args)
         device = Device(a.vram_bytes, a.margin_bytes)
         pins = read_pins(meta, args.override_tensor)
@@ -299,9 +300,21 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return _output(emit, meta, plans, workloads, device, model, pins, a, args)
 
 
-def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: list[int], emit: str) -> int:
-    """--vram A,B,...: per context, the layer split over the devices in llama.cpp's order (plan/devices.py), each
-    device's share, and the command line."""
+def _several_cards(args: argparse.Namespace) -> tuple[list[int], str]:
+    """--vram A,B,... as given, or with auto every card of this machine's free memory, in llama.cpp's order, and
+    where the sizes came from. One size: a plan for one device."""
+    if args.vram == "auto":
+        from ..runtime.backend import gpu_free_memory
+
+        cards, tool = gpu_free_memory(_backend(args)[0])
+        return [free for free, _ in cards], "free now on " + ", ".join(name for _, name in cards) + f" ({tool})"
+    return [parse_size(v.strip(), "--vram") for v in args.vram.split(",")], "--vram, as given"
+
+
+def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: list[int], emit: str,
+                    sizes: list[int], where: str) -> int:  # fmt: skip
+    """Several devices (--vram A,B,... or auto on a machine with several cards): per context, the layer split over
+    them in llama.cpp's order (plan/devices.py), each device's share, and the command line."""
     from .devices import describe, plan_devices, plan_json
 
     if args.override_tensor or args.placement == "optimal" or args.mmproj or emit not in ("server", "bench", "json"):
@@ -310,8 +323,9 @@ def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: li
             "--emit llama-swap/ollama take one device for now: give one --vram."
         )
     backend, _ = _backend(args)
-    margin = (args.margin if args.margin is not None else budget_mod.DEFAULT_MARGIN_MIB[backend]) * 2**20
-    devices = [Device(parse_size(v.strip(), "--vram"), margin) for v in args.vram.split(",")]
+    margins = budget_mod.AUTO_MARGIN_MIB if args.vram == "auto" else budget_mod.DEFAULT_MARGIN_MIB
+    margin = (args.margin if args.margin is not None else margins[backend]) * 2**20
+    devices = [Device(size, margin) for size in sizes]
     outputs = "batch" if emit == "bench" else SERVER
     offload = backend in budget_mod.OP_OFFLOAD
     failed, plans = 0, []
@@ -336,7 +350,9 @@ def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: li
             print(commands.llama_bench(path, ctx, 0, *kv, args.flash_attn, args.ubatch, [rule] if rule else None,
                                        p.tensor_split))  # fmt: skip
             continue
-        print(f"context {ctx} on {len(devices)} devices (llama.cpp's layer split, -ts as layer counts):")
+        print(
+            f"context {ctx} on {len(devices)} devices (llama.cpp's layer split, -ts as layer counts; sizes: {where}):"
+        )
         for line in describe(meta, p, backend):
             print("  " + line)
         print("  " + commands.llama_server(path, ctx, 0, *kv, p.host_rule(meta) or None, args.flash_attn, args.ubatch,

@@ -127,25 +127,26 @@ def detected_gpu_backend() -> str | None:
     return next((_PLAN_BACKEND[name] for name, *_ in _candidates()), None)
 
 
-def free_gpu_memory(backend: str) -> tuple[int, str, str]:
-    """The first card's free memory now, its name, and which card it is and how that was read (nvidia-smi or
-    rocm-smi)."""
+def gpu_free_memory(backend: str) -> tuple[list[tuple[int, str]], str]:
+    """Every card's free memory now and its name, in the tools' order (llama.cpp's device order), and the tool
+    that read them (nvidia-smi or rocm-smi)."""
     if backend == "cuda" and (cards := nvidia_devices()):
-        return cards[0]["free_bytes"], cards[0]["name"], _which(cards[0]["name"], len(cards), "nvidia-smi")
+        return [(c["free_bytes"], c["name"]) for c in cards], "nvidia-smi"
     if backend == "rocm" and (tool := _tool("rocm-smi", f"{ROCM}/bin/rocm-smi")):
         done = run([tool, "--showmeminfo", "vram"], timeout_s=30)
         cards = [c for c in rocm_smi(done.stdout) if "free_mib" in c] if done.ok else []
         if cards:
-            name = cards[0]["name"]
-            return round(cards[0]["free_mib"] * 2**20), name, _which(name, len(cards), "rocm-smi")
+            return [(round(c["free_mib"] * 2**20), c["name"]) for c in cards], "rocm-smi"
     raise MoeplaceError(
         f"--vram auto: cannot read a {backend} card's free memory here (nvidia-smi or rocm-smi finds none); "
         "give the card's memory instead, e.g. --vram 16GB."
     )
 
 
-def _which(name: str, count: int, tool: str) -> str:
-    return f"{name} ({tool}" + (f"; the first of {count} cards: a plan is for one)" if count > 1 else ")")
+def free_gpu_memory(backend: str) -> tuple[int, str, str]:
+    """The one card's free memory now, its name, and how that was read."""
+    cards, tool = gpu_free_memory(backend)
+    return cards[0][0], cards[0][1], f"{cards[0][1]} ({tool})"
 
 
 def build_tools() -> dict[str, str | None]:
