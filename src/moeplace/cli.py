@@ -119,7 +119,7 @@ def cmd_twin(args: argparse.Namespace) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from .core.config import DeviceTarget, TuneSettings
-    from .measure.tune import tune_model
+    from .measure.tune import calibrate_runs, tune_model
     from .plan.recommend import describe_speed, expected, speed_model
     from .runtime.llamacpp import PINNED, provision
     from .runtime.model_ref import is_remote
@@ -132,18 +132,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
     log_path = Path(args.log)
     manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
     print(f"probing {meta['name']} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
+    workload = Workload(args.ctx, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v)
+    target = DeviceTarget(args.device, "", parse_size(args.vram, "--vram"))
+    settings = TuneSettings(args.margin, 3600, args.threads)
     result, record = tune_model(
         model_name=meta["name"],
         model_path=args.model,
         meta=meta,
-        workload=Workload(args.ctx, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v),
-        target=DeviceTarget(args.device, "", parse_size(args.vram, "--vram")),
-        memory=Device(parse_size(args.vram, "--vram"), 0),
-        settings=TuneSettings(args.margin, 3600, args.threads),
+        workload=workload,
+        target=target,
+        memory=Device(target.vram_bytes, 0),
+        settings=settings,
         manifest=manifest,
         log_path=log_path,
         workdir=Path.cwd(),
-        calibrate=not (args.calibration or args.no_calibrate),
     )
     print(f"predicted minimum --n-cpu-moe: {result.predicted_n}; probed on {record['device']}")
     for p in result.probes:
@@ -161,8 +163,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"{result.loads} loads; lowest feasible n = {result.lowest_n}, chosen n = {result.chosen_n} "
         f"(margin {args.margin}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens"
     )
-    if result.calibration_runs:
-        speeds = _calibrated_by_tune(meta, result.calibration_runs, speeds, args)
+    if not (args.calibration or args.no_calibrate):
+        records = calibrate_runs(args.model, meta, workload, target, manifest, result.chosen_n, settings, log_path,
+                                 Path.cwd())  # fmt: skip
+        speeds = _calibrated_by_tune(meta, records, speeds, args)
     host = NO_PINS.host_set(meta, result.chosen_n)
     print("  expected: " + describe_speed(expected(meta, speeds, host, args.ctx, args), args.ctx))
     note = "  # add --rpc HOST:PORT for the emulated device" if record["device_kind"] == "emulated" else ""

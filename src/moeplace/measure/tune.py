@@ -43,7 +43,6 @@ class TuneResult:
     chosen_n: int | None
     chosen_tok_s: float | None
     probes: list[Probe] = field(default_factory=list)
-    calibration_runs: list[dict[str, Any]] = field(default_factory=list)  # llama-bench records (see calibrate)
 
     @property
     def loads(self) -> int:
@@ -150,21 +149,22 @@ def tune(
     return search(predicted_n, n_layer, run, settings.margin, 0.0 if device.kind == "emulated" else SPILL_RATIO)
 
 
-def calibrate_runs(model_path: str, workload: Workload, device: Any, manifest: dict[str, Any], n_values: list[int],
-                   settings: TuneSettings, log_path: Any, workdir: Any) -> list[dict[str, Any]]:  # fmt: skip
-    """Decode and prefill with `workload`'s KV cache type, ubatch and flash attention at each of `n_values`, at an
-    empty context, in one llama-bench process: two placements give the speed model's fixed time and host terms
-    (speed.fit); its depth term stays the prior's."""
-    from ..model.metadata import inspect_model
+def calibrate_runs(model_path: str, meta: dict[str, Any], workload: Workload, target: DeviceTarget,
+                   manifest: dict[str, Any], chosen_n: int, settings: TuneSettings, log_path: Any,
+                   workdir: Any) -> list[dict[str, Any]]:  # fmt: skip
+    """Decode and prefill with `workload`'s KV cache type, ubatch and flash attention at the chosen n and with every
+    expert on the host (half of them where that is the chosen n), at an empty context, in one llama-bench process:
+    two placements give the speed model's fixed time and host terms (speed.fit); its depth term stays the prior's."""
+    from ..runtime.device import device_setup
     from .bench import BenchJob, Rig, run_sweep
 
     w = workload
     bench = BenchSettings(prompt=w.ubatch, gen=CALIBRATION_GEN, repetitions=CALIBRATION_REPETITIONS,
                           threads=settings.threads, timeout_s=settings.timeout_s, type_k=w.type_k, type_v=w.type_v,
                           ubatch=w.ubatch, flash_attn=w.flash_attn)  # fmt: skip
-    files = inspect_model(model_path)["files"]
-    job = BenchJob(str(model_path), str(model_path), files, w.ctx, n_values[0], "tune-calibration", depth=0)
-    return run_sweep(job, n_values, Rig(bench, device, manifest, log_path, workdir))
+    other = meta["n_layer"] if chosen_n < meta["n_layer"] else meta["n_layer"] // 2
+    job = BenchJob(str(model_path), str(model_path), meta["files"], w.ctx, chosen_n, "tune-calibration", depth=0)
+    return run_sweep(job, [chosen_n, other], Rig(bench, device_setup(target, manifest), manifest, log_path, workdir))
 
 
 def tune_model(
@@ -179,12 +179,9 @@ def tune_model(
     manifest: dict[str, Any],
     log_path: Any,
     workdir: Any,
-    calibrate: bool = False,
 ) -> tuple[TuneResult, dict[str, Any]]:
     """The tuner for one model and workload (context, KV cache type, ubatch), from the budget's prediction: the
-    result and its record (what the pipeline's tune stage writes and `moeplace tune` prints). With `calibrate`,
-    the chosen n and every expert on the host (or, when that is the chosen n, half of them) are measured
-    enough to calibrate the speed model (calibrate_runs)."""
+    result and its record (what the pipeline's tune stage writes and `moeplace tune` prints)."""
     from ..core.config import Device
     from ..plan.budget import plan
     from ..runtime.device import device_setup
@@ -195,10 +192,6 @@ def tune_model(
     log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", workload.ctx, predicted, device.label)
     start = meta["n_layer"] if predicted is None else predicted
     result = tune(model_path, workload, device, manifest, meta["n_layer"], start, settings, log_path, workdir)
-    if calibrate and result.chosen_n is not None:
-        other = meta["n_layer"] if result.chosen_n < meta["n_layer"] else meta["n_layer"] // 2
-        result.calibration_runs = calibrate_runs(model_path, workload, device, manifest, [result.chosen_n, other],
-                                                 settings, log_path, workdir)  # fmt: skip
     w = workload
     record = tune_record(model_name, w.ctx, result, device.label, settings.margin, w.type_k, w.type_v)
     return result, {**record, "device_kind": device.kind}

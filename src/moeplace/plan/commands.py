@@ -20,21 +20,29 @@ def llama_server(
     ubatch: int = DEFAULT_UBATCH,
     parallel: int = 1,
     pins: list[str] | None = None,
-    tensor_split: tuple[int, ...] | None = None,
 ) -> str:
     """`llama-server` at this placement: the user's own -ot rules first (llama.cpp's first matching rule wins),
     then `--n-cpu-moe N`, or the placement's own `-ot` patterns; rules joined with ',' as llama-server reads
-    them. -c holds every slot's context; --parallel is always given, since llama-server's own default (4 slots
-    sharing one cache) would change the KV cache the plan counted. Over several devices, -ts as layer counts and
-    the -ot patterns alone (plan/devices.py)."""
+    them."""
     rules = [*(pins or []), *([overrides] if overrides else [])]
     placement = ["-ot", ",".join(rules)] if rules else []
-    if tensor_split:
-        placement = ["-ts", ",".join(map(str, tensor_split)), *placement]
-    elif not overrides:
-        placement += ["--n-cpu-moe", str(n_cpu_moe)]
+    placement += [] if overrides else ["--n-cpu-moe", str(n_cpu_moe)]
+    return _server(model, ctx * parallel, placement, type_k, type_v, flash_attn, ubatch, parallel)
+
+
+def llama_server_split(model: str, ctx: int, tensor_split: tuple[int, ...], host_rule: str, type_k: str, type_v: str,
+                       flash_attn: str, ubatch: int, parallel: int) -> str:  # fmt: skip
+    """`llama-server` over several devices (plan/devices.py): -ts as layer counts and the host's -ot rule alone."""
+    placement = ["-ts", ",".join(map(str, tensor_split)), *(["-ot", host_rule] if host_rule else [])]
+    return _server(model, ctx * parallel, placement, type_k, type_v, flash_attn, ubatch, parallel)
+
+
+def _server(model: str, cells: int, placement: list[str], type_k: str, type_v: str, flash_attn: str, ubatch: int,
+            parallel: int) -> str:  # fmt: skip
+    """-c holds every slot's context; --parallel is always given, since llama-server's own default (4 slots
+    sharing one cache) would change the KV cache the plan counted."""
     source = ["-mu", model] if is_remote(model) else ["-m", model]  # -mu downloads it
-    cmd = ["llama-server", *source, "-c", str(ctx * parallel), "-ngl", "99", *placement]
+    cmd = ["llama-server", *source, "-c", str(cells), "-ngl", "99", *placement]
     cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), "--parallel", str(parallel)]
     return shlex.join(cmd)
 

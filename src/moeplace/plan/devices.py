@@ -14,13 +14,19 @@ reserves: a device holding fewer layers never needs more) or llama.cpp's own res
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.config import Device
+from ..core.errors import MoeplaceError
 from ..model.kvcache import layer_kv_bytes
-from ..model.memory import Workload, estimate_compute, host_kept_bytes
+from ..model.memory import SERVER, Workload, estimate_compute, host_kept_bytes
+from . import commands
+from .budget import OP_OFFLOAD
 from .offload import expert_tensors, ot_value
 
 
@@ -188,3 +194,45 @@ def plan_json(meta: dict[str, Any], plan: MultiPlan, w: Workload) -> dict[str, A
         "host_expert_layers": list(plan.host_expert_layers),
         "host_bytes": host_bytes(meta, plan),
     }
+
+
+def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: list[int], emit: str, sizes: list[int],
+                    where: str, backend: str, margins: dict[str, int], path: str) -> int:  # fmt: skip
+    """recommend on several devices (--vram A,B,... or auto on a machine with several cards, `sizes` from `where`):
+    per context the plan over them in llama.cpp's order, each device's share, and the command line (`path`: the
+    file llama.cpp loads); `margins` per backend, MiB, unless --margin."""
+    if args.override_tensor or args.placement == "optimal" or args.mmproj or emit not in ("server", "bench", "json"):
+        raise MoeplaceError(
+            "--vram A,B plans a layer split over several devices; -ot pins, --placement optimal, --mmproj and "
+            "--emit llama-swap/ollama take one device for now: give one --vram."
+        )
+    margin = (args.margin if args.margin is not None else margins[backend]) * 2**20
+    devices = [Device(size, margin) for size in sizes]
+    kv = (args.cache_type_k, args.cache_type_v)
+    failed, plans = 0, []
+    for ctx in contexts:
+        w = Workload(ctx, args.ubatch, args.flash_attn, *kv, args.parallel, "batch" if emit == "bench" else SERVER,
+                     backend in OP_OFFLOAD)  # fmt: skip
+        p = plan_devices(meta, devices, w)
+        plans.append(plan_json(meta, p, w))
+        if not plans[-1]["fits"]:
+            failed += 1
+            short = ", ".join(f"device {d.index} by {-d.free_bytes / 2**20:.0f} MiB" for d in p.devices
+                              if d.free_bytes < 0)  # fmt: skip
+            print(f"moeplace: context {ctx} does not fit on these devices even with every expert on the host "
+                  f"({short}); reduce the context or quantize the KV cache.", file=sys.stderr)  # fmt: skip
+        elif emit == "bench":
+            rule = p.host_rule(meta, ";")
+            print(commands.llama_bench(path, ctx, 0, *kv, args.flash_attn, args.ubatch, [rule] if rule else None,
+                                       p.tensor_split))  # fmt: skip
+        elif emit == "server":
+            print(f"context {ctx} on {len(devices)} devices (llama.cpp's layer split, -ts as layer counts; "
+                  f"sizes: {where}):")  # fmt: skip
+            for line in describe(meta, p, backend):
+                print("  " + line)
+            print("  " + commands.llama_server_split(path, ctx, p.tensor_split, p.host_rule(meta), *kv,
+                                                     args.flash_attn, args.ubatch, args.parallel))  # fmt: skip
+    if emit == "json":
+        json.dump(plans, sys.stdout, indent=1)
+        print()
+    return 1 if failed else 0

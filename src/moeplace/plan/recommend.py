@@ -280,7 +280,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         check_context(meta, contexts)
         sizes, where = _several_cards(args)
         if len(sizes) > 1:
-            return several_devices(args, meta, contexts, emit, sizes, where)
+            from .devices import several_devices
+
+            margins = budget_mod.AUTO_MARGIN_MIB if args.vram == "auto" else budget_mod.DEFAULT_MARGIN_MIB
+            return several_devices(args, meta, contexts, emit, sizes, where, _backend(args)[0], margins,
+                                   model_path(meta, args.model))  # fmt: skip
         a = assumptions(args)
         device = Device(a.vram_bytes, a.margin_bytes)
         pins = read_pins(meta, args.override_tensor)
@@ -309,58 +313,6 @@ def _several_cards(args: argparse.Namespace) -> tuple[list[int], str]:
         cards, tool = gpu_free_memory(_backend(args)[0])
         return [free for free, _ in cards], "free now on " + ", ".join(name for _, name in cards) + f" ({tool})"
     return [parse_size(v.strip(), "--vram") for v in args.vram.split(",")], "--vram, as given"
-
-
-def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: list[int], emit: str,
-                    sizes: list[int], where: str) -> int:  # fmt: skip
-    """Several devices (--vram A,B,... or auto on a machine with several cards): per context, the layer split over
-    them in llama.cpp's order (plan/devices.py), each device's share, and the command line."""
-    from .devices import describe, plan_devices, plan_json
-
-    if args.override_tensor or args.placement == "optimal" or args.mmproj or emit not in ("server", "bench", "json"):
-        raise MoeplaceError(
-            "--vram A,B plans a layer split over several devices; -ot pins, --placement optimal, --mmproj and "
-            "--emit llama-swap/ollama take one device for now: give one --vram."
-        )
-    backend, _ = _backend(args)
-    margins = budget_mod.AUTO_MARGIN_MIB if args.vram == "auto" else budget_mod.DEFAULT_MARGIN_MIB
-    margin = (args.margin if args.margin is not None else margins[backend]) * 2**20
-    devices = [Device(size, margin) for size in sizes]
-    outputs = "batch" if emit == "bench" else SERVER
-    offload = backend in budget_mod.OP_OFFLOAD
-    failed, plans = 0, []
-    for ctx in contexts:
-        w = Workload(ctx, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v, args.parallel, outputs,
-                     offload)  # fmt: skip
-        p = plan_devices(meta, devices, w)
-        plans.append(plan_json(meta, p, w))
-        if not plans[-1]["fits"]:
-            failed += 1
-            short = ", ".join(f"device {d.index} by {-d.free_bytes / 2**20:.0f} MiB" for d in p.devices
-                              if d.free_bytes < 0)  # fmt: skip
-            print(f"moeplace: context {ctx} does not fit on these devices even with every expert on the host "
-                  f"({short}); reduce the context or quantize the KV cache.", file=sys.stderr)  # fmt: skip
-            continue
-        if emit == "json":
-            continue
-        kv = (args.cache_type_k, args.cache_type_v)
-        path = model_path(meta, args.model)
-        if emit == "bench":
-            rule = p.host_rule(meta, ";")
-            print(commands.llama_bench(path, ctx, 0, *kv, args.flash_attn, args.ubatch, [rule] if rule else None,
-                                       p.tensor_split))  # fmt: skip
-            continue
-        print(
-            f"context {ctx} on {len(devices)} devices (llama.cpp's layer split, -ts as layer counts; sizes: {where}):"
-        )
-        for line in describe(meta, p, backend):
-            print("  " + line)
-        print("  " + commands.llama_server(path, ctx, 0, *kv, p.host_rule(meta) or None, args.flash_attn, args.ubatch,
-                                           args.parallel, tensor_split=p.tensor_split))  # fmt: skip
-    if emit == "json":
-        json.dump(plans, sys.stdout, indent=1)
-        print()
-    return 1 if failed else 0
 
 
 @contextmanager
