@@ -10,7 +10,7 @@ from moeplace.measure.bench import auto_sweep, parse_log
 from moeplace.model.metadata import from_constants, inspect_model
 from moeplace.plan.predict import predict_table
 from moeplace.report.aggregate import compare_table, knee, measured_table
-from moeplace.runtime.process import Finished, classify
+from moeplace.runtime.process import Finished, classify, tail
 from moeplace.runtime.tool_output import bench_records
 
 LOG = """\
@@ -54,6 +54,33 @@ def test_failures_are_classified():
     assert classify(finished(1, "main: error: failed to load model")) == ("error", "llama-bench exited with code 1")
     assert classify(finished(0)) == ("ok", "")
     assert classify(finished(None, "", False), oom_kills=1, capped=True)[0] == "oom"
+
+
+# How the pinned llama-bench ended every run of the default pipeline on an H200 capped to 135 MB (the GPU check,
+# 2026-12-04): the backtrace frames are as it printed them (the records kept only those); the lines above them are
+# in the format ggml_cuda_error prints before it aborts (ggml-cuda.cu of the pinned build), the function and the
+# statement an example.
+CUDA_ABORT = """CUDA error: out of memory
+  current device: 0, in function ggml_cuda_mul_mat_batched_cublas at ggml/src/ggml-cuda/ggml-cuda.cu:2041
+  cublasCreate_v2(&cublas_handles[device])
+ggml/src/ggml-cuda/ggml-cuda.cu:108: CUDA error
+/root/.cache/moeplace/llama.cpp/11434.0.0-6a79d307deb6/bin/llama-bench(+0x2028a8)[0x55f3005da8a8]
+/lib/x86_64-linux-gnu/libc.so.6(+0x2a1ca)[0x7f363b22a1ca]
+/lib/x86_64-linux-gnu/libc.so.6(__libc_start_main+0x8b)[0x7f363b22a28b]
+/root/.cache/moeplace/llama.cpp/11434.0.0-6a79d307deb6/bin/llama-bench(+0x1ef655)[0x55f3005c7655]"""
+
+
+def test_an_abort_on_a_cuda_allocation_is_out_of_memory_and_its_cause_is_kept():
+    """On a real card ggml aborts (SIGABRT) when the CUDA runtime's own allocations fail: that is out of memory,
+    not a crash, and the error kept is the cause above the backtrace, not its frames."""
+    assert classify(finished(-6, CUDA_ABORT)) == ("oom", "allocation failed on the device (llama.cpp aborted)")
+    assert classify(finished(-6, "GGML_ASSERT(n_tokens > 0) failed"))[0] == "crash"
+    kept = tail(CUDA_ABORT, 3)
+    assert (
+        kept.splitlines()[0]
+        == "  current device: 0, in function ggml_cuda_mul_mat_batched_cublas at ggml/src/ggml-cuda/ggml-cuda.cu:2041"
+        and "[0x" not in kept
+    )
 
 
 def test_a_run_stops_when_its_caller_has_enough_and_counts_as_a_success():

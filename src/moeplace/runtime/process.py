@@ -90,8 +90,15 @@ def kill_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
+# A frame of glibc's backtrace, which ggml prints after the cause when it aborts:
+# "/path/bin/llama-bench(+0x2028a8)[0x55f3005da8a8]", "/lib/x86_64-linux-gnu/libc.so.6(__libc_start_main+0x8b)[0x...]".
+_FRAME = re.compile(r"^\S+\([^)]*\)\s*\[0x[0-9a-f]+\]$")
+
+
 def tail(text: str, lines: int = 12) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+    """The last lines of a run's output, a backtrace's frames left out: the cause is printed above them."""
+    kept = [line for line in text.strip().splitlines() if not _FRAME.match(line.strip())]
+    return "\n".join(kept[-lines:])
 
 
 def _rss_anon(pid: int) -> int | None:
@@ -290,6 +297,9 @@ def classify(result: Finished, oom_kills: int = 0, capped: bool = False) -> tupl
     if result.stopped:
         return "ok", ""
     if result.returncode is not None and result.returncode < 0:
+        # ggml aborts when the CUDA runtime cannot allocate (its cuBLAS handles, graphs, pools): out of memory too
+        if -result.returncode == signal.SIGABRT and _OOM.search(result.stderr):
+            return "oom", "allocation failed on the device (llama.cpp aborted)"
         return "crash", f"killed by {signal.Signals(-result.returncode).name}"
     if result.returncode == 0:
         return "ok", ""
