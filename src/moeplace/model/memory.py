@@ -104,6 +104,12 @@ def host_kept_bytes(meta: dict[str, Any]) -> int:
     return meta["global_bytes"].get("token_embd", 0) if meta["global_bytes"].get("output", 0) else 0
 
 
+def host_bytes(meta: dict[str, Any], host: frozenset[str] | set[str]) -> int:
+    """What a plan leaves in host RAM: the expert tensors on the host and the input embedding."""
+    sizes = {n: b for layer in meta["layers"] for n, b in layer["expert_tensors"].items()}
+    return sum(sizes[n] for n in host) + host_kept_bytes(meta)
+
+
 def device_weight_bytes(meta: dict[str, Any], n_cpu_moe: int, pins: Pins = NO_PINS) -> int:
     """Weight bytes on the device with -ngl 99, the experts of the first n layers on the host, as the user's -ot
     pins (or an -ot placement, as host pins with n = 0) leave them."""

@@ -64,7 +64,7 @@ def llama_bench(
     prompt = min(ctx, 512)
     cmd = ["llama-bench", "-m", model, "-d", str(ctx - prompt), "-p", str(prompt), "-n", "128", "-ngl", "99"]
     cmd += ["-ts", "/".join(map(str, tensor_split))] if tensor_split else []
-    cmd += [*(["-ot", ";".join(pins)] if pins else [])]
+    cmd += ["-ot", ";".join(pins)] if pins else []
     cmd += [] if tensor_split else ["-ncmoe", str(n_cpu_moe)]
     cmd += ["-r", "5"]
     cmd += cache_args(type_k, type_v, flash_attn, ubatch)

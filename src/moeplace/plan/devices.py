@@ -24,7 +24,7 @@ from typing import Any
 from ..core.config import Device
 from ..core.errors import MoeplaceError
 from ..model.kvcache import layer_kv_bytes
-from ..model.memory import SERVER, Workload, estimate_compute, host_kept_bytes
+from ..model.memory import SERVER, Workload, estimate_compute, host_bytes
 from . import commands
 from .budget import OP_OFFLOAD
 from .offload import expert_tensors, ot_value
@@ -60,13 +60,16 @@ class MultiPlan:
         """-ts as layer counts: each device's repeating layers, the last one's plus the output layer."""
         return tuple(d.end - d.first + (1 if d.output else 0) for d in self.devices)
 
+    @property
+    def fits(self) -> bool:
+        return all(d.free_bytes >= 0 for d in self.devices)
+
+    def host_tensors(self, meta: dict[str, Any]) -> set[str]:
+        return expert_tensors(meta, list(self.host_expert_layers))
+
     def host_rule(self, meta: dict[str, Any], separator: str = ",") -> str:
         """The -ot value that keeps the host's experts there (empty: none)."""
-        return ot_value(expert_tensors(meta, list(self.host_expert_layers)), separator)
-
-    @property
-    def resident_expert_layers(self) -> int:
-        return sum(len(d.expert_layers) for d in self.devices)
+        return ot_value(self.host_tensors(meta), separator)
 
 
 def _non_expert(layer: dict[str, Any]) -> int:
@@ -77,7 +80,7 @@ def _output_bytes(meta: dict[str, Any]) -> int:
     """The output layer's weights on its device: the output matrix (a tied one is a device copy of the input
     embedding) and its norm."""
     g = meta["global_bytes"]
-    return g.get("output", 0) or g.get("token_embd", 0), g.get("output_norm", 0)
+    return (g.get("output", 0) or g.get("token_embd", 0)) + g.get("output_norm", 0)
 
 
 def device_share(meta: dict[str, Any], w: Workload, index: int, device: Device, first: int, end: int, output: bool,
@@ -87,7 +90,7 @@ def device_share(meta: dict[str, Any], w: Workload, index: int, device: Device, 
     layers = meta["layers"][first:end]
     kv_per_layer = layer_kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch)[first:end]
     kv = (sum(kv_per_layer) + sum(layer.get("state_bytes", 0) for layer in layers)) * w.parallel
-    weights = sum(_non_expert(layer) for layer in layers) + (sum(_output_bytes(meta)) if output else 0)
+    weights = sum(_non_expert(layer) for layer in layers) + (_output_bytes(meta) if output else 0)
     room = device.vram_bytes - device.overhead_bytes - weights - kv - compute
     kept: list[int] = []
     for layer in reversed(layers):  # the last layers' experts stay: the host rule is then one range per device
@@ -113,8 +116,7 @@ def _split(meta: dict[str, Any], w: Workload, devices: list[Device], bounds: lis
 
 def _score(plan: MultiPlan) -> tuple[bool, int]:
     """Every device within its memory first, then the most expert bytes on the devices."""
-    fits = all(d.free_bytes >= 0 for d in plan.devices)
-    return fits, sum(d.weights for d in plan.devices)
+    return plan.fits, sum(d.weights for d in plan.devices)
 
 
 def plan_devices(meta: dict[str, Any], devices: list[Device], w: Workload,
@@ -143,12 +145,6 @@ def plan_devices(meta: dict[str, Any], devices: list[Device], w: Workload,
                 if _score(trial) > _score(best):
                     best, bounds, improved = trial, bounds[:i] + [b] + bounds[i + 1 :], True
     return best
-
-
-def host_bytes(meta: dict[str, Any], plan: MultiPlan) -> int:
-    """What the plan leaves in host RAM: the input embedding (where it is not also the output) and the host's
-    experts."""
-    return host_kept_bytes(meta) + sum(meta["layers"][il]["expert_bytes"] for il in plan.host_expert_layers)
 
 
 # How each backend names its devices in llama.cpp's logs and -ot rules.
@@ -180,19 +176,19 @@ def describe(meta: dict[str, Any], plan: MultiPlan, backend: str) -> list[str]:
         lines.append(f"{name} ({size}): {layers}{' and the output' if d.output else ''}, "
                      f"the experts of {_layers_text(d.expert_layers)}; {buffers}")  # fmt: skip
     lines.append(f"host: the experts of {_layers_text(plan.host_expert_layers)} "
-                 f"({host_bytes(meta, plan) / mib:.0f} MiB with the input embedding)")  # fmt: skip
+                 f"({host_bytes(meta, plan.host_tensors(meta)) / mib:.0f} MiB with the input embedding)")  # fmt: skip
     return lines
 
 
 def plan_json(meta: dict[str, Any], plan: MultiPlan, w: Workload) -> dict[str, Any]:
     return {
         "ctx": w.ctx,
-        "fits": all(d.free_bytes >= 0 for d in plan.devices),
+        "fits": plan.fits,
         "tensor_split": list(plan.tensor_split),
         "override_tensor": plan.host_rule(meta),
         "devices": [{**d.__dict__, "free_bytes": d.free_bytes} for d in plan.devices],
         "host_expert_layers": list(plan.host_expert_layers),
-        "host_bytes": host_bytes(meta, plan),
+        "host_bytes": host_bytes(meta, plan.host_tensors(meta)),
     }
 
 
@@ -215,7 +211,7 @@ def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: li
                      backend in OP_OFFLOAD)  # fmt: skip
         p = plan_devices(meta, devices, w)
         plans.append(plan_json(meta, p, w))
-        if not plans[-1]["fits"]:
+        if not p.fits:
             failed += 1
             short = ", ".join(f"device {d.index} by {-d.free_bytes / 2**20:.0f} MiB" for d in p.devices
                               if d.free_bytes < 0)  # fmt: skip

@@ -34,8 +34,6 @@ from ..core.errors import MoeplaceError
 from .speed import FEATURES, Z95, Run, SpeedModel, TestModel, features
 
 PRIOR_FILE = Path(__file__).with_name("learned_prior.json")  # written by docs/speed_prior.py
-# Backends the published sweeps cover (moeplace's --backend names); others get the mean of these.
-BACKENDS = ("cuda", "rocm", "vulkan", "sycl")
 TERMS = {
     "tg": ("fixed", "card", "host", "hops", "kv"),
     "pp": ("fixed", "compute", "link", "kv"),
@@ -134,11 +132,10 @@ def _fit(test: str, points: list[Point]) -> tuple[dict[str, float], dict[str, fl
     return coef, per_backend
 
 
-def learn(test: str, points: list[Point]) -> Learned:
-    """The terms from all `points` of `test`, with the spreads their leave-one-setup-out errors show."""
-    mine = [p for p in points if p.test == test]
-    coef, per_backend = _fit(test, mine)
-    held_out = held_out_errors(test, mine)
+def learn(test: str, points: list[Point], held_out: list[tuple[Point, float]]) -> Learned:
+    """The terms from all `points` of `test`, with the spreads their leave-one-setup-out errors (`held_out`, from
+    held_out_errors) show."""
+    coef, per_backend = _fit(test, [p for p in points if p.test == test])
     errors = np.abs([e for _, e in held_out])
     differences = difference_errors(held_out)
     return Learned(coef, per_backend, float(np.quantile(errors, 0.95)), float(np.quantile(differences, 0.95)))

@@ -18,7 +18,7 @@ from typing import Any
 from ..core.config import Device
 from ..core.errors import MoeplaceError
 from ..core.units import GB, parse_size
-from ..model.memory import NO_PINS, SERVER, Pins, Workload
+from ..model.memory import NO_PINS, SERVER, Pins, Workload, host_bytes
 from ..model.metadata import from_constants, inspect_model, structure
 from ..runtime.llamacpp_args import needs_flash_attn
 from ..runtime.native import ram_read_gbps
@@ -238,14 +238,6 @@ def describe_speed(speed: dict[str, Any], depth: int) -> str:
         f"decode {speed_text(speed['tg_empty'])} at an empty context, {speed_text(speed['tg_at_depth'])} "
         f"at {depth} tokens; prefill {prefill} (~95% intervals)"
     )
-
-
-def host_bytes(meta: dict[str, Any], host: frozenset[str]) -> int:
-    """What the plan leaves in host RAM: the expert tensors on the host and the input embedding."""
-    from ..model.memory import host_kept_bytes
-
-    sizes = {n: b for layer in meta["layers"] for n, b in layer["expert_tensors"].items()}
-    return sum(sizes[n] for n in host) + host_kept_bytes(meta)
 
 
 def ram_note(needed: int, a: Assumptions) -> str | None:
