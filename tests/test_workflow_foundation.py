@@ -11,6 +11,7 @@ from workflow_helpers import snakemake, workflow_copy
 SEED = yaml.safe_load((ROOT / "config/examples/seed-qwen3-coder-30b-a3b.yaml").read_text())
 
 
+@pytest.mark.llamacpp  # the budget stage reads the compute buffer from the pinned llama.cpp's reserve
 def test_seed_example_reproduces_predicted_table_and_minimum_n(tmp_path):
     wd = workflow_copy(tmp_path, SEED)
     targets = [

@@ -13,9 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
@@ -31,6 +29,9 @@ from ..model.memory import (
     host_layer_count,
     minimum_n,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FITS = "ok"
 DOES_NOT_FIT = "does_not_fit"
@@ -218,6 +219,8 @@ def budget_table(
     meta: dict[str, Any], device: Device, workloads: list[Workload], compute: Compute = None
 ) -> pd.DataFrame:
     """Memory only (speeds are the predict stage's): a new bandwidth never reruns what depends on the budget."""
+    import pandas as pd  # here, not at the top: it is half a second of every CLI start
+
     rows = []
     for w in workloads:
         p = plan(meta, device, w, compute)

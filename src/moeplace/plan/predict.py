@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from ..core.config import Bandwidths
 from ..core.errors import MoeplaceError
 from ..core.units import GB
 from ..model.reads import active_fraction, bytes_per_token, disk_share, read_bytes, unread_bytes
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from .speed import SpeedModel
 
 
@@ -38,6 +38,8 @@ def predict_table(meta: dict[str, Any], bw: Bandwidths, model: SpeedModel | None
     """Seed 000's table (tok_s, from theoretical bandwidths) and the speed model's decode before any calibration
     (tg_tok_s with its interval, at an empty context): `model`, the prior the ceilings stage measured
     (ceilings.measured_prior), else the prior of `bw`."""
+    import pandas as pd  # here, not at the top: it is half a second of every CLI start
+
     from .speed import Run, prior  # the speed model builds on this module's byte counts
 
     model = model or prior(bw)
