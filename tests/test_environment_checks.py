@@ -64,8 +64,9 @@ def test_unknown_model_path(tmp_path):
 
 
 def test_context_shorter_than_the_test(tmp_path):
-    cfg = {**DEFAULT, "contexts": [512]}
-    one_line_stop(workflow_copy(tmp_path, cfg), "config contexts: [512] leave no room")
+    short = DEFAULT["bench"]["prompt"] + DEFAULT["bench"]["gen"]  # no depth left before the tests
+    cfg = {**DEFAULT, "contexts": [short]}
+    one_line_stop(workflow_copy(tmp_path, cfg), f"config contexts: [{short}] leave no room")
 
 
 def test_n_values_beyond_the_layers(tmp_path, small_moe):

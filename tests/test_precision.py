@@ -49,7 +49,9 @@ def test_a_batch_gets_what_its_fixed_cost_is_worth_within_the_budget():
     # At 32K on this CPU: ~40 s to start, load, warm up and fill the depth, ~2.5 s per repetition of both tests.
     assert next_batch(wanted=2, allowed=17, fixed_s=40, repetition_s=2.5, left_s=100) == 16  # not 2 per depth fill
     assert next_batch(wanted=30, allowed=17, fixed_s=40, repetition_s=2.5, left_s=100) == 17  # the most allowed
-    assert next_batch(wanted=2, allowed=17, fixed_s=40, repetition_s=2.5, left_s=50) == 4  # what the budget pays
+    assert next_batch(wanted=2, allowed=17, fixed_s=40, repetition_s=2.5, left_s=90) == 16  # what the budget pays
+    assert next_batch(wanted=2, allowed=17, fixed_s=40, repetition_s=2.5, left_s=50) == 0  # 4: mostly a new fill
+    assert next_batch(wanted=2, allowed=3, fixed_s=40, repetition_s=2.5, left_s=50) == 3  # the last allowed
     assert next_batch(wanted=2, allowed=17, fixed_s=40, repetition_s=2.5, left_s=42) == 0  # not even one
     assert next_batch(wanted=2, allowed=0, fixed_s=1, repetition_s=1, left_s=100) == 0
     assert next_batch(wanted=5, allowed=17, fixed_s=0.5, repetition_s=1, left_s=100) == 5  # cheap batches: as wanted

@@ -64,11 +64,11 @@ def test_features_count_bytes_hops_and_kv(tiny):
     assert x["hops"] == 6 and x["layers"] == tiny["n_layer"]
     host = sum(layer["expert_bytes"] for layer in tiny["layers"][:3])
     assert x["host_gb"] == pytest.approx(host * tiny["n_expert_used"] / tiny["n_expert"] / GB)
-    # tiny-qwen3moe: 8 layers with a cache, 1 KV head x 64 for K and for V, f16; a token generated at depth 1000
-    # of a 128-token run reads on average 1000 + 64 cells: 8 x (64 + 64) x 2 bytes x 1064 = 2,179,072 bytes.
-    assert x["kv_gb"] * GB == pytest.approx(8 * (64 + 64) * 2 * 1064)
-    # q8_0: 34 bytes per 32 values, so a 64-wide row is 68 bytes, not 128
-    assert kv_read_gb(tiny, 2000, "q8_0", "q8_0") * GB == pytest.approx(8 * (68 + 68) * 2000)
+    # tiny-qwen3moe: 8 layers with a cache, 1 KV head x 32 for K and for V, f16; a token generated at depth 1000
+    # of a 128-token run reads on average 1000 + 64 cells: 8 x (32 + 32) x 2 bytes x 1064 = 1,089,536 bytes.
+    assert x["kv_gb"] * GB == pytest.approx(8 * (32 + 32) * 2 * 1064)
+    # q8_0: 34 bytes per 32 values, so a 32-wide row is 34 bytes, not 64
+    assert kv_read_gb(tiny, 2000, "q8_0", "q8_0") * GB == pytest.approx(8 * (34 + 34) * 2000)
 
 
 def test_prefill_copies_host_experts_once_per_ubatch_of_the_prompt(tiny):
@@ -95,7 +95,7 @@ def test_the_solver_recovers_the_coefficients_it_was_given(tiny):
     errors = [
         abs(p["tok_s"] - r.tok_s) / r.tok_s for p, r in zip(leave_one_out(tiny, runs, prior(Bandwidths(20, 20))), runs)
     ]
-    assert max(errors) < 1e-3
+    assert max(errors) < 2e-3  # the hop, which the host term takes in (layers' experts differ slightly in bytes)
 
 
 def test_the_solver_needs_two_runs_at_their_depth(tiny):
@@ -242,7 +242,7 @@ def test_a_fit_at_one_depth_scales_the_probes_attention_cost_with_the_fixed_time
     assert model.tests["tg"].shares.keys() == {"device_gb", "kv_gb"} and model.tests["pp"].shares.keys() == {"kv_gb"}
     assert model.tests["tg"].coef["kv_gb"] == pytest.approx(1.3 * TRUE["kv_gb"])
     for run in slower:  # to the hop, which the host term takes in (layers' experts differ slightly in bytes)
-        assert model.predict(tiny, run)["tok_s"] == pytest.approx(run.tok_s, rel=1e-3)
+        assert model.predict(tiny, run)["tok_s"] == pytest.approx(run.tok_s, rel=2e-3)
     # The probe's spread in the attention cost: the interval at 4K widens by what an error in it does there, the
     # probe's fixed time having been solved with it (a numerical derivative, from the probe's runs on).
     sd, h = 0.1, 1e-6

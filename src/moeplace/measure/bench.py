@@ -131,10 +131,13 @@ def _enough(arm: Arm, tests: tuple[str, ...], settings: BenchSettings, t0: float
 def next_batch(wanted: int, allowed: int, fixed_s: float, repetition_s: float, left_s: float) -> int:
     """Repetitions for an arm's next batch (0: stop): the `wanted` more, but at least as many as the batch's
     fixed part (start, load, warm-up, one depth fill: most of a batch at 32K) is worth, since another batch
-    would pay it again; at most `allowed`, and no more than the `left_s` seconds of its time budget pay for."""
+    would pay it again; at most `allowed`, and no more than the `left_s` seconds of its time budget pay for.
+    None where the budget pays for fewer than that fixed part is worth: such a batch would spend most of its
+    time filling the depth again, for a few repetitions that barely narrow a median's interval."""
     affordable = int((left_s - fixed_s) // max(repetition_s, 1e-9))
     worth = math.ceil(fixed_s / max(repetition_s, 1e-9))
-    return max(0, min(allowed, max(wanted, worth, 1), affordable))
+    batch = max(0, min(allowed, max(wanted, worth, 1), affordable))
+    return batch if batch >= min(worth, allowed) else 0
 
 
 @dataclass(frozen=True)

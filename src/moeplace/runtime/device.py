@@ -56,7 +56,7 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
         return DeviceSetup("gpu", f"{label}, capped to {vram_bytes / 2**30:.2f} GiB", vram_bytes, hold=True)
     if vram_bytes is None:
         raise MoeplaceError(
-            "device.vram is auto, but there is no GPU to ask: give the emulated device a size, e.g. vram: 135MB."
+            "device.vram is auto, but there is no GPU to ask: give the emulated device a size, e.g. vram: 100MB."
         )
     label = f"emulated device: a CPU core behind RPC, {vram_bytes / 2**20:.0f} MiB"
     slowdown, why_not = target.host_slowdown, None
