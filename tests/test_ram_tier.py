@@ -377,7 +377,9 @@ def test_a_capped_sweep_on_the_tiny_twin(tmp_path, twin):
         )
         assert r["model_room_pct"] <= 50 + 100 * 4 * 2**20 / r["model_bytes"]
         if r["status"] == "ok":
-            assert r["faults_per_token"] > 0 and r["tok_s"] > 0
+            # It paged beyond the reference's one fault-in of the model. Per token (24 tokens' faults less 8's) the
+            # tiny twin's paging is a few faults and can come out below 0 (-0.31 in one CI run), so not asserted.
+            assert r["majflt"][-1] > ref["majflt"][-1] and r["tok_s"] > 0, (r["majflt"], ref["majflt"])
             assert r["locked_bytes"] == (non_expert if r["lock"] == "non_expert" else 0)
             assert r["cgroup_peak_bytes"] <= r["cap_bytes"]
     if isinstance(device, pagecache.BlockDevice):
