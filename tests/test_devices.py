@@ -102,3 +102,32 @@ def test_the_emitted_line_loads_on_two_capped_devices_with_the_planned_buffers(t
         for kind, planned in (("weights", d.weights), ("kv", d.kv)):  # llama.cpp prints MiB to two decimals
             assert round(logged[kind] / MiB, 2) == round(planned / MiB, 2), kind
         assert logged["compute"] <= d.compute and sum(logged.values()) <= cap
+
+
+@pytest.mark.llamacpp
+def test_the_budget_grid_on_two_capped_devices_is_exact(tmp_path):
+    """check_devices on the tiny qwen3moe twin over two emulated devices capped at 40 and 30 MB, 24 cells (4K to
+    32K, ubatch 256 and 512, an f16 or q8_0 cache with flash attention, f16 without): every plan that fits loads,
+    each device that leaves experts on the host runs out of memory with one more of them, and every plan that does
+    not fit runs out of memory (24 of 24 on both twins, 2026-12-05). The grid holds all three kinds of cell, and a
+    plan that keeps every expert on the devices where llama.cpp's pipelined buffers would not fit."""
+    from llamacpp_helpers import manifest, rpc_servers, tiny_twin
+
+    from moeplace.measure.budget_check import check_devices, grid
+
+    path = tiny_twin(tmp_path)
+    workloads = [w for w in grid([4096, 8192, 16384, 32768], [256, 512], ["f16", "q8_0"], ["on", "off"])
+                 if w.flash_attn == "on" or w.type_v == "f16"]  # fmt: skip
+    caps = [40 * 10**6, 30 * 10**6]
+    rows = check_devices(model_path=str(path), meta=inspect_model(path), workloads=workloads, caps=caps,
+                         manifest=manifest(), log_path=tmp_path / "grid.log")  # fmt: skip
+    assert rpc_servers() == 0
+    for r in rows:
+        print(r)
+    assert len(rows) == 24 and all(r["exact"] for r in rows)
+    assert not [r for r in rows if r["fits"] and r["status"] != "ok"]  # never on the out-of-memory side
+    kinds = {(r["fits"], r["host_expert_layers"] > 0) for r in rows}
+    assert kinds == {(True, False), (True, True), (False, True)}
+    # 4K, ubatch 256, no flash attention: pipelined, the devices' compute buffers (25 MiB each) would not fit
+    (cell,) = [r for r in rows if (r["ctx"], r["ubatch"], r["flash_attn"]) == (4096, 256, "off")]
+    assert cell["fits"] and cell["host_expert_layers"] == 0

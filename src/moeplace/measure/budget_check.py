@@ -25,6 +25,9 @@ from ..runtime.llamacpp_args import needs_flash_attn
 from .tune import search
 
 UNSUPPORTED = "unsupported"  # llama.cpp refuses a quantized V cache without flash attention
+# An -ot rule that matches no tensor: with it llama.cpp reserves the buffers it falls back to when the pipelined
+# ones (several devices, no -ot) do not fit.
+UNPIPELINED = "^no-tensor$=CPU"
 
 
 def grid(contexts: list[int], ubatches: list[int], cache_types: list[str], flash_attn: list[str]) -> list[Workload]:
@@ -105,6 +108,71 @@ def check_model(
 
                 row["depth_n"] = search(start, meta["n_layer"], deep, spill_ratio=0.0).lowest_n
             rows.append(row)
+    return rows
+
+
+def check_devices(
+    *,
+    model_path: str,
+    meta: dict[str, Any],
+    workloads: list[Workload],
+    caps: list[int],
+    manifest: dict[str, Any],
+    log_path: Path,
+) -> list[dict[str, Any]]:
+    """The plan over several devices (plan/devices.py) on emulated devices capped to `caps` (one RPC server each),
+    one row per grid cell: the plan with each device's compute buffer as llama.cpp reserves it, loaded at the full
+    context; each device's logged buffers beside the plan's; and `exact` where the load agrees with the plan (a
+    plan that fits loads, one that does not fit runs out of memory) and the plan keeps no expert on the host that a
+    device could hold: each device that leaves some of its layers' experts on the host runs out of memory with one
+    more of them."""
+    from contextlib import ExitStack
+    from dataclasses import replace
+
+    from ..plan.devices import MultiPlan, plan_devices_reserved
+    from ..runtime.allocation import load_probe, reserve
+    from ..runtime.device import rpc_device
+
+    rows = []
+    with ExitStack() as stack:
+        endpoints = [stack.enter_context(rpc_device(manifest, cap, (i % 2,), log_path.with_suffix(f".rpc{i}.log")))
+                     for i, cap in enumerate(caps)]  # fmt: skip
+        rpc = ",".join(endpoints)
+
+        def placement(p: MultiPlan, w: Workload) -> tuple[list[str], str | None]:
+            return [*w.llama_args(), "-ts", ",".join(map(str, p.tensor_split))], p.host_rule(meta) or None
+
+        def reserved(p: MultiPlan, w: Workload, pipelined: bool) -> tuple[int, ...]:
+            args, rule = placement(p, w)
+            rule = rule or (None if pipelined else UNPIPELINED)
+            buffers = reserve(manifest, model_path, args, 0, rpc, log_path, rule)
+            return tuple(buffers.device(e).get("compute", 0) for e in endpoints)
+
+        def load(p: MultiPlan, w: Workload) -> tuple[str, Any]:
+            args, rule = placement(p, w)
+            return load_probe(manifest, model_path, args + (["-ot", rule] if rule else []), 0, rpc, log_path)
+
+        for w in workloads:
+            p = plan_devices_reserved(
+                meta, [Device(c, 0) for c in caps], w, lambda p, piped, w=w: reserved(p, w, piped)
+            )
+            status, buffers = load(p, w)
+            one_more = []
+            for d in p.devices if p.fits and status == "ok" else ():
+                host_here = [il for il in p.host_expert_layers if d.first <= il < d.end]
+                if host_here:
+                    kept = tuple(il for il in p.host_expert_layers if il != max(host_here))
+                    one_more.append(load(replace(p, host_expert_layers=kept), w)[0])
+            logged = [sum(buffers.device(e).values()) if buffers else None for e in endpoints]
+            rows.append({
+                "ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k, "flash_attn": w.flash_attn,
+                "tensor_split": "/".join(map(str, p.tensor_split)), "host_expert_layers": len(p.host_expert_layers),
+                "fits": p.fits, "status": status, "one_more": "/".join(one_more),
+                "exact": (status == "ok") == p.fits and all(s != "ok" for s in one_more),
+                "planned_mib": "/".join(f"{(d.weights + d.kv + d.compute) / 2**20:.2f}" for d in p.devices),
+                "logged_mib": "/".join("-" if b is None else f"{b / 2**20:.2f}" for b in logged),
+                "caps_mib": "/".join(f"{c / 2**20:.2f}" for c in caps),
+            })  # fmt: skip
     return rows
 
 

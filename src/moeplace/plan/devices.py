@@ -6,7 +6,9 @@ stays on the host. A layer's KV cache lives on its layer's device, and so do its
 them to the host. So -ts written as layer counts (k0, k1, ..., the last one counting the output layer) places
 whole layers exactly, and one -ot rule for the experts kept on the host finishes the plan: --n-cpu-moe across
 devices is never used (it takes the first n layers, which are all the first device's, and leaves the last device
-full). With any -ot rule llama.cpp turns pipeline parallelism off, so each device holds one compute buffer.
+full). With any -ot rule llama.cpp turns pipeline parallelism off, so each device holds one compute buffer;
+without one (every expert on the devices) it pipelines them, with larger buffers, and where those do not fit
+retries without.
 
 Each device keeps its margin free; its compute buffer is the single-device estimate or llama.cpp's own reserve.
 The estimate is not a bound per device: on two emulated devices (60/40 MB, the tiny twins, 2026-12-04) llama.cpp
@@ -19,7 +21,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..core.config import Device
@@ -145,6 +147,43 @@ def plan_devices(meta: dict[str, Any], devices: list[Device], w: Workload,
                 trial = _split(meta, w, devices, bounds[:i] + [b] + bounds[i + 1 :], compute)
                 if _score(trial) > _score(best):
                     best, bounds, improved = trial, bounds[:i] + [b] + bounds[i + 1 :], True
+    return best
+
+
+# Each device's compute buffer as llama.cpp reserves it for a plan, the devices pipelined or not.
+Reserve = Callable[[MultiPlan, bool], tuple[int, ...]]
+
+
+def plan_devices_reserved(meta: dict[str, Any], devices: list[Device], w: Workload, reserve: Reserve,
+                          tries: int = 6) -> MultiPlan:  # fmt: skip
+    """plan_devices checked against llama.cpp's reserve (`reserve(plan, pipelined)`: each device's compute buffer for
+    exactly that plan, in device order): a candidate counts when it fits beside the buffers reserved for it, and
+    the next one is planned with those buffers, until a candidate repeats. The buffers follow the split and which
+    experts stay on the host (each -ot rule splits the graph), so they are checked per candidate, never carried
+    from another. The counted candidate with the most expert bytes on the devices wins; with none, the last one
+    checked, not fitting.
+
+    With no -ot rule llama.cpp pipelines the devices, with larger compute buffers (25 MiB against 9 on the tiny
+    qwen3moe twin at 4K without flash attention), and where those do not fit it retries without: a plan that
+    keeps every expert on the devices fits when the unpipelined buffers do, and holds the pipelined ones where
+    they fit too."""
+
+    def checked(candidate: MultiPlan, pipelined: bool = False) -> MultiPlan:
+        compute = reserve(candidate, pipelined)
+        return MultiPlan(tuple(replace(d, compute=c) for d, c in zip(candidate.devices, compute)),
+                         candidate.host_expert_layers)  # fmt: skip
+
+    candidate, counted = plan_devices(meta, devices, w), []
+    for _ in range(tries):
+        plan = checked(candidate)
+        counted += [plan] if plan.fits else []
+        following = plan_devices(meta, devices, w, lambda i, plan=plan: plan.devices[i].compute)
+        if (following.tensor_split, following.host_expert_layers) == (plan.tensor_split, plan.host_expert_layers):
+            break
+        candidate = following
+    best = max(counted, key=_score) if counted else plan
+    if best.fits and not best.host_expert_layers and (pipelined := checked(best, pipelined=True)).fits:
+        return pipelined
     return best
 
 

@@ -98,6 +98,14 @@ class Buffers:
                     total[kind] = total.get(kind, 0) + size
         return total
 
+    def device(self, name: str) -> dict[str, int]:
+        """One device's bytes per kind ({} where it holds none), by llama.cpp's name for it (CUDA1) or, for an RPC
+        device, by its endpoint (RPC0[127.0.0.1:50052]: every RPC server is its own device 0)."""
+        for device, kinds in self.devices.items():
+            if name in (device, device.rpartition("[")[2].rstrip("]")):
+                return kinds
+        return {}
+
     def device_total(self, device: str) -> int:
         return sum(self.devices.get(device, {}).values())
 
