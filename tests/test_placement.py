@@ -11,7 +11,15 @@ from moeplace.measure.bench import BenchJob, Rig
 from moeplace.measure.placement import run_variant
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
-from moeplace.plan.offload import expert_tensors, host_layers, int_range_regex, ot_value, tensor_bytes, variants
+from moeplace.plan.offload import (
+    expert_tensors,
+    host_layers,
+    int_range_regex,
+    matching_tensors,
+    ot_value,
+    tensor_bytes,
+    variants,
+)
 
 NCMOE = r"blk\.{}\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp's own -ncmoe pattern (common.h)
 
@@ -297,3 +305,14 @@ def test_ranking_searches_ubatch_with_its_compute_buffer(qwen3):
     ncmoe = {r["ubatch"]: r for r in ranked if r["placement"] == "ncmoe"}
     assert ncmoe[2048]["n_cpu_moe"] > ncmoe[512]["n_cpu_moe"]
     assert ranked[0]["ubatch"] == 512 and ranked[0]["score"] > ncmoe[2048]["score"]
+
+
+def test_an_ot_rule_naming_a_device_keeps_its_tensors_off_the_host():
+    """llama-fit-params' placement over two RPC devices (2026-12-05, the tiny qwen3moe twin at 16K on 40/30 MB):
+    layer 4's gate and down experts go to the first device, the rest of its rules to the CPU; the first matching
+    rule wins, as in llama.cpp."""
+    fit = ("blk\\.4\\.ffn_(gate|gate_up|down).*=RPC0[127.0.0.1:60841];blk\\.6\\.ffn_down.*=CPU;"
+           "blk\\.7\\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU")  # fmt: skip
+    names = [f"blk.{il}.ffn_{kind}_exps.weight" for il in (4, 6, 7) for kind in ("gate", "up", "down")]
+    assert matching_tensors(fit, names) == {"blk.6.ffn_down_exps.weight"} | {n for n in names if "blk.7." in n}
+    assert matching_tensors("blk\\.4\\..*=CUDA0;blk\\.4\\.ffn_up.*=CPU", names) == set()  # the first wins

@@ -20,7 +20,8 @@ import pandas as pd
 from ..core.config import Device, DeviceTarget
 from ..model.memory import Workload
 from ..plan.budget import plan, reserved_compute
-from ..plan.offload import matching_tensors
+from ..plan.devices import MultiPlan, plan_devices_reserved
+from ..plan.offload import expert_tensors, matching_tensors
 from ..runtime.llamacpp_args import needs_flash_attn
 from .tune import search
 
@@ -37,18 +38,21 @@ def grid(contexts: list[int], ubatches: list[int], cache_types: list[str], flash
     ]
 
 
-def fitted_n(meta: dict[str, Any], ngl: int | None, overrides: str | None) -> int | None:
-    """Layers whose experts llama-fit-params keeps on the host: those below its -ngl (llama.cpp offloads the last
-    -ngl layers, the output counting as one) and those its -ot value matches."""
-    if ngl is None:
-        return None
+def fitted_host_experts(meta: dict[str, Any], ngl: int, overrides: str | None) -> set[str]:
+    """The expert tensors llama-fit-params keeps on the host: those of the layers below its -ngl (llama.cpp
+    offloads the last -ngl layers, the output counting as one) and those its -ot value sends there."""
     n_layer = meta["n_layer"]
     first_on_device = 0 if ngl < 0 else max(n_layer + 1 - ngl, 0)
-    host = set(range(min(first_on_device, n_layer)))
-    for layer in meta["layers"]:
-        if matching_tensors(overrides, list(layer["expert_tensors"])):
-            host.add(layer["index"])
-    return len(host)
+    below = expert_tensors(meta, list(range(min(first_on_device, n_layer))))
+    return below | matching_tensors(overrides, sorted(expert_tensors(meta, list(range(n_layer)))))
+
+
+def fitted_n(meta: dict[str, Any], ngl: int | None, overrides: str | None) -> int | None:
+    """Layers with experts that llama-fit-params keeps on the host (it may keep part of a layer's)."""
+    if ngl is None:
+        return None
+    host = fitted_host_experts(meta, ngl, overrides)
+    return sum(1 for layer in meta["layers"] if host & set(layer["expert_tensors"]))
 
 
 def check_model(
@@ -111,6 +115,26 @@ def check_model(
     return rows
 
 
+def plan_args(meta: dict[str, Any], p: MultiPlan, w: Workload) -> tuple[list[str], str | None]:
+    """A plan over several devices as llama.cpp's arguments (the workload's, -ts) and its -ot value (None: none)."""
+    return [*w.llama_args(), "-ts", ",".join(map(str, p.tensor_split))], p.host_rule(meta) or None
+
+
+def reserved_plan(meta: dict[str, Any], w: Workload, caps: list[int], endpoints: list[str], manifest: dict[str, Any],
+                  model_path: str, log_path: Path) -> MultiPlan:  # fmt: skip
+    """The plan over the emulated devices at `endpoints` (capped to `caps`), each candidate's compute buffers
+    reserved by llama.cpp for exactly that candidate (plan/devices.plan_devices_reserved)."""
+    from ..runtime.allocation import reserve
+
+    def reserved(p: MultiPlan, pipelined: bool) -> tuple[int, ...]:
+        args, rule = plan_args(meta, p, w)
+        rule = rule or (None if pipelined else UNPIPELINED)
+        buffers = reserve(manifest, model_path, args, 0, ",".join(endpoints), log_path, rule)
+        return tuple(buffers.device(e).get("compute", 0) for e in endpoints)
+
+    return plan_devices_reserved(meta, [Device(c, 0) for c in caps], w, reserved)
+
+
 def check_devices(
     *,
     model_path: str,
@@ -129,33 +153,21 @@ def check_devices(
     from contextlib import ExitStack
     from dataclasses import replace
 
-    from ..plan.devices import MultiPlan, plan_devices_reserved
-    from ..runtime.allocation import load_probe, reserve
+    from ..runtime.allocation import load_probe
     from ..runtime.device import rpc_device
 
     rows = []
     with ExitStack() as stack:
         endpoints = [stack.enter_context(rpc_device(manifest, cap, (i % 2,), log_path.with_suffix(f".rpc{i}.log")))
                      for i, cap in enumerate(caps)]  # fmt: skip
-        rpc = ",".join(endpoints)
-
-        def placement(p: MultiPlan, w: Workload) -> tuple[list[str], str | None]:
-            return [*w.llama_args(), "-ts", ",".join(map(str, p.tensor_split))], p.host_rule(meta) or None
-
-        def reserved(p: MultiPlan, w: Workload, pipelined: bool) -> tuple[int, ...]:
-            args, rule = placement(p, w)
-            rule = rule or (None if pipelined else UNPIPELINED)
-            buffers = reserve(manifest, model_path, args, 0, rpc, log_path, rule)
-            return tuple(buffers.device(e).get("compute", 0) for e in endpoints)
 
         def load(p: MultiPlan, w: Workload) -> tuple[str, Any]:
-            args, rule = placement(p, w)
-            return load_probe(manifest, model_path, args + (["-ot", rule] if rule else []), 0, rpc, log_path)
+            args, rule = plan_args(meta, p, w)
+            return load_probe(manifest, model_path, args + (["-ot", rule] if rule else []), 0, ",".join(endpoints),
+                              log_path)  # fmt: skip
 
         for w in workloads:
-            p = plan_devices_reserved(
-                meta, [Device(c, 0) for c in caps], w, lambda p, piped, w=w: reserved(p, w, piped)
-            )
+            p = reserved_plan(meta, w, caps, endpoints, manifest, model_path, log_path)
             status, buffers = load(p, w)
             one_more = []
             for d in p.devices if p.fits and status == "ok" else ():

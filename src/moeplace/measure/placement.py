@@ -4,11 +4,12 @@ tensor; llama-fit-params' own placement as one more variant."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
 from ..core.errors import MoeplaceError
-from ..plan.offload import expert_tensors, matching_tensors, optimal_placement, ot_value, variants
+from ..plan.offload import expert_tensors, matching_tensors, optimal_placement, ot_value, tensor_bytes, variants
 from .bench import BenchJob, Rig, run_bench
 
 
@@ -161,3 +162,79 @@ def fit_params_overrides(manifest: dict[str, Any], model: str, ctx: int, rpc: st
         cmd += ["--rpc", rpc]
     out = run_checked(cmd, f"llama-fit-params placing {model} at {ctx} tokens", log_path, timeout_s=600)
     return fitted_placement_args(out.stdout)[1]
+
+
+def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, caps: list[int],
+                    manifest: dict[str, Any], log_path: Any, slowdown: float = 8.0, rounds: int = 3,
+                    repetitions: int = 3, gen: int = 32) -> list[dict[str, Any]]:  # fmt: skip
+    """Decode at `workload`'s full context over emulated devices capped to `caps` (one RPC server each, on the
+    device's CPU; the host side slowed `slowdown` times while timed, as in the bench stage) under three placements:
+    moeplace's per-device plan (-ts layer counts, one -ot rule for the host's experts), the lowest --n-cpu-moe that
+    loads with llama.cpp's own split, and llama-fit-params' placement (its -ngl, -ts and -ot). The placements take
+    turns, one llama-bench process each per round, so a slow spell of the host falls on all alike. One row per
+    placement: its arguments, the expert bytes it keeps on the host, its decode samples and median with a 95%
+    interval, and its ratio to the plan's median."""
+    import statistics
+    from contextlib import ExitStack
+
+    from ..core.stats import median_interval
+    from ..runtime.allocation import load_probe
+    from ..runtime.cpus import split_cpus
+    from ..runtime.device import DeviceSetup, host_side, rpc_device
+    from ..runtime.llamacpp import require_binary
+    from ..runtime.llamacpp_args import cache_args
+    from ..runtime.process import run, run_checked
+    from ..runtime.tool_output import bench_records, fitted_args
+    from .budget_check import fitted_host_experts, reserved_plan
+    from .tune import search
+
+    w, cpus = workload, split_cpus(True)
+    with ExitStack() as stack:
+        endpoints = [stack.enter_context(rpc_device(manifest, cap, cpus.device or cpus.bench,
+                                                    log_path.with_suffix(f".rpc{i}.log")))
+                     for i, cap in enumerate(caps)]  # fmt: skip
+        rpc = ",".join(endpoints)
+        plan = reserved_plan(meta, w, caps, endpoints, manifest, model_path, log_path)
+        if not plan.fits:
+            raise MoeplaceError(f"{model_path} does not fit on devices of {caps} bytes at {w.ctx} tokens.")
+
+        def loads(n: int) -> tuple[str, None]:
+            return load_probe(manifest, model_path, w.llama_args(), n, rpc, log_path)[0], None
+
+        n_cpu_moe = search(len(plan.host_expert_layers), meta["n_layer"], loads, spill_ratio=0.0).lowest_n
+        fit_cmd = [str(require_binary(manifest, "llama-fit-params")), "--rpc", rpc, "-m", model_path,
+                   *w.llama_args(), "-fitt", "0"]  # fmt: skip
+        fit = fitted_args(run_checked(fit_cmd, "llama-fit-params placing the model", log_path, timeout_s=600).stdout)
+        fit_ngl, fit_ot = int(fit[fit.index("-ngl") + 1]), fit[fit.index("-ot") + 1] if "-ot" in fit else None
+        fit_host = fitted_host_experts(meta, fit_ngl, fit_ot and fit_ot.replace(",", ";"))
+        placements = {  # name: (llama-bench's arguments, the expert tensors it keeps on the host)
+            "per-device plan": (["-ngl", "99", "-ts", "/".join(map(str, plan.tensor_split))]
+                                + (["-ot", plan.host_rule(meta, ";")] if plan.host_expert_layers else []),
+                                plan.host_tensors(meta)),
+            f"-ncmoe {n_cpu_moe}, llama.cpp's split": (["-ngl", "99", "-ncmoe", str(n_cpu_moe)],
+                                                       expert_tensors(meta, list(range(n_cpu_moe)))),
+            "llama-fit-params": (["-ngl", str(fit_ngl)]
+                                 + (["-ts", fit[fit.index("-ts") + 1].replace(",", "/")] if "-ts" in fit else [])
+                                 + (["-ot", fit_ot.replace(",", ";")] if fit_ot else []),
+                                 fit_host),
+        }  # fmt: skip
+        bench = [str(require_binary(manifest, "llama-bench")), "--rpc", rpc, "-m", model_path, "-p", "0",
+                 "-n", str(gen), "-d", str(w.ctx - gen), "-r", str(repetitions), "-t", "1", "-o", "jsonl",
+                 "--progress", *cache_args(w.type_k, w.type_v, w.flash_attn, w.ubatch)]  # fmt: skip
+        samples: dict[str, list[float]] = {name: [] for name in placements}
+        device = DeviceSetup("emulated", "emulated devices", sum(caps), host_slowdown=slowdown)
+        host = stack.enter_context(host_side(device, cpus.bench))
+        for _ in range(rounds):
+            for name, (args, _) in placements.items():
+                done = run([*bench, *args], timeout_s=1800, log_path=log_path, before_exec=host.enter,
+                           on_stderr_line=host.on_line)  # fmt: skip
+                for record in bench_records(done.stdout):
+                    samples[name] += record.get("samples_ts") or []
+    plan_median = statistics.median(samples["per-device plan"]) if samples["per-device plan"] else math.nan
+    rows = []
+    for name, (args, host) in placements.items():
+        median, low, high = median_interval(samples[name])
+        rows.append({"placement": name, "host_expert_mib": tensor_bytes(meta, host) / 2**20, "args": " ".join(args),
+                     "samples": len(samples[name]), "tg_median": median, "ci95_low": low, "ci95_high": high,
+                     "vs_plan": median / plan_median})  # fmt: skip
+    return rows

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..core.errors import MoeplaceError
 from ..model.memory import Pins
+from ..runtime.llama_log import is_host
 
 _EXPERT_NAME = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_(ch)?exps\.")
 
@@ -280,9 +281,16 @@ def rank_placements(
 
 
 def matching_tensors(overrides: str | None, names: list[str]) -> set[str]:
-    """The tensors an -ot value sends to the host, as llama.cpp matches them (regex_search, first wins)."""
-    patterns = [p.rsplit("=", 1)[0] for p in (overrides or "").split(";") if p]
-    return {n for n in names if any(re.search(p, n) for p in patterns)}
+    """The tensors an -ot value (rules joined by ';') sends to the host, as llama.cpp matches them: regex_search,
+    the first matching rule wins, and a rule naming a device (llama-fit-params writes some over several devices:
+    `blk\\.4\\.ffn_down.*=CUDA0`) keeps its tensors there."""
+    rules = [rule.rsplit("=", 1) for rule in (overrides or "").split(";") if rule]
+
+    def to_host(name: str) -> bool:
+        buffer = next((buffer for pattern, *buffer in rules if re.search(pattern, name)), None)
+        return buffer is not None and (not buffer or is_host(buffer[0]))
+
+    return {n for n in names if to_host(n)}
 
 
 # The buffers llama-server's -ot accepts: the CPU's, and each device's own (it lists them when given another).
