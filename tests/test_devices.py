@@ -65,6 +65,30 @@ def test_a_device_that_cannot_hold_its_layers_says_so(qwen3):
     assert "does not fit on these devices even with every expert on the host" in done.stderr
 
 
+def test_two_cards_decode_as_one_less_a_hop_per_card_boundary(qwen3):
+    """recommend --vram 24GB,12GB prints each context's expected decode; the speed model prices a plan over two
+    cards as the same placement on one card plus one hop per token (the activations moving on to the next card)."""
+    import json
+
+    from moeplace.plan.learned_prior import Machine
+    from moeplace.plan.learned_prior import speed_model as learned
+    from moeplace.plan.speed import Run
+
+    plan = plan_devices(qwen3, [Device(16 * 10**9, 768 * MiB), Device(8 * 10**9, 768 * MiB)], Workload(32768))
+    assert plan.fits and plan.device_hops == 1 and plan.host_expert_layers
+    model = learned(qwen3, Machine("cuda", 640.0, 57.6, 31.5))
+    host = frozenset(plan.host_tensors(qwen3))
+    one, two = (model.predict(qwen3, Run(0, 0, "tg", 128, host_tensors=host, device_hops=h))["tok_s"] for h in (0, 1))
+    assert 1 / two - 1 / one == pytest.approx(model.tests["tg"].coef["hops"], rel=1e-6)
+    cmd = [sys.executable, "-m", "moeplace.cli", "recommend", str(qwen3["files"][0]["path"]), "--vram", "16GB,8GB",
+           "--ctx", "32768", "--backend", "cuda"]  # fmt: skip
+    (printed,) = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True).stdout)
+    assert printed["speed"]["tg_empty"]["tok_s"] == pytest.approx(two, rel=1e-6)
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "speeds: 640 GB/s on every card, 57.6 GB/s host RAM (moeplace's defaults)" in text
+    assert f"expected: decode {two:.1f} tok/s" in text
+
+
 @pytest.mark.llamacpp
 def test_the_emitted_line_loads_on_two_capped_devices_with_the_planned_buffers(tmp_path):
     """recommend --vram 30MB,22MB --emit bench on the tiny twin: the pinned llama-bench, given two emulated devices

@@ -67,6 +67,11 @@ class MultiPlan:
     def fits(self) -> bool:
         return all(d.free_bytes >= 0 for d in self.devices)
 
+    @property
+    def device_hops(self) -> int:
+        """Card boundaries a token crosses: the cards holding layers, less one."""
+        return max(sum(1 for d in self.devices if d.end > d.first) - 1, 0)
+
     def host_tensors(self, meta: dict[str, Any]) -> set[str]:
         return expert_tensors(meta, list(self.host_expert_layers))
 
@@ -242,15 +247,24 @@ def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: li
             "--vram A,B plans a layer split over several devices; -ot pins, --placement optimal, --mmproj and "
             "--emit llama-swap/ollama take one device for now: give one --vram."
         )
+    from .recommend import DEFAULT_BANDWIDTHS, describe_speed, expected, speed_model
+
     margin = (args.margin if args.margin is not None else margins[backend]) * 2**20
     devices = [Device(size, margin) for size in sizes]
+    bw = (args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
+    model = speed_model(args, meta, bw, backend)
+    if emit == "server" and not getattr(args, "calibration", None):
+        given = "--bw-vram/--bw-ddr" if args.bw_vram_gbps or args.bw_ddr_gbps else "moeplace's defaults"
+        print(f"speeds: {bw[0]:g} GB/s on every card, {bw[1]:g} GB/s host RAM ({given}); efficiencies learned "
+              "from published sweeps of real cards (docs/speed-prior.md)")  # fmt: skip
     kv = (args.cache_type_k, args.cache_type_v)
     failed, plans = 0, []
     for ctx in contexts:
         w = Workload(ctx, args.ubatch, args.flash_attn, *kv, args.parallel, "batch" if emit == "bench" else SERVER,
                      backend in OP_OFFLOAD)  # fmt: skip
         p = plan_devices(meta, devices, w)
-        plans.append(plan_json(meta, p, w))
+        speed = expected(meta, model, frozenset(p.host_tensors(meta)), ctx, args, p.device_hops) if p.fits else None
+        plans.append(plan_json(meta, p, w) | {"speed": speed})
         if not p.fits:
             failed += 1
             short = ", ".join(f"device {d.index} by {-d.free_bytes / 2**20:.0f} MiB" for d in p.devices
@@ -266,6 +280,7 @@ def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: li
                   f"sizes: {where}):")  # fmt: skip
             for line in describe(meta, p, backend):
                 print("  " + line)
+            print(f"  expected: {describe_speed(speed, ctx)}; each step from one card to the next priced as a host hop")
             print("  " + commands.llama_server_split(path, ctx, p.tensor_split, p.host_rule(meta), *kv,
                                                      args.flash_attn, args.ubatch, args.parallel))  # fmt: skip
     if emit == "json":

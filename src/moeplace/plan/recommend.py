@@ -214,16 +214,18 @@ def speed_model(  # noqa: ANN201
     return learned(meta, Machine(backend, vram, ddr, args.bw_link_gbps or DEFAULT_LINK_GBPS))
 
 
-def expected(meta: dict[str, Any], model: Any, host: frozenset[str], depth: int, args: argparse.Namespace) -> dict:
+def expected(meta: dict[str, Any], model: Any, host: frozenset[str], depth: int, args: argparse.Namespace,
+             device_hops: int = 0) -> dict:  # fmt: skip
     """Decode at an empty context and at `depth`, prefill of a prompt's last batch up to `depth`, with these expert
-    tensors in host RAM: tok/s with ~95% intervals (None: unknown)."""
+    tensors in host RAM (and over several cards, `device_hops` card boundaries): tok/s with ~95% intervals (None:
+    unknown)."""
     from .speed import Run, prefill_up_to
 
     kv = (args.cache_type_k, args.cache_type_v)
     ubatch = getattr(args, "ubatch", 512)
     return {
-        "tg_empty": model.predict(meta, Run(0, 0, "tg", 128, ubatch, *kv, host)),
-        "tg_at_depth": model.predict(meta, Run(0, depth, "tg", 128, ubatch, *kv, host)),
+        "tg_empty": model.predict(meta, Run(0, 0, "tg", 128, ubatch, *kv, host, device_hops=device_hops)),
+        "tg_at_depth": model.predict(meta, Run(0, depth, "tg", 128, ubatch, *kv, host, device_hops=device_hops)),
         "pp_at_depth": model.predict(meta, prefill_up_to(0, depth, ubatch, *kv, host)),
     }
 

@@ -7,7 +7,9 @@ Prefill (pp), seconds per prompt token:
 where, for a placement P (the routed-expert tensors kept in host RAM):
   L     the model's layers: a token's fixed cost (kernel launches, synchronisation) is t0 per layer;
   V, D  bytes one token reads from the device and from host RAM (predict.read_bytes, per tensor for -ot);
-  hops  device<->host transitions per token: 2 per layer with experts on the host (activations out and back);
+  hops  device<->host transitions per token: 2 per layer with experts on the host (activations out and back),
+        and over several devices one per card boundary (the activations move on to the next card: priced as a
+        host hop, an assumption no run of two real cards has checked yet);
   KV    bytes of KV cache one token's attention reads at the run's mean depth (sliding-window layers capped at
         their window), in GB: its cost is the KV bandwidth plus attention compute per cached token, so
         s_kv is fitted, or before a fit measured (the ceilings stage's attention rows), not assumed 1/B_dev;
@@ -76,6 +78,7 @@ class Run:
     type_v: str = "f16"
     host_tensors: frozenset[str] = frozenset()  # -ot placements beyond the first n_cpu_moe layers
     tok_s: float | None = None  # measured
+    device_hops: int = 0  # over several devices (a layer split): where a token moves from one card to the next
 
 
 def host_set(meta: dict[str, Any], run: Run) -> set[str]:
@@ -137,7 +140,8 @@ def features(meta: dict[str, Any], run: Run) -> dict[str, float]:
     kv = kv_read_gb(meta, run.depth + run.n_tokens / 2, run.type_k, run.type_v)
     layers = float(meta["n_layer"])
     if run.test == "tg":
-        return {"layers": layers, "device_gb": v / GB, "host_gb": d / GB, "hops": 2.0 * host_layers, "kv_gb": kv}
+        hops = 2.0 * host_layers + run.device_hops
+        return {"layers": layers, "device_gb": v / GB, "host_gb": d / GB, "hops": hops, "kv_gb": kv}
     link = copied_bytes(meta, host_bytes, run.n_tokens, run.ubatch)
     return {"layers": layers, "link_gb": link / GB, "kv_gb": kv}
 
