@@ -205,6 +205,9 @@ def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, cap
         fit_cmd = [str(require_binary(manifest, "llama-fit-params")), "--rpc", rpc, "-m", model_path,
                    *w.llama_args(), "-fitt", "0"]  # fmt: skip
         fit = fitted_args(run_checked(fit_cmd, "llama-fit-params placing the model", log_path, timeout_s=600).stdout)
+        if n_cpu_moe is None or "-ngl" not in fit:
+            raise MoeplaceError(f"no --n-cpu-moe loads, or llama-fit-params found no placement, where the plan fits "
+                                f"({w.ctx} tokens on devices of {caps} bytes); see {log_path}.")  # fmt: skip
         fit_ngl, fit_ot = int(fit[fit.index("-ngl") + 1]), fit[fit.index("-ot") + 1] if "-ot" in fit else None
         fit_host = fitted_host_experts(meta, fit_ngl, fit_ot and fit_ot.replace(",", ";"))
         placements = {  # name: (llama-bench's arguments, the expert tensors it keeps on the host)
@@ -232,9 +235,9 @@ def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, cap
                     samples[name] += record.get("samples_ts") or []
     plan_median = statistics.median(samples["per-device plan"]) if samples["per-device plan"] else math.nan
     rows = []
-    for name, (args, host) in placements.items():
+    for name, (args, on_host) in placements.items():
         median, low, high = median_interval(samples[name])
-        rows.append({"placement": name, "host_expert_mib": tensor_bytes(meta, host) / 2**20, "args": " ".join(args),
+        rows.append({"placement": name, "host_expert_mib": tensor_bytes(meta, on_host) / 2**20, "args": " ".join(args),
                      "samples": len(samples[name]), "tg_median": median, "ci95_low": low, "ci95_high": high,
                      "vs_plan": median / plan_median})  # fmt: skip
     return rows
