@@ -237,34 +237,30 @@ def plan_json(meta: dict[str, Any], plan: MultiPlan, w: Workload) -> dict[str, A
     }
 
 
+# A plan's expected speeds (recommend.expected) and the line that says them, for its host experts, context and hops.
+Speed = Callable[[frozenset[str], int, int], tuple[dict[str, Any], str]]
+
+
 def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: list[int], emit: str, sizes: list[int],
-                    where: str, backend: str, margins: dict[str, int], path: str) -> int:  # fmt: skip
+                    where: str, backend: str, margins: dict[str, int], path: str, speed: Speed) -> int:  # fmt: skip
     """recommend on several devices (--vram A,B,... or auto on a machine with several cards, `sizes` from `where`):
-    per context the plan over them in llama.cpp's order, each device's share, and the command line (`path`: the
-    file llama.cpp loads); `margins` per backend, MiB, unless --margin."""
+    per context the plan over them in llama.cpp's order, each device's share, its expected speeds and the command
+    line (`path`: the file llama.cpp loads); `margins` per backend, MiB, unless --margin."""
     if args.override_tensor or args.placement == "optimal" or args.mmproj or emit not in ("server", "bench", "json"):
         raise MoeplaceError(
             "--vram A,B plans a layer split over several devices; -ot pins, --placement optimal, --mmproj and "
             "--emit llama-swap/ollama take one device for now: give one --vram."
         )
-    from .recommend import DEFAULT_BANDWIDTHS, describe_speed, expected, speed_model
-
     margin = (args.margin if args.margin is not None else margins[backend]) * 2**20
     devices = [Device(size, margin) for size in sizes]
-    bw = (args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
-    model = speed_model(args, meta, bw, backend)
-    if emit == "server" and not getattr(args, "calibration", None):
-        given = "--bw-vram/--bw-ddr" if args.bw_vram_gbps or args.bw_ddr_gbps else "moeplace's defaults"
-        print(f"speeds: {bw[0]:g} GB/s on every card, {bw[1]:g} GB/s host RAM ({given}); efficiencies learned "
-              "from published sweeps of real cards (docs/speed-prior.md)")  # fmt: skip
     kv = (args.cache_type_k, args.cache_type_v)
     failed, plans = 0, []
     for ctx in contexts:
         w = Workload(ctx, args.ubatch, args.flash_attn, *kv, args.parallel, "batch" if emit == "bench" else SERVER,
                      backend in OP_OFFLOAD)  # fmt: skip
         p = plan_devices(meta, devices, w)
-        speed = expected(meta, model, frozenset(p.host_tensors(meta)), ctx, args, p.device_hops) if p.fits else None
-        plans.append(plan_json(meta, p, w) | {"speed": speed})
+        expected, said = speed(frozenset(p.host_tensors(meta)), ctx, p.device_hops) if p.fits else (None, "")
+        plans.append(plan_json(meta, p, w) | {"speed": expected})
         if not p.fits:
             failed += 1
             short = ", ".join(f"device {d.index} by {-d.free_bytes / 2**20:.0f} MiB" for d in p.devices
@@ -280,7 +276,7 @@ def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: li
                   f"sizes: {where}):")  # fmt: skip
             for line in describe(meta, p, backend):
                 print("  " + line)
-            print(f"  expected: {describe_speed(speed, ctx)}; each step from one card to the next priced as a host hop")
+            print(f"  expected: {said}; each step from one card to the next priced as a host hop")
             print("  " + commands.llama_server_split(path, ctx, p.tensor_split, p.host_rule(meta), *kv,
                                                      args.flash_attn, args.ubatch, args.parallel))  # fmt: skip
     if emit == "json":

@@ -25,6 +25,7 @@ from ..runtime.native import ram_read_gbps
 from . import budget as budget_mod
 from . import commands
 from .cards import datasheet_bandwidth
+from .devices import Speed, several_devices
 from .offload import read_pins
 
 # The seed's workstation (640 GB/s card, dual-channel DDR5 at 57.6 GB/s): the bandwidths a plan assumes when
@@ -274,11 +275,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         check_context(meta, contexts)
         sizes, where = _several_cards(args)
         if len(sizes) > 1:
-            from .devices import several_devices
-
             margins = budget_mod.AUTO_MARGIN_MIB if args.vram == "auto" else budget_mod.DEFAULT_MARGIN_MIB
             return several_devices(args, meta, contexts, emit, sizes, where, _backend(args)[0], margins,
-                                   model_path(meta, args.model))  # fmt: skip
+                                   model_path(meta, args.model), cards_speed(args, meta, emit))  # fmt: skip
         a = assumptions(args)
         device = Device(a.vram_bytes, a.margin_bytes)
         pins = read_pins(meta, args.override_tensor)
@@ -296,6 +295,22 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     for p in plans:
         _complete(p, meta, model, pins, a, args)
     return _output(emit, meta, plans, workloads, device, model, pins, a, args)
+
+
+def cards_speed(args: argparse.Namespace, meta: dict[str, Any], emit: str) -> Speed:
+    """The speeds of a plan over several cards, from --bw-vram/--bw-ddr or the defaults (said once)."""
+    bw = (args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
+    model = speed_model(args, meta, bw, _backend(args)[0])
+    if emit == "server" and not getattr(args, "calibration", None):
+        given = "--bw-vram/--bw-ddr" if args.bw_vram_gbps or args.bw_ddr_gbps else "moeplace's defaults"
+        print(f"speeds: {bw[0]:g} GB/s on every card, {bw[1]:g} GB/s host RAM ({given}); efficiencies learned "
+              "from published sweeps of real cards (docs/speed-prior.md)")  # fmt: skip
+
+    def speed(host: frozenset[str], ctx: int, device_hops: int) -> tuple[dict[str, Any], str]:
+        expected_ = expected(meta, model, host, ctx, args, device_hops)
+        return expected_, describe_speed(expected_, ctx)
+
+    return speed
 
 
 def _several_cards(args: argparse.Namespace) -> tuple[list[int], str]:
