@@ -96,7 +96,7 @@ def check_model(
                 return load_probe(manifest, model_path, w.llama_args(), n, rpc, log_path)[0], None
 
             measured = search(start, meta["n_layer"], probe, spill_ratio=0.0)
-            ngl, overrides = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
+            ngl, overrides, _ = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
             row |= {"predicted_n": predicted, "measured_n": measured.lowest_n,
                     "fit_params_n": fitted_n(meta, ngl, overrides), "fit_params_ngl": ngl,
                     "load_probes": measured.loads, "compute_mib": p["compute_bytes"] / 2**20,

@@ -178,13 +178,13 @@ def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, cap
     from contextlib import ExitStack
 
     from ..core.stats import median_interval
-    from ..runtime.allocation import load_probe
+    from ..runtime.allocation import fitted_placement, load_probe
     from ..runtime.cpus import split_cpus
     from ..runtime.device import DeviceSetup, host_side, rpc_device
     from ..runtime.llamacpp import require_binary
     from ..runtime.llamacpp_args import cache_args
-    from ..runtime.process import run, run_checked
-    from ..runtime.tool_output import bench_records, fitted_args
+    from ..runtime.process import run
+    from ..runtime.tool_output import bench_records
     from .budget_check import fitted_host_experts, reserved_plan
     from .tune import search
 
@@ -202,24 +202,19 @@ def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, cap
             return load_probe(manifest, model_path, w.llama_args(), n, rpc, log_path)[0], None
 
         n_cpu_moe = search(len(plan.host_expert_layers), meta["n_layer"], loads, spill_ratio=0.0).lowest_n
-        fit_cmd = [str(require_binary(manifest, "llama-fit-params")), "--rpc", rpc, "-m", model_path,
-                   *w.llama_args(), "-fitt", "0"]  # fmt: skip
-        fit = fitted_args(run_checked(fit_cmd, "llama-fit-params placing the model", log_path, timeout_s=600).stdout)
-        if n_cpu_moe is None or "-ngl" not in fit:
+        fit_ngl, fit_ot, fit_ts = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
+        if n_cpu_moe is None or fit_ngl is None:
             raise MoeplaceError(f"no --n-cpu-moe loads, or llama-fit-params found no placement, where the plan fits "
                                 f"({w.ctx} tokens on devices of {caps} bytes); see {log_path}.")  # fmt: skip
-        fit_ngl, fit_ot = int(fit[fit.index("-ngl") + 1]), fit[fit.index("-ot") + 1] if "-ot" in fit else None
-        fit_host = fitted_host_experts(meta, fit_ngl, fit_ot and fit_ot.replace(",", ";"))
         placements = {  # name: (llama-bench's arguments, the expert tensors it keeps on the host)
             "per-device plan": (["-ngl", "99", "-ts", "/".join(map(str, plan.tensor_split))]
                                 + (["-ot", plan.host_rule(meta, ";")] if plan.host_expert_layers else []),
                                 plan.host_tensors(meta)),
             f"-ncmoe {n_cpu_moe}, llama.cpp's split": (["-ngl", "99", "-ncmoe", str(n_cpu_moe)],
                                                        expert_tensors(meta, list(range(n_cpu_moe)))),
-            "llama-fit-params": (["-ngl", str(fit_ngl)]
-                                 + (["-ts", fit[fit.index("-ts") + 1].replace(",", "/")] if "-ts" in fit else [])
-                                 + (["-ot", fit_ot.replace(",", ";")] if fit_ot else []),
-                                 fit_host),
+            "llama-fit-params": (["-ngl", str(fit_ngl)] + (["-ts", fit_ts] if fit_ts else [])
+                                 + (["-ot", fit_ot] if fit_ot else []),
+                                 fitted_host_experts(meta, fit_ngl, fit_ot)),
         }  # fmt: skip
         bench = [str(require_binary(manifest, "llama-bench")), "--rpc", rpc, "-m", model_path, "-p", "0",
                  "-n", str(gen), "-d", str(w.ctx - gen), "-r", str(repetitions), "-t", "1", "-o", "jsonl",

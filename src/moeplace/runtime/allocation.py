@@ -66,22 +66,24 @@ def load_probe(
     return status, loads[-1] if status == "ok" and loads else None
 
 
-def fitted_placement_args(stdout: str) -> tuple[int, str | None]:
-    """llama-fit-params' printed arguments: its -ngl, and its -ot value as llama-bench takes it (None: none).
-    It joins -ot patterns with ',' (llama-server's separator); llama-bench wants ';'."""
+def fitted_placement_args(stdout: str) -> tuple[int, str | None, str | None]:
+    """llama-fit-params' printed arguments as llama-bench takes them: its -ngl, its -ot value and, over several
+    devices, its -ts value (None: none). It joins -ot patterns and -ts shares with ',' (llama-server's separator);
+    llama-bench wants ';' and '/'."""
     args = fitted_args(stdout)
     overrides = args[args.index("-ot") + 1].replace(",", ";") if "-ot" in args else None
-    return int(args[args.index("-ngl") + 1]), overrides
+    tensor_split = args[args.index("-ts") + 1].replace(",", "/") if "-ts" in args else None
+    return int(args[args.index("-ngl") + 1]), overrides, tensor_split
 
 
 def fitted_placement(
     manifest: dict[str, Any], model: str, workload_args: list[str], rpc: str | None, log_path: Path
-) -> tuple[int | None, str | None]:
-    """llama-fit-params' own placement with no margin, as fitted_placement_args gives it, or (None, None) where it found
+) -> tuple[int | None, str | None, str | None]:
+    """llama-fit-params' own placement with no margin, as fitted_placement_args gives it, or Nones where it found
     none. It may also keep whole layers on the host (a lower -ngl)."""
     cmd = [str(require_binary(manifest, "llama-fit-params"))]
     cmd += (["--rpc", rpc] if rpc else []) + ["-m", model, *workload_args, "-fitt", "0"]
     result = run(cmd, log_path=log_path, timeout_s=600)
     if not result.ok or not result.stdout.strip():
-        return None, None
+        return None, None, None
     return fitted_placement_args(result.stdout)
