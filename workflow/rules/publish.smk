@@ -12,5 +12,6 @@ rule publish:
         captions=get_publish_captions,
         missing=get_publish_missing,
         config=plain_config(),
+        configfiles=[str(f) for f in workflow.overwrite_configfiles or []],
     script:
         "../scripts/publish.py"

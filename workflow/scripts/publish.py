@@ -22,7 +22,7 @@ with stage(snakemake.log[0]) as log:
         "config": p.config,
     }
     log_path = Path(snakemake.log[0])
-    report = snakemake_report(log_path.with_suffix(".report.html"), list(i.figures), log_path)
+    report = snakemake_report(log_path.with_suffix(".report.html"), list(i.figures), log_path, p.configfiles)
     folder = publish(
         out=Path(snakemake.output.folder),
         tables={str(Path(t).relative_to("results")): Path(t) for t in i.tables},

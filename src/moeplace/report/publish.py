@@ -190,17 +190,17 @@ def publish(
     return out
 
 
-def snakemake_report(out: Path, targets: list[str], log_path: Path) -> Path | None:
-    """Snakemake's own report for these targets (what has been run), or None (the reason in the log): the
-    published directory does not depend on it."""
+def snakemake_report(out: Path, targets: list[str], log_path: Path, configfiles: list[str]) -> Path | None:
+    """Snakemake's own report for these targets (what has been run, with the run's --configfile), or None (the
+    reason in the log): the published directory does not depend on it."""
     import sys
 
     from ..runtime.process import run
 
     if not targets:
         return None
-    result = run([sys.executable, "-m", "snakemake", "--nolock", "--report", str(out), *targets], log_path=log_path,
-                 timeout_s=600)  # fmt: skip
+    cmd = [sys.executable, "-m", "snakemake", "--nolock", "--report", str(out), *targets]
+    result = run(cmd + (["--configfile", *configfiles] if configfiles else []), log_path=log_path, timeout_s=600)
     return out if result.ok and out.exists() else None
 
 
