@@ -17,6 +17,8 @@ rule tune:
         memory=params(SETTINGS.memory),
         tune=params(SETTINGS.tune),
         ctx=ctx_tokens,
+        ubatch=config["ubatch"],
+        flash_attn=config["flash_attn"],
     script:
         "../scripts/tune.py"
 

@@ -13,7 +13,7 @@ with stage(snakemake.log[0]) as log:
         model_name=w.model,
         model_path=i.model[0],
         meta=read_json(i.metadata),
-        workload=Workload(p.ctx, type_k=w.kv, type_v=w.kv),
+        workload=Workload(p.ctx, p.ubatch, p.flash_attn, w.kv, w.kv),
         target=DeviceTarget(**p.device),
         memory=Device(**p.memory),
         settings=TuneSettings(**p.tune),
