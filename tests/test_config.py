@@ -8,11 +8,20 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from moeplace.core.config import validate_config
+from moeplace.core.config import parse_settings, validate_config
 from moeplace.core.errors import MoeplaceError
 
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 BASE = yaml.safe_load((ROOT / "config/examples/seed-qwen3-coder-30b-a3b.yaml").read_text())
+
+
+def test_several_devices_are_a_list_of_sizes_in_llamacpps_order():
+    cfg = validate_config(yaml.safe_load((ROOT / "config/examples/two-devices.yaml").read_text()), SCHEMA)
+    settings = parse_settings(cfg)
+    assert settings.device.vram_bytes == 40 * 10**6 and settings.device.other_vram_bytes == (30 * 10**6,)
+    assert settings.memory.other_vram_bytes == (30 * 10**6,)
+    one = parse_settings(validate_config(copy.deepcopy(BASE), SCHEMA))
+    assert one.device.other_vram_bytes == () == one.memory.other_vram_bytes
 
 
 def test_defaults_are_filled():
@@ -27,6 +36,8 @@ def test_defaults_are_filled():
     [
         (lambda c: c["device"].update(vram="-16GB"), "device.vram"),
         (lambda c: c["device"].update(vram=16), "device.vram"),
+        (lambda c: c["device"].update(vram=["24GB"]), "device.vram"),
+        (lambda c: c["device"].update(vram=["24GB", "12 parsecs"]), "device.vram"),
         (lambda c: c.update(contexts=[8192, 0]), "contexts.1"),
         (lambda c: c.update(contexts=["32k"]), "contexts.0"),
         (lambda c: c.update(cache_type_k="q3_k"), "cache_type_k"),

@@ -9,6 +9,7 @@ import sys
 from bisect import bisect_right
 from contextlib import ExitStack
 
+import pandas as pd
 import pytest
 from conftest import ROOT
 
@@ -16,7 +17,7 @@ from moeplace.core.config import Device
 from moeplace.model.memory import Workload
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
-from moeplace.plan.devices import plan_devices
+from moeplace.plan.devices import default_split, minimum_ncmoe, ncmoe_plan, plan_devices
 
 MiB = 2**20
 
@@ -53,6 +54,40 @@ def test_the_layer_split_is_llamacpps_and_each_device_fits(qwen3, sizes):
     assert llamacpp_device_of(n, plan.tensor_split, n) == len(devices) - 1  # the output layer
     held = sorted(il for d in plan.devices for il in d.expert_layers)
     assert sorted(held + list(plan.host_expert_layers)) == list(range(n))
+
+
+@pytest.mark.parametrize("free", [(24, 12), (16, 16), (12, 8, 8), (40, 30), (7, 3)])
+def test_llamacpps_own_split_follows_each_devices_free_memory(qwen3, free):
+    """With no -ts llama.cpp splits by free memory with the formula -ts uses; 48 layers over 24 and 12 GB: layers
+    0-32 (33 < 2/3 of 49) on the first card, by hand."""
+    n = qwen3["n_layer"]
+    bounds = default_split(n, list(free))
+    edges = [0, *bounds, n]
+    for i in range(len(free)):
+        assert {llamacpp_device_of(il, free, n) for il in range(edges[i], edges[i + 1])} <= {i}
+    if free == (24, 12):
+        assert bounds == [33]
+
+
+def test_ncmoe_across_devices_fills_the_last_device_first(qwen3):
+    """--n-cpu-moe takes the first layers' experts, all on the first card: at 64K on 16 + 8 GB the second card runs
+    out first, so the lowest -ncmoe keeps more experts on the host than the per-device plan."""
+    devices = [Device(16 * 2**30, 768 * MiB), Device(8 * 2**30, 768 * MiB)]
+    w = Workload(65536, outputs="server")
+    n, at_n = minimum_ncmoe(qwen3, devices, w)
+    assert n is not None and at_n.fits and at_n.host_expert_layers == tuple(range(n))
+    assert not ncmoe_plan(qwen3, devices, w, n - 1).fits
+    assert n > len(plan_devices(qwen3, devices, w).host_expert_layers)
+
+
+def test_fit_params_rules_naming_rpc_servers_survive_a_restart_on_new_ports():
+    from moeplace.runtime.device import bound_rules, portable_rules
+
+    found = r"blk\.4\.ffn_down.*=RPC0[127.0.0.1:41001];blk\.6\.ffn_down.*=CPU"
+    portable = portable_rules(found, "127.0.0.1:41000,127.0.0.1:41001")
+    assert portable == r"blk\.4\.ffn_down.*=RPC0[#1];blk\.6\.ffn_down.*=CPU"
+    assert bound_rules(portable, "127.0.0.1:52000,127.0.0.1:52001") == found.replace("41001", "52001")
+    assert portable_rules(found, None) == found and bound_rules(None, "127.0.0.1:1") is None
 
 
 def test_a_device_that_cannot_hold_its_layers_says_so(qwen3):
@@ -182,3 +217,37 @@ def test_the_per_device_plan_decodes_against_ncmoe_and_fit_params_on_two_devices
     assert all(r["samples"] == 2 * 3 for r in rows)
     assert plan["host_expert_mib"] < ncmoe["host_expert_mib"]
     assert plan["tg_median"] >= 0.95 * max(ncmoe["tg_median"], fit["tg_median"])
+
+
+@pytest.mark.llamacpp
+def test_the_lowest_ncmoe_across_two_devices_is_what_loads(tmp_path):
+    """The budget over two emulated devices (40 and 30 MB): the lowest --n-cpu-moe under llama.cpp's own split,
+    with each device's compute buffer as llama.cpp reserves it, loads at the full context, and one less runs out
+    of memory, over 4K-32K and ubatch 256/512 (flash attention, f16 cache); where it says none fits (32K: 2 of 8
+    cells, 2026-12-05), every expert on the host runs out of memory too."""
+    from llamacpp_helpers import manifest, rpc_servers, tiny_twin
+
+    from moeplace.core.config import DeviceTarget
+    from moeplace.plan.devices import devices_budget_table
+    from moeplace.runtime.allocation import load_probe
+    from moeplace.runtime.cpus import split_cpus
+    from moeplace.runtime.device import attached, device_setup
+
+    path, m = str(tiny_twin(tmp_path)), manifest()
+    meta = inspect_model(path)
+    target = DeviceTarget("emulated", "", 40 * 10**6, 1.0, (30 * 10**6,))
+    workloads = [Workload(ctx, ub, "on") for ctx in (4096, 8192, 16384, 32768) for ub in (256, 512)]
+    log = tmp_path / "budget.log"
+    table = devices_budget_table(meta, path, m, target, 0, workloads, log)
+    setup = device_setup(target, m)
+    with attached(setup, m, split_cpus(True), log) as rpc:
+        for w, n in zip(workloads, table.n_cpu_moe):
+            print(w.ctx, w.ubatch, n)
+            if pd.isna(n):  # no --n-cpu-moe fits: every expert on the host still runs out of memory
+                assert load_probe(m, path, w.llama_args(), meta["n_layer"], rpc, log)[0] == "oom"
+                continue
+            assert load_probe(m, path, w.llama_args(), int(n), rpc, log)[0] == "ok"
+            if n:
+                assert load_probe(m, path, w.llama_args(), int(n) - 1, rpc, log)[0] == "oom"
+    assert rpc_servers() == 0
+    assert table.n_cpu_moe.max() > 0 and table.n_cpu_moe.isna().any()  # experts on the host; a cell where none fits

@@ -94,7 +94,7 @@ def test_every_variant_is_placed_as_intended_by_llamacpp(tmp_path):
         job = BenchJob("m", str(path), meta["files"], 1024, 0)
         rig = Rig(BenchSettings(32, 8, 1, 2, 300), DeviceSetup("emulated", "test", 2**30), manifest(),
                   tmp_path / f"{variant}.log", ROOT)  # fmt: skip
-        records = run_variant(variant, meta, 4, 15 * 10**6, job, rig)
+        records = run_variant(variant, meta, 4, {"budget_bytes": 15 * 10**6}, job, rig)
         assert records[0]["status"] == "ok", records[0]["error"]
         # every variant but -ncmoe itself is measured interleaved with -ncmoe 4: both sets of samples kept
         assert bool(records[0].get("baseline_samples_ts")) == (variant != "first_n")
@@ -286,7 +286,7 @@ def test_a_wrong_placement_is_caught_from_llamacpps_own_log(tmp_path, monkeypatc
     job = BenchJob("m", str(path), meta["files"], 1024, 0)
     rig = Rig(BenchSettings(32, 8, 1, 2, 300), DeviceSetup("emulated", "test", 2**30), manifest(), tmp_path / "v.log",
               ROOT)  # fmt: skip
-    records = placement.run_variant("last_n", meta, 4, 15 * 10**6, job, rig)
+    records = placement.run_variant("last_n", meta, 4, {"budget_bytes": 15 * 10**6}, job, rig)
     assert records[0]["status"] == "ok" and not records[0]["placement_match"]
     assert len(records[0]["placement_missing"]) == 1
     with pytest.raises(MoeplaceError, match="otherwise than asked"):
@@ -316,3 +316,28 @@ def test_an_ot_rule_naming_a_device_keeps_its_tensors_off_the_host():
     names = [f"blk.{il}.ffn_{kind}_exps.weight" for il in (4, 6, 7) for kind in ("gate", "up", "down")]
     assert matching_tensors(fit, names) == {"blk.6.ffn_down_exps.weight"} | {n for n in names if "blk.7." in n}
     assert matching_tensors("blk\\.4\\..*=CUDA0;blk\\.4\\.ffn_up.*=CPU", names) == set()  # the first wins
+
+
+@pytest.mark.parametrize("host_layers,override", [("", None), ("4 5", r"blk\.[4-5]\.ffn_(up|down|gate)_exps=CPU")])
+def test_the_device_plan_variant_runs_the_budgets_split_and_host_rule(tmp_path, monkeypatch, host_layers, override):
+    """Over several devices the device_plan variant takes -ts and its host rule from the budget table, as a CSV
+    reads them back (an empty cell is NaN: no rule), and is not paired with an -ncmoe run that would not load."""
+    import pandas as pd
+
+    from moeplace.core.config import BenchSettings
+    from moeplace.measure import placement
+    from moeplace.runtime.device import DeviceSetup
+
+    path = write_twin(load_spec(ROOT / "config/models/tiny-qwen3moe.yaml"), tmp_path / "t.gguf", "none")
+    meta = inspect_model(path)
+    pd.DataFrame([{"ctx": 4096, "tensor_split": "4/5", "device_plan_override": override or "",
+                   "device_plan_host_layers": host_layers}]).to_csv(tmp_path / "b.csv", index=False)  # fmt: skip
+    row = pd.read_csv(tmp_path / "b.csv").iloc[0].to_dict()
+    asked = []
+    monkeypatch.setattr(placement, "run_bench", lambda job, rig: asked.append(job) or [{"tensor_buffers": {}}])
+    device = DeviceSetup("emulated", "two", 40 * 10**6, other_caps=(30 * 10**6,))
+    rig = Rig(BenchSettings(32, 8, 1, 2, 300), device, {}, tmp_path / "v.log", ROOT)
+    (record,) = placement.run_variant("device_plan", meta, 3, row, BenchJob("m", str(path), [], 4096, 3), rig)
+    (job,) = asked
+    assert (job.n_cpu_moe, job.overrides, job.tensor_split, job.paired_n_cpu_moe) == (0, override, "4/5", None)
+    assert record["placement_match"] == (not host_layers)  # nothing was placed: right only when none was asked

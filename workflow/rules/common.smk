@@ -7,7 +7,7 @@ from moeplace.core.config import params, parse_settings, validate_config
 from moeplace.core.errors import MoeplaceError
 from moeplace.model.gguf_file import shard_paths
 from moeplace.model.kvcache import CACHE_TYPES
-from moeplace.measure.placement import VARIANTS
+from moeplace.measure.placement import DEVICE_VARIANTS, VARIANTS
 from moeplace.runtime.llamacpp import LAYOUT as LLAMACPP_CACHE_LAYOUT
 from moeplace.runtime.locks import clear_stale_locks
 from moeplace.runtime.model_ref import resolve_local
@@ -24,6 +24,8 @@ try:
     SETTINGS = parse_settings(config)
 except MoeplaceError as e:
     stop(e)
+# Over several devices (device.vram a list) the placement variants are those that place across them.
+RUN_VARIANTS = DEVICE_VARIANTS if SETTINGS.device.other_vram_bytes else VARIANTS
 # Each context's one label ("32k"), used in every path, table name and title.
 CONTEXTS = {c.label: c for c in SETTINGS.contexts}
 for name, m in config["models"].items():
@@ -89,7 +91,7 @@ for folder in ("results", "logs", "resources"):
 wildcard_constraints:
     model="[A-Za-z0-9][A-Za-z0-9._-]*",
     ctx="|".join(CONTEXTS),
-    variant="|".join(VARIANTS),
+    variant="|".join(RUN_VARIANTS),
     kv="|".join(CACHE_TYPES),
     quant="[A-Za-z0-9_]+",
 
@@ -217,11 +219,13 @@ WEIGHT_MODELS = [
     for m in BENCH_MODELS
     if "gguf" in model_config(m) or model_config(m)["weights"] != "none"
 ]
-CEILINGS = bool(config["ceilings"]["enabled"] and WEIGHT_MODELS)
+# The ceilings, RAM-tier and quant stages measure one device: over several they are left out.
+ONE_DEVICE = not SETTINGS.device.other_vram_bytes
+CEILINGS = bool(config["ceilings"]["enabled"] and WEIGHT_MODELS and ONE_DEVICE)
 ROUTING_MODELS = WEIGHT_MODELS if config["routing"]["enabled"] else []
 RAM_TIER_MODELS = (
     [m for m in WEIGHT_MODELS if m in (config["ram_tier"]["models"] or WEIGHT_MODELS)]
-    if config["ram_tier"]["enabled"]
+    if config["ram_tier"]["enabled"] and ONE_DEVICE
     else []
 )
 for name in config["ram_tier"]["models"] or []:
@@ -240,7 +244,7 @@ if config["quants"]["model"] and QUANTS_MODEL not in RANDOM_TWINS:
         + (", ".join(RANDOM_TWINS) or "(none configured)")
         + "."
     )
-QUANTS = bool(config["quants"]["enabled"] and QUANTS_MODEL)
+QUANTS = bool(config["quants"]["enabled"] and QUANTS_MODEL and ONE_DEVICE)
 
 
 def get_tools_manifest():

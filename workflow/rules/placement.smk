@@ -26,7 +26,7 @@ rule placement:
         expand(
             rules.variant.output[0],
             model=BENCH_MODELS,
-            variant=VARIANTS,
+            variant=RUN_VARIANTS,
             allow_missing=True,
         ),
     output:

@@ -6,20 +6,20 @@ from pathlib import Path
 from moeplace.core.config import DeviceTarget
 from moeplace.model.memory import Workload
 from moeplace.plan.budget import budget_table, compute_from_llamacpp
+from moeplace.plan.devices import devices_budget_table
 from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params
     meta = read_json(i.metadata)
     workloads = [Workload(ctx, p.ubatch, p.flash_attn, p.cache_type_k, p.cache_type_v) for ctx in p.contexts]
-    with compute_from_llamacpp(
-        i.model[0] if "model" in i.keys() else None,
-        read_json(i.llamacpp) if "llamacpp" in i.keys() else None,
-        DeviceTarget(**p.device),
-        p.memory,
-        Path(snakemake.log[0]),
-    ) as (device, compute):
-        table = budget_table(meta, device, workloads, compute)
+    model, manifest = (i.model[0], read_json(i.llamacpp)) if "model" in i.keys() else (None, None)
+    target, log_path = DeviceTarget(**p.device), Path(snakemake.log[0])
+    if target.other_vram_bytes:  # several devices
+        table = devices_budget_table(meta, model, manifest, target, p.memory["overhead_bytes"], workloads, log_path)
+    else:
+        with compute_from_llamacpp(model, manifest, target, p.memory, log_path) as (device, compute):
+            table = budget_table(meta, device, workloads, compute)
     for row in table.itertuples():
         log.info("ctx %d: %s, n_cpu_moe %s (compute buffer from %s)", row.ctx, row.status, row.n_cpu_moe,
                  row.compute_source)  # fmt: skip

@@ -14,10 +14,10 @@ with stage(snakemake.log[0]) as log:
     i, p, w = snakemake.input, snakemake.params, snakemake.wildcards
     manifest, meta, ctx = read_json(i.llamacpp), read_json(i.metadata), p.ctx
     row = pd.read_csv(i.budget).set_index("ctx").loc[ctx]
-    n = variant_n(meta, int(row.n_cpu_moe) if row.status == "ok" else None)
     device = device_setup(DeviceTarget(**p.device), manifest)
+    n = variant_n(meta, int(row.n_cpu_moe) if row.status == "ok" else None, bool(device.other_caps))
     job = BenchJob(w.model, i.model[0], meta["files"], ctx, n)
     rig = Rig(BenchSettings(**p.settings), device, manifest, Path(snakemake.log[0]), Path.cwd())
-    records = run_variant(w.variant, meta, n, float(row.budget_bytes), job, rig)
+    records = run_variant(w.variant, meta, n, row.to_dict(), job, rig)
     log.info("%s at n=%d: placement %s", w.variant, n, "matches" if records[0]["placement_match"] else "DIFFERS")
     write_jsonl(snakemake.output[0], records)

@@ -124,6 +124,7 @@ class DeviceTarget:
     name: str
     vram_bytes: int | None  # None: auto, the free memory the GPU reports when a job starts
     host_slowdown: float = 1.0  # emulated device: how much slower its host side computes than the device
+    other_vram_bytes: tuple[int, ...] = ()  # several devices: the ones after the first, in llama.cpp's order
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ class Device:
 
     vram_bytes: int
     overhead_bytes: int
+    other_vram_bytes: tuple[int, ...] = ()  # several devices: the ones after the first (each keeps the margin)
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,8 @@ def parse_settings(config: dict[str, Any]) -> Settings:
     dev, host, measured, bench = config["device"], config["host"], config["measured"], config["bench"]
     threads = bench["threads"]
     auto = bench["repetitions"] == "auto"
-    vram = None if dev["vram"] == "auto" else parse_size(dev["vram"], "config device.vram")
+    sizes = dev["vram"] if isinstance(dev["vram"], list) else [dev["vram"]]
+    vram, *others = [None if v == "auto" else parse_size(v, "config device.vram") for v in sizes]
     ram_tier = config["ram_tier"]
     contexts = tuple(Context(c) for c in config["contexts"])
     bench_settings = BenchSettings(
@@ -261,8 +264,8 @@ def parse_settings(config: dict[str, Any]) -> Settings:
     )
     return Settings(
         contexts=contexts,
-        device=DeviceTarget(dev["kind"], dev["name"], vram, dev["host_slowdown"]),
-        memory=Device(vram, parse_size(dev["overhead"], "config device.overhead")),
+        device=DeviceTarget(dev["kind"], dev["name"], vram, dev["host_slowdown"], tuple(others)),
+        memory=Device(vram, parse_size(dev["overhead"], "config device.overhead"), tuple(others)),
         bandwidths=Bandwidths(
             vram_gbps=dev["bw_vram_gbps"],
             ddr_gbps=host["bw_ddr_gbps"],

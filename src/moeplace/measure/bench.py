@@ -28,9 +28,9 @@ from ..core.stats import (
     repetitions_for,
 )
 from ..runtime.cpus import split_cpus, wait_for_quiet
-from ..runtime.device import PROGRESS, DeviceSetup, HostSide, attached, host_side
+from ..runtime.device import PROGRESS, DeviceSetup, HostSide, attached, bound_rules, host_side
 from ..runtime.llama_log import is_host, read_log
-from ..runtime.llamacpp import bench_command
+from ..runtime.llamacpp import Placement, bench_command
 from ..runtime.process import classify, run, tail
 from ..runtime.provenance import build_facts, host_facts, pipeline_revision
 from ..runtime.tool_output import bench_records, garbled_records
@@ -154,6 +154,8 @@ class BenchJob:
     overrides: str | None = None
     depth: int | None = None
     paired_n_cpu_moe: int | None = None
+    tensor_split: str | None = None  # several devices: -ts (the paired run too); None: llama.cpp's own split
+    n_gpu_layers: int = 99
 
 
 @dataclass(frozen=True)
@@ -289,8 +291,9 @@ def _batch(s: _Session, arms: list[Arm], rpc: str | None, reps: int, open_ended:
     s.quiet.append(wait_for_quiet(settings.quiet_wait_s))
     first = arms[0]
     copies = max(1, (settings.max_repetitions - len(first.samples.get("tg", []))) // reps) if open_ended else 1
-    cmd = bench_command(manifest, s.job.model_path, s.depth, [a.n_cpu_moe for a in arms], settings, rpc,
-                        first.overrides, reps, s.threads, copies)  # fmt: skip
+    placement = Placement(bound_rules(first.overrides, rpc), s.job.tensor_split, s.job.n_gpu_layers)
+    cmd = bench_command(manifest, s.job.model_path, s.depth, [a.n_cpu_moe for a in arms], settings, rpc, placement,
+                        reps, s.threads, copies)  # fmt: skip
     stop_when = _enough(first, tests, settings, s.t0) if open_ended else None
     result = run(cmd, timeout_s=settings.timeout_s * len(arms), log_path=s.rig.log_path, before_exec=s.host.enter,
                  on_stderr_line=s.host.on_line, stop_when=stop_when)  # fmt: skip
@@ -312,7 +315,7 @@ def _batch(s: _Session, arms: list[Arm], rpc: str | None, reps: int, open_ended:
         for r in own_rows:
             a.first.setdefault(_test_of(r), r)
             a.samples.setdefault(_test_of(r), []).extend(_samples_of(r))
-    if rpc and result.ok and f"RPC0[{rpc}]" not in result.stderr:
+    if rpc and result.ok and f"RPC0[{rpc.split(',')[0]}]" not in result.stderr:
         # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
         for a in arms:
             a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))
@@ -384,6 +387,8 @@ def _base(s: _Session, arm: Arm, started: str, facts: dict[str, Any], contended:
         "n_cpu_moe": arm.n_cpu_moe,
         "variant": job.variant,
         "overrides": job.overrides or "",
+        "tensor_split": job.tensor_split or "",
+        "n_gpu_layers": job.n_gpu_layers,
         "n_prompt": settings.prompt,
         "n_gen": settings.gen,
         "n_depth": s.depth,
@@ -395,6 +400,7 @@ def _base(s: _Session, arm: Arm, started: str, facts: dict[str, Any], contended:
         "device_kind": rig.device.kind,
         "device": rig.device.label,
         "device_cap_bytes": rig.device.cap_bytes,
+        "device_caps_bytes": list(rig.device.caps),
         "host_slowdown": rig.device.host_slowdown,
         **build_facts(rig.manifest),
         "model_files": job.model_files,

@@ -20,15 +20,12 @@ import pandas as pd
 from ..core.config import Device, DeviceTarget
 from ..model.memory import Workload
 from ..plan.budget import plan, reserved_compute
-from ..plan.devices import MultiPlan, plan_devices_reserved
+from ..plan.devices import MultiPlan, plan_args, reserved_plan
 from ..plan.offload import expert_tensors, matching_tensors
 from ..runtime.llamacpp_args import needs_flash_attn
 from .tune import search
 
 UNSUPPORTED = "unsupported"  # llama.cpp refuses a quantized V cache without flash attention
-# An -ot rule that matches no tensor: with it llama.cpp reserves the buffers it falls back to when the pipelined
-# ones (several devices, no -ot) do not fit.
-UNPIPELINED = "^no-tensor$=CPU"
 
 
 def grid(contexts: list[int], ubatches: list[int], cache_types: list[str], flash_attn: list[str]) -> list[Workload]:
@@ -115,26 +112,6 @@ def check_model(
     return rows
 
 
-def plan_args(meta: dict[str, Any], p: MultiPlan, w: Workload) -> tuple[list[str], str | None]:
-    """A plan over several devices as llama.cpp's arguments (the workload's, -ts) and its -ot value (None: none)."""
-    return [*w.llama_args(), "-ts", ",".join(map(str, p.tensor_split))], p.host_rule(meta) or None
-
-
-def reserved_plan(meta: dict[str, Any], w: Workload, caps: list[int], endpoints: list[str], manifest: dict[str, Any],
-                  model_path: str, log_path: Path) -> MultiPlan:  # fmt: skip
-    """The plan over the emulated devices at `endpoints` (capped to `caps`), each candidate's compute buffers
-    reserved by llama.cpp for exactly that candidate (plan/devices.plan_devices_reserved)."""
-    from ..runtime.allocation import reserve
-
-    def reserved(p: MultiPlan, pipelined: bool) -> tuple[int, ...]:
-        args, rule = plan_args(meta, p, w)
-        rule = rule or (None if pipelined else UNPIPELINED)
-        buffers = reserve(manifest, model_path, args, 0, ",".join(endpoints), log_path, rule)
-        return tuple(buffers.device(e).get("compute", 0) for e in endpoints)
-
-    return plan_devices_reserved(meta, [Device(c, 0) for c in caps], w, reserved)
-
-
 def check_devices(
     *,
     model_path: str,
@@ -167,7 +144,9 @@ def check_devices(
                               log_path)  # fmt: skip
 
         for w in workloads:
-            p = reserved_plan(meta, w, caps, endpoints, manifest, model_path, log_path)
+            p = reserved_plan(
+                meta, w, [Device(c, 0) for c in caps], endpoints, manifest, model_path, ",".join(endpoints), log_path
+            )
             status, buffers = load(p, w)
             one_more = []
             for d in p.devices if p.fits and status == "ok" else ():
@@ -247,6 +226,40 @@ def figure(table: pd.DataFrame, path: str | Path, device: str) -> None:
         fontsize=9,
     )
     ax.legend(title="numbers: cells at the point", fontsize=8, title_fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+DEVICE_COLUMNS = [
+    "model", "ctx", "ubatch", "type_k", "flash_attn", "tensor_split", "host_expert_layers", "fits", "status",
+    "one_more", "exact", "planned_mib", "logged_mib", "caps_mib",
+]  # fmt: skip
+
+
+def devices_figure(table: pd.DataFrame, path: str | Path) -> None:
+    """Over several devices: each device's bytes as the plan has them against llama.cpp's logged ones, per cell
+    that loaded; the title says on how many cells the plan was exact."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5.4))
+    loaded = table[table.status == "ok"]
+    caps = [float(c) for c in table.caps_mib.iloc[0].split("/")]
+    for i, cap in enumerate(caps):
+        planned = loaded.planned_mib.str.split("/").str[i].astype(float)
+        logged = loaded.logged_mib.str.split("/").str[i].astype(float)
+        ax.scatter(logged, planned, s=40, label=f"device {i} ({cap:.1f} MiB)", zorder=3)
+        ax.axhline(cap, color=f"C{i}", lw=0.8, ls=":")
+    ax.plot([0, max(caps)], [0, max(caps)], color="0.7", lw=1, label="exact")
+    ax.set_xlabel("each device's buffers as llama.cpp logged them (MiB)")
+    ax.set_ylabel("each device's buffers as planned (MiB)")
+    exact, oom = int(table.exact.astype(bool).sum()), int((table.status != "ok").sum())
+    title = f"Per-device budget over {len(caps)} devices, planned vs loaded\nexact on {exact} of {len(table)} cells"
+    ax.set_title(f"{title} ({oom} ran out of memory; dotted: each device's cap)", fontsize=9)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -55,6 +55,8 @@ def variants_table(records: list[dict[str, Any]]) -> Any:
             "repetitions": r.get("repetitions"),
             "paired": bool(r.get("baseline_samples_ts")),
             "overrides": r["overrides"],
+            "tensor_split": r.get("tensor_split", ""),
+            "n_gpu_layers": r.get("n_gpu_layers", 99),
             "placement_match": r.get("placement_match"),
             "device": r.get("device"),
         }
@@ -75,36 +77,55 @@ def variants_table(records: list[dict[str, Any]]) -> Any:
 
 
 VARIANTS = ("first_n", "first_n_ot", "last_n", "up_down", "interleaved", "optimal", "fit_params")
+# Over several devices: --n-cpu-moe n with llama.cpp's own split, moeplace's per-device plan, llama-fit-params'.
+DEVICE_VARIANTS = ("first_n", "device_plan", "fit_params")
 
 
-def variant_n(meta: dict[str, Any], budget_n: int | None) -> int:
-    """The n the variants are compared at: the budget's minimum, or half the layers when everything fits."""
+def variant_n(meta: dict[str, Any], budget_n: int | None, several: bool = False) -> int:
+    """The n the variants are compared at: the budget's minimum, or half the layers when everything fits (over
+    several devices the minimum whatever it is: first_n is --n-cpu-moe as a user would run it there)."""
+    if several and budget_n is not None:
+        return budget_n
     return budget_n if budget_n else meta["n_layer"] // 2
 
 
-def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float, job: BenchJob, rig: Rig) -> list[dict]:
+def run_variant(variant: str, meta: dict[str, Any], n: int, budget: dict[str, Any], job: BenchJob,
+                rig: Rig) -> list[dict]:  # fmt: skip
     """One variant's llama-bench run of `job`'s model and context, with its placement checked against llama.cpp's
-    load log."""
+    load log. `budget` is the context's row of the budget table (the room for experts; over several devices the
+    per-device plan). On one device each variant is paired with --n-cpu-moe n; over several that one runs out of
+    memory at the plan's host bytes, so the variants are compared with the first_n variant's own runs."""
     from ..model.gguf_file import read_header
+    from ..runtime.allocation import fitted_placement
     from ..runtime.cpus import split_cpus
-    from ..runtime.device import attached
+    from ..runtime.device import attached, portable_rules
+    from ..runtime.llamacpp_args import cache_args
 
     sizes = {t.name: t.n_bytes for t in read_header(job.model_path).tensors}
+    split, ngl = None, 99
     if variant == "fit_params":
+        s = rig.settings
+        args = ["-c", str(job.ctx), *cache_args(s.type_k, s.type_v, s.flash_attn, s.ubatch)]
         with attached(rig.device, rig.manifest, split_cpus(rig.device.kind == "emulated"), rig.log_path) as rpc:
-            overrides = fit_params_overrides(rig.manifest, job.model_path, job.ctx, rpc, rig.log_path)
-        intended = matching_tensors(overrides, list(sizes))
+            fit_ngl, overrides, split = fitted_placement(rig.manifest, job.model_path, args, rpc, rig.log_path)
+            overrides = portable_rules(overrides, rpc)
+        if fit_ngl is None:
+            raise MoeplaceError(f"llama-fit-params found no placement for {job.model_path} at {job.ctx} tokens on "
+                                f"{rig.device.label}; see {rig.log_path}.")  # fmt: skip
+        ngl, intended = fit_ngl, matching_tensors(overrides, list(sizes))
+    elif variant == "device_plan":  # from the budget table, where an empty cell reads as NaN
+        overrides, split = _text(budget["device_plan_override"]) or None, _text(budget["tensor_split"])
+        intended = expert_tensors(meta, [int(il) for il in _text(budget["device_plan_host_layers"]).split()])
     else:
         if variant == "optimal":
-            intended = optimal_placement(meta, budget_bytes)
+            intended = optimal_placement(meta, float(budget["budget_bytes"]))
         else:
             intended = {"first_n": expert_tensors(meta, list(range(n))), **variants(meta, n)}[variant]
         overrides = None if variant == "first_n" else ot_value(intended) or None
-    paired = None if variant == "first_n" else n  # -ncmoe n interleaved with it
+    paired = None if variant == "first_n" or rig.device.other_caps else n  # -ncmoe n interleaved with it
     first_n = n if variant == "first_n" else 0
-    records = run_bench(
-        replace(job, n_cpu_moe=first_n, variant=variant, overrides=overrides, paired_n_cpu_moe=paired), rig
-    )
+    records = run_bench(replace(job, n_cpu_moe=first_n, variant=variant, overrides=overrides, paired_n_cpu_moe=paired,
+                                tensor_split=split, n_gpu_layers=ngl), rig)  # fmt: skip
     for r in records:
         check = check_placement(intended, r["tensor_buffers"])
         r.update(
@@ -114,6 +135,10 @@ def run_variant(variant: str, meta: dict[str, Any], n: int, budget_bytes: float,
             placement_unexpected=check["unexpected"],
         )
     return records
+
+
+def _text(value: Any) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
 def placement_check_table(records: list[dict[str, Any]]) -> Any:
@@ -151,19 +176,6 @@ def require_placed_as_asked(check: Any, log_path: str) -> None:
         )
 
 
-def fit_params_overrides(manifest: dict[str, Any], model: str, ctx: int, rpc: str | None, log_path: Any) -> str | None:
-    """llama.cpp's own placement for this device (llama-fit-params, no margin), as a llama-bench -ot value."""
-    from ..runtime.allocation import fitted_placement_args
-    from ..runtime.llamacpp import require_binary
-    from ..runtime.process import run_checked
-
-    cmd = [str(require_binary(manifest, "llama-fit-params")), "-m", model, "-c", str(ctx), "-fitt", "0"]
-    if rpc:
-        cmd += ["--rpc", rpc]
-    out = run_checked(cmd, f"llama-fit-params placing {model} at {ctx} tokens", log_path, timeout_s=600)
-    return fitted_placement_args(out.stdout)[1]
-
-
 def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, caps: list[int],
                     manifest: dict[str, Any], log_path: Any, slowdown: float = 8.0, rounds: int = 3,
                     repetitions: int = 3, gen: int = 32) -> list[dict[str, Any]]:  # fmt: skip
@@ -177,24 +189,25 @@ def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, cap
     import statistics
     from contextlib import ExitStack
 
+    from ..core.config import Device
     from ..core.stats import median_interval
+    from ..plan.devices import reserved_plan
     from ..runtime.allocation import fitted_placement, load_probe
     from ..runtime.cpus import split_cpus
-    from ..runtime.device import DeviceSetup, host_side, rpc_device
+    from ..runtime.device import DeviceSetup, attached, host_side
     from ..runtime.llamacpp import require_binary
     from ..runtime.llamacpp_args import cache_args
     from ..runtime.process import run
     from ..runtime.tool_output import bench_records
-    from .budget_check import fitted_host_experts, reserved_plan
+    from .budget_check import fitted_host_experts
     from .tune import search
 
     w, cpus = workload, split_cpus(True)
+    device = DeviceSetup("emulated", "emulated devices", caps[0], host_slowdown=slowdown, other_caps=tuple(caps[1:]))
     with ExitStack() as stack:
-        endpoints = [stack.enter_context(rpc_device(manifest, cap, cpus.device or cpus.bench,
-                                                    log_path.with_suffix(f".rpc{i}.log")))
-                     for i, cap in enumerate(caps)]  # fmt: skip
-        rpc = ",".join(endpoints)
-        plan = reserved_plan(meta, w, caps, endpoints, manifest, model_path, log_path)
+        rpc = stack.enter_context(attached(device, manifest, cpus, log_path))
+        plan = reserved_plan(meta, w, [Device(c, 0) for c in caps], rpc.split(","), manifest, model_path, rpc,
+                             log_path)  # fmt: skip
         if not plan.fits:
             raise MoeplaceError(f"{model_path} does not fit on devices of {caps} bytes at {w.ctx} tokens.")
 
@@ -220,7 +233,6 @@ def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, cap
                  "-n", str(gen), "-d", str(w.ctx - gen), "-r", str(repetitions), "-t", "1", "-o", "jsonl",
                  "--progress", *cache_args(w.type_k, w.type_v, w.flash_attn, w.ubatch)]  # fmt: skip
         samples: dict[str, list[float]] = {name: [] for name in placements}
-        device = DeviceSetup("emulated", "emulated devices", sum(caps), host_slowdown=slowdown)
         host = stack.enter_context(host_side(device, cpus.bench))
         for _ in range(rounds):
             for name, (args, _) in placements.items():

@@ -184,11 +184,14 @@ def tune_model(
     result and its record (what the pipeline's tune stage writes and `moeplace tune` prints)."""
     from ..core.config import Device
     from ..plan.budget import plan
+    from ..plan.devices import minimum_ncmoe
     from ..runtime.device import device_setup
 
     device = device_setup(target, manifest)
-    memory = Device(device.cap_bytes, memory.overhead_bytes)
-    predicted = plan(meta, memory, workload)["n_cpu_moe"]
+    if device.other_caps:  # several devices: --n-cpu-moe with llama.cpp's own split over them
+        predicted = minimum_ncmoe(meta, [Device(cap, memory.overhead_bytes) for cap in device.caps], workload)[0]
+    else:
+        predicted = plan(meta, Device(device.cap_bytes, memory.overhead_bytes), workload)["n_cpu_moe"]
     log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", workload.ctx, predicted, device.label)
     start = meta["n_layer"] if predicted is None else predicted
     result = tune(model_path, workload, device, manifest, meta["n_layer"], start, settings, log_path, workdir)

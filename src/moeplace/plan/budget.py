@@ -219,13 +219,15 @@ def budget_table(
     meta: dict[str, Any], device: Device, workloads: list[Workload], compute: Compute = None
 ) -> pd.DataFrame:
     """Memory only (speeds are the predict stage's): a new bandwidth never reruns what depends on the budget."""
-    import pandas as pd  # here, not at the top: it is half a second of every CLI start
+    return budget_frame([plan(meta, device, w, compute) for w in workloads])
 
-    rows = []
-    for w in workloads:
-        p = plan(meta, device, w, compute)
+
+def budget_frame(rows: list[dict[str, Any]], extra: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The budget table of these rows: COLUMNS, their sizes also in GB, then the `extra` columns."""
+    import pandas as pd
+
+    for p in rows:
         p["kv_gb"] = p["kv_bytes"] / GB
         p["compute_gb"] = p["compute_bytes"] / GB if p["compute_bytes"] is not None else None
         p["budget_gb"] = p["budget_bytes"] / GB
-        rows.append(p)
-    return pd.DataFrame(rows, columns=COLUMNS).astype({"n_cpu_moe": "Int64"})
+    return pd.DataFrame(rows, columns=COLUMNS + list(extra)).astype({"n_cpu_moe": "Int64"})

@@ -22,15 +22,19 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ..core.config import Device
+from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
-from ..model.kvcache import layer_kv_bytes
-from ..model.memory import SERVER, Workload, estimate_compute, host_bytes
+from ..model.kvcache import layer_kv_bytes, pad
+from ..model.memory import SERVER, Workload, estimate_compute, host_bytes, minimum_n
 from . import commands
-from .budget import OP_OFFLOAD
+from .budget import DOES_NOT_FIT, FITS, OP_OFFLOAD, budget_frame
 from .offload import expert_tensors, ot_value
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -92,9 +96,9 @@ def _output_bytes(meta: dict[str, Any]) -> int:
 
 
 def device_share(meta: dict[str, Any], w: Workload, index: int, device: Device, first: int, end: int, output: bool,
-                 compute: int) -> DevicePlan:  # fmt: skip
+                 compute: int, host_layers: frozenset[int] | None = None) -> DevicePlan:  # fmt: skip
     """Device `index` holding layers [first, end) (and the output layer if `output`), keeping the experts of as many
-    of its last layers as fit beside its other buffers and margin."""
+    of its last layers as fit beside its other buffers and margin, or, given `host_layers`, of every layer not in it."""
     layers = meta["layers"][first:end]
     kv_per_layer = layer_kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch)[first:end]
     kv = (sum(kv_per_layer) + sum(layer.get("state_bytes", 0) for layer in layers)) * w.parallel
@@ -102,6 +106,10 @@ def device_share(meta: dict[str, Any], w: Workload, index: int, device: Device, 
     room = device.vram_bytes - device.overhead_bytes - weights - kv - compute
     kept: list[int] = []
     for layer in reversed(layers):  # the last layers' experts stay: the host rule is then one range per device
+        if host_layers is not None:
+            if layer["index"] not in host_layers:
+                kept.append(layer["index"])
+            continue
         if layer["expert_bytes"] > room:
             break
         room -= layer["expert_bytes"]
@@ -112,12 +120,11 @@ def device_share(meta: dict[str, Any], w: Workload, index: int, device: Device, 
 
 
 def _split(meta: dict[str, Any], w: Workload, devices: list[Device], bounds: list[int],
-           compute: Callable[[int], int]) -> MultiPlan:  # fmt: skip
+           compute: Callable[[int], int], host_layers: frozenset[int] | None = None) -> MultiPlan:  # fmt: skip
     edges = [0, *bounds, meta["n_layer"]]
     last = len(devices) - 1
-    shares = tuple(
-        device_share(meta, w, i, d, edges[i], edges[i + 1], i == last, compute(i)) for i, d in enumerate(devices)
-    )
+    shares = tuple(device_share(meta, w, i, d, edges[i], edges[i + 1], i == last, compute(i), host_layers)
+                   for i, d in enumerate(devices))  # fmt: skip
     resident = {il for d in shares for il in d.expert_layers}
     return MultiPlan(shares, tuple(il for il in range(meta["n_layer"]) if il not in resident))
 
@@ -190,6 +197,128 @@ def plan_devices_reserved(meta: dict[str, Any], devices: list[Device], w: Worklo
     if best.fits and not best.host_expert_layers and (pipelined := checked(best, pipelined=True)).fits:
         return pipelined
     return best
+
+
+def default_split(n_layer: int, free: list[int]) -> list[int]:
+    """Where each device after the first begins under llama.cpp's own layer split, with no -ts (llama-model.cpp,
+    load_tensors): shares by each device's free memory as it reports it (an emulated device: its cap), summed and
+    normalised in float32; layer il, the output layer counted as n_layer, goes to the first device whose share
+    exceeds il / (n_layer + 1)."""
+    import numpy as np
+
+    splits = np.cumsum(np.asarray(free, dtype=np.float32), dtype=np.float32)
+    splits /= splits[-1]
+    device = [int(np.searchsorted(splits, np.float32(il) / np.float32(n_layer + 1), side="right"))
+              for il in range(n_layer)]  # fmt: skip
+    return [sum(1 for d in device if d <= i) for i in range(len(free) - 1)]
+
+
+def ncmoe_plan(meta: dict[str, Any], devices: list[Device], w: Workload, n: int,
+               compute: Callable[[int], int] | None = None) -> MultiPlan:  # fmt: skip
+    """--n-cpu-moe n over `devices` as llama.cpp runs it with no -ts: its own split, the first n layers' experts on
+    the host (all on the first devices), every other layer's with its layer. `compute(i)` as in plan_devices."""
+    compute = compute or (lambda i: estimate_compute(meta, w, meta["n_layer"]))
+    bounds = default_split(meta["n_layer"], [d.vram_bytes for d in devices])
+    return _split(meta, w, devices, bounds, compute, frozenset(range(n)))
+
+
+def minimum_ncmoe(meta: dict[str, Any], devices: list[Device], w: Workload,
+                  compute_at: Callable[[int], Callable[[int], int]] | None = None,
+                  ) -> tuple[int | None, MultiPlan]:  # fmt: skip
+    """The lowest --n-cpu-moe that fits every device under llama.cpp's own split (None: none), and its plan (with
+    every layer's experts on the host where none fits); `compute_at(n)` is each device's compute buffer at n."""
+
+    def at(n: int) -> MultiPlan:
+        return ncmoe_plan(meta, devices, w, n, compute_at(n) if compute_at else None)
+
+    n = minimum_n(meta, lambda k: at(k).fits)
+    return n, at(meta["n_layer"] if n is None else n)
+
+
+# With no -ot rule llama.cpp pipelines several devices; an -ot rule that matches no tensor turns that off, so a
+# plan that keeps every expert on the devices is reserved as it loads where the pipelined buffers do not fit.
+UNPIPELINED = "^no-tensor$=CPU"
+
+
+def plan_args(meta: dict[str, Any], p: MultiPlan, w: Workload) -> tuple[list[str], str | None]:
+    """A plan over several devices as llama.cpp's arguments (the workload's, -ts) and its -ot value (None: none)."""
+    return [*w.llama_args(), "-ts", ",".join(map(str, p.tensor_split))], p.host_rule(meta) or None
+
+
+def reserved_plan(meta: dict[str, Any], w: Workload, devices: list[Device], names: list[str],
+                  manifest: dict[str, Any], model_path: str, rpc: str | None, log_path: Path) -> MultiPlan:  # fmt: skip
+    """The plan over the attached `devices` (llama.cpp's `names` for them: RPC endpoints or CUDA0, ...), each
+    candidate's compute buffers reserved by llama.cpp for exactly that candidate (plan_devices_reserved)."""
+    from ..runtime.allocation import reserve
+
+    def reserved(p: MultiPlan, pipelined: bool) -> tuple[int, ...]:
+        args, rule = plan_args(meta, p, w)
+        buffers = reserve(manifest, model_path, args, 0, rpc, log_path, rule or (None if pipelined else UNPIPELINED))
+        return tuple(buffers.device(name).get("compute", 0) for name in names)
+
+    return plan_devices_reserved(meta, devices, w, reserved)
+
+
+def reserved_ncmoe(meta: dict[str, Any], w: Workload, devices: list[Device], names: list[str],
+                   manifest: dict[str, Any], model_path: str, rpc: str | None,
+                   log_path: Path) -> tuple[int | None, MultiPlan]:  # fmt: skip
+    """minimum_ncmoe on the attached `devices`, each candidate n's compute buffers reserved by llama.cpp (at n = 0
+    unpipelined: llama.cpp falls back to that where the pipelined buffers do not fit)."""
+    from ..runtime.allocation import reserve
+
+    def compute_at(n: int) -> Callable[[int], int]:
+        buffers = reserve(manifest, model_path, w.llama_args(), n, rpc, log_path, None if n else UNPIPELINED)
+        return lambda i: buffers.device(names[i]).get("compute", 0)
+
+    return minimum_ncmoe(meta, devices, w, compute_at)
+
+
+DEVICE_COLUMNS = ("devices_mib", "ncmoe_free_mib", "device_plan_fits", "tensor_split", "device_plan_override",
+                  "device_plan_host_layers")  # fmt: skip
+
+
+def budget_row(meta: dict[str, Any], devices: list[Device], w: Workload, ncmoe: tuple[int | None, MultiPlan],
+                plan: MultiPlan, compute_source: str) -> dict[str, Any]:  # fmt: skip
+    """One context's budget over several devices: the lowest --n-cpu-moe under llama.cpp's own split (what the
+    sweep's n means) with its buffers summed over the devices, and beside it moeplace's per-device plan (-ts,
+    its host rule), which the placement stage runs as a variant."""
+    n, at_n = ncmoe
+    kept = sum(meta["layers"][il]["expert_bytes"] for d in at_n.devices for il in d.expert_layers)
+    return {
+        "ctx": w.ctx, "cells": pad(w.ctx) * w.parallel, "ubatch": w.ubatch, "flash_attn": w.flash_attn,
+        "cache_type_k": w.type_k, "cache_type_v": w.type_v,
+        "kv_bytes": sum(d.kv for d in at_n.devices), "weights_bytes": sum(d.weights for d in at_n.devices),
+        "compute_bytes": sum(d.compute for d in at_n.devices), "compute_source": compute_source,
+        "margin_bytes": devices[0].overhead_bytes, "budget_bytes": sum(d.free_bytes for d in at_n.devices) + kept,
+        "n_cpu_moe": n, "resident_layers": meta["n_layer"] - n if n is not None else 0,
+        "status": FITS if n is not None else DOES_NOT_FIT,
+        "devices_mib": "/".join(f"{d.vram_bytes / 2**20:.0f}" for d in devices),
+        "ncmoe_free_mib": "/".join(f"{d.free_bytes / 2**20:.1f}" for d in at_n.devices),
+        "device_plan_fits": plan.fits, "tensor_split": "/".join(map(str, plan.tensor_split)),
+        "device_plan_override": plan.host_rule(meta, ";"),
+        "device_plan_host_layers": " ".join(map(str, plan.host_expert_layers)),
+    }  # fmt: skip
+
+
+def devices_budget_table(meta: dict[str, Any], model_path: str, manifest: dict[str, Any], target: DeviceTarget,
+                         margin_bytes: int, workloads: list[Workload], log_path: Path) -> pd.DataFrame:  # fmt: skip
+    """The budget stage over several devices (device.vram a list): per workload, budget_row with every compute
+    buffer as llama.cpp reserves it on the devices, started for the duration."""
+    if model_path is None:
+        raise MoeplaceError("device.vram lists several devices, which needs a model file (gguf or twin) to plan "
+                            "their layers; the seed's constants have none: give one device.")  # fmt: skip
+    from ..runtime.cpus import split_cpus
+    from ..runtime.device import attached, device_setup
+
+    setup = device_setup(target, manifest)
+    devices = [Device(cap, margin_bytes) for cap in setup.caps]
+    with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
+        names = rpc.split(",") if rpc else [g.split(":")[0] for g in manifest["gpu_devices"][: len(devices)]]
+        rows = [budget_row(meta, devices, w, reserved_ncmoe(meta, w, devices, names, manifest, model_path, rpc,
+                                                            log_path),
+                           reserved_plan(meta, w, devices, names, manifest, model_path, rpc, log_path), "llama.cpp")
+                for w in workloads]  # fmt: skip
+    return budget_frame(rows, DEVICE_COLUMNS)
 
 
 # How each backend names its devices in llama.cpp's logs and -ot rules.

@@ -14,6 +14,7 @@ that fit flat across placements.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,7 @@ def fidelity_figure(table: pd.DataFrame, out: str | Path, device: str) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("measured speed, tokens/s")
     ax.set_ylabel("predicted speed (out of sample), tokens/s")
-    ax.set_title(f"Speed model against runs it was not fitted to\n{device}", fontsize=10)
+    ax.set_title(f"Speed model against runs it was not fitted to\n{textwrap.fill(device, 90)}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)  # off the points
     fig.tight_layout()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -65,7 +66,7 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
         _scale_to_measured(ax, ok, p, test)
         ax.set_xlabel("--n-cpu-moe (layers whose experts stay in host RAM)")
         ax.set_ylabel(f"{'decode (tg)' if test == 'tg' else 'prefill (pp)'} speed, tokens/s")
-        ax.set_title(f"{model}, {Context(ctx)} context ({ctx:,} tokens)\n{device}", fontsize=9)
+        ax.set_title(f"{model}, {Context(ctx)} context ({ctx:,} tokens)\n{textwrap.fill(device, 90)}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     fig.suptitle(
@@ -129,10 +130,8 @@ def matrix_figure(matrix: pd.DataFrame, out: str | Path) -> None:
         ax.set_xlabel("context length, tokens")
         ax.set_title(title, fontsize=10)
         fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle(
-        f"Tuned expert offload per model and context — {matrix.device.iloc[0] if 'device' in matrix else ''}",
-        fontsize=10,
-    )
+    device = matrix.device.iloc[0] if "device" in matrix else ""
+    fig.suptitle(textwrap.fill(f"Tuned expert offload per model and context — {device}", 130), fontsize=10)
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=130, format="png")
@@ -140,14 +139,19 @@ def matrix_figure(matrix: pd.DataFrame, out: str | Path) -> None:
 
 
 def variants_figure(variants: pd.DataFrame, ctx: int, out: str | Path) -> None:
-    """Each placement's speed difference from --n-cpu-moe at the same host bytes, in % of --n-cpu-moe's speed,
-    with its 95% interval; one row per variant and model, "not distinguishable" where the interval spans 0."""
+    """Each placement's speed difference from --n-cpu-moe at the same host bytes (over several devices: at the
+    budget's minimum, with llama.cpp's own split), in % of --n-cpu-moe's speed, with its 95% interval; one row per
+    variant and model, "not distinguishable" where the interval spans 0."""
     import numpy as np
 
     compared = variants[(variants.variant != "first_n") & variants.get("delta_pct", pd.Series(dtype=float)).notna()]
     models = sorted(variants.model.unique())
     names = [v for v in dict.fromkeys(variants.variant) if v != "first_n"]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 1.2 + 0.45 * max(len(names) * len(models), 1)))
+    several = "device_plan" in names
+    baseline = "--n-cpu-moe at equal host bytes"
+    if several:
+        baseline = "--n-cpu-moe n (the budget's minimum, llama.cpp's split)"
+    fig, axes = plt.subplots(1, 2, figsize=(13, 2.0 + 0.45 * max(len(names) * len(models), 1)))
     height = 0.8 / max(len(models), 1)
     for ax, test in zip(axes, ("tg", "pp")):
         for k, model in enumerate(models):
@@ -173,13 +177,16 @@ def variants_figure(variants: pd.DataFrame, ctx: int, out: str | Path) -> None:
         ax.set_yticks(np.arange(len(names)) + height * (len(models) - 1) / 2, names)
         ax.invert_yaxis()
         what = "decode (tg)" if test == "tg" else "prefill (pp)"
-        ax.set_xlabel(f"{what} speed vs --n-cpu-moe at equal host bytes, % (95% interval)")
+        ax.set_xlabel(f"{what} speed vs {baseline}\n% of its speed, 95% interval")
         ax.set_title("Decode" if test == "tg" else "Prefill", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(models), frameon=False)
+        if len(models) > 1:
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=len(models), frameon=False)
     devices = "; ".join(sorted(set(variants.get("device", pd.Series(dtype=str)).dropna())))
-    title = f"Expert placements vs --n-cpu-moe, {Context(ctx)} context ({ctx:,} tokens), measured interleaved"
-    fig.suptitle(f"{title}\n{devices}" if devices else title, fontsize=10)
+    how = "measured in turn" if several else "measured interleaved"
+    title = f"Expert placements vs --n-cpu-moe, {Context(ctx)} context ({ctx:,} tokens), {how}"
+    title = f"{models[0]}: {title}" if len(models) == 1 else title
+    fig.suptitle(f"{title}\n{textwrap.fill(devices, 130)}" if devices else title, fontsize=10)
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=130, format="png")

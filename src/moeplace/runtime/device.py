@@ -15,7 +15,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,15 @@ class DeviceSetup:
     cap_bytes: int
     hold: bool = False  # a GPU capped to cap_bytes: the rest of its free memory is held while a job runs
     host_slowdown: float = 1.0  # emulated: the host side gets 1/host_slowdown of each of its cores
+    other_caps: tuple[int, ...] = ()  # several devices: the caps of the ones after the first, in llama.cpp's order
+
+    @property
+    def caps(self) -> tuple[int, ...]:
+        return (self.cap_bytes, *self.other_caps)
+
+
+def _mib(caps: tuple[int, ...]) -> str:
+    return " and ".join(f"{c / 2**20:.0f} MiB" for c in caps)
 
 
 def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
@@ -50,6 +59,14 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
                 "device.kind is gpu, but this llama.cpp build sees no GPU; set llamacpp.bin_dir to a "
                 "CUDA/HIP/Vulkan build, or device.kind to emulated."
             )
+        others = target.other_vram_bytes
+        if others:
+            gpus = manifest["gpu_devices"]
+            if len(gpus) <= len(others):
+                raise MoeplaceError(f"device.vram names {len(others) + 1} devices, but this llama.cpp build sees "
+                                    f"{len(gpus)} GPU(s) ({', '.join(gpus)}); give one size per GPU.")  # fmt: skip
+            caps = ", ".join(f"{g} capped to {c / 2**30:.2f} GiB" for g, c in zip(gpus, (vram_bytes, *others)))
+            return DeviceSetup("gpu", name or caps, vram_bytes, hold=True, other_caps=others)
         label = name or manifest["gpu_devices"][0]
         if vram_bytes is None:
             return DeviceSetup("gpu", label, free_device_bytes(manifest))
@@ -58,7 +75,11 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
         raise MoeplaceError(
             "device.vram is auto, but there is no GPU to ask: give the emulated device a size, e.g. vram: 100MB."
         )
-    label = f"emulated device: a CPU core behind RPC, {vram_bytes / 2**20:.0f} MiB"
+    caps = (vram_bytes, *target.other_vram_bytes)
+    if len(caps) > 1:
+        label = f"{len(caps)} emulated devices: CPU-backed RPC servers on one core, {_mib(caps)}"
+    else:
+        label = f"emulated device: a CPU core behind RPC, {vram_bytes / 2**20:.0f} MiB"
     slowdown, why_not = target.host_slowdown, None
     if slowdown > 1 and isinstance(site := cgroup_site("cpu"), str):
         slowdown, why_not = 1.0, site
@@ -66,7 +87,7 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
         label += f"; host side held to 1/{slowdown:g} of its CPU time while timed"
     elif why_not:
         label += f"; host side not slowed ({why_not})"
-    return DeviceSetup("emulated", label, vram_bytes, host_slowdown=slowdown)
+    return DeviceSetup("emulated", label, vram_bytes, host_slowdown=slowdown, other_caps=target.other_vram_bytes)
 
 
 def _free_port() -> int:
@@ -186,9 +207,37 @@ def host_side(device: DeviceSetup, cpus: tuple[int, ...]) -> Iterator[HostSide]:
             log.warning("the host side's cpu cgroup %s was never throttled: this run was not slowed", cg.path)
 
 
-def attached(device: DeviceSetup, manifest: dict[str, Any], cpus: CpuSplit, log_path: Path):  # noqa: ANN201
-    """The context a llama.cpp run needs for `device`: the RPC server's address (emulated, on its own CPUs
-    where there are two or more), or None (a GPU, capped by a memory holder when asked to be smaller)."""
-    if device.kind == "emulated":
-        return rpc_device(manifest, device.cap_bytes, cpus.device or cpus.bench, log_path)
-    return gpu_held(device.cap_bytes, log_path) if device.hold else nullcontext()
+@contextmanager
+def attached(device: DeviceSetup, manifest: dict[str, Any], cpus: CpuSplit, log_path: Path) -> Iterator[str | None]:
+    """The context a llama.cpp run needs for `device`: the RPC servers' addresses, comma-separated as --rpc takes
+    them (emulated, on their own CPUs where there are two or more), or None (GPUs, each capped by a memory holder
+    when asked to be smaller)."""
+    with ExitStack() as stack:
+        if device.kind == "emulated":
+            yield ",".join(stack.enter_context(rpc_device(manifest, cap, cpus.device or cpus.bench, log_path))
+                           for cap in device.caps)  # fmt: skip
+            return
+        if device.hold:
+            for index, cap in enumerate(device.caps):
+                stack.enter_context(gpu_held(cap, log_path, index))
+        yield None
+
+
+_RPC_BUFFER = re.compile(r"(RPC\d*)\[([^\]]+)\]")
+
+
+def portable_rules(overrides: str | None, rpc: str | None) -> str | None:
+    """-ot rules that name RPC servers by their place in `rpc` (RPC0[#1]: the second) rather than by their address:
+    each job starts its servers on new ports, so a placement found on one start is kept in this form."""
+    if not overrides or not rpc:
+        return overrides
+    endpoints = rpc.split(",")
+    return _RPC_BUFFER.sub(lambda m: f"{m[1]}[#{endpoints.index(m[2])}]" if m[2] in endpoints else m[0], overrides)
+
+
+def bound_rules(overrides: str | None, rpc: str | None) -> str | None:
+    """portable_rules' -ot rules with each server's place replaced by its address in `rpc`, as llama.cpp takes them."""
+    if not overrides or not rpc:
+        return overrides
+    endpoints = rpc.split(",")
+    return re.sub(r"\[#(\d+)\]", lambda m: f"[{endpoints[int(m[1])]}]", overrides)

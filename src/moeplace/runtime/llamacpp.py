@@ -21,6 +21,7 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +297,16 @@ def require_binary(manifest: dict[str, Any], name: str) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Placement:
+    """What llama-bench is told beyond --n-cpu-moe: an -ot value, over several devices a -ts (None: llama.cpp splits
+    the layers by each device's free memory), and -ngl."""
+
+    overrides: str | None = None
+    tensor_split: str | None = None
+    n_gpu_layers: int = 99
+
+
 def bench_command(
     manifest: dict[str, Any],
     model: str,
@@ -303,7 +314,7 @@ def bench_command(
     n_cpu_moe: int | Sequence[int],
     s: BenchSettings,
     rpc: str | None,
-    overrides: str | None = None,
+    placement: Placement = Placement(),
     repetitions: int | None = None,
     threads: int | None = None,
     copies: int = 1,
@@ -318,10 +329,13 @@ def bench_command(
     cmd = [str(require_binary(manifest, "llama-bench"))]
     if rpc:
         cmd += ["--rpc", rpc]  # before -ot, so RPC buffer types are known when -ot is parsed
-    cmd += ["-m", model, "-d", ",".join([str(depth)] * copies), "-p", str(s.prompt), "-n", str(s.gen), "-ngl", "99"]
+    cmd += ["-m", model, "-d", ",".join([str(depth)] * copies), "-p", str(s.prompt), "-n", str(s.gen)]
+    cmd += ["-ngl", str(placement.n_gpu_layers)]
     values = ",".join(map(str, [n_cpu_moe] if isinstance(n_cpu_moe, int) else n_cpu_moe))
     cmd += ["-ncmoe", values, "-t", str(threads or s.threads), "-r", str(repetitions or s.repetitions)]
     cmd += [*cache_args(s.type_k, s.type_v, s.flash_attn, s.ubatch), "-o", "jsonl", "-v", "--progress"]
-    if overrides:
-        cmd += ["-ot", overrides]
+    if placement.overrides:
+        cmd += ["-ot", placement.overrides]
+    if placement.tensor_split:
+        cmd += ["-ts", placement.tensor_split]
     return cmd
