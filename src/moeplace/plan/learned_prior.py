@@ -43,6 +43,7 @@ PER_BACKEND = {"tg": "card", "pp": "compute"}
 # shares), or a scale that puts every coefficient near 1 for the solver.
 SCALE = {"fixed": 1e-4, "hops": 1e-5, "card": 1.0, "host": 1.0, "kv": 1.0, "compute": 0.1, "link": 1.0}
 SOURCE = "learned (published sweeps)"
+MIN_COEFFICIENT = 1e-3  # of a term scaled near 1: a thousandth of its share is no share
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,10 @@ def _fit(test: str, points: list[Point]) -> tuple[dict[str, float], dict[str, fl
         return weight * (np.log((cols * coefficients(params)).sum(axis=1)) - y)
 
     start = np.zeros(len(terms) + len(backends))
-    params = least_squares(residuals, start, loss="soft_l1", f_scale=0.2).x
+    # A term the data does not want drifts toward 0 along a flat valley, to a value that differs by machine; the
+    # floor stops it where it no longer matters, at the same value everywhere.
+    floor = np.full_like(start, math.log(MIN_COEFFICIENT))
+    params = least_squares(residuals, start, bounds=(floor, np.inf), loss="soft_l1", f_scale=0.2).x
     coef = {k: float(math.exp(params[terms.index(k)])) for k in shared}
     per_backend = {b: float(math.exp(params[len(terms) + i])) for i, b in enumerate(backends)}
     return coef, per_backend
