@@ -36,13 +36,14 @@ BACKENDS = {"CUDA": "cuda", "ROCm": "rocm", "ROCm/HIP": "rocm", "Vulkan": "vulka
 def published(csv: str = "sweeps.csv") -> pd.DataFrame:
     """The published points the speed model covers: a model with a twin spec, a placement, and no --swa-full
     (llama-bench always runs without it, and the KV bytes follow llama-bench); with the card's datasheet
-    memory bandwidth and PCIe link (gpus.csv) and the host's RAM bandwidth where the source says it (hosts.csv;
-    else ASSUMED_HOST_GBPS)."""
+    memory bandwidth, FP32 throughput and PCIe link (gpus.csv) and the host's RAM bandwidth where the source says
+    it (hosts.csv; else ASSUMED_HOST_GBPS)."""
     t = pd.read_csv(PUBLISHED / csv)
     t = t[t.model.isin(SPECS) & t.n_cpu_moe.notna() & ~t.setup.str.endswith("-swafull")].copy()
     gpus = pd.read_csv(PUBLISHED / "gpus.csv").set_index("gpu")
     card = t.gpu.str.split(" (", regex=False).str[0]
     t["gpu_gbps"], t["link_gbps"] = card.map(gpus.memory_gbps), card.map(gpus.link_gbps)
+    t["gpu_tflops"] = card.map(gpus.fp32_tflops)
     assert t.gpu_gbps.notna().all(), "a card without its bandwidth in gpus.csv"
     hosts = pd.read_csv(PUBLISHED / "hosts.csv").set_index("setup").host_gbps
     t["host_gbps"] = t.setup.map(hosts).fillna(ASSUMED_HOST_GBPS)
@@ -81,7 +82,10 @@ def sweeps(table: pd.DataFrame, metas: dict[Path, dict]):
         g = g[~g.apply(lambda r: spilled(meta, r), axis=1)]
         points = g.groupby(["n_cpu_moe", "n_depth"], as_index=False).agg(
             tok_s=("tok_s", "mean"),
-            **{k: (k, "first") for k in ("gpu_gbps", "host_gbps", "link_gbps", "backend", "model_size_gib")},
+            **{
+                k: (k, "first")
+                for k in ("gpu_gbps", "host_gbps", "link_gbps", "gpu_tflops", "backend", "model_size_gib")
+            },
         )
         yield key, meta, points
 
@@ -96,7 +100,7 @@ def prior_points(table: pd.DataFrame, metas: dict[Path, dict]) -> list[Point]:
     for (setup, _, test, size, ubatch, _, type_k, type_v), meta, g in sweeps(table, metas):
         for r in g.itertuples():
             run = Run(min(int(r.n_cpu_moe), meta["n_layer"]), r.n_depth, test, int(size), ubatch, type_k, type_v)
-            machine = Machine(BACKENDS[r.backend], r.gpu_gbps, r.host_gbps, r.link_gbps)
+            machine = Machine(BACKENDS[r.backend], r.gpu_gbps, r.host_gbps, r.link_gbps, r.gpu_tflops)
             scale = r.model_size_gib * 2**30 / meta["total_bytes"] if r.model_size_gib > 0 else 1.0
             x = {k: v * scale if k in WEIGHT_FEATURES else v for k, v in point_features(meta, run).items()}
             out.append(Point(setup, test, machine, x, r.tok_s))

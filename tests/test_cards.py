@@ -1,34 +1,35 @@
-"""The card's datasheet bandwidth, found from the name the tools print (plan/cards.py).
+"""The card's datasheet bandwidth and FP32 throughput, found from the name the tools print (plan/cards.py).
 
-Names as they appear in the corpus (tests/data/llamacpp/); bandwidths typed from the vendors' specifications.
+Names as they appear in the corpus (tests/data/llamacpp/); values typed from the vendors' specifications.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from moeplace.plan.cards import datasheet_bandwidth
+from moeplace.plan.cards import datasheet
 
 
 @pytest.mark.parametrize(
-    ("printed", "gbps"),
+    ("printed", "gbps", "tflops"),
     [
-        ("NVIDIA GeForce RTX 3090", 936),  # fit-projection-3x3090-3060-asymmetric.txt
-        ("NVIDIA GeForce RTX 3090 Ti", 1008),
-        ("NVIDIA GeForce RTX 4090 D", 1008),  # cuda-single-ik-deepseek-r1-ot-exps-4090d.txt
-        ("NVIDIA GeForce RTX 4060 Laptop GPU", 256),  # list-devices-vulkan-rtx4060-laptop.txt: not a desktop 4060
-        ("AMD Radeon RX 7900 XTX", 960),  # rocm-old-7900xtx-q8-kv-draft-server.txt
-        ("AMD Radeon RX 6800", 512),
-        ("NVIDIA GeForce RTX 4070 Ti", 504),
-        ("NVIDIA GeForce RTX 4070 Ti SUPER", 672),  # not read as a 4070 Ti
-        ("NVIDIA H200", 4800),
-        ("Tesla T4", 320),
-        ("NVIDIA GeForce RTX 2080 Ti", 616),  # cuda-oom-compute-ik-qwen3-235b-pipeline-2x2080ti.txt
+        ("NVIDIA GeForce RTX 3090", 936, 35.6),  # fit-projection-3x3090-3060-asymmetric.txt
+        ("NVIDIA GeForce RTX 3090 Ti", 1008, 40.0),
+        ("NVIDIA GeForce RTX 4090 D", 1008, 73.5),  # cuda-single-ik-deepseek-r1-ot-exps-4090d.txt
+        ("NVIDIA GeForce RTX 4060 Laptop GPU", 256, 11.6),  # list-devices-vulkan-rtx4060-laptop.txt: not a desktop 4060
+        ("AMD Radeon RX 7900 XTX", 960, 61.4),  # rocm-old-7900xtx-q8-kv-draft-server.txt
+        ("AMD Radeon RX 6800", 512, 16.2),
+        ("NVIDIA GeForce RTX 4070 Ti", 504, 40.1),
+        ("NVIDIA GeForce RTX 4070 Ti SUPER", 672, 44.1),  # not read as a 4070 Ti
+        ("NVIDIA H200", 4800, 67),
+        ("Tesla T4", 320, 8.1),
+        ("NVIDIA GeForce RTX 2080 Ti", 616, 13.4),  # cuda-oom-compute-ik-qwen3-235b-pipeline-2x2080ti.txt
     ],
 )
-def test_a_known_card_gets_its_datasheet_bandwidth(printed, gbps):
-    found, source = datasheet_bandwidth(printed)
-    assert found == gbps and "datasheet (" in source and ".com" in source
+def test_a_known_card_gets_its_datasheet_bandwidth_and_compute(printed, gbps, tflops):
+    found = datasheet(printed)
+    assert (found.gbps, found.tflops) == (gbps, tflops)
+    assert "datasheet (" in found.source and ".com" in found.source
 
 
 @pytest.mark.parametrize(
@@ -41,4 +42,4 @@ def test_a_known_card_gets_its_datasheet_bandwidth(printed, gbps):
     ],
 )
 def test_an_ambiguous_or_unknown_card_gets_none(printed):
-    assert datasheet_bandwidth(printed) is None
+    assert datasheet(printed) is None

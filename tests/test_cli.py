@@ -250,11 +250,13 @@ def test_the_answer_says_what_it_assumed(small_moe):
     out = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "2048", "--backend", "vulkan")
     assert "margin: 768 MiB kept free (vulkan's default" in out.stdout
     assert "1.07 GB (--vram 1GiB, as given)" in out.stdout
-    assert "640 GB/s card, 57.6 GB/s host, moeplace's defaults" in out.stdout
+    assert "640 GB/s and 48.7 TFLOPS card, 57.6 GB/s host, moeplace's defaults" in out.stdout
     assert "host RAM:" in out.stdout
     given = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "2048", "--bw-vram", "448", "--bw-ddr",
-                     "89.6", "--margin", "100")  # fmt: skip
-    assert "448 GB/s card, 89.6 GB/s host, --bw-vram/--bw-ddr as given" in given.stdout
+                     "89.6", "--card-tflops", "23.7", "--margin", "100")  # fmt: skip
+    assert "448 GB/s and 23.7 TFLOPS card, 89.6 GB/s host, --bw-vram/--bw-ddr as given; --card-tflops as given" in (
+        given.stdout
+    )
     assert "margin: 100 MiB kept free (--margin)" in given.stdout
     assert moeplace("--version").stdout.startswith("moeplace ")
 

@@ -111,7 +111,7 @@ def test_two_cards_decode_as_one_less_a_hop_per_card_boundary(qwen3):
 
     plan = plan_devices(qwen3, [Device(16 * 10**9, 768 * MiB), Device(8 * 10**9, 768 * MiB)], Workload(32768))
     assert plan.fits and plan.device_hops == 1 and plan.host_expert_layers
-    model = learned(qwen3, Machine("cuda", 640.0, 57.6, 31.5))
+    model = learned(qwen3, Machine("cuda", 640.0, 57.6, 31.5, 48.7))
     host = frozenset(plan.host_tensors(qwen3))
     one, two = (model.predict(qwen3, Run(0, 0, "tg", 128, host_tensors=host, device_hops=h))["tok_s"] for h in (0, 1))
     assert 1 / two - 1 / one == pytest.approx(model.tests["tg"].coef["hops"], rel=1e-6)
@@ -120,7 +120,7 @@ def test_two_cards_decode_as_one_less_a_hop_per_card_boundary(qwen3):
     (printed,) = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True).stdout)
     assert printed["speed"]["tg_empty"]["tok_s"] == pytest.approx(two, rel=1e-6)
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    assert "speeds: 640 GB/s on every card, 57.6 GB/s host RAM (moeplace's defaults)" in text
+    assert "speeds: 640 GB/s and 48.7 TFLOPS on every card, 57.6 GB/s host RAM (moeplace's defaults)" in text
     assert f"expected: decode {two:.1f} tok/s" in text
 
 

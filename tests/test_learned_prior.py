@@ -14,7 +14,7 @@ from conftest import ROOT
 from published import prior_points, published, twins
 
 from moeplace.plan.learned_prior import Machine, errors_against, held_out_errors, load, speed_model
-from moeplace.plan.speed import Z95, Run
+from moeplace.plan.speed import Z95, Run, prefill_run
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +53,18 @@ def test_decode_before_any_run_on_setups_it_did_not_learn_from(points):
     assert median <= 20 and inside >= 0.8
 
 
-def test_prefill_before_any_run_is_given_with_its_wide_interval(points):
-    """Prefill from the learned terms: the card's compute per weight byte (per backend), the copy over its PCIe
-    link, depth. Without each card's compute rate its error is large; the interval says so."""
+def test_prefill_before_any_run_is_given_with_its_interval(points):
+    """Prefill from the learned terms: the card's compute per weight byte over its datasheet FP32 TFLOPS (per
+    backend), the copy of host experts (its PCIe link and a host-side cost per byte), depth. On the held-out sweeps
+    the median is 44% (the bar is 35%: not met; the copy rate varies 2x between hosts, docs/speed-prior.md); the
+    interval learned from the left-out errors covers them about as often as it says."""
     prior = load()
     left_out = [e for _, e in held_out_errors("pp", points["sweeps"])]
     _, inside = scored(left_out, prior["pp"].log_q95, "prefill, each setup left out")
     assert 0.9 <= inside <= 0.99
-    scored([e for _, e in errors_against(prior, [p for p in points["heldout"] if p.test == "pp"])],
-           prior["pp"].log_q95, "prefill, held-out sweeps")  # fmt: skip
+    median, inside = scored([e for _, e in errors_against(prior, [p for p in points["heldout"] if p.test == "pp"])],
+                            prior["pp"].log_q95, "prefill, held-out sweeps")  # fmt: skip
+    assert median <= 50 and 0.85 <= inside <= 0.99  # with a fixed time per layer in place of compute: 81% and 94%
 
 
 def test_predict_speaks_the_learned_prior_per_backend(tmp_path):
@@ -74,15 +77,16 @@ def test_predict_speaks_the_learned_prior_per_backend(tmp_path):
     meta = inspect_model(path)
 
     def predict(backend: str) -> dict:
-        argv = ["predict", str(path), "--n-cpu-moe", "24", "--bw-vram", "672", "--bw-ddr", "60", "--backend", backend,
-                "--json"]  # fmt: skip
+        argv = ["predict", str(path), "--n-cpu-moe", "24", "--bw-vram", "672", "--bw-ddr", "60", "--card-tflops",
+                "44.1", "--backend", backend, "--json"]  # fmt: skip
         code = f"from moeplace.cli import main; main({argv!r})"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         return json.loads(out.stdout)[0]
 
     cuda, vulkan = predict("cuda"), predict("vulkan")
-    model = speed_model(meta, Machine("cuda", 672, 60, 31.5))
+    model = speed_model(meta, Machine("cuda", 672, 60, 31.5, 44.1))
     assert cuda["tg_tok_s"] == pytest.approx(model.predict(meta, Run(24, 0, "tg", 128))["tok_s"])
+    assert cuda["pp_tok_s"] == pytest.approx(model.predict(meta, prefill_run(24, 0, 512))["tok_s"])
     assert cuda["tg_high"] / cuda["tg_tok_s"] == pytest.approx(math.exp(load()["tg"].log_q95), rel=1e-6)
     assert cuda["pp_tok_s"] > 0 and vulkan["tg_tok_s"] != pytest.approx(cuda["tg_tok_s"])
     assert math.log(cuda["tg_high"] / cuda["tg_tok_s"]) == pytest.approx(Z95 * model.tests["tg"].spread)

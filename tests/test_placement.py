@@ -165,7 +165,7 @@ def test_a_gain_inside_the_uncertainty_keeps_the_users_kv_type_and_ncmoe(qwen3):
     from moeplace.plan.learned_prior import Machine, speed_model
     from moeplace.plan.offload import rank_placements
 
-    model = speed_model(qwen3, Machine("cuda", 672, 60, 31.5))
+    model = speed_model(qwen3, Machine("cuda", 672, 60, 31.5, 44.1))
     kv_types = [("f16", "f16"), ("q8_0", "q8_0")]
     device = Device(16 * 10**9, 10**9)
     ranked = rank_placements(qwen3, device, 32768, model, "decode", kv_types, [512])

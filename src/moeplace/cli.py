@@ -16,7 +16,8 @@ from .model.memory import FLASH_ATTN, NO_PINS, Workload
 from .model.metadata import describe, inspect_model
 from .plan import budget as budget_mod
 from .plan import commands
-from .plan.recommend import DEFAULT_BANDWIDTHS, DEFAULT_LINK_GBPS, cmd_recommend, parse_contexts, speed_model
+from .plan.machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS
+from .plan.recommend import cmd_recommend, parse_contexts, speed_model
 
 
 def _version() -> str:
@@ -223,6 +224,13 @@ def _speed_options(parser: argparse.ArgumentParser, calibration: bool = True) ->
         type=float,
         help=f"the card's PCIe link, GB/s, that prefill copies host experts over (default {DEFAULT_LINK_GBPS:g}: "
         "PCIe 4.0 x16)",
+    )
+    parser.add_argument(
+        "--card-tflops",
+        dest="card_tflops",
+        type=float,
+        help=f"the card's FP32 throughput, TFLOPS, that prefill computes at (default: the card's datasheet where "
+        f"--vram auto finds it, else {DEFAULT_CARD_TFLOPS:g}: the seed's RX 9070 XT)",
     )
 
 

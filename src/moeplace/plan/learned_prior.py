@@ -5,11 +5,14 @@ fixed time per token, nor how fast a card computes a prompt. Published sweeps do
 setups on NVIDIA, AMD and Intel cards). Per token, with the features of speed.features:
 
 decode   t = t0 * L + a_card[backend] * V / B_card + a_host * D / B_host + h * hops + a_kv * KV / B_card
-prefill  t = q0 * L + q_compute[backend] * A / B_card + q_link * C / B_link + q_kv * KV / B_card
+prefill  t = q_compute[backend] * A / F_card + q_link * C / B_link + q_copy * C + q_kv * KV / B_card
 
-where B_card is the card's datasheet bandwidth, B_host the host RAM's (datasheet, or moeplace's default where a
-source does not say, as for a user who does not give it), B_link the card's PCIe link, and A the bytes of weights
-one token uses (prefill computes them all on the card: llama.cpp copies host experts there for a large batch).
+where B_card is the card's datasheet bandwidth, F_card its datasheet FP32 throughput (TFLOPS), B_host the host
+RAM's (datasheet, or moeplace's default where a source does not say, as for a user who does not give it), B_link
+the card's PCIe link, A the bytes of weights one token uses (prefill computes them all on the card: llama.cpp
+copies host experts there for a large batch) and C the bytes it copies per token. A copy costs the link's time and
+a host-side cost per byte (from pageable RAM through a staging buffer): published cards copy at 7-20 GB/s whether
+their link is PCIe 4.0 x16 or 5.0 x16, which no link term alone explains.
 The term that varies most between backends (the card's share, which takes in the per-layer kernel costs of a
 backend) is learned per backend; the others are shared. The fit is in log space (relative errors), robust (a
 soft-L1 loss, so one odd setup does not bend the rest), and weighs each setup as one, however many points it has.
@@ -36,24 +39,25 @@ from .speed import FEATURES, Z95, Run, SpeedModel, TestModel, features
 PRIOR_FILE = Path(__file__).with_name("learned_prior.json")  # written by docs/speed_prior.py
 TERMS = {
     "tg": ("fixed", "card", "host", "hops", "kv"),
-    "pp": ("fixed", "compute", "link", "kv"),
+    "pp": ("compute", "link", "copy", "kv"),
 }
 PER_BACKEND = {"tg": "card", "pp": "compute"}
 # Each term's column in natural units before its coefficient: seconds if the coefficient were 1 (bandwidth
 # shares), or a scale that puts every coefficient near 1 for the solver.
-SCALE = {"fixed": 1e-4, "hops": 1e-5, "card": 1.0, "host": 1.0, "kv": 1.0, "compute": 0.1, "link": 1.0}
+SCALE = {"fixed": 1e-4, "hops": 1e-5, "card": 1.0, "host": 1.0, "kv": 1.0, "compute": 0.1, "link": 1.0, "copy": 0.05}
 SOURCE = "learned (published sweeps)"
 MIN_COEFFICIENT = 1e-3  # of a term scaled near 1: a thousandth of its share is no share
 
 
 @dataclass(frozen=True)
 class Machine:
-    """What the prior needs to know of a machine: its backend and bandwidths, GB/s."""
+    """What the prior needs to know of a machine: its backend, bandwidths (GB/s) and the card's FP32 TFLOPS."""
 
     backend: str
     card_gbps: float
     host_gbps: float
     link_gbps: float
+    card_tflops: float
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def columns(test: str, x: dict[str, float], m: Machine) -> dict[str, float]:
         **(
             {"card": x["device_gb"] / m.card_gbps, "host": x["host_gb"] / m.host_gbps, "hops": x["hops"]}
             if test == "tg"
-            else {"compute": x["active_gb"] / m.card_gbps, "link": x["link_gb"] / m.link_gbps}
+            else {"compute": x["active_gb"] / m.card_tflops, "link": x["link_gb"] / m.link_gbps, "copy": x["link_gb"]}
         ),
     }
     return {k: raw[k] * SCALE[k] for k in TERMS[test]}
@@ -198,22 +202,22 @@ def load(path: Path = PRIOR_FILE) -> dict[str, Learned]:
 def speed_model(meta: dict[str, Any], m: Machine, prior: dict[str, Learned] | None = None) -> SpeedModel:
     """The speed model of `meta` on machine `m` from the learned terms: speed.FEATURES' coefficients, with the
     held-out spread as each test's (its ~95% interval is the held-out setups' 95% quantile). Prefill's compute
-    is per token and the same at every placement, so it joins the fixed time of this model's layers."""
+    is per token and the same at every placement, so it is prefill's time per layer."""
     prior = prior or load()
     tests = {}
     for test, learned in prior.items():
         c = learned.coefficients(test, m.backend)
         per_unit = {  # seconds per unit of each speed.FEATURES feature
-            "layers": c["fixed"] * SCALE["fixed"],
+            "layers": c.get("fixed", 0.0) * SCALE["fixed"],
             "kv_gb": c["kv"] * SCALE["kv"] / m.card_gbps,
             "device_gb": c.get("card", 0.0) * SCALE["card"] / m.card_gbps,
             "host_gb": c.get("host", 0.0) * SCALE["host"] / m.host_gbps,
             "hops": c.get("hops", 0.0) * SCALE["hops"],
-            "link_gb": c.get("link", 0.0) * SCALE["link"] / m.link_gbps,
+            "link_gb": c.get("link", 0.0) * SCALE["link"] / m.link_gbps + c.get("copy", 0.0) * SCALE["copy"],
         }
         if test == "pp":
             active = point_features(meta, Run(0, 0, "pp", 1))["active_gb"]
-            per_unit["layers"] += c["compute"] * SCALE["compute"] * active / m.card_gbps / meta["n_layer"]
+            per_unit["layers"] = c["compute"] * SCALE["compute"] * active / m.card_tflops / meta["n_layer"]
         coef = {k: per_unit[k] for k in FEATURES[test]}
         tests[test] = TestModel(coef, dict.fromkeys(coef, SOURCE), spread=learned.log_q95 / Z95,
                                 difference_spread=learned.log_q95_difference / Z95)  # fmt: skip

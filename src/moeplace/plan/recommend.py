@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -21,19 +20,12 @@ from ..core.units import GB, parse_size
 from ..model.memory import NO_PINS, SERVER, Pins, Workload, host_bytes
 from ..model.metadata import from_constants, inspect_model, structure
 from ..runtime.llamacpp_args import needs_flash_attn
-from ..runtime.native import ram_read_gbps
 from . import budget as budget_mod
 from . import commands
-from .cards import datasheet_bandwidth
 from .devices import Speed, several_devices
+from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS, host_ram, this_machine
 from .offload import read_pins
 
-# The seed's workstation (640 GB/s card, dual-channel DDR5 at 57.6 GB/s): the bandwidths a plan assumes when
-# neither a calibration nor the user's own figures say otherwise.
-DEFAULT_BANDWIDTHS = (640.0, 57.6)
-DEFAULT_LINK_GBPS = 31.5  # PCIe 4.0 x16, one direction: what prefill copies host experts over
-# The host RAM probe of a plan for this machine: larger than any CPU cache, ~1.5 s in all.
-HOST_PROBE_BYTES, HOST_PROBE_S = 256 * 2**20, 1.5
 MAX_CONTEXT = 10_000_000  # no GGUF model has a trained context this long: a typo, not a plan
 
 
@@ -49,6 +41,7 @@ class Assumptions:
     margin_source: str
     bw_vram_gbps: float | None
     bw_ddr_gbps: float | None
+    card_tflops: float | None
     speed_source: str
     ram_bytes: int | None
     ram_source: str
@@ -92,9 +85,14 @@ def check_inputs(args: argparse.Namespace) -> None:
                                ("--margin", args.margin, 0)):  # fmt: skip
         if value is not None and value < least:
             raise MoeplaceError(f"{flag} {value}: must be at least {least}.")
-    for flag, value in (("--bw-vram", args.bw_vram_gbps), ("--bw-ddr", args.bw_ddr_gbps)):
+    for flag, value in (("--bw-vram", args.bw_vram_gbps), ("--bw-ddr", args.bw_ddr_gbps),
+                        ("--bw-link", args.bw_link_gbps)):  # fmt: skip
         if value is not None and not value > 0:
             raise MoeplaceError(f"{flag} {value}: a bandwidth is a positive number of GB/s, e.g. 448.")
+    if args.card_tflops is not None and not args.card_tflops > 0:
+        raise MoeplaceError(
+            f"--card-tflops {args.card_tflops}: a card's FP32 throughput is a positive number, e.g. 48.7."
+        )
     args.objective = parse_objective(args.objective)
     if args.mmproj and not Path(args.mmproj).is_file():
         raise MoeplaceError(f"--mmproj {args.mmproj}: no such file; give the projector .gguf the server loads.")
@@ -139,34 +137,6 @@ def _vram(args: argparse.Namespace, backend: str) -> tuple[int, str, str | None]
     return free, f"free on {what} now (--vram auto)", card
 
 
-def _ram(args: argparse.Namespace) -> tuple[int | None, str]:
-    if args.ram:
-        return parse_size(args.ram, "--ram"), f"--ram {args.ram}"
-    try:
-        total = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:"))
-        return int(total.split()[1]) * 1024, "this machine's, /proc/meminfo"
-    except (OSError, StopIteration, ValueError, IndexError):
-        return None, "unknown (give --ram)"
-
-
-def _this_machine(card: str) -> tuple[float, float, str]:
-    """The bandwidths of the machine a plan is for (--vram auto): the card's datasheet, found from its name, and
-    the host's RAM read measured here; each falls back to moeplace's default, saying why."""
-    if sheet := datasheet_bandwidth(card):
-        vram, vram_from = sheet[0], f"the card: {sheet[1]}"
-    else:
-        vram = DEFAULT_BANDWIDTHS[0]
-        vram_from = f"the card: {card} is not in moeplace's table of cards, so moeplace's default, --bw-vram for yours"
-    threads = len(os.sched_getaffinity(0))
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            ddr = ram_read_gbps(Path(tmp) / "membw.log", threads, HOST_PROBE_BYTES, HOST_PROBE_S)
-        ddr_from = f"the host: measured here ({threads} threads reading {HOST_PROBE_BYTES >> 20} MiB, best of 3)"
-    except MoeplaceError as e:
-        ddr, ddr_from = DEFAULT_BANDWIDTHS[1], f"the host: moeplace's default ({e}), --bw-ddr for yours"
-    return vram, ddr, f"{vram_from}; {ddr_from}"
-
-
 def assumptions(args: argparse.Namespace) -> Assumptions:
     """The card, the margin, the bandwidths and the host's RAM the plan assumes, with their sources."""
     backend, backend_source = _backend(args)
@@ -177,6 +147,7 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         margins = budget_mod.AUTO_MARGIN_MIB if args.vram == "auto" else budget_mod.DEFAULT_MARGIN_MIB
         margin = margins[backend] * 2**20
         margin_source = f"{backend}'s default: what real cards used beyond llama.cpp's buffers, docs/real-cards.md"
+    tflops = None
     if getattr(args, "calibration", None):
         speed = f"fitted to your runs ({args.calibration})"
         bw = (None, None)
@@ -185,22 +156,26 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         given = all((args.bw_vram_gbps, args.bw_ddr_gbps))
         speed = "--bw-vram/--bw-ddr as given" + ("" if given else ", the other moeplace's default")
     elif card:
-        *bw, speed = _this_machine(card)
+        *bw, tflops, speed = this_machine(card)
     else:
         bw = DEFAULT_BANDWIDTHS
-        speed = "moeplace's defaults, the seed's workstation; --bw-vram/--bw-ddr for yours"
+        speed = "moeplace's defaults, the seed's workstation; --bw-vram/--bw-ddr/--card-tflops for yours"
     if not getattr(args, "calibration", None):
+        if args.card_tflops:
+            tflops, speed = args.card_tflops, f"{speed}; --card-tflops as given"
+        tflops = tflops or DEFAULT_CARD_TFLOPS
         speed += "; efficiencies learned from published sweeps of real cards (docs/speed-prior.md)"
-    ram, ram_source = _ram(args)
-    return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram,
+    ram, ram_source = host_ram(args.ram)
+    return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, tflops, speed, ram,
                        ram_source)  # fmt: skip
 
 
 def speed_model(  # noqa: ANN201
     args: argparse.Namespace, meta: dict[str, Any], bw: tuple[float | None, float | None] | None = None,
-    backend: str = "cuda",
+    backend: str = "cuda", tflops: float | None = None,
 ):  # fmt: skip
-    """--calibration's fitted model, else the prior learned from published sweeps for these bandwidths."""
+    """--calibration's fitted model, else the prior learned from published sweeps for these bandwidths and card
+    compute (FP32 TFLOPS: `tflops`, else --card-tflops, else moeplace's default)."""
     from .learned_prior import Machine
     from .learned_prior import speed_model as learned
     from .speed import SpeedModel
@@ -212,7 +187,8 @@ def speed_model(  # noqa: ANN201
             raise MoeplaceError(f"--calibration {args.calibration}: cannot read it ({e}).") from None
         return SpeedModel.from_json(data, f"--calibration {args.calibration}")
     vram, ddr = bw or (args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
-    return learned(meta, Machine(backend, vram, ddr, args.bw_link_gbps or DEFAULT_LINK_GBPS))
+    tflops = tflops or args.card_tflops or DEFAULT_CARD_TFLOPS
+    return learned(meta, Machine(backend, vram, ddr, args.bw_link_gbps or DEFAULT_LINK_GBPS, tflops))
 
 
 def expected(meta: dict[str, Any], model: Any, host: frozenset[str], depth: int, args: argparse.Namespace,
@@ -291,7 +267,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                           offload) for c in contexts]  # fmt: skip
     with llamacpp_compute(args, pins) as compute:
         plans = [budget_mod.plan(meta, device, w, compute, extra, pins) for w in workloads]
-    model = speed_model(args, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend) if a else None
+    model = speed_model(args, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops) if a else None
     for p in plans:
         _complete(p, meta, model, pins, a, args)
     return _output(emit, meta, plans, workloads, device, model, pins, a, args)
@@ -303,8 +279,9 @@ def cards_speed(args: argparse.Namespace, meta: dict[str, Any], emit: str) -> Sp
     model = speed_model(args, meta, bw, _backend(args)[0])
     if emit == "server" and not getattr(args, "calibration", None):
         given = "--bw-vram/--bw-ddr" if args.bw_vram_gbps or args.bw_ddr_gbps else "moeplace's defaults"
-        print(f"speeds: {bw[0]:g} GB/s on every card, {bw[1]:g} GB/s host RAM ({given}); efficiencies learned "
-              "from published sweeps of real cards (docs/speed-prior.md)")  # fmt: skip
+        tflops = args.card_tflops or DEFAULT_CARD_TFLOPS
+        print(f"speeds: {bw[0]:g} GB/s and {tflops:g} TFLOPS on every card, {bw[1]:g} GB/s host RAM ({given}); "
+              "efficiencies learned from published sweeps of real cards (docs/speed-prior.md)")  # fmt: skip
 
     def speed(host: frozenset[str], ctx: int, device_hops: int) -> tuple[dict[str, Any], str]:
         expected_ = expected(meta, model, host, ctx, args, device_hops)
@@ -408,7 +385,9 @@ def _output(emit: str, meta: dict[str, Any], plans: list[dict[str, Any]], worklo
 
 def describe_assumptions(a: Assumptions) -> str:
     ram = f"{a.ram_bytes / GB:.1f} GB ({a.ram_source})" if a.ram_bytes else a.ram_source
-    bandwidths = f"{a.bw_vram_gbps:g} GB/s card, {a.bw_ddr_gbps:g} GB/s host, " if a.bw_vram_gbps else ""
+    bandwidths = ""
+    if a.bw_vram_gbps:
+        bandwidths = f"{a.bw_vram_gbps:g} GB/s and {a.card_tflops:g} TFLOPS card, {a.bw_ddr_gbps:g} GB/s host, "
     return "\n".join([
         "assumed:",
         f"  card: {a.backend} ({a.backend_source}), {a.vram_bytes / GB:.2f} GB ({a.vram_source})",
