@@ -5,14 +5,15 @@ fixed time per token, nor how fast a card computes a prompt. Published sweeps do
 setups on NVIDIA, AMD and Intel cards). Per token, with the features of speed.features:
 
 decode   t = t0 * L + a_card[backend] * V / B_card + a_host * D / B_host + h * hops + a_kv * KV / B_card
-prefill  t = q_compute[backend] * A / F_card + q_link * C / B_link + q_copy * C + q_kv * KV / B_card
+prefill  t = q_compute[backend] * A / F_card + q_link * C / B_link + q_copy * C / B_host + q_kv * KV / B_card
 
 where B_card is the card's datasheet bandwidth, F_card its datasheet FP32 throughput (TFLOPS), B_host the host
 RAM's (datasheet, or moeplace's default where a source does not say, as for a user who does not give it), B_link
 the card's PCIe link, A the bytes of weights one token uses (prefill computes them all on the card: llama.cpp
 copies host experts there for a large batch) and C the bytes it copies per token. A copy costs the link's time and
-a host-side cost per byte (from pageable RAM through a staging buffer): published cards copy at 7-20 GB/s whether
-their link is PCIe 4.0 x16 or 5.0 x16, which no link term alone explains.
+passes over host RAM (the weights are read from pageable RAM into a pinned staging buffer, which the DMA reads
+again): published cards copy at 7-20 GB/s whether their link is PCIe 4.0 x16 or 5.0 x16, which no link term alone
+explains, and the learned q_copy is about 3, a read, a write and a read.
 The term that varies most between backends (the card's share, which takes in the per-layer kernel costs of a
 backend) is learned per backend; the others are shared. The fit is in log space (relative errors), robust (a
 soft-L1 loss, so one odd setup does not bend the rest), and weighs each setup as one, however many points it has.
@@ -44,7 +45,7 @@ TERMS = {
 PER_BACKEND = {"tg": "card", "pp": "compute"}
 # Each term's column in natural units before its coefficient: seconds if the coefficient were 1 (bandwidth
 # shares), or a scale that puts every coefficient near 1 for the solver.
-SCALE = {"fixed": 1e-4, "hops": 1e-5, "card": 1.0, "host": 1.0, "kv": 1.0, "compute": 0.1, "link": 1.0, "copy": 0.05}
+SCALE = {"fixed": 1e-4, "hops": 1e-5, "card": 1.0, "host": 1.0, "kv": 1.0, "compute": 0.1, "link": 1.0, "copy": 1.0}
 SOURCE = "learned (published sweeps)"
 MIN_COEFFICIENT = 1e-3  # of a term scaled near 1: a thousandth of its share is no share
 
@@ -85,7 +86,11 @@ def columns(test: str, x: dict[str, float], m: Machine) -> dict[str, float]:
         **(
             {"card": x["device_gb"] / m.card_gbps, "host": x["host_gb"] / m.host_gbps, "hops": x["hops"]}
             if test == "tg"
-            else {"compute": x["active_gb"] / m.card_tflops, "link": x["link_gb"] / m.link_gbps, "copy": x["link_gb"]}
+            else {
+                "compute": x["active_gb"] / m.card_tflops,
+                "link": x["link_gb"] / m.link_gbps,
+                "copy": x["link_gb"] / m.host_gbps,
+            }
         ),
     }
     return {k: raw[k] * SCALE[k] for k in TERMS[test]}
@@ -213,7 +218,8 @@ def speed_model(meta: dict[str, Any], m: Machine, prior: dict[str, Learned] | No
             "device_gb": c.get("card", 0.0) * SCALE["card"] / m.card_gbps,
             "host_gb": c.get("host", 0.0) * SCALE["host"] / m.host_gbps,
             "hops": c.get("hops", 0.0) * SCALE["hops"],
-            "link_gb": c.get("link", 0.0) * SCALE["link"] / m.link_gbps + c.get("copy", 0.0) * SCALE["copy"],
+            "link_gb": c.get("link", 0.0) * SCALE["link"] / m.link_gbps
+            + c.get("copy", 0.0) * SCALE["copy"] / m.host_gbps,
         }
         if test == "pp":
             active = point_features(meta, Run(0, 0, "pp", 1))["active_gb"]
