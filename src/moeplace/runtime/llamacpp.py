@@ -54,6 +54,11 @@ BASE_OPTIONS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DGGML_RPC=ON",  # decided at the first configure: switching it later rebuilds everything
+    # Without llama.cpp's AMX weight buffer, which -march=native builds on a CPU with AMX: in this llama.cpp it
+    # leaves ops of deepseek2 and kimi-linear models with no backend (GGML_ASSERT(*cur_backend_id != -1)), and
+    # the pinned build should run the same models the same way on every x86 host.
+    "-DCMAKE_C_FLAGS=-U__AMX_INT8__",
+    "-DCMAKE_CXX_FLAGS=-U__AMX_INT8__",
 )
 _VERSION = re.compile(r"version: (?P<version>\S+) \(build (?P<number>\d+), commit (?P<commit>[^)]+)\)")
 
