@@ -20,7 +20,7 @@ DEVICES = "2 emulated devices: CPU-backed RPC servers on one core, 38 MiB and 29
 def test_the_sweep_variants_budget_check_and_publish_run_on_two_devices(tmp_path):
     """At 16K on 40 + 30 MB: the sweep's -ncmoe with llama.cpp's own split runs out of memory one below the
     budget's minimum and loads at it (3, 2026-12-05); the per-device plan keeps fewer experts on the host and
-    decodes no slower than that -ncmoe (within 5%: this host's noise; +53% measured 2026-12-05), every variant
+    decodes no slower than that -ncmoe beyond its noise (+53% and +30% measured, 2026-12-05), every variant
     placed as asked; the figures, the budget check and the published directory name both devices."""
     grid = {"contexts": [16384], "ubatch": [256], "cache_types": ["f16"], "flash_attn": ["on"]}
     wd = workflow_copy(tmp_path, {**EXAMPLE, "contexts": [16384], "budget_check": grid})
@@ -45,7 +45,7 @@ def test_the_sweep_variants_budget_check_and_publish_run_on_two_devices(tmp_path
     print(decode[["host_expert_bytes", "avg_ts", "stddev_ts", "repetitions", "tensor_split", "overrides"]])
     assert decode.loc["device_plan", "host_expert_bytes"] < decode.loc["first_n", "host_expert_bytes"]
     assert decode.loc["device_plan", "tensor_split"] == budget.tensor_split
-    assert decode.loc["device_plan", "avg_ts"] >= 0.95 * decode.loc["first_n", "avg_ts"]
+    assert decode.loc["device_plan", "delta_ci95_high"] >= 0  # its interval against -ncmoe is not all below 0
 
     check = pd.read_csv(wd / "results/tables/budget_check.csv")
     assert len(check) == 1 and check.exact.all() and check.caps_mib.iloc[0] == "38.15/28.61"
