@@ -257,6 +257,9 @@ def test_the_answer_says_what_it_assumed(small_moe):
     assert "448 GB/s and 23.7 TFLOPS card, 89.6 GB/s host, --bw-vram/--bw-ddr as given; --card-tflops as given" in (
         given.stdout
     )
+    bandwidths_only = moeplace("recommend", str(small_moe), "--vram", "1GiB", "--ctx", "2048", "--bw-vram", "448")
+    assert "448 GB/s and 48.7 TFLOPS card" in bandwidths_only.stdout
+    assert "TFLOPS moeplace's default, --card-tflops for yours" in bandwidths_only.stdout
     assert "margin: 100 MiB kept free (--margin)" in given.stdout
     assert moeplace("--version").stdout.startswith("moeplace ")
 

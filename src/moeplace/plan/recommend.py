@@ -155,6 +155,7 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         bw = (args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
         given = all((args.bw_vram_gbps, args.bw_ddr_gbps))
         speed = "--bw-vram/--bw-ddr as given" + ("" if given else ", the other moeplace's default")
+        speed += "" if args.card_tflops else "; TFLOPS moeplace's default, --card-tflops for yours"
     elif card:
         *bw, tflops, speed = this_machine(card)
     else:
