@@ -149,11 +149,12 @@ def test_an_open_ended_batch_stops_after_the_first_precise_copy(tmp_path):
 
 
 def test_the_time_budget_pays_for_copies_after_the_depth_fill(tmp_path):
-    """Copies of 0.6 s: with no fill a 1 s budget stops after the first (the next would end past it); after a
-    5 s fill a 6 s budget does not: the fill buys as much time again in repetitions (to ~10 s), and a next copy
-    costs its repetitions and a warm-up (0.8 s), not the first copy's 5.6 s."""
+    """Copies of 0.6 s: with no fill a 1 s budget stops after the second, the fewest a median's interval needs
+    (the budget spent, the next would end past it); after a 5 s fill a 6 s budget does not: the fill buys as much
+    time again in repetitions (to ~10 s), and a next copy costs its repetitions and a warm-up (0.8 s), not the
+    first copy's 5.6 s."""
     quick = fake_bench(tmp_path / "quick", tg="50.0, 60.0, 40.0", copies=3, end="TERM", precision=1e-6, budget=1)
-    assert [r["repetitions"] for r in quick] == [3, 3]
+    assert [r["repetitions"] for r in quick] == [6, 6]
     slow = fake_bench(tmp_path / "slow", tg="50.0, 60.0, 40.0", copies=3, end="TERM", precision=1e-6, fill=5, budget=6)
     assert all(r["status"] == "ok" and r["repetitions"] == 9 for r in slow)
 
@@ -217,6 +218,33 @@ def test_a_sweep_shares_processes_and_a_failed_load_ends_only_its_own_value(tmp_
         {}, {"blk.2.ffn_up_exps.weight": "CPU"}, {"blk.3.ffn_up_exps.weight": "CPU"}, {},
         {"blk.8.ffn_up_exps.weight": "CPU"}]  # fmt: skip
     assert "out of device memory" in records[0]["error"] and records[2]["batches"] == 2
+
+
+def test_a_sweep_measures_its_values_in_turn_pass_after_pass(tmp_path):
+    """With auto repetitions a sweep's values take turns in one process (passes of 3 each), so a slow spell of
+    the host falls on all of them; the value that runs out of memory at load ends only the first process."""
+    import sys
+
+    from moeplace.core.config import BenchSettings
+    from moeplace.measure.bench import BenchJob, Rig, run_sweep
+    from moeplace.runtime.device import DeviceSetup
+
+    program, calls = tmp_path / "bin/llama-bench", tmp_path / "calls"
+    program.parent.mkdir(parents=True)
+    program.write_text(FAKE_SWEEP.format(python=sys.executable, calls=calls, fails={1}))
+    program.chmod(0o755)
+    settings = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, max_repetitions=9)
+    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), {"bin_dir": str(program.parent)}, tmp_path / "bench.log",
+              tmp_path)  # fmt: skip
+    records = run_sweep(BenchJob("fake", "fake.gguf", [], 1024, 1), [1, 2, 8], rig)
+    assert calls.read_text().split() == ["1,2,8,1,2,8,1,2,8", "2,8,2,8,2,8"]
+    ok = [r for r in records if r["status"] == "ok"]
+    assert [(r["n_cpu_moe"], r["test"], r["median_ts"]) for r in ok] == [
+        (2, "pp", 98.0), (2, "tg", 98.0), (8, "pp", 92.0), (8, "tg", 92.0)]  # fmt: skip
+    assert all(r["repetitions"] in (6, 9) and r["batches"] == 2 and r["target_reached"] for r in ok)
+    assert [(r["n_cpu_moe"], r["status"]) for r in records if r["status"] != "ok"] == [(1, "oom"), (1, "oom")]
+    assert {r["n_cpu_moe"]: r["tensor_buffers"] for r in ok} == {
+        2: {"blk.2.ffn_up_exps.weight": "CPU"}, 8: {"blk.8.ffn_up_exps.weight": "CPU"}}  # fmt: skip
 
 
 def test_bench_records_are_whole_json_lines_only():

@@ -97,32 +97,44 @@ def _samples_of(row: dict[str, Any]) -> list[float]:
     return row.get("samples_ts") or [row["avg_ts"]]
 
 
-def _enough(arm: Arm, tests: tuple[str, ...], settings: BenchSettings, t0: float) -> Callable[[str], bool]:
-    """When to stop an open-ended batch, after a whole copy of its tests: every test precise enough, the most
-    repetitions allowed, or the next copy would run past the time budget, or past twice the process's start,
-    load, warm-up and depth fill where that is more (as for a batch, the fill paid for is worth as much time in
-    repetitions). A later copy pays its repetitions and its own warm-up, not the fill: after the first copy its
-    pace is that copy's repetitions (llama-bench's samples_ns) and one more, after that the last copy's."""
-    copy_ends = [time.monotonic()]
-    once = []  # the first copy's wall time less its repetitions: what no later copy pays
+def _rows_per_arm(arms: list[Arm], rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Each arm's rows of one process (arms sharing a process have distinct n values)."""
+    if len(arms) == 1:
+        return [rows]
+    return [[r for r in rows if r.get("n_cpu_moe") == a.n_cpu_moe] for a in arms]
+
+
+def _enough(arms: list[Arm], tests: tuple[str, ...], settings: BenchSettings, t0: float) -> Callable[[str], bool]:
+    """When to stop an open-ended process, after a whole pass over its arms: every arm with the fewest repetitions
+    a median's interval needs and precise enough, or the most repetitions allowed, or the next pass would run
+    past the time budget (`time_budget_s` per arm since `t0`), or past twice the process's start, loads, warm-ups
+    and depth fill where that is more (the fill paid for is worth as much time in repetitions). A later pass pays
+    its repetitions, loads and warm-ups, not the fill: after the first pass its pace is that pass's repetitions
+    (llama-bench's samples_ns) and one more, after that the last pass's."""
+    pass_ends = [time.monotonic()]
+    once = []  # the first pass's wall time less its repetitions: what no later pass pays
+    fewest = max(settings.repetitions, fewest_for_median_interval())
 
     def enough(stdout: str) -> bool:
         rows = bench_records(stdout)
-        if len(rows) // len(tests) < len(copy_ends) or len(rows) % len(tests):
-            return False  # no new whole copy
-        copy_ends.append(time.monotonic())
-        samples = {t: [*arm.samples.get(t, [])] for t in tests}
-        for r in rows:
-            samples[_test_of(r)].extend(_samples_of(r))
-        pace = copy_ends[-1] - copy_ends[-2]
+        if len(rows) // (len(arms) * len(tests)) < len(pass_ends):
+            return False  # no new whole pass
+        pass_ends.append(time.monotonic())
+        samples = [{t: [*a.samples.get(t, [])] for t in tests} for a in arms]
+        for arm_samples, mine in zip(samples, _rows_per_arm(arms, rows)):
+            for r in mine:
+                arm_samples[_test_of(r)].extend(_samples_of(r))
+        counts = [len(v) for arm_samples in samples for v in arm_samples.values()]
+        pace = pass_ends[-1] - pass_ends[-2]
         if not once:
             timed = sum(sum(r.get("samples_ns") or []) for r in rows) / 1e9
             once.append(pace - timed if timed else 0.0)
             pace = timed * (settings.repetitions + 1) / settings.repetitions if timed else pace
-        return (
-            min(len(v) for v in samples.values()) >= settings.max_repetitions
-            or _precise_enough(samples, None, settings.precision)
-            or copy_ends[-1] + pace - t0 > max(settings.time_budget_s, copy_ends[0] - t0 + 2 * once[0])
+        if min(counts) >= settings.max_repetitions:
+            return True
+        return min(counts) >= fewest and (
+            all(_precise_enough(arm_samples, None, settings.precision) for arm_samples in samples)
+            or pass_ends[-1] + pace - t0 > max(settings.time_budget_s * len(arms), pass_ends[0] - t0 + 2 * once[0])
         )
 
     return enough
@@ -231,23 +243,24 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig) -> list[dict[str, An
 
 
 def _measure_shared(s: _Session, rpc: str | None) -> None:
-    """Batches that each measure every arm still short of its precision in one process, until all have enough
-    (or fail); a lone arm gets one open-ended batch that stops itself once precise."""
+    """The arms in one process. With adaptive settings it is open-ended, in passes of `settings.repetitions`
+    of each arm in turn (so a slow spell of the host falls on them alike, not on one arm), stopped once all are
+    precise enough or their time is spent: one depth fill, and no drift between processes within an arm. A
+    failure ends the process: the arms it never reached, or left short of the fewest repetitions wanted, go on
+    in the next."""
     settings = s.rig.settings
-    todo, reps = [a for a in s.arms if not a.failure], settings.repetitions
-    if settings.adaptive and len(todo) > 1:  # fewer cannot be precise: a second round would fill the depth again
-        reps = max(reps, fewest_for_median_interval())
+    todo = [a for a in s.arms if not a.failure]
     while todo:
-        open_ended = settings.adaptive and len(todo) == 1
-        if unreached := _batch(s, todo, rpc, reps, open_ended):
-            todo = unreached  # a failed load ended the process before these: they get their own
-            continue
-        if open_ended or not settings.adaptive:
+        if settings.adaptive:
+            done = min(len(a.samples.get(t, [])) for a in todo for t in s.tests)
+            passes = max(1, math.ceil((settings.max_repetitions - done) / settings.repetitions))
+            _batch(s, todo, rpc, passes, _enough(todo, s.tests, settings, s.t0))
+        else:
+            _batch(s, todo, rpc, 1, None)
+        if not any(a.failure for a in todo):
             return
-        todo = [a for a in s.arms if not a.failure and not _precise_enough(a.samples, None, settings.precision)]
-        reps = _shared_repetitions(s, todo) if todo else 0
-        if reps < 1:
-            return
+        fewest = max(settings.repetitions, fewest_for_median_interval()) if settings.adaptive else 1
+        todo = [a for a in todo if not a.failure and min(len(a.samples.get(t, [])) for t in s.tests) < fewest]
 
 
 def _measure_paired(s: _Session, rpc: str | None) -> None:
@@ -255,7 +268,7 @@ def _measure_paired(s: _Session, rpc: str | None) -> None:
     reps, (arm,) = s.rig.settings.repetitions, s.arms
     while not arm.failure:
         for a in (s.baseline, arm):
-            _batch(s, [a], rpc, reps, False)
+            _batch(s, [a], rpc, 1, None, reps)
             if a.failure:
                 break
         if arm.failure:
@@ -271,39 +284,41 @@ def _measure_paired(s: _Session, rpc: str | None) -> None:
             return
 
 
-def _arm_logs(stderr: str, arms: int, instances_per_arm: int) -> list[str]:
+def _arm_logs(stderr: str, arms: int, tests: int) -> list[str]:
     """Each arm's part of one process's -v log: what came before the first benchmark (the devices), then the
-    lines of its own benchmarks (its model load, its contexts), cut at llama-bench's --progress "starting"."""
+    lines of its own benchmarks (its model loads, its contexts), cut at llama-bench's --progress "starting".
+    The benchmarks run `tests` per arm, arm after arm, pass after pass."""
     parts = [""]
     for line in stderr.splitlines(keepends=True):
         if (m := PROGRESS.match(line)) and m[1].startswith("starting"):
             parts.append("")
         parts[-1] += line
     head, instances = parts[0], parts[1:]
-    return [head + "".join(instances[i * instances_per_arm : (i + 1) * instances_per_arm]) for i in range(arms)]
+    return [head + "".join(part for i, part in enumerate(instances) if i // tests % arms == arm) for arm in range(arms)]
 
 
-def _batch(s: _Session, arms: list[Arm], rpc: str | None, reps: int, open_ended: bool) -> list[Arm]:
-    """One llama-bench process for `arms` (their n values one after another): their rows added to each; an arm
-    that failed, printed no result for a test, or ran on the CPU instead of the device gets its failure. Returns
-    the arms the process never reached because an earlier one failed."""
+def _batch(
+    s: _Session, arms: list[Arm], rpc: str | None, passes: int, stop_when: Callable[[str], bool] | None,
+    reps: int | None = None,
+) -> None:  # fmt: skip
+    """One llama-bench process for `arms`: `passes` of their n values one after another, `reps` repetitions
+    (default `settings.repetitions`) of each test each time, unless `stop_when` ends it sooner; their rows added
+    to each. An arm that failed (or the one the process died in), printed no result for a test, or ran on the CPU
+    instead of the device gets its failure."""
     settings, manifest, tests = s.rig.settings, s.rig.manifest, s.tests
     s.quiet.append(wait_for_quiet(settings.quiet_wait_s))
-    first = arms[0]
-    copies = max(1, (settings.max_repetitions - len(first.samples.get("tg", []))) // reps) if open_ended else 1
-    placement = Placement(bound_rules(first.overrides, rpc), s.job.tensor_split, s.job.n_gpu_layers)
-    cmd = bench_command(manifest, s.job.model_path, s.depth, [a.n_cpu_moe for a in arms], settings, rpc, placement,
-                        reps, s.threads, copies)  # fmt: skip
-    stop_when = _enough(first, tests, settings, s.t0) if open_ended else None
+    placement = Placement(bound_rules(arms[0].overrides, rpc), s.job.tensor_split, s.job.n_gpu_layers)
+    cmd = bench_command(manifest, s.job.model_path, s.depth, [a.n_cpu_moe for a in arms] * passes, settings, rpc,
+                        placement, reps, s.threads)  # fmt: skip
     result = run(cmd, timeout_s=settings.timeout_s * len(arms), log_path=s.rig.log_path, before_exec=s.host.enter,
                  on_stderr_line=s.host.on_line, stop_when=stop_when)  # fmt: skip
     rows = bench_records(result.stdout)
     if garbled := garbled_records(result.stdout):
         log.warning("llama-bench printed %d line(s) that start like a record but are not JSON (output of another "
                     "process interleaved?); left out of %s", garbled, s.job.model_name)  # fmt: skip
-    logs = _arm_logs(result.stderr, len(arms), len(tests) * copies)
-    printed = [rows if len(arms) == 1 else [r for r in rows if r.get("n_cpu_moe") == a.n_cpu_moe] for a in arms]
-    whole = [mine[: len(mine) - len(mine) % len(tests)] for mine in printed]  # copies a failed run finished too
+    logs = _arm_logs(result.stderr, len(arms), len(tests))
+    printed = _rows_per_arm(arms, rows)
+    whole = [mine[: len(mine) - len(mine) % len(tests)] for mine in printed]  # passes a failed run finished too
     measured = [sum(sum(r.get("samples_ns") or []) for r in done) / 1e9 for done in whole]
     for a, arm_log, own_rows, own_s in zip(arms, logs, whole, measured):
         a.batches += 1
@@ -319,33 +334,19 @@ def _batch(s: _Session, arms: list[Arm], rpc: str | None, reps: int, open_ended:
         # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
         for a in arms:
             a.failure = ("crash", "the RPC device went away before llama-bench used it", tail(result.stderr))
-        return []
+        return
     if result.ok:
         for a, mine in zip(arms, printed):
             if missing := set(tests) - {_test_of(r) for r in mine}:
                 a.failure = ("error", f"llama-bench printed no {'/'.join(sorted(missing))} result", tail(a.stderr))
-        return []
-    # The process ended early: on the arm it was measuring, the last to print, or the one after a finished one.
-    last = max((i for i, mine in enumerate(printed) if mine), default=-1)
-    done = last >= 0 and len(printed[last]) >= len(tests) * copies
-    failed = min(last + 1, len(arms) - 1) if done or last < 0 else last
+        return
+    # The process ended early, in the benchmark after the last one it printed (in the last, if it printed all).
+    running = min(len(rows), len(arms) * len(tests) * passes - 1)
+    failed = running // len(tests) % len(arms)
     status, reason = classify(result)
     if status == "ok":
         status, reason = "error", "llama-bench stopped early"
     arms[failed].failure = (status, reason, tail(logs[failed]))
-    return arms[failed + 1 :]
-
-
-def _shared_repetitions(s: _Session, arms: list[Arm]) -> int:
-    """How many repetitions the next shared batch of `arms` gets (0: stop): the most any of them still wants,
-    where the batch's fixed part (start, loads, one depth fill) is shared and each arm pays its repetitions."""
-    settings = s.rig.settings
-    counts = [len(a.samples[s.tests[0]]) for a in arms]
-    wanted = max(repetitions_for(a.samples[t], settings.precision) - n for a, n in zip(arms, counts) for t in s.tests)
-    fixed_s = max(a.costs()[0] for a in arms)
-    repetition_s = sum(a.costs()[1] for a in arms)
-    left_s = settings.time_budget_s * len(s.arms) - (time.monotonic() - s.t0)
-    return next_batch(wanted, settings.max_repetitions - max(counts), fixed_s, repetition_s, left_s)
 
 
 def _paired_repetitions(s: _Session) -> int:

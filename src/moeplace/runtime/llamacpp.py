@@ -322,19 +322,19 @@ def bench_command(
     placement: Placement = Placement(),
     repetitions: int | None = None,
     threads: int | None = None,
-    copies: int = 1,
 ) -> list[str]:
     """The llama-bench command of one benchmark configuration, as the bench stage runs it and the ceilings
     stage's attention probe repeats it: JSON lines out; on stderr llama.cpp's -v log (its buffers) and, with
     --progress, what it starts next.
-    `copies` of it run one after another in the one process, each printing its lines when done: llama-bench
-    fills the depth once and restores that KV cache for every later copy, so a caller may stop it between
-    copies and have paid one fill. Several `n_cpu_moe` values run one after another (each loads the model
-    anew) and share that fill too: llama-bench keys its saved KV cache by depth alone."""
+    Several `n_cpu_moe` values run one after another in the one process, in the order given, each printing its
+    lines when done (a value may come again: passes of a sweep, or copies of one value). They share one fill of
+    the depth: llama-bench keys the KV cache it saves by depth alone and restores it for every later benchmark,
+    so a caller may stop it between benchmarks and have paid one fill. A value after another loads the model
+    anew; the same value again does not."""
     cmd = [str(require_binary(manifest, "llama-bench"))]
     if rpc:
         cmd += ["--rpc", rpc]  # before -ot, so RPC buffer types are known when -ot is parsed
-    cmd += ["-m", model, "-d", ",".join([str(depth)] * copies), "-p", str(s.prompt), "-n", str(s.gen)]
+    cmd += ["-m", model, "-d", str(depth), "-p", str(s.prompt), "-n", str(s.gen)]
     cmd += ["-ngl", str(placement.n_gpu_layers)]
     values = ",".join(map(str, [n_cpu_moe] if isinstance(n_cpu_moe, int) else n_cpu_moe))
     cmd += ["-ncmoe", values, "-t", str(threads or s.threads), "-r", str(repetitions or s.repetitions)]
