@@ -233,7 +233,10 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig) -> list[dict[str, An
     tests = TESTS if settings.prompt else ("tg",)  # -p 0: a decode-only probe
     threads = min(settings.threads, len(cpus.bench))
     arms, t0 = [Arm(n, job.overrides) for n in sorted(n_values)], time.monotonic()
-    with attached(rig.device, rig.manifest, cpus, rig.log_path) as rpc, host_side(rig.device, cpus.bench) as host:
+    with (
+        attached(rig.device, rig.manifest, cpus, rig.log_path) as rpc,
+        host_side(rig.device, cpus.bench, rig.log_path) as host,
+    ):
         session = _Session(job, rig, depth, tests, cpus, threads, arms, baseline, host, t0)
         if baseline:
             _measure_paired(session, rpc)

@@ -200,7 +200,7 @@ def attention_rows(
     cpus = split_cpus(device.kind == "emulated")
     threads = min(bench.threads, len(cpus.bench))
     placements = [(depth, n_layer) for depth in depths] + [(depths[0], 0)]
-    with attached(device, manifest, cpus, log_file) as rpc, host_side(device, cpus.bench) as host:
+    with attached(device, manifest, cpus, log_file) as rpc, host_side(device, cpus.bench, log_file) as host:
         samples = _timed_rounds(manifest, name, model, bench, placements, rpc, host, threads, log_file)
     rows = []
     for test, timed_runs in samples.items():

@@ -233,7 +233,7 @@ def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, cap
                  "-n", str(gen), "-d", str(w.ctx - gen), "-r", str(repetitions), "-t", "1", "-o", "jsonl",
                  "--progress", *cache_args(w.type_k, w.type_v, w.flash_attn, w.ubatch)]  # fmt: skip
         samples: dict[str, list[float]] = {name: [] for name in placements}
-        host = stack.enter_context(host_side(device, cpus.bench))
+        host = stack.enter_context(host_side(device, cpus.bench, log_path))
         for _ in range(rounds):
             for name, (args, _) in placements.items():
                 done = run([*bench, *args], timeout_s=1800, log_path=log_path, before_exec=host.enter,

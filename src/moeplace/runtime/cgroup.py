@@ -1,5 +1,5 @@
 """Cgroups made per run under our own, removed after: memory (v1 memory.limit_in_bytes or v2 memory.max) for
-the RAM tier, cpu (v1 cpu.cfs_quota_us or v2 cpu.max) for the emulated device's slow host side.
+the RAM tier.
 
 cgroup_site(controller) finds our cgroup of that controller and checks that a limited child can be made;
 where it cannot (not root, cgroup v2 without a delegated controller) it says why in one line.
@@ -28,11 +28,6 @@ MIB = 2**20
 # Where the kernel describes this process (tests point it elsewhere).
 PROC_SELF = Path("/proc/self")
 CGROUP_PREFIX = "moeplace-ramtier-"
-CPU_PREFIX = "moeplace-host-"
-# The CFS period of a cpu cgroup (µs): a throttled process runs its share of each, so the slowest host
-# side (the smallest quota the kernel takes, 1 ms) is 1/16 of a core.
-CPU_PERIOD_US = 16_000
-MIN_CPU_QUOTA_US = 1_000
 
 
 @dataclass(frozen=True)
@@ -43,25 +38,15 @@ class CgroupSite:
     path: Path
     controller: str = "memory"
 
-    @property
-    def prefix(self) -> str:
-        return CGROUP_PREFIX if self.controller == "memory" else CPU_PREFIX
+    prefix = CGROUP_PREFIX
 
     def probe_limits(self) -> dict[str, str]:
         """A limit that proves a child can be limited."""
-        return memory_limits(self, 64 * MIB) if self.controller == "memory" else cpu_limits(self.version, 0.5)
+        return memory_limits(self, 64 * MIB)
 
 
 def memory_limits(site: CgroupSite, limit_bytes: int) -> dict[str, str]:
     return {"memory.limit_in_bytes" if site.version == 1 else "memory.max": str(limit_bytes)}
-
-
-def cpu_limits(version: int, share: float | None) -> dict[str, str]:
-    """`share` of one core's time (at least 1/16: the kernel's smallest quota in our period); None: no limit."""
-    quota = "-1" if share is None else str(max(MIN_CPU_QUOTA_US, round(CPU_PERIOD_US * share)))
-    if version == 1:
-        return {"cpu.cfs_period_us": str(CPU_PERIOD_US), "cpu.cfs_quota_us": quota}
-    return {"cpu.max": f"{'max' if share is None else quota} {CPU_PERIOD_US}"}
 
 
 def _mountinfo() -> list[tuple[str, Path, str, set[str]]]:
@@ -189,26 +174,6 @@ class Cgroup:
 
 
 @dataclass
-class CpuCgroup(Cgroup):
-    share: float = 1.0  # of one core's time, while held
-
-    def hold(self, held: bool) -> None:
-        """Hold its processes to their share, or let them run free; the kernel applies it within a period."""
-        for name, value in cpu_limits(self.version, self.share if held else None).items():
-            (self.path / name).write_text(value)
-
-    def throttled_s(self) -> float | None:
-        """How long the kernel held this cgroup's processes back for its quota (None: unreadable)."""
-        try:
-            text = (self.path / "cpu.stat").read_text()
-        except OSError:
-            return None
-        name, scale = ("throttled_time", 1e9) if self.version == 1 else ("throttled_usec", 1e6)
-        m = re.search(rf"^{name} (\d+)$", text, re.MULTILINE)
-        return int(m[1]) / scale if m else None
-
-
-@dataclass
 class MemoryCgroup(Cgroup):
     def oom_kills(self) -> int:
         """How many processes the OOM killer ended in this cgroup. A count that cannot be read is an error,
@@ -281,14 +246,6 @@ def memory_cgroup(site: CgroupSite, limit_bytes: int | None) -> Iterator[MemoryC
                 except OSError:
                     log.warning("could not cap swap in %s; no swap is assumed", path)
         yield MemoryCgroup(path, site.version)
-
-
-@contextmanager
-def cpu_cgroup(site: CgroupSite, share: float) -> Iterator[CpuCgroup]:
-    """A child of `site` whose processes get `share` of one core's time together while held (it starts free);
-    removed after."""
-    with _child(site, cpu_limits(site.version, None)) as path:
-        yield CpuCgroup(path, site.version, share)
 
 
 def _remove_cgroup(path: Path) -> None:

@@ -1,18 +1,27 @@
-"""Which CPUs a measurement gets, and whether anything else is using them.
+"""Which CPUs a measurement gets, whether anything else is using them, and how some are made slower.
 
 On the emulated device the RPC server (the "device") and llama-bench (the host side) would otherwise
 compete for the same cores, and every contended run is a noisy one: each gets its own half of the
 CPUs this job may use. Before each run, other runnable tasks on the machine are counted from
 /proc/stat (procs_running, sampled), and the run waits for a quiet machine or is flagged contended.
+The host side's CPUs can be made a declared factor slower (native/slowcore.c), as a real card's host is.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..core.errors import MoeplaceError
+from .native import build_native
+from .process import run, spawn
 
 log = logging.getLogger("moeplace")
 
@@ -70,3 +79,29 @@ def wait_for_quiet(max_wait_s: float) -> dict[str, float | bool | None]:
             if busy >= BUSY:
                 log.warning("%.1f other tasks still running after %.0f s: this run is contended", busy, waited)
             return {"others_running": round(busy, 2), "quiet_wait_s": round(waited, 1), "contended": busy >= BUSY}
+
+
+def realtime_refusal() -> str | None:
+    """None where this user may run real-time (SCHED_FIFO) threads, which slowing a CPU needs; else why not."""
+    probe = "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"
+    if run([sys.executable, "-c", probe], timeout_s=30).ok:
+        return None
+    return "real-time scheduling refused: run as root, or raise this user's RLIMIT_RTPRIO"
+
+
+@contextmanager
+def slowed(cpus: tuple[int, ...], factor: float, log_path: Path) -> Iterator[Callable[[bool], None]]:
+    """A switch that makes `cpus` `factor` times slower for everything else on them while on (native/slowcore.c:
+    a real-time thread on each holds it for the rest of every millisecond); off at first, and ended after."""
+    tool = build_native("slowcore", log_path, shared=False)
+    proc = spawn([str(tool), f"{factor:g}", *map(str, cpus)], env=None, log_path=log_path)
+    try:
+        time.sleep(0.2)
+        if proc.poll() is not None:  # a refusal ends it at once
+            raise MoeplaceError(f"the host side cannot be slowed (slowcore exited with {proc.returncode}); "
+                                f"see {log_path}, or set device.host_slowdown: 1.")  # fmt: skip
+        os.kill(proc.pid, signal.SIGSTOP)
+        yield lambda on: os.kill(proc.pid, signal.SIGCONT if on else signal.SIGSTOP)
+    finally:
+        proc.kill()
+        proc.wait()

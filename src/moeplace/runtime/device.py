@@ -3,8 +3,8 @@
 On a machine without a GPU the "device" is llama.cpp's RPC backend, CPU-backed, whose memory is capped
 by the devcap shim: placement and out-of-memory are real while speed is a CPU's. So that it has a real
 card's shape, where experts kept in host RAM cost more per token than those on the device, its host side
-(the llama.cpp process measured) runs slowed by a declared factor while a run is timed: a cgroup CPU quota
-gives it 1/host_slowdown of its CPU time, while the RPC server runs free on its own.
+(the llama.cpp process measured) runs slowed by a declared factor while a run is timed: a real-time thread
+holds its core for all but 1/host_slowdown of every millisecond, while the RPC server runs free on its own.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from typing import Any
 
 from ..core.config import DeviceTarget
 from ..core.errors import MoeplaceError
-from .cgroup import cgroup_site, cpu_cgroup
-from .cpus import CpuSplit, pin
+from .cpus import CpuSplit, pin, realtime_refusal, slowed
 from .llamacpp import free_device_bytes, require_binary
 from .native import build_native
 from .process import run_checked, spawn, stop
@@ -37,7 +36,7 @@ class DeviceSetup:
     label: str
     cap_bytes: int
     hold: bool = False  # a GPU capped to cap_bytes: the rest of its free memory is held while a job runs
-    host_slowdown: float = 1.0  # emulated: the host side gets 1/host_slowdown of each of its cores
+    host_slowdown: float = 1.0  # emulated: the host side runs this many times slower while timed
     other_caps: tuple[int, ...] = ()  # several devices: the caps of the ones after the first, in llama.cpp's order
 
     @property
@@ -81,10 +80,10 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
     else:
         label = f"emulated device: a CPU core behind RPC, {vram_bytes / 2**20:.0f} MiB"
     slowdown, why_not = target.host_slowdown, None
-    if slowdown > 1 and isinstance(site := cgroup_site("cpu"), str):
-        slowdown, why_not = 1.0, site
+    if slowdown > 1 and (refusal := realtime_refusal()):
+        slowdown, why_not = 1.0, refusal
     if slowdown > 1:
-        label += f"; host side held to 1/{slowdown:g} of its CPU time while timed"
+        label += f"; host side {slowdown:g}x slower while timed"
     elif why_not:
         label += f"; host side not slowed ({why_not})"
     return DeviceSetup("emulated", label, vram_bytes, host_slowdown=slowdown, other_caps=target.other_vram_bytes)
@@ -170,10 +169,10 @@ def link_facts(log_path: Path, nbytes: int = LINK_PROBE_BYTES, trials: int = 5, 
 
 @dataclass(frozen=True)
 class HostSide:
-    """How a measured llama.cpp process runs: `enter` before exec (pinned to its CPUs, into its cpu cgroup), and
-    `on_line` for each line of its stderr: with a slowed host, llama-bench's --progress lines hold the cgroup to
-    its share while a prompt or generation run is timed and let it run free for the rest (the depth fill, the
-    warmups), which, slowed, would cost minutes and measure nothing."""
+    """How a measured llama.cpp process runs: `enter` before exec (pinned to its CPUs), and `on_line` for each
+    line of its stderr: with a slowed host, llama-bench's --progress lines slow its CPUs while a prompt or
+    generation run is timed and leave them free for the rest (the depth fill, the warmups), which, slowed, would
+    cost minutes and measure nothing."""
 
     enter: Callable[[], None]
     on_line: Callable[[str], None] | None = None
@@ -183,28 +182,23 @@ PROGRESS = re.compile(r"llama-bench: benchmark \d+/\d+: (.*)")  # --progress: wh
 
 
 @contextmanager
-def host_side(device: DeviceSetup, cpus: tuple[int, ...]) -> Iterator[HostSide]:
+def host_side(device: DeviceSetup, cpus: tuple[int, ...], log_path: Path) -> Iterator[HostSide]:
     """The measured process's side of `device`: pinned to `cpus` and, on an emulated device with a slowed host,
-    given 1/host_slowdown of each of them while timed (a cpu cgroup, removed after)."""
+    those CPUs host_slowdown times slower while timed (runtime.cpus.slowed)."""
     if device.host_slowdown <= 1:
         yield HostSide(lambda: pin(cpus))
         return
-    site = cgroup_site("cpu")
-    if isinstance(site, str):  # device_setup found one moments ago
-        raise MoeplaceError(f"the emulated device's host side cannot be slowed: {site}; set device.host_slowdown: 1.")
-    with cpu_cgroup(site, len(cpus) / device.host_slowdown) as cg:
-
-        def enter() -> None:
-            pin(cpus)
-            cg.join()
+    timed = []
+    with slowed(cpus, device.host_slowdown, log_path) as slow:
 
         def on_line(line: str) -> None:
             if m := PROGRESS.match(line):
-                cg.hold(m[1].startswith(("prompt run", "generation run")))
+                timed.append(m[1].startswith(("prompt run", "generation run")))
+                slow(timed[-1])
 
-        yield HostSide(enter, on_line)
-        if not cg.throttled_s():
-            log.warning("the host side's cpu cgroup %s was never throttled: this run was not slowed", cg.path)
+        yield HostSide(lambda: pin(cpus), on_line)
+    if not any(timed):
+        log.warning("the host side was never slowed: llama-bench printed no timed run (no --progress lines?)")
 
 
 @contextmanager
