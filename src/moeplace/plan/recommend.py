@@ -137,6 +137,12 @@ def _vram(args: argparse.Namespace, backend: str) -> tuple[int, str, str | None]
     return free, f"free on {what} now (--vram auto)", card
 
 
+def given_speeds(args: argparse.Namespace) -> tuple[float, float, float]:
+    """--bw-vram, --bw-ddr and --card-tflops, moeplace's defaults for those not given."""
+    vram, ddr = DEFAULT_BANDWIDTHS
+    return args.bw_vram_gbps or vram, args.bw_ddr_gbps or ddr, args.card_tflops or DEFAULT_CARD_TFLOPS
+
+
 def assumptions(args: argparse.Namespace) -> Assumptions:
     """The card, the margin, the bandwidths and the host's RAM the plan assumes, with their sources."""
     backend, backend_source = _backend(args)
@@ -152,7 +158,7 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         speed = f"fitted to your runs ({args.calibration})"
         bw = (None, None)
     elif args.bw_vram_gbps or args.bw_ddr_gbps:
-        bw = (args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
+        bw = given_speeds(args)[:2]
         given = all((args.bw_vram_gbps, args.bw_ddr_gbps))
         speed = "--bw-vram/--bw-ddr as given" + ("" if given else ", the other moeplace's default")
         speed += "" if args.card_tflops else "; TFLOPS moeplace's default, --card-tflops for yours"
@@ -163,8 +169,8 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         speed = "moeplace's defaults, the seed's workstation; --bw-vram/--bw-ddr/--card-tflops for yours"
     if not getattr(args, "calibration", None):
         if args.card_tflops:
-            tflops, speed = args.card_tflops, f"{speed}; --card-tflops as given"
-        tflops = tflops or DEFAULT_CARD_TFLOPS
+            speed = f"{speed}; --card-tflops as given"
+        tflops = args.card_tflops or tflops or DEFAULT_CARD_TFLOPS
         speed += "; efficiencies learned from published sweeps of real cards (docs/speed-prior.md)"
     ram, ram_source = host_ram(args.ram)
     return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, tflops, speed, ram,
@@ -187,9 +193,9 @@ def speed_model(  # noqa: ANN201
         except (OSError, json.JSONDecodeError) as e:
             raise MoeplaceError(f"--calibration {args.calibration}: cannot read it ({e}).") from None
         return SpeedModel.from_json(data, f"--calibration {args.calibration}")
-    vram, ddr = bw or (args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
-    tflops = tflops or args.card_tflops or DEFAULT_CARD_TFLOPS
-    return learned(meta, Machine(backend, vram, ddr, args.bw_link_gbps or DEFAULT_LINK_GBPS, tflops))
+    *given_bw, given_tflops = given_speeds(args)
+    vram, ddr = bw or given_bw
+    return learned(meta, Machine(backend, vram, ddr, args.bw_link_gbps or DEFAULT_LINK_GBPS, tflops or given_tflops))
 
 
 def expected(meta: dict[str, Any], model: Any, host: frozenset[str], depth: int, args: argparse.Namespace,
@@ -276,11 +282,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 def cards_speed(args: argparse.Namespace, meta: dict[str, Any], emit: str) -> Speed:
     """The speeds of a plan over several cards, from --bw-vram/--bw-ddr or the defaults (said once)."""
-    bw = (args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
-    model = speed_model(args, meta, bw, _backend(args)[0])
+    *bw, tflops = given_speeds(args)
+    model = speed_model(args, meta, tuple(bw), _backend(args)[0], tflops)
     if emit == "server" and not getattr(args, "calibration", None):
         given = "--bw-vram/--bw-ddr" if args.bw_vram_gbps or args.bw_ddr_gbps else "moeplace's defaults"
-        tflops = args.card_tflops or DEFAULT_CARD_TFLOPS
         print(f"speeds: {bw[0]:g} GB/s and {tflops:g} TFLOPS on every card, {bw[1]:g} GB/s host RAM ({given}); "
               "efficiencies learned from published sweeps of real cards (docs/speed-prior.md)")  # fmt: skip
 
