@@ -58,7 +58,9 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
         if test == "tg" and len(c) and pd.notna(c.knee_measured.iloc[0]):
             k = int(c.knee_measured.iloc[0])
             y = ok.set_index("n_cpu_moe").median_ts.get(k, float("nan"))
-            ax.plot([k], [y], "*", ms=16, color="tab:green", label=f"measured knee (n = {k})", zorder=5)
+            # hollow, so the point and its interval show through
+            ax.plot([k], [y], "*", ms=18, mfc="none", mec="tab:green", mew=1.5, label=f"measured knee (n = {k})",
+                    zorder=5)  # fmt: skip
         if len(c) and pd.notna(c.budget_min_n.iloc[0]):
             n_min = int(c.budget_min_n.iloc[0])
             ax.axvline(n_min, color="tab:purple", lw=1.2, label=f"budget minimum (n = {n_min})")
