@@ -104,6 +104,12 @@ def _rows_per_arm(arms: list[Arm], rows: list[dict[str, Any]]) -> list[list[dict
     return [[r for r in rows if r.get("n_cpu_moe") == a.n_cpu_moe] for a in arms]
 
 
+def _fewest(settings: BenchSettings) -> int:
+    """The fewest repetitions an arm gets before adaptive settings may stop: as many as a median's interval needs
+    (at least `settings.repetitions`), unless fewer are allowed."""
+    return min(settings.max_repetitions, max(settings.repetitions, fewest_for_median_interval()))
+
+
 def _enough(arms: list[Arm], tests: tuple[str, ...], settings: BenchSettings, t0: float) -> Callable[[str], bool]:
     """When to stop an open-ended process, after a whole pass over its arms: every arm with the fewest repetitions
     a median's interval needs and precise enough, or the most repetitions allowed, or the next pass would run
@@ -113,7 +119,7 @@ def _enough(arms: list[Arm], tests: tuple[str, ...], settings: BenchSettings, t0
     (llama-bench's samples_ns) and one more, after that the last pass's."""
     pass_ends = [time.monotonic()]
     once = []  # the first pass's wall time less its repetitions: what no later pass pays
-    fewest = max(settings.repetitions, fewest_for_median_interval())
+    fewest = _fewest(settings)
 
     def enough(stdout: str) -> bool:
         rows = bench_records(stdout)
@@ -203,10 +209,10 @@ class _Session:
 def run_bench(job: BenchJob, rig: Rig) -> list[dict[str, Any]]:
     """Run one configuration; one record per test, successful or not.
 
-    Repetitions come in batches (one llama-bench process each, its own warm-up and one fill of the depth
-    first): one batch of `settings.repetitions`; or with adaptive settings one open-ended batch, copies of
-    `settings.repetitions` each, stopped once the median is precise enough (the minimum always), so a 32K
-    configuration pays its depth fill once. With `paired_n_cpu_moe` the configuration is compared with that
+    Repetitions come in one llama-bench process (its own warm-up and one fill of the depth first):
+    `settings.repetitions` of them; or with adaptive settings passes of `settings.repetitions` each, stopped
+    once the median is precise enough (the fewest for its interval always), so a 32K configuration pays its
+    depth fill once. With `paired_n_cpu_moe` the configuration is compared with that
     `-ncmoe` run, measured interleaved with it batch by batch (A B A B ...), so drift falls on both alike; the
     records carry both.
     """
@@ -220,8 +226,8 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig) -> list[dict[str, An
     cache it saved for every later load at the same depth) rather than one per value. A value that fails
     to load ends its process (llama-bench stops at the first failed load): it is recorded as failed and the
     values after it get a process of their own; the value below the budget's minimum, expected to run out of
-    memory, comes first and costs a load. With adaptive settings the values not yet precise enough are
-    measured again, together, in one more process per round.
+    memory, comes first and costs a load. With adaptive settings the values take turns, pass after pass, until
+    all are precise enough or their time is spent (_measure_shared).
     """
     settings = rig.settings
     rig.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -262,7 +268,7 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
             _batch(s, todo, rpc, 1, None)
         if not any(a.failure for a in todo):
             return
-        fewest = max(settings.repetitions, fewest_for_median_interval()) if settings.adaptive else 1
+        fewest = _fewest(settings) if settings.adaptive else 1
         todo = [a for a in todo if not a.failure and min(len(a.samples.get(t, [])) for t in s.tests) < fewest]
 
 
