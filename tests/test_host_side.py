@@ -91,13 +91,14 @@ def test_the_label_says_the_host_is_slowed_or_why_not(monkeypatch):
 
 
 def test_a_line_handler_that_fails_never_stalls_the_child():
-    """A line handler refused mid-run: the run goes on (its stderr, more than a pipe holds, still read whole)."""
+    """A line handler that fails mid-run (the slowing thread gone): the run goes on (its stderr, more than a pipe
+    holds, still read whole)."""
 
     def refuse(line: str) -> None:
-        raise PermissionError(13, "Permission denied", "cpu.cfs_quota_us")
+        raise ProcessLookupError(3, "No such process")
 
     loud = "import sys\nfor i in range(4000): print('llama-bench: benchmark 1/1: prompt run', i, file=sys.stderr)"
     result = run([sys.executable, "-c", loud], on_stderr_line=refuse, timeout_s=60)
     assert result.ok and not result.timed_out
     assert result.stderr.count("prompt run") == 4000
-    assert result.stderr.count("moeplace: stopped following this output: [Errno 13] Permission denied") == 1
+    assert result.stderr.count("moeplace: stopped following this output: [Errno 3] No such process") == 1
