@@ -138,8 +138,10 @@ def test_the_tiny_gemma4_quantizes_loads_and_generates_as_its_spec_says(tmp_path
     build = pinned_llamacpp()
     spec = ROOT / "config/models/tiny-gemma4.yaml"
     model = make_twin(load_spec(spec), tmp_path / "tiny.gguf", "random", "Q4_K_M", 0, build, tmp_path / "q.log")
+    # One thread: with two, the pinned llama-completion sometimes stops right after the prompt on this twin, exit
+    # code 0 and no timings (3 of 12 runs on 2026-12-05; one thread, 12 of 12).
     cmd = [str(Path(build["bin_dir"]) / "llama-completion"), "-m", str(model), "-n", "8", "-p", "Hello", "-no-cnv",
-           "--no-warmup", "--temp", "0", "-t", "2", "-v"]  # fmt: skip
+           "--no-warmup", "--temp", "0", "-t", "1", "-v"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     printed = dict(re.findall(r"print_info: ([\w ]+?)\s+= (.+)", out.stderr))
