@@ -188,16 +188,18 @@ def host_side(device: DeviceSetup, cpus: tuple[int, ...], log_path: Path) -> Ite
     if device.host_slowdown <= 1:
         yield HostSide(lambda: pin(cpus))
         return
-    timed = []
+    ever_timed = False
     with slowed(cpus, device.host_slowdown, log_path) as slow:
 
         def on_line(line: str) -> None:
+            nonlocal ever_timed
             if m := PROGRESS.match(line):
-                timed.append(m[1].startswith(("prompt run", "generation run")))
-                slow(timed[-1])
+                timed = m[1].startswith(("prompt run", "generation run"))
+                ever_timed |= timed
+                slow(timed)
 
         yield HostSide(lambda: pin(cpus), on_line)
-    if not any(timed):
+    if not ever_timed:
         log.warning("the host side was never slowed: llama-bench printed no timed run (no --progress lines?)")
 
 
