@@ -66,6 +66,10 @@ class Arm:
     measured_s: float = 0.0  # of which timed repetitions (llama-bench's samples_ns)
     failure: tuple[str, str, str] | None = None  # status, reason, stderr tail
 
+    def repetitions(self, tests: tuple[str, ...]) -> int:
+        """The fewest repetitions any of `tests` has so far."""
+        return min(len(self.samples.get(t, [])) for t in tests)
+
     def costs(self) -> tuple[float, float]:
         """(seconds per batch outside the repetitions: start, load, warm-up, one depth fill; seconds per
         repetition of all tests), from the batches so far."""
@@ -261,7 +265,7 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
     todo = [a for a in s.arms if not a.failure]
     while todo:
         if settings.adaptive:
-            done = min(len(a.samples.get(t, [])) for a in todo for t in s.tests)
+            done = min(a.repetitions(s.tests) for a in todo)
             passes = max(1, math.ceil((settings.max_repetitions - done) / settings.repetitions))
             _batch(s, todo, rpc, passes, _enough(todo, s.tests, settings, s.t0))
         else:
@@ -269,7 +273,7 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
         if not any(a.failure for a in todo):
             return
         fewest = _fewest(settings) if settings.adaptive else 1
-        todo = [a for a in todo if not a.failure and min(len(a.samples.get(t, [])) for t in s.tests) < fewest]
+        todo = [a for a in todo if not a.failure and a.repetitions(s.tests) < fewest]
 
 
 def _measure_paired(s: _Session, rpc: str | None) -> None:
