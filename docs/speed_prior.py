@@ -103,12 +103,11 @@ def main() -> int:
             "",
             "The decode interval is not yet as narrow as a user choosing a card needs: "
             f"{100 * np.mean(tg_heldout <= math.log(GOAL)):.0f}% of the held-out decode points",
-            f"are within x/÷{GOAL} of the prediction. What the prior sees is not all that sets the speed: "
-            f"of {len(apart)} pairs of",
+            f"are within x/÷{GOAL} of the prediction. Some of that no prior can remove: of {len(apart)} pairs of",
             "published setups alike in all it sees (card, host RAM, model, quant, backend, KV type, placement, depth),",
             f"and differing in what it does not (threads, build, flags), {100 * np.mean(apart > math.log(GOAL)):.0f}% "
             f"differ by more than x{GOAL}.",
-            "A run of your own (`moeplace tune`) is what narrows it.",
+            "Most of it is the prior's own error between machines. A run of your own (`moeplace tune`) narrows it.",
         ]
     bounds = ", ".join(f"x{math.exp(p.log_q95_difference):.2f} ({t})" for t, p in prior.items())
     lines += [
