@@ -1,8 +1,7 @@
-"""Cgroups made per run under our own, removed after: memory (v1 memory.limit_in_bytes or v2 memory.max) for
-the RAM tier.
+"""Memory cgroups made per run (v1 memory.limit_in_bytes or v2 memory.max) under our own, removed after.
 
-cgroup_site(controller) finds our cgroup of that controller and checks that a limited child can be made;
-where it cannot (not root, cgroup v2 without a delegated controller) it says why in one line.
+cgroup_site() finds our memory cgroup and checks that a capped child can be made; where it cannot
+(not root, cgroup v2 without a delegated memory controller) it says why in one line.
 """
 
 from __future__ import annotations
@@ -32,21 +31,14 @@ CGROUP_PREFIX = "moeplace-ramtier-"
 
 @dataclass(frozen=True)
 class CgroupSite:
-    """Our own cgroup of one controller, under which the limited child cgroups are made."""
+    """Our own memory cgroup, under which the capped child cgroups are made."""
 
     version: int  # 1 or 2
     path: Path
-    controller: str = "memory"
 
-    prefix = CGROUP_PREFIX
-
-    def probe_limits(self) -> dict[str, str]:
-        """A limit that proves a child can be limited."""
-        return memory_limits(self, 64 * MIB)
-
-
-def memory_limits(site: CgroupSite, limit_bytes: int) -> dict[str, str]:
-    return {"memory.limit_in_bytes" if site.version == 1 else "memory.max": str(limit_bytes)}
+    @property
+    def limit_file(self) -> str:
+        return "memory.limit_in_bytes" if self.version == 1 else "memory.max"
 
 
 def _mountinfo() -> list[tuple[str, Path, str, set[str]]]:
@@ -73,20 +65,19 @@ def _inside(mount_root: str, cgroup_path: str, mount_point: Path) -> Path | None
 
 def _probe(site: CgroupSite) -> str | None:
     """Make and remove a child cgroup with a limit: None if that works, else why not."""
-    probe = site.path / f"{site.prefix}probe-{os.getpid()}-{threading.get_ident()}"
+    probe = site.path / f"{CGROUP_PREFIX}probe-{os.getpid()}-{threading.get_ident()}"
     try:
         probe.mkdir()
     except OSError as e:
         return (
-            f"cannot create a {site.controller} cgroup under {site.path} ({e.strerror}); run as root, or in a "
-            "cgroup delegated to this user (e.g. systemd-run --user --scope -p Delegate=yes)"
+            f"cannot create a memory cgroup under {site.path} ({e.strerror}); run as root, or in a cgroup "
+            "delegated to this user (e.g. systemd-run --user --scope -p Delegate=yes)"
         )
     try:
-        for name, value in site.probe_limits().items():
-            (probe / name).write_text(value)
+        (probe / site.limit_file).write_text(str(64 * MIB))
     except OSError as e:
         return (
-            f"cannot set {name} in a child of {site.path} ({e.strerror}); the {site.controller} controller is unusable"
+            f"cannot set {site.limit_file} in a child of {site.path} ({e.strerror}); the memory controller is unusable"
         )
     finally:
         with suppress(OSError):
@@ -94,7 +85,7 @@ def _probe(site: CgroupSite) -> str | None:
     return None
 
 
-def _find_site(controller: str) -> CgroupSite | str:
+def _find_site() -> CgroupSite | str:
     try:
         membership = (PROC_SELF / "cgroup").read_text().splitlines()
         mounts = _mountinfo()
@@ -107,15 +98,15 @@ def _find_site(controller: str) -> CgroupSite | str:
             continue
         if parts[0] == "0" and parts[1] == "":
             v2_path = parts[2]
-        elif controller in parts[1].split(","):
+        elif "memory" in parts[1].split(","):
             v1_path = parts[2]
-    if v1_path is not None:  # the controller is bound to a v1 hierarchy
+    if v1_path is not None:  # the memory controller is bound to a v1 hierarchy
         for root, point, fstype, opts in mounts:
-            if fstype == "cgroup" and controller in opts and (path := _inside(root, v1_path, point)):
-                return CgroupSite(1, path, controller)
+            if fstype == "cgroup" and "memory" in opts and (path := _inside(root, v1_path, point)):
+                return CgroupSite(1, path)
         return (
-            f"this process is in the cgroup v1 {controller} cgroup {v1_path}, but no mount of the {controller} "
-            f"hierarchy shows it (a container without /sys/fs/cgroup/{controller}?); mount it or run on the host"
+            f"this process is in the cgroup v1 memory cgroup {v1_path}, but no mount of the memory "
+            "hierarchy shows it (a container without /sys/fs/cgroup/memory?); mount it or run on the host"
         )
     if v2_path is not None:
         for root, point, fstype, _opts in mounts:
@@ -125,56 +116,53 @@ def _find_site(controller: str) -> CgroupSite | str:
                     subtree = (path / "cgroup.subtree_control").read_text().split()
                 except OSError as e:
                     return f"cannot read the cgroup v2 controllers of {path} ({e.strerror})"
-                if controller not in controllers:
+                if "memory" not in controllers:
                     return (
-                        f"the cgroup v2 {controller} controller is not available in {path} (cgroup.controllers: "
+                        f"the cgroup v2 memory controller is not available in {path} (cgroup.controllers: "
                         f"'{' '.join(controllers)}'); enable it in the parent, or run in a systemd scope with "
                         "Delegate=yes"
                     )
-                if controller not in subtree:
+                if "memory" not in subtree:
                     return (
-                        f"the cgroup v2 {controller} controller is not enabled for children of {path} "
+                        f"the cgroup v2 memory controller is not enabled for children of {path} "
                         f"(cgroup.subtree_control: '{' '.join(subtree)}'; it cannot be enabled while {path} holds "
-                        f"processes); start the pipeline in a cgroup whose subtree_control has {controller}, e.g. "
-                        "as `systemd-run --scope -p Delegate=yes` moved into a leaf"
+                        "processes); start the pipeline in a cgroup whose subtree_control has memory, e.g. as "
+                        "`systemd-run --scope -p Delegate=yes` moved into a leaf, or skip the RAM tier"
                     )
-                return CgroupSite(2, path, controller)
+                return CgroupSite(2, path)
         return f"this process is in cgroup v2 {v2_path}, but no cgroup2 mount shows it; mount cgroup2 at /sys/fs/cgroup"
-    return f"no {controller} cgroup: no cgroup v1 {controller} hierarchy and no cgroup v2 in use (/proc/self/cgroup)"
+    return "no memory cgroup: neither a cgroup v1 memory hierarchy nor cgroup v2 is in use (/proc/self/cgroup)"
 
 
-def cgroup_site(controller: str = "memory") -> CgroupSite | str:
-    """Our cgroup of `controller`, checked by making a limited child (stale children of killed jobs removed
-    first), or a one-line reason saying what to do."""
-    site = _find_site(controller)
+def cgroup_site() -> CgroupSite | str:
+    """Our memory cgroup, checked by making a capped child (stale children of killed jobs removed first),
+    or a one-line reason saying what to do."""
+    site = _find_site()
     if isinstance(site, str):
         return site
     _remove_stale(site)
     return _probe(site) or site
 
 
-def cgroup_support(controller: str = "memory") -> str | None:
-    """None when limited cgroups of `controller` can be made here, else a one-line reason saying what to do."""
-    site = cgroup_site(controller)
+def cgroup_support() -> str | None:
+    """None when capped memory cgroups can be made here, else a one-line reason saying what to do."""
+    site = cgroup_site()
     return site if isinstance(site, str) else None
 
 
 @dataclass
-class Cgroup:
+class MemoryCgroup:
     path: Path
     version: int
 
     def join(self) -> None:
-        """In a child before exec: move this process into the cgroup (it fails rather than run unlimited)."""
+        """In a child before exec: move this process into the cgroup (it fails rather than run uncapped)."""
         try:
             (self.path / "cgroup.procs").write_text(str(os.getpid()))
         except OSError as e:
-            os.write(2, f"moeplace: cannot join the cgroup {self.path}: {e.strerror}\n".encode())
+            os.write(2, f"moeplace: cannot join the memory cgroup {self.path}: {e.strerror}\n".encode())
             raise
 
-
-@dataclass
-class MemoryCgroup(Cgroup):
     def oom_kills(self) -> int:
         """How many processes the OOM killer ended in this cgroup. A count that cannot be read is an error,
         not 0: a 0 would turn an out-of-memory kill into a crash."""
@@ -207,37 +195,28 @@ _serial = itertools.count(1)
 
 def _remove_stale(site: CgroupSite) -> None:
     """Cgroups left by a job that was killed outright (its pid gone) and now empty."""
-    for child in site.path.glob(f"{site.prefix}*"):
-        m = re.match(rf"{site.prefix}(?:probe-)?(\d+)-", child.name)
+    for child in site.path.glob(f"{CGROUP_PREFIX}*"):
+        m = re.match(rf"{CGROUP_PREFIX}(?:probe-)?(\d+)-", child.name)
         if m and not Path(f"/proc/{m[1]}").exists():
             with suppress(OSError):
                 child.rmdir()
 
 
 @contextmanager
-def _child(site: CgroupSite, limits: dict[str, str]) -> Iterator[Path]:
-    """A child of `site` with these limits (a new cgroup starts unlimited); removed after."""
-    path = site.path / f"{site.prefix}{os.getpid()}-{next(_serial)}"
+def memory_cgroup(site: CgroupSite, limit_bytes: int | None) -> Iterator[MemoryCgroup]:
+    """A child of `site` limited to `limit_bytes` (None: unlimited, for accounting only); removed after."""
+    path = site.path / f"{CGROUP_PREFIX}{os.getpid()}-{next(_serial)}"
     try:
         path.mkdir()
     except OSError as e:
-        raise MoeplaceError(f"cannot create the {site.controller} cgroup {path} ({e.strerror}).") from None
+        raise MoeplaceError(f"cannot create the memory cgroup {path} ({e.strerror}).") from None
+    cg = MemoryCgroup(path, site.version)
     try:
-        for name, value in limits.items():
+        if limit_bytes is not None:  # a new cgroup starts unlimited
             try:
-                (path / name).write_text(value)
+                (path / site.limit_file).write_text(str(limit_bytes))
             except OSError as e:
-                raise MoeplaceError(f"cannot set {name}={value} on {path} ({e.strerror}).") from None
-        yield path
-    finally:
-        _remove_cgroup(path)
-
-
-@contextmanager
-def memory_cgroup(site: CgroupSite, limit_bytes: int | None) -> Iterator[MemoryCgroup]:
-    """A child of `site` limited to `limit_bytes` (None: unlimited, for accounting only); removed after."""
-    with _child(site, memory_limits(site, limit_bytes) if limit_bytes is not None else {}) as path:
-        if limit_bytes is not None:
+                raise MoeplaceError(f"cannot set {site.limit_file}={limit_bytes} on {path} ({e.strerror}).") from None
             # Swap would let anonymous memory leave the cap instead of being OOM-killed.
             swap = path / ("memory.memsw.limit_in_bytes" if site.version == 1 else "memory.swap.max")
             if swap.exists():
@@ -245,27 +224,29 @@ def memory_cgroup(site: CgroupSite, limit_bytes: int | None) -> Iterator[MemoryC
                     swap.write_text(str(limit_bytes) if site.version == 1 else "0")
                 except OSError:
                     log.warning("could not cap swap in %s; no swap is assumed", path)
-        yield MemoryCgroup(path, site.version)
+        yield cg
+    finally:
+        _remove_cgroup(cg)
 
 
-def _remove_cgroup(path: Path) -> None:
-    """Its processes have been stopped and reaped; kill what left them, then rmdir, which fails with EBUSY until
-    the kernel has let go of the dead processes."""
+def _remove_cgroup(cg: MemoryCgroup) -> None:
+    """run_capped has killed and reaped the process group; kill what left it, then rmdir, which fails with
+    EBUSY until the kernel has let go of the dead processes."""
     pids = []
     with suppress(OSError):
-        pids = (path / "cgroup.procs").read_text().split()
+        pids = (cg.path / "cgroup.procs").read_text().split()
     for pid in pids:
         with suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
     deadline = time.monotonic() + 10
     while True:
         try:
-            path.rmdir()
+            cg.path.rmdir()
             return
         except FileNotFoundError:
             return
         except OSError as e:
             if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                log.warning("could not remove the cgroup %s (%s); remove it with rmdir", path, e.strerror)
+                log.warning("could not remove the memory cgroup %s (%s); remove it with rmdir", cg.path, e.strerror)
                 return
             time.sleep(0.05)
