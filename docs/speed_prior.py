@@ -47,16 +47,19 @@ def factors(q95: float) -> str:
     return f"x{math.exp(q95 * Z90 / Z95):.2f} | x{math.exp(q95):.2f}"
 
 
-def decode_pairs_apart(t: pd.DataFrame) -> np.ndarray:
-    """|log| of the decode speed ratio of each pair of setups that differ in nothing the prior sees."""
+def decode_pairs_apart(t: pd.DataFrame) -> tuple[np.ndarray, int]:
+    """|log| of the decode speed ratio of each pair of setups that differ in nothing the prior sees, and how many of
+    those pairs are of two machines (one source's setups on one CPU are one machine)."""
     t = t[t.test == "tg"]
-    t = t.assign(card=t.gpu.str.split(" (", regex=False).str[0])
+    t = t.assign(card=t.gpu.str.split(" (", regex=False).str[0], machine=t.source_id + " " + t.cpu)
     alike = ["card", "host_gbps", "model", "quant", "backend", "type_k", "n_cpu_moe", "n_depth"]
-    ratios = []
+    ratios, across = [], 0
     for _, g in t.groupby(alike):
-        speeds = np.log(g.groupby("setup").tok_s.median().to_numpy())
-        ratios += [abs(a - b) for i, a in enumerate(speeds) for b in speeds[i + 1 :]]
-    return np.array(ratios)
+        setups = g.groupby("setup").agg(speed=("tok_s", "median"), machine=("machine", "first"))
+        pairs = [(a, b) for i, a in enumerate(setups.itertuples()) for b in list(setups.itertuples())[i + 1 :]]
+        ratios += [abs(math.log(a.speed / b.speed)) for a, b in pairs]
+        across += sum(a.machine != b.machine for a, b in pairs)
+    return np.array(ratios), across
 
 
 def main() -> int:
@@ -97,17 +100,18 @@ def main() -> int:
             lines.append(f"| {test}, held-out sweeps ({n} setups, heldout.csv) | {summary(errors, p.log_q95)} | "
                          f"{factors(p.log_q95)} |")  # fmt: skip
     tg_heldout = np.abs([e for _, e in errors_against(prior, [q for q in heldout if q.test == "tg"])])
-    apart = decode_pairs_apart(pd.concat([published(), published("heldout.csv")], ignore_index=True))
+    apart, across = decode_pairs_apart(pd.concat([published(), published("heldout.csv")], ignore_index=True))
     if len(tg_heldout):
         lines += [
             "",
             "The decode interval is not yet as narrow as a user choosing a card needs: "
             f"{100 * np.mean(tg_heldout <= math.log(GOAL)):.0f}% of the held-out decode points",
-            f"are within x/÷{GOAL} of the prediction. Some of that no prior can remove: of {len(apart)} pairs of",
-            "published setups alike in all it sees (card, host RAM, model, quant, backend, KV type, placement, depth),",
-            f"and differing in what it does not (threads, build, flags), {100 * np.mean(apart > math.log(GOAL)):.0f}% "
-            f"differ by more than x{GOAL}.",
-            "Most of it is the prior's own error between machines. A run of your own (`moeplace tune`) narrows it.",
+            f"are within x/÷{GOAL} of the prediction. Of {len(apart)} pairs of published setups alike in all the prior",
+            "sees (card, host RAM, model, quant, backend, KV type, placement, depth) and differing in what it does not",
+            f"(threads, build, flags), {100 * np.mean(apart > math.log(GOAL)):.0f}% differ by more than x{GOAL}. "
+            f"{'All' if across == 0 else len(apart) - across} of those pairs are one machine's runs. So the",
+            "published sweeps do not show how far apart two machines of one spec run: the part of the gap no prior",
+            "could remove. A run of your own (`moeplace tune`) narrows it.",
         ]
     bounds = ", ".join(f"x{math.exp(p.log_q95_difference):.2f} ({t})" for t, p in prior.items())
     lines += [
