@@ -8,6 +8,7 @@ python docs/speed_prior.py --check  # exit 1 if either is out of date (a test ru
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import tempfile
@@ -34,17 +35,22 @@ def rounded(x: float) -> float:
     return float(f"{x:.{DIGITS}g}")
 
 
+def q90(q95: float) -> float:
+    """The ~90% interval's bound (|log|) from the ~95% one's, as a normal spread scales."""
+    return q95 * Z90 / Z95
+
+
 def summary(errors: list[float], q95: float) -> str:
     """Median |error|, p90, and the share inside the ~90% and ~95% intervals."""
     e = np.abs(errors)
     pct = 100 * np.expm1(e)
-    in90, in95 = np.mean(e <= q95 * Z90 / Z95), np.mean(e <= q95)
+    in90, in95 = np.mean(e <= q90(q95)), np.mean(e <= q95)
     return f"{len(e)} | {np.median(pct):.1f}% | {np.percentile(pct, 90):.1f}% | {100 * in90:.0f}% | {100 * in95:.0f}%"
 
 
 def factors(q95: float) -> str:
     """The ~90% and ~95% intervals' factors (predicted x/÷ factor)."""
-    return f"x{math.exp(q95 * Z90 / Z95):.2f} | x{math.exp(q95):.2f}"
+    return f"x{math.exp(q90(q95)):.2f} | x{math.exp(q95):.2f}"
 
 
 def decode_pairs_apart(t: pd.DataFrame) -> tuple[np.ndarray, int]:
@@ -56,7 +62,7 @@ def decode_pairs_apart(t: pd.DataFrame) -> tuple[np.ndarray, int]:
     ratios, across = [], 0
     for _, g in t.groupby(alike):
         setups = g.groupby("setup").agg(speed=("tok_s", "median"), machine=("machine", "first"))
-        pairs = [(a, b) for i, a in enumerate(setups.itertuples()) for b in list(setups.itertuples())[i + 1 :]]
+        pairs = list(itertools.combinations(setups.itertuples(), 2))
         ratios += [abs(math.log(a.speed / b.speed)) for a, b in pairs]
         across += sum(a.machine != b.machine for a, b in pairs)
     return np.array(ratios), across
@@ -89,17 +95,17 @@ def main() -> int:
         "| test | points | median error | p90 | inside ~90% | inside ~95% | ~90% factor | ~95% factor |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    heldout_errors = {t: errors_against(prior, [q for q in heldout if q.test == t]) for t in prior}
     for test, p in prior.items():
         errors = [e for _, e in held_out[test]]
         lines.append(f"| {test}, each of {setups[test]} setups left out | {summary(errors, p.log_q95)} | "
                      f"{factors(p.log_q95)} |")  # fmt: skip
-        mine = [q for q in heldout if q.test == test]
-        if mine:
-            errors = [e for _, e in errors_against(prior, mine)]
-            n = len({q.setup for q in mine})
+        if heldout_errors[test]:
+            errors = [e for _, e in heldout_errors[test]]
+            n = len({q.setup for q, _ in heldout_errors[test]})
             lines.append(f"| {test}, held-out sweeps ({n} setups, heldout.csv) | {summary(errors, p.log_q95)} | "
                          f"{factors(p.log_q95)} |")  # fmt: skip
-    tg_heldout = np.abs([e for _, e in errors_against(prior, [q for q in heldout if q.test == "tg"])])
+    tg_heldout = np.abs([e for _, e in heldout_errors["tg"]])
     apart, across = decode_pairs_apart(pd.concat([published(), published("heldout.csv")], ignore_index=True))
     if len(tg_heldout):
         lines += [
@@ -123,9 +129,7 @@ def main() -> int:
     ]
     tables = {
         "Each setup left out (learned without it)": held_out,
-        "The held-out sweeps (heldout.csv; HELDOUT_SOURCES.md)": {
-            t: errors_against(prior, [q for q in heldout if q.test == t]) for t in prior
-        },
+        "The held-out sweeps (heldout.csv; HELDOUT_SOURCES.md)": heldout_errors,
     }
     for title, errors_by_test in tables.items():
         lines += ["", f"## {title}", "", "| test | setup | backend | points | median error |", "|---|---|---|---|---|"]
