@@ -14,70 +14,79 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from ..core.errors import MoeplaceError
+
 SOURCES = {
     "nvidia-geforce": "nvidia.com, GeForce RTX 20/30/40/50 series specifications",
     "nvidia-pro": "nvidia.com, RTX professional and data-center GPU datasheets",
     "amd": "amd.com, Radeon RX and Instinct product specifications",
 }
 
-# (name as the tools print it, without the vendor's brand words; memory GB/s; FP32 TFLOPS; source key)
-CARDS: tuple[tuple[str, float, float, str], ...] = (
-    ("RTX 5090", 1792, 104.8, "nvidia-geforce"),  # 512-bit GDDR7, 28 Gbps
-    ("RTX 5080", 960, 56.3, "nvidia-geforce"),  # 256-bit, 30 Gbps
-    ("RTX 5070 Ti", 896, 43.9, "nvidia-geforce"),  # 256-bit, 28 Gbps
-    ("RTX 5070", 672, 30.9, "nvidia-geforce"),  # 192-bit, 28 Gbps
-    ("RTX 5060 Ti", 448, 23.7, "nvidia-geforce"),  # 128-bit, 28 Gbps
-    ("RTX 5060", 448, 19.2, "nvidia-geforce"),  # 128-bit, 28 Gbps
-    ("RTX 4090", 1008, 82.6, "nvidia-geforce"),  # 384-bit GDDR6X, 21 Gbps
-    ("RTX 4090 D", 1008, 73.5, "nvidia-geforce"),  # 384-bit, 21 Gbps
-    ("RTX 4090 Laptop GPU", 576, 33, "nvidia-geforce"),  # 256-bit, 18 Gbps
-    ("RTX 4080 SUPER", 736, 52.2, "nvidia-geforce"),  # 256-bit, 23 Gbps
-    ("RTX 4080", 716.8, 48.7, "nvidia-geforce"),  # 256-bit, 22.4 Gbps
-    ("RTX 4070 Ti SUPER", 672, 44.1, "nvidia-geforce"),  # 256-bit, 21 Gbps
-    ("RTX 4070 Ti", 504, 40.1, "nvidia-geforce"),  # 192-bit, 21 Gbps
-    ("RTX 4070 SUPER", 504, 35.5, "nvidia-geforce"),  # 192-bit, 21 Gbps
-    ("RTX 4070", 504, 29.1, "nvidia-geforce"),  # 192-bit, 21 Gbps
-    ("RTX 4060 Ti", 288, 22.1, "nvidia-geforce"),  # 128-bit, 18 Gbps
-    ("RTX 4060", 272, 15.1, "nvidia-geforce"),  # 128-bit, 17 Gbps
-    ("RTX 4060 Laptop GPU", 256, 11.6, "nvidia-geforce"),  # 128-bit, 16 Gbps; FP32 at the 1890 MHz boost
-    ("RTX 3090 Ti", 1008, 40, "nvidia-geforce"),  # 384-bit GDDR6X, 21 Gbps
-    ("RTX 3090", 936, 35.6, "nvidia-geforce"),  # 384-bit, 19.5 Gbps
-    ("RTX 3080 Ti", 912, 34.1, "nvidia-geforce"),  # 384-bit, 19 Gbps
-    ("RTX 3070 Ti", 608, 21.7, "nvidia-geforce"),  # 256-bit, 19 Gbps
-    ("RTX 3070", 448, 20.3, "nvidia-geforce"),  # 256-bit GDDR6, 14 Gbps
-    ("RTX 3060 Ti", 448, 16.2, "nvidia-geforce"),  # 256-bit, 14 Gbps
-    ("RTX 2080 Ti", 616, 13.4, "nvidia-geforce"),  # 352-bit GDDR6, 14 Gbps
-    ("RTX PRO 6000 Blackwell Workstation Edition", 1792, 125, "nvidia-pro"),  # 512-bit GDDR7, 28 Gbps
-    ("RTX PRO 6000 Blackwell Max-Q Workstation Edition", 1792, 110, "nvidia-pro"),
-    ("RTX PRO 6000 Blackwell Server Edition", 1792, 120, "nvidia-pro"),
-    ("RTX PRO 4000 Blackwell", 672, 46.9, "nvidia-pro"),  # 192-bit GDDR7
-    ("RTX 6000 Ada Generation", 960, 91.1, "nvidia-pro"),  # 384-bit GDDR6
-    ("RTX A6000", 768, 38.7, "nvidia-pro"),  # 384-bit GDDR6
-    ("L40S", 864, 91.6, "nvidia-pro"),
-    ("L4", 300, 30.3, "nvidia-pro"),
-    ("A10", 600, 31.2, "nvidia-pro"),
-    ("T4", 320, 8.1, "nvidia-pro"),
-    ("A100-SXM4-80GB", 2039, 19.5, "nvidia-pro"),
-    ("A100 80GB PCIe", 1935, 19.5, "nvidia-pro"),
-    ("A100-SXM4-40GB", 1555, 19.5, "nvidia-pro"),
-    ("A100-PCIE-40GB", 1555, 19.5, "nvidia-pro"),
-    ("H100 80GB HBM3", 3350, 67, "nvidia-pro"),  # SXM
-    ("H100 PCIe", 2000, 51, "nvidia-pro"),
-    ("H200", 4800, 67, "nvidia-pro"),
-    ("RX 9070 XT", 640, 48.7, "amd"),  # 256-bit GDDR6, 20 Gbps
-    ("RX 9070", 640, 36.1, "amd"),
-    ("RX 7900 XTX", 960, 61.4, "amd"),  # 384-bit, 20 Gbps
-    ("RX 7900 XT", 800, 51.5, "amd"),  # 320-bit, 20 Gbps
-    ("RX 7900 GRE", 576, 46, "amd"),  # 256-bit, 18 Gbps
-    ("RX 7800 XT", 624, 37.3, "amd"),  # 256-bit, 19.5 Gbps
-    ("RX 7700 XT", 432, 35.2, "amd"),  # 192-bit, 18 Gbps
-    ("RX 7600", 288, 21.8, "amd"),  # 128-bit, 18 Gbps
-    ("RX 6900 XT", 512, 23, "amd"),  # 256-bit, 16 Gbps
-    ("RX 6800 XT", 512, 20.7, "amd"),
-    ("RX 6800", 512, 16.2, "amd"),  # 256-bit, 16 Gbps
-    ("Radeon 8060S", 256, 29.7, "amd"),  # Ryzen AI Max's GPU: the system's 256-bit LPDDR5X-8000; FP32 dual issue
-    ("PRO W7900", 864, 61.3, "amd"),
-    ("MI300X", 5300, 163.4, "amd"),
+# (name as the tools print it, without the vendor's brand words; memory GB/s; FP32 TFLOPS; source key; memory GiB,
+# None where one name was sold with several sizes: the names with the size, such as "RTX 4060 Ti 16GB", are for --card)
+CARDS: tuple[tuple[str, float, float, str, int | None], ...] = (
+    ("RTX 5090", 1792, 104.8, "nvidia-geforce", 32),  # 512-bit GDDR7, 28 Gbps
+    ("RTX 5080", 960, 56.3, "nvidia-geforce", 16),  # 256-bit, 30 Gbps
+    ("RTX 5070 Ti", 896, 43.9, "nvidia-geforce", 16),  # 256-bit, 28 Gbps
+    ("RTX 5070", 672, 30.9, "nvidia-geforce", 12),  # 192-bit, 28 Gbps
+    ("RTX 5060 Ti", 448, 23.7, "nvidia-geforce", None),  # 128-bit, 28 Gbps
+    ("RTX 5060 Ti 16GB", 448, 23.7, "nvidia-geforce", 16),  # the two memory sizes, for --card
+    ("RTX 5060 Ti 8GB", 448, 23.7, "nvidia-geforce", 8),
+    ("RTX 5060", 448, 19.2, "nvidia-geforce", 8),  # 128-bit, 28 Gbps
+    ("RTX 4090", 1008, 82.6, "nvidia-geforce", 24),  # 384-bit GDDR6X, 21 Gbps
+    ("RTX 4090 D", 1008, 73.5, "nvidia-geforce", 24),  # 384-bit, 21 Gbps
+    ("RTX 4090 Laptop GPU", 576, 33, "nvidia-geforce", 16),  # 256-bit, 18 Gbps
+    ("RTX 4080 SUPER", 736, 52.2, "nvidia-geforce", 16),  # 256-bit, 23 Gbps
+    ("RTX 4080", 716.8, 48.7, "nvidia-geforce", 16),  # 256-bit, 22.4 Gbps
+    ("RTX 4070 Ti SUPER", 672, 44.1, "nvidia-geforce", 16),  # 256-bit, 21 Gbps
+    ("RTX 4070 Ti", 504, 40.1, "nvidia-geforce", 12),  # 192-bit, 21 Gbps
+    ("RTX 4070 SUPER", 504, 35.5, "nvidia-geforce", 12),  # 192-bit, 21 Gbps
+    ("RTX 4070", 504, 29.1, "nvidia-geforce", 12),  # 192-bit, 21 Gbps
+    ("RTX 4060 Ti", 288, 22.1, "nvidia-geforce", None),  # 128-bit, 18 Gbps
+    ("RTX 4060 Ti 16GB", 288, 22.1, "nvidia-geforce", 16),
+    ("RTX 4060 Ti 8GB", 288, 22.1, "nvidia-geforce", 8),
+    ("RTX 4060", 272, 15.1, "nvidia-geforce", 8),  # 128-bit, 17 Gbps
+    ("RTX 4060 Laptop GPU", 256, 11.6, "nvidia-geforce", 8),  # 128-bit, 16 Gbps; FP32 at the 1890 MHz boost
+    ("RTX 3090 Ti", 1008, 40, "nvidia-geforce", 24),  # 384-bit GDDR6X, 21 Gbps
+    ("RTX 3090", 936, 35.6, "nvidia-geforce", 24),  # 384-bit, 19.5 Gbps
+    ("RTX 3080 Ti", 912, 34.1, "nvidia-geforce", 12),  # 384-bit, 19 Gbps
+    ("RTX 3070 Ti", 608, 21.7, "nvidia-geforce", 8),  # 256-bit, 19 Gbps
+    ("RTX 3070", 448, 20.3, "nvidia-geforce", 8),  # 256-bit GDDR6, 14 Gbps
+    ("RTX 3060 Ti", 448, 16.2, "nvidia-geforce", 8),  # 256-bit, 14 Gbps
+    ("RTX 3060 12GB", 360, 12.7, "nvidia-geforce", 12),  # 192-bit, 15 Gbps
+    ("RTX 3060 8GB", 240, 12.7, "nvidia-geforce", 8),  # 128-bit, 15 Gbps
+    ("RTX 2080 Ti", 616, 13.4, "nvidia-geforce", 11),  # 352-bit GDDR6, 14 Gbps
+    ("RTX PRO 6000 Blackwell Workstation Edition", 1792, 125, "nvidia-pro", 96),  # 512-bit GDDR7, 28 Gbps
+    ("RTX PRO 6000 Blackwell Max-Q Workstation Edition", 1792, 110, "nvidia-pro", 96),
+    ("RTX PRO 6000 Blackwell Server Edition", 1792, 120, "nvidia-pro", 96),
+    ("RTX PRO 4000 Blackwell", 672, 46.9, "nvidia-pro", 24),  # 192-bit GDDR7
+    ("RTX 6000 Ada Generation", 960, 91.1, "nvidia-pro", 48),  # 384-bit GDDR6
+    ("RTX A6000", 768, 38.7, "nvidia-pro", 48),  # 384-bit GDDR6
+    ("L40S", 864, 91.6, "nvidia-pro", 48),
+    ("L4", 300, 30.3, "nvidia-pro", 24),
+    ("A10", 600, 31.2, "nvidia-pro", 24),
+    ("T4", 320, 8.1, "nvidia-pro", 16),
+    ("A100-SXM4-80GB", 2039, 19.5, "nvidia-pro", 80),
+    ("A100 80GB PCIe", 1935, 19.5, "nvidia-pro", 80),
+    ("A100-SXM4-40GB", 1555, 19.5, "nvidia-pro", 40),
+    ("A100-PCIE-40GB", 1555, 19.5, "nvidia-pro", 40),
+    ("H100 80GB HBM3", 3350, 67, "nvidia-pro", 80),  # SXM
+    ("H100 PCIe", 2000, 51, "nvidia-pro", 80),
+    ("H200", 4800, 67, "nvidia-pro", 140),  # sold as 141 GB; nvidia-smi shows 143,771 MiB
+    ("RX 9070 XT", 640, 48.7, "amd", 16),  # 256-bit GDDR6, 20 Gbps
+    ("RX 9070", 640, 36.1, "amd", 16),
+    ("RX 7900 XTX", 960, 61.4, "amd", 24),  # 384-bit, 20 Gbps
+    ("RX 7900 XT", 800, 51.5, "amd", 20),  # 320-bit, 20 Gbps
+    ("RX 7900 GRE", 576, 46, "amd", 16),  # 256-bit, 18 Gbps
+    ("RX 7800 XT", 624, 37.3, "amd", 16),  # 256-bit, 19.5 Gbps
+    ("RX 7700 XT", 432, 35.2, "amd", 12),  # 192-bit, 18 Gbps
+    ("RX 7600", 288, 21.8, "amd", 8),  # 128-bit, 18 Gbps
+    ("RX 6900 XT", 512, 23, "amd", 16),  # 256-bit, 16 Gbps
+    ("RX 6800 XT", 512, 20.7, "amd", 16),
+    ("RX 6800", 512, 16.2, "amd", 16),  # 256-bit, 16 Gbps
+    ("Radeon 8060S", 256, 29.7, "amd", None),  # Ryzen AI Max's GPU: the system's 256-bit LPDDR5X-8000; FP32 dual issue
+    ("PRO W7900", 864, 61.3, "amd", 48),
+    ("MI300X", 5300, 163.4, "amd", 192),
 )
 
 
@@ -97,8 +106,62 @@ def datasheet(name: str) -> Datasheet | None:
     table name whose words end the printed name's matches, so "RTX 4070 Ti SUPER" is not read as an RTX 4070 Ti, and
     a laptop chip never as its desktop namesake."""
     words = _words(name)
-    for card, gbps, tflops, source in sorted(CARDS, key=lambda c: -len(_words(c[0]))):
+    for card, gbps, tflops, source, _ in sorted(CARDS, key=lambda c: -len(_words(c[0]))):
         key = _words(card)
         if words[-len(key) :] == key:
             return Datasheet(gbps, tflops, f"{card}'s datasheet ({SOURCES[source]})")
     return None
+
+
+class Card(NamedTuple):
+    """A card as --card names it: its memory, datasheet and llama.cpp backend."""
+
+    name: str
+    memory_bytes: int
+    gbps: float
+    tflops: float
+    backend: str
+    source: str
+
+
+_BRANDS = {"nvidia", "geforce", "amd", "radeon"}
+
+
+def _typed_words(name: str) -> list[str]:
+    """A name as a user types it, brand words aside: 'GeForce RTX4070 Ti Super' -> rtx 4070 ti super, '12 GB' ->
+    12gb."""
+    text = re.sub(r"(\d+)\s*gb\b", r"\1gb", re.sub(r"([a-z])(\d)", r"\1 \2", name.lower()))
+    return [w for w in _words(text) if w not in _BRANDS]
+
+
+def card_named(text: str) -> Card:
+    """The card a user names (`--card "4070 Ti Super"`, "RTX 3060 12GB"): the table's card whose name ends with
+    the words typed, a size typed after it checked against the card's. One line naming what to type otherwise."""
+    words = _typed_words(text)
+    size = words.pop() if words and re.fullmatch(r"\d+gb", words[-1]) else None
+    rows = {tuple(_typed_words(c[0])): c for c in CARDS}
+    found = [key for key in rows if key[-len(words) :] == tuple(words)] if words else []
+    exact = [key for key in found if key == tuple(words)]
+    if size and (sized := [key for key in rows if key == (*words, size) or key[-len(words) - 1 :] == (*words, size)]):
+        found = exact = sized
+    if len(exact) == 1 or len(found) == 1:
+        name, gbps, tflops, source, memory = rows[(exact or found)[0]]
+    elif found:
+        names = ", ".join(sorted(rows[k][0] for k in found))
+        raise MoeplaceError(f"--card {text!r} names several cards ({names}); type the whole name.")
+    elif sizes := sorted(
+        rows[k][0] for k in rows if re.fullmatch(r"\d+gb", k[-1]) and k[-len(words) - 1 : -1] == tuple(words)
+    ):
+        raise MoeplaceError(f"--card {text!r} was sold with several memory sizes; type yours: {' or '.join(sizes)}.")
+    else:
+        raise MoeplaceError(f"--card {text!r}: not in moeplace's table of cards (plan/cards.py); give --vram SIZE "
+                            "and --bw-vram/--card-tflops, or a name such as 'RTX 4070 Ti SUPER' or "
+                            "'RX 7900 XTX'.")  # fmt: skip
+    if memory is None:
+        raise MoeplaceError(f"--card {text!r}: the {name} was sold with several memory sizes; add yours, e.g. "
+                            f"--card '{name} 16GB'.")  # fmt: skip
+    if size and int(size[:-2]) != memory:
+        raise MoeplaceError(f"--card {text!r}: the {name} has {memory} GB, not {size[:-2]}; check the name.")
+    backend = "rocm" if source == "amd" else "cuda"
+    sheet = f"{name}'s datasheet ({SOURCES[source]})"
+    return Card(name, memory * 2**30, gbps, tflops, backend, sheet)
