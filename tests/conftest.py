@@ -54,6 +54,14 @@ def write_gguf(
 
 
 @pytest.fixture
+def projector(tmp_path: Path) -> Path:
+    """A header-only multimodal projector, as llama.cpp's --mmproj takes (general.architecture 'clip')."""
+    keys = {"vision.embedding_length": 256, "vision.block_count": 1}
+    tensors = [("v.patch_embd.weight", (14, 14, 3, 256), Q.F16), ("mm.0.weight", (256, 256), Q.F16)]
+    return write_gguf(tmp_path / "mmproj.gguf", "clip", keys, tensors)
+
+
+@pytest.fixture
 def small_moe(tmp_path: Path) -> Path:
     """2 layers, 4 experts (2 used), hand-countable bytes."""
     E, F, X = 256, 256, 4

@@ -105,14 +105,14 @@ def test_tune_reads_its_calibration_before_any_load(tmp_path):
 def test_tune_prints_the_speed_its_calibration_expects_at_the_chosen_n(tmp_path):
     """moeplace tune --calibration: beside the measured probe, decode at an empty context and at the target, and
     prefill, as recommend computes them for the n the loads chose."""
-    import argparse
     import subprocess
     import sys
 
     from llamacpp_helpers import manifest, tiny_twin
 
+    from moeplace.model.memory import Workload
     from moeplace.model.metadata import inspect_model
-    from moeplace.plan.recommend import describe_speed, expected
+    from moeplace.plan.assumed import describe_speed, expected
     from moeplace.plan.speed import SpeedModel
 
     path = tiny_twin(tmp_path)
@@ -124,9 +124,8 @@ def test_tune_prints_the_speed_its_calibration_expects_at_the_chosen_n(tmp_path)
     assert done.returncode == 0, done.stderr
     chosen = int(done.stdout.split("chosen n = ")[1].split()[0])
     model = SpeedModel.from_json(__import__("json").loads((tmp_path / "calibration.json").read_text()))
-    kv = argparse.Namespace(cache_type_k="f16", cache_type_v="f16", ubatch=512)
     host = frozenset(name for layer in meta["layers"][:chosen] for name in layer["expert_tensors"])
-    line = "  expected: " + describe_speed(expected(meta, model, host, 8192, kv), 8192)
+    line = "  expected: " + describe_speed(expected(meta, model, host, Workload(8192)), 8192)
     assert line in done.stdout.splitlines() and "prefill unknown" not in line
 
 
@@ -136,15 +135,15 @@ def test_tune_calibrates_the_speed_model_and_plans_with_it(tmp_path):
     expert on the host, written as a calibration that predicts those two runs (a two-point fit, exact where no
     coefficient met its bound: on the emulated device without its slowed host side, the host may be as fast) and
     gives the speed it prints for the chosen n."""
-    import argparse
     import json
     import subprocess
     import sys
 
     from llamacpp_helpers import manifest, tiny_twin
 
+    from moeplace.model.memory import Workload
     from moeplace.model.metadata import inspect_model
-    from moeplace.plan.recommend import describe_speed, expected
+    from moeplace.plan.assumed import describe_speed, expected
     from moeplace.plan.speed import Run, SpeedModel
 
     path = tiny_twin(tmp_path)
@@ -171,6 +170,7 @@ def test_tune_calibrates_the_speed_model_and_plans_with_it(tmp_path):
             continue
         run = Run(n, 0, test, 32 if test == "tg" else 512)
         assert model.predict(meta, run)["tok_s"] == pytest.approx(tok_s, rel=0.02), (n, test)
-    kv = argparse.Namespace(cache_type_k="f16", cache_type_v="f16", ubatch=512)
     host = frozenset(name for layer in meta["layers"][:chosen] for name in layer["expert_tensors"])
-    assert "  expected: " + describe_speed(expected(meta, model, host, 8192, kv), 8192) in done.stdout.splitlines()
+    assert (
+        "  expected: " + describe_speed(expected(meta, model, host, Workload(8192)), 8192) in done.stdout.splitlines()
+    )

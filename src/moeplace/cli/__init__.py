@@ -8,16 +8,19 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .core.config import Device
-from .core.errors import MoeplaceError
-from .core.units import parse_size
-from .model.kvcache import CACHE_TYPES
-from .model.memory import FLASH_ATTN, NO_PINS, Workload
-from .model.metadata import describe, inspect_model
-from .plan import budget as budget_mod
-from .plan import commands
-from .plan.machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS
-from .plan.recommend import cmd_recommend, parse_contexts, speed_model
+from ..core.config import Device
+from ..core.errors import MoeplaceError
+from ..core.units import parse_size
+from ..model.kvcache import CACHE_TYPES
+from ..model.memory import FLASH_ATTN, NO_PINS, Workload
+from ..model.metadata import describe, inspect_model
+from ..plan import commands
+from ..plan.assumed import speed_model
+from ..plan.machine import DEFAULT_BANDWIDTHS
+from ..plan.request import Request, check_ubatch, parse_contexts
+from .options import MODEL_HELP, speed_options
+from .options import speeds as speeds_of
+from .recommend import add_parser as recommend_parser
 
 
 def _version() -> str:
@@ -30,7 +33,7 @@ def _version() -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
-    from .runtime import remote
+    from ..runtime import remote
 
     meta = inspect_model(args.model)
     if args.json:
@@ -60,10 +63,19 @@ def _n_values(text: str, n_layer: int) -> list[int]:
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
-    from .plan.speed import Run, prefill_run
+    from ..plan.speed import Run, prefill_run
 
+    check_ubatch(args.ubatch)
+    speeds = speeds_of(args)
     meta = inspect_model(args.model)
-    model = speed_model(args, meta, backend=args.backend)
+    bw, backend, tflops = (None, args.backend, None)
+    if args.card:
+        from ..plan.cards import card_named
+
+        card = card_named(args.card)
+        bw, tflops = (card.gbps, None), card.tflops
+        backend = args.backend or card.backend
+    model = speed_model(speeds, meta, bw, backend or "cuda", tflops)
     kv = (args.cache_type_k, args.cache_type_v)
     rows = []
     for depth in parse_contexts(args.depth, "--depth", allow_zero=True):
@@ -89,13 +101,14 @@ def cmd_predict(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from .core.config import Bandwidths
-    from .plan.calibrate import calibrate, read_runs
-    from .plan.speed import UNITS, prior, zero_fit_notes
-    from .runtime.outputs import write_json
+    from ..core.config import Bandwidths
+    from ..plan.calibrate import calibrate, read_runs
+    from ..plan.speed import UNITS, prior, zero_fit_notes
+    from ..runtime.outputs import write_json
 
+    speeds = speeds_of(args)
     meta = inspect_model(args.model)
-    bandwidths = Bandwidths(args.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], args.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
+    bandwidths = Bandwidths(speeds.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], speeds.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
     model = calibrate(meta, read_runs(args.runs), prior(bandwidths))
     for test, m in model.tests.items():
         print(f"{test} ({m.runs} runs, relative spread {100 * m.spread:.1f}%):")
@@ -110,7 +123,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_twin(args: argparse.Namespace) -> None:
-    from .model.twin import load_spec, write_twin
+    from ..model.twin import load_spec, write_twin
 
     shard = parse_size(args.shard_size, "--shard-size") if args.shard_size else 0
     print(
@@ -119,21 +132,26 @@ def cmd_twin(args: argparse.Namespace) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .core.config import DeviceTarget, TuneSettings
-    from .measure.tune import calibrate_runs, tune_model
-    from .plan.recommend import describe_speed, expected, speed_model
-    from .runtime.llamacpp import PINNED, provision
-    from .runtime.model_ref import is_remote
-    from .runtime.outputs import append_csv_row
+    from ..core.config import DeviceTarget, TuneSettings
+    from ..measure.tune import calibrate_runs, tune_model
+    from ..plan.assumed import describe_speed, expected
+    from ..runtime.llamacpp import PINNED, provision
+    from ..runtime.model_ref import is_remote
+    from ..runtime.outputs import append_csv_row
 
+    request = Request((args.ctx,), args.model, args.model_ref, vram=(args.vram,), type_k=args.cache_type_k,
+                      type_v=args.cache_type_v, flash_attn=args.flash_attn, ubatch=args.ubatch,
+                      speeds=speeds_of(args))  # fmt: skip  # every value checked before llama.cpp is built
+    if args.margin < 0 or args.threads < 1:
+        raise MoeplaceError("--margin is whole layers, 0 or more, and --threads at least 1.")
     if is_remote(args.model):
         raise MoeplaceError(f"{args.model_ref}: tune runs the model, so it needs the file on disk; download it first.")
     meta = inspect_model(args.model)
-    speeds = speed_model(args, meta)  # before the probes: a bad --calibration fails at once
+    speeds = speed_model(request.speeds, meta)  # before the probes: a bad --calibration fails at once
     log_path = Path(args.log)
     manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
     print(f"probing {meta['name']} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
-    workload = Workload(args.ctx, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v)
+    workload = Workload(args.ctx, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v)  # llama-bench's
     target = DeviceTarget(args.device, "", parse_size(args.vram, "--vram"))
     settings = TuneSettings(args.margin, 3600, args.threads)
     result, record = tune_model(
@@ -169,7 +187,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                  Path.cwd())  # fmt: skip
         speeds = _calibrated_by_tune(meta, records, speeds, args)
     host = NO_PINS.host_set(meta, result.chosen_n)
-    print("  expected: " + describe_speed(expected(meta, speeds, host, args.ctx, args), args.ctx))
+    print("  expected: " + describe_speed(expected(meta, speeds, host, workload), args.ctx))
     note = "  # add --rpc HOST:PORT for the emulated device" if record["device_kind"] == "emulated" else ""
     kv = (args.cache_type_k, args.cache_type_v)
     print("  " + commands.llama_server(args.model, args.ctx, result.chosen_n, *kv) + note)
@@ -182,9 +200,9 @@ def _calibrated_by_tune(
 ) -> Any:
     """The speed model fitted to tune's calibrating runs, written to --calibration-out; the prior where they cannot
     calibrate."""
-    from .plan.calibrate import calibration_file
-    from .plan.speed import SpeedModel
-    from .runtime.outputs import write_json
+    from ..plan.calibrate import calibration_file
+    from ..plan.speed import SpeedModel
+    from ..runtime.outputs import write_json
 
     for r in records:
         what = f"{r['median_ts']:.2f} tok/s" if r.get("status") == "ok" else r.get("status")
@@ -200,121 +218,11 @@ def _calibrated_by_tune(
     return SpeedModel.from_json(calibration, out)
 
 
-def _speed_options(parser: argparse.ArgumentParser, calibration: bool = True) -> None:
-    if calibration:
-        parser.add_argument("--calibration", help="a moeplace calibrate JSON: speeds fitted to your runs")
-    parser.add_argument(
-        "--bw-vram",
-        "--bw-vram-gbps",
-        dest="bw_vram_gbps",
-        type=float,
-        help=f"card memory bandwidth, GB/s, where no calibration says (default {DEFAULT_BANDWIDTHS[0]:g})",
-    )
-    parser.add_argument(
-        "--bw-ddr",
-        "--bw-ddr-gbps",
-        dest="bw_ddr_gbps",
-        type=float,
-        help=f"host RAM bandwidth, GB/s, where no calibration says (default {DEFAULT_BANDWIDTHS[1]:g})",
-    )
-    parser.add_argument(
-        "--bw-link",
-        "--bw-link-gbps",
-        dest="bw_link_gbps",
-        type=float,
-        help=f"the card's PCIe link, GB/s, that prefill copies host experts over (default {DEFAULT_LINK_GBPS:g}: "
-        "PCIe 4.0 x16)",
-    )
-    parser.add_argument(
-        "--card-tflops",
-        dest="card_tflops",
-        type=float,
-        help=f"the card's FP32 throughput, TFLOPS, that prefill computes at (default: the card's datasheet where "
-        f"--vram auto finds it, else {DEFAULT_CARD_TFLOPS:g}: the seed's RX 9070 XT)",
-    )
-
-
-MODEL_HELP = "a .gguf path (any shard of a split model), URL, ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO or hf:ORG/REPO"
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, with its errors as one line naming the flag (no usage block before it), exit 2."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message}\n")
-
-
-def _recommend_parser(sub: Any) -> None:
-    """recommend: the allocator's flags."""
-    rec = sub.add_parser("recommend", help="the minimum --n-cpu-moe that fits your card at each context")
-    rec.add_argument("model", nargs="?", help=MODEL_HELP + "; omit to use the constants below")
-    rec.add_argument("--ctx", required=True, help="context length(s), comma-separated, e.g. 8192,32768")
-    rec.add_argument("--vram", help="the card's memory, e.g. 16GB or 16GiB, or auto: this GPU's free memory now")
-    rec.add_argument(
-        "--backend",
-        choices=("auto", *budget_mod.DEFAULT_MARGIN_MIB),
-        default="auto",
-        help="the card's llama.cpp backend, for its default margin (auto: this machine's GPU)",
-    )
-    rec.add_argument(
-        "--margin",
-        type=int,
-        help="MiB kept free on the card beyond llama.cpp's buffers "
-        "(default: the backend's, from real cards; 0 on the emulated device, rpc)",
-    )
-    rec.add_argument("--ram", help="the host's RAM for the experts left there, e.g. 64GB (default: this machine's)")
-    rec.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa (auto: on on GPUs)")
-    rec.add_argument("--parallel", type=int, default=1, help="llama-server --parallel slots, each with --ctx tokens")
-    rec.add_argument("--mmproj", help="a vision projector .gguf the server also loads onto the card")
-    rec.add_argument(
-        "-ot",
-        "--override-tensor",
-        action="append",
-        default=[],
-        metavar="REGEX=BUFFER,...",
-        help="your own pins as llama.cpp takes them (REGEX=CPU or a device such as CUDA0; ',' between rules; "
-        "repeatable): kept first in every command, and the minimum --n-cpu-moe planned around them",
-    )
-    rec.add_argument("--explain", action="store_true", help="when a context does not fit, list what would make it fit")
-    rec.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
-    rec.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
-    rec.add_argument("--json", action="store_true", help="print the plan per context as JSON (= --emit json)")
-    rec.add_argument(
-        "--emit",
-        choices=("server", "bench", "llama-swap", "ollama", "json"),
-        default="server",
-        help="what to print: the llama-server line (default), the llama-bench line that checks it, a llama-swap "
-        "entry, an Ollama Modelfile, or the plan as JSON",
-    )
-    rec.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub): compute buffer and prefill")
-    rec.add_argument(
-        "--reserve",
-        action="store_true",
-        help="llama.cpp's own compute buffer instead of our estimate "
-        "(the pinned build, built once, or --bin-dir's; ~1 s a context): llama-bench's exactly, an upper "
-        "bound for llama-server, which reserves logits for one token per slot",
-    )
-    rec.add_argument("--bin-dir", help="your llama.cpp build's bin/ for --reserve (default: the pinned build)")
-    rec.add_argument(
-        "--objective",
-        default="decode",
-        help="what --placement optimal ranks by: decode, prefill or mix:W (0 < W < 1, the share of decode tokens)",
-    )
-    rec.add_argument(
-        "--placement",
-        choices=("ncmoe", "optimal"),
-        default="ncmoe",
-        help="optimal: also the -ot placements keeping the most expert bytes on the card, your pins kept",
-    )
-    _speed_options(rec)
-    const = rec.add_argument_group("constants mode (the seed's script)")
-    const.add_argument("--vram-gb", type=float)
-    const.add_argument("--non-expert-gb", type=float)
-    const.add_argument("--expert-gb", type=float)
-    const.add_argument("--layers", type=int)
-    const.add_argument("--overhead-gb", type=float, default=1.0)
-    const.add_argument("--kv-bytes-per-token", type=int)
-    rec.set_defaults(func=cmd_recommend)
 
 
 def _tune_parser(sub: Any) -> None:
@@ -340,7 +248,7 @@ def _tune_parser(sub: Any) -> None:
         "prefill at the chosen n and with the experts on the host, a minute or two on a GPU",
     )
     tu.add_argument("--no-calibrate", action="store_true", help="skip those calibrating runs")
-    _speed_options(tu)
+    speed_options(tu)
     tu.set_defaults(func=cmd_tune)
 
 
@@ -357,17 +265,18 @@ def _predict_and_calibrate_parsers(sub: Any) -> None:
     pr.add_argument(
         "--backend",
         choices=("cuda", "rocm", "vulkan", "sycl", "metal"),
-        default="cuda",
-        help="the card's llama.cpp backend: the prior learned from published sweeps differs by backend",
+        help="the card's llama.cpp backend: the prior learned from published sweeps differs by backend (default: "
+        "--card's, else cuda)",
     )
-    _speed_options(pr)
+    pr.add_argument("--card", help="a card by name, e.g. '4070 Ti Super': its datasheet bandwidth and TFLOPS")
+    speed_options(pr)
     pr.set_defaults(func=cmd_predict)
 
     ca = sub.add_parser("calibrate", help="fit the speed model to llama-bench -o jsonl runs of this model")
     ca.add_argument("model", help="the .gguf file the runs measured")
     ca.add_argument("runs", nargs="+", help="llama-bench -o jsonl output files (yours, or results/bench/...)")
     ca.add_argument("-o", "--output", help="write the calibration here (JSON), for --calibration")
-    _speed_options(ca, calibration=False)
+    speed_options(ca, calibration=False)
     ca.set_defaults(func=cmd_calibrate)
 
 
@@ -421,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for add in (
         _twin_and_inspect_parsers,
-        _recommend_parser,
+        recommend_parser,
         _tune_parser,
         _predict_and_calibrate_parsers,
         _tool_parsers,
@@ -431,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .runtime.backend import build_tools, detect
+    from ..runtime.backend import build_tools, detect
 
     backend = detect(args.backend)
     tools = build_tools()
@@ -456,7 +365,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .report.explain import explain, read_text, render
+    from ..report.explain import explain, read_text, render
 
     found = explain(read_text(args.log), "stdin" if args.log == "-" else args.log)
     print(json.dumps(found, indent=1) if args.json else render(found))
@@ -464,13 +373,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
-    from .report.publish import verify
+    from ..report.publish import verify
 
     print(f"{args.folder}: {verify(Path(args.folder))} files match MANIFEST.json")
 
 
 def cmd_merge(args: argparse.Namespace) -> None:
-    from .report.publish import DICTIONARY, load_dictionary, merge
+    from ..report.publish import DICTIONARY, load_dictionary, merge
 
     out = merge([Path(f) for f in args.folders], Path(args.output), load_dictionary(DICTIONARY))
     print(f"merged {len(args.folders)} directories into {out}")
@@ -480,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "model", None):  # a path, URL, ollama:, lmstudio: or hf: reference
-            from .runtime.model_ref import resolve
+            from ..runtime.model_ref import resolve
 
             args.model_ref, args.model = args.model, resolve(args.model)
         return int(args.func(args) or 0)

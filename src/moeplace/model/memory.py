@@ -40,6 +40,7 @@ class Workload:
     # per slot (llama-server since llama.cpp b11434 reserves n_outputs_max = --parallel: SERVER).
     outputs: str = "batch"
     op_offload: bool = False  # a GPU backend that copies host weights for large batches (budget.OP_OFFLOAD)
+    no_kv_offload: bool = False  # -nkvo: the KV cache stays in host RAM
 
     @property
     def batch(self) -> int:
@@ -57,7 +58,8 @@ class Workload:
     def llama_args(self) -> list[str]:
         args = ["-c", str(self.ctx * self.parallel), "-ub", str(self.ubatch), "-b", str(self.batch)]
         args += ["-fa", self.flash_attn, "-ctk", self.type_k, "-ctv", self.type_v]
-        return args + (["-np", str(self.parallel)] if self.parallel > 1 else [])
+        args += ["-np", str(self.parallel)] if self.parallel > 1 else []
+        return args + (["-nkvo"] if self.no_kv_offload else [])
 
 
 @dataclass(frozen=True)
@@ -141,14 +143,16 @@ def estimate_compute(meta: dict[str, Any], w: Workload, n_cpu_moe: int, host: fr
     if a["mla"] and not flash:
         scores += n_kv * a["kv_lora_rank"] * 2  # V is a view of the latent K: made contiguous for the product
     logits = w.n_outputs * meta.get("n_vocab", 0) * 4
-    experts_on_device = n_cpu_moe < meta["n_layer"] and meta["n_expert_used"]
+    on_host = NO_PINS.host_set(meta, n_cpu_moe) if host is None else host
+    experts_on_device = meta["n_expert_used"] and any(
+        t not in on_host for layer in meta["layers"] for t in layer["expert_tensors"]
+    )
     # the routed experts' gate and up outputs and their gated product, f32, for every used expert; the same for the
     # widest dense FFN (a dense layer's or the shared experts')
     moe = tokens * meta["n_expert_used"] * meta.get("n_ff_exp", 0) * 4 * 3 if experts_on_device else 0
     dense = tokens * meta.get("n_ff_dense", 0) * 4 * 3
     copy = 0
     if w.op_offload and tokens >= OP_OFFLOAD_MIN_BATCH:
-        on_host = NO_PINS.host_set(meta, n_cpu_moe) if host is None else host
         copy = max(
             (b for layer in meta["layers"] for t, b in layer["expert_tensors"].items() if t in on_host), default=0
         )
@@ -165,9 +169,10 @@ def device_need(
 ) -> DeviceNeed:
     """The device's buffers for n layers' experts on the host, as the user's -ot pins leave them; `compute(n)` is
     llama.cpp's reserve where known."""
+    kv = (kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch) + state_bytes(meta)) * w.parallel
     return DeviceNeed(
         weights=device_weight_bytes(meta, n_cpu_moe, pins),
-        kv=(kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch) + state_bytes(meta)) * w.parallel,
+        kv=0 if w.no_kv_offload else kv,
         compute=compute(n_cpu_moe) if compute else estimate_compute(meta, w, n_cpu_moe, pins.host_set(meta, n_cpu_moe)),
         extra=extra_bytes,
     )

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
 from ..core.units import GB
-from ..model.kvcache import KV_PAD, kv_bytes, pad
+from ..model.kvcache import kv_bytes, pad
 from ..model.memory import (
     NO_PINS,
     DeviceNeed,
@@ -122,49 +121,16 @@ def plan(
 
 
 def does_not_fit_message(p: dict[str, Any], vram_bytes: int) -> str:
+    """One line: which buffers leave no room even with every expert on the host; then (recommend) the fixes."""
     parts = f"its KV cache ({p['kv_bytes'] / GB:.2f} GB)"
     if p.get("compute_bytes") is not None:
         parts += f", compute buffer ({p['compute_bytes'] / GB:.2f} GB)"
+    advice = ("reduce the context or quantize the KV cache." if p["compute_source"] == "overhead"
+              else "what would fit:")  # fmt: skip
     return (
         f"context {p['ctx']} does not fit in {vram_bytes / GB:.2f} GB even with every expert on the host: {parts} "
-        f"plus the non-expert weights and margin exceed the card by {-p['budget_bytes'] / GB:.2f} GB; "
-        "reduce the context or quantize the KV cache (--cache-type-k/--cache-type-v q8_0)."
+        f"plus the non-expert weights and margin exceed the card by {-p['budget_bytes'] / GB:.2f} GB; {advice}"
     )
-
-
-def fixes(
-    meta: dict[str, Any],
-    device: Device,
-    w: Workload,
-    compute: Compute = None,
-    extra_bytes: int = 0,
-    pins: Pins = NO_PINS,
-) -> list[str]:
-    """What would make `w` fit, cheapest first in what it gives up: each a sentence with the n it allows."""
-
-    def fitted(v: Workload) -> int | None:
-        return plan(meta, device, v, compute, extra_bytes, pins)["n_cpu_moe"]
-
-    out = []
-    candidates = [
-        (replace(w, flash_attn="on"), "flash attention (-fa on): no score matrix, a smaller mask; same output"),
-        (replace(w, ubatch=max(64, w.ubatch // 4)), f"a smaller ubatch (-ub {max(64, w.ubatch // 4)}): slower prefill"),
-        (replace(w, type_k="q8_0", type_v="q8_0", flash_attn="on"),
-         "a q8_0 KV cache (-ctk q8_0 -ctv q8_0 -fa on): half the KV bytes, a small quality cost"),
-    ]  # fmt: skip
-    for v, what in candidates:
-        if v != w and (n := fitted(v)) is not None:
-            out.append(f"{what}; fits with --n-cpu-moe {n}")
-    lo, hi = 0, w.ctx // KV_PAD  # the longest context (whole 256-token steps) that fits as asked
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fitted(replace(w, ctx=mid * KV_PAD)) is not None:
-            lo = mid
-        else:
-            hi = mid - 1
-    if lo:
-        out.append(f"a shorter context: -c {lo * KV_PAD} fits with --n-cpu-moe {fitted(replace(w, ctx=lo * KV_PAD))}")
-    return out
 
 
 @contextmanager

@@ -55,6 +55,8 @@ def read_runs(paths: list[str | Path]) -> list[dict[str, Any]]:
             lines = Path(path).read_text().splitlines()
         except OSError as e:
             raise MoeplaceError(f"{path}: cannot read it ({e.strerror}).") from None
+        except UnicodeDecodeError:
+            raise MoeplaceError(f"{path}: not a text file; pass llama-bench -o jsonl output.") from None
         for no, line in enumerate(lines, 1):
             if not line.strip().startswith("{"):
                 continue  # llama-bench's other output

@@ -12,39 +12,70 @@ from ..runtime.model_ref import is_remote
 def llama_server(
     model: str,
     ctx: int,
-    n_cpu_moe: int,
+    n_cpu_moe: int | None,
     type_k: str,
     type_v: str,
-    overrides: str | None = None,
+    rules: tuple[str, ...] = (),
     flash_attn: str = "auto",
     ubatch: int = DEFAULT_UBATCH,
     parallel: int = 1,
-    pins: list[str] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> str:
-    """`llama-server` at this placement: the user's own -ot rules first (llama.cpp's first matching rule wins),
-    then `--n-cpu-moe N`, or the placement's own `-ot` patterns; rules joined with ',' as llama-server reads
-    them."""
-    rules = [*(pins or []), *([overrides] if overrides else [])]
+    """`llama-server` at this placement: the -ot `rules` (the user's own first: llama.cpp's first matching rule
+    wins), joined with ',' as llama-server reads them, then `--n-cpu-moe N` (None: the rules are the placement).
+    `extra`: the request's other flags (request_flags)."""
     placement = ["-ot", ",".join(rules)] if rules else []
-    placement += [] if overrides else ["--n-cpu-moe", str(n_cpu_moe)]
-    return _server(model, ctx * parallel, placement, type_k, type_v, flash_attn, ubatch, parallel)
+    placement += [] if n_cpu_moe is None else ["--n-cpu-moe", str(n_cpu_moe)]
+    return _server(model, ctx * parallel, placement, type_k, type_v, flash_attn, ubatch, parallel, extra)
 
 
 def llama_server_split(model: str, ctx: int, tensor_split: tuple[int, ...], host_rule: str, type_k: str, type_v: str,
-                       flash_attn: str, ubatch: int, parallel: int) -> str:  # fmt: skip
+                       flash_attn: str, ubatch: int, parallel: int, extra: tuple[str, ...] = ()) -> str:  # fmt: skip
     """`llama-server` over several devices (plan/devices.py): -ts as layer counts and the host's -ot rule alone."""
     placement = ["-ts", ",".join(map(str, tensor_split)), *(["-ot", host_rule] if host_rule else [])]
-    return _server(model, ctx * parallel, placement, type_k, type_v, flash_attn, ubatch, parallel)
+    return _server(model, ctx * parallel, placement, type_k, type_v, flash_attn, ubatch, parallel, extra)
 
 
 def _server(model: str, cells: int, placement: list[str], type_k: str, type_v: str, flash_attn: str, ubatch: int,
-            parallel: int) -> str:  # fmt: skip
+            parallel: int, extra: tuple[str, ...] = ()) -> str:  # fmt: skip
     """-c holds every slot's context; --parallel is always given, since llama-server's own default (4 slots
     sharing one cache) would change the KV cache the plan counted."""
     source = ["-mu", model] if is_remote(model) else ["-m", model]  # -mu downloads it
     cmd = ["llama-server", *source, "-c", str(cells), "-ngl", "99", *placement]
-    cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), "--parallel", str(parallel)]
+    cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), "--parallel", str(parallel), *extra]
     return shlex.join(cmd)
+
+
+def request_flags(
+    meta: dict, ctx: int, mmproj: str | None, no_kv_offload: bool, tool: str = "server"
+) -> tuple[str, ...]:
+    """What a line needs beyond placement, cache and batch: RoPE scaling past the trained context, the vision
+    projector, the KV cache kept in host RAM. llama-bench takes -nkvo only (it loads no projector, and RoPE scaling
+    changes neither memory nor speed)."""
+    from .request import rope_args
+
+    if tool == "bench":
+        return ("-nkvo", "1") if no_kv_offload else ()
+    flags = [*rope_args(meta, ctx), *(["--mmproj", mmproj] if mmproj else []), *(["-nkvo"] if no_kv_offload else [])]
+    return tuple(flags)
+
+
+# The environment llama-server reads for those flags (common/arg.cpp's set_env), for Ollama's server.
+_FLAG_ENV = {"--rope-scaling": "LLAMA_ARG_ROPE_SCALING_TYPE", "--rope-scale": "LLAMA_ARG_ROPE_SCALE",
+             "--yarn-orig-ctx": "LLAMA_ARG_YARN_ORIG_CTX"}  # fmt: skip
+
+
+def flags_env(flags: tuple[str, ...]) -> list[str]:
+    """request_flags as llama-server's environment (the projector aside: Ollama loads it from the Modelfile)."""
+    env, it = [], iter(flags)
+    for flag in it:
+        if flag in _FLAG_ENV:
+            env.append(f"{_FLAG_ENV[flag]}={next(it)}")
+        elif flag == "-nkvo":
+            env.append("LLAMA_ARG_KV_OFFLOAD=0")
+        elif flag == "--mmproj":
+            next(it)
+    return env
 
 
 def llama_bench(
@@ -57,6 +88,7 @@ def llama_bench(
     ubatch: int = 512,
     pins: list[str] | None = None,
     tensor_split: tuple[int, ...] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> str:
     """The `llama-bench` run that checks it: decode and prefill with the KV cache filled so that the prefill test
     holds exactly `ctx` cells, the user's pins before -ncmoe (llama-bench joins -ot rules with ';' and -ts shares
@@ -67,7 +99,7 @@ def llama_bench(
     cmd += ["-ot", ";".join(pins)] if pins else []
     cmd += [] if tensor_split else ["-ncmoe", str(n_cpu_moe)]
     cmd += ["-r", "5"]
-    cmd += cache_args(type_k, type_v, flash_attn, ubatch)
+    cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), *extra]
     return shlex.join(cmd)
 
 
@@ -95,12 +127,15 @@ def ollama_modelfile(
     pins: list[str],
     version: tuple[int, ...] | None,
     server_line: str,
+    flags: tuple[str, ...] = (),
 ) -> str:
     """An Ollama Modelfile for one context, and how to start Ollama so that the experts stay where planned.
     `version`: the installed ollama's (None: none found). No num_gpu: without the placement, Ollama's own fit
-    stays safe; with it, llama-server offloads every layer but the planned experts."""
-    lines = [f"FROM {source}", f"PARAMETER num_ctx {ctx}"]
-    env = [f"LLAMA_ARG_N_CPU_MOE={n_cpu_moe}"]
+    stays safe; with it, llama-server offloads every layer but the planned experts. `flags`: request_flags (a
+    projector is a second FROM, as Ollama imports a vision model; the rest llama-server's environment)."""
+    mmproj = flags[flags.index("--mmproj") + 1] if "--mmproj" in flags else None
+    lines = [f"FROM {source}", *([f"FROM {mmproj}"] if mmproj else []), f"PARAMETER num_ctx {ctx}"]
+    env = [f"LLAMA_ARG_N_CPU_MOE={n_cpu_moe}", *flags_env(flags)]
     if pins:
         env.insert(0, f"LLAMA_ARG_OVERRIDE_TENSOR={shlex.quote(','.join(pins))}")
     shown = ".".join(map(str, version)) if version else ""

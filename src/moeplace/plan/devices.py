@@ -17,7 +17,6 @@ allocated 6-9 MiB more than it at ubatch 256 and 4K, and 1-9 MiB less at ubatch 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable
@@ -28,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
 from ..model.kvcache import layer_kv_bytes, pad
-from ..model.memory import SERVER, Workload, estimate_compute, host_bytes, minimum_n
+from ..model.memory import Workload, estimate_compute, host_bytes, minimum_n
 from . import commands
-from .budget import DOES_NOT_FIT, FITS, OP_OFFLOAD, budget_frame
+from .budget import DOES_NOT_FIT, FITS, budget_frame
 from .offload import expert_tensors, ot_value
+from .request import DEVICE_PREFIX, Request
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -321,10 +321,6 @@ def devices_budget_table(meta: dict[str, Any], model_path: str, manifest: dict[s
     return budget_frame(rows, DEVICE_COLUMNS)
 
 
-# How each backend names its devices in llama.cpp's logs and -ot rules.
-DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "sycl": "SYCL", "metal": "MTL", "rpc": "RPC"}
-
-
 def _layers_text(layers: tuple[int, ...] | list[int]) -> str:
     """0-4, 7, 9-11."""
     runs: list[list[int]] = []
@@ -366,29 +362,23 @@ def plan_json(meta: dict[str, Any], plan: MultiPlan, w: Workload) -> dict[str, A
     }
 
 
-# A plan's expected speeds (recommend.expected) and the line that says them, for its host experts, context and hops.
-Speed = Callable[[frozenset[str], int, int], tuple[dict[str, Any], str]]
+# A plan's expected speeds (assumed.expected) and the line that says them, for its host experts, workload and hops.
+Speed = Callable[[frozenset[str], Workload, int], tuple[dict[str, Any], str]]
 
 
-def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: list[int], emit: str, sizes: list[int],
-                    where: str, backend: str, margins: dict[str, int], path: str, speed: Speed) -> int:  # fmt: skip
+def several_devices(request: Request, meta: dict[str, Any], sizes: list[int], where: str, backend: str,
+                    margin_bytes: int, path: str, speed: Speed) -> int:  # fmt: skip
     """recommend on several devices (--vram A,B,... or auto on a machine with several cards, `sizes` from `where`):
     per context the plan over them in llama.cpp's order, each device's share, its expected speeds and the command
-    line (`path`: the file llama.cpp loads); `margins` per backend, MiB, unless --margin."""
-    if args.override_tensor or args.placement == "optimal" or args.mmproj or emit not in ("server", "bench", "json"):
-        raise MoeplaceError(
-            "--vram A,B plans a layer split over several devices; -ot pins, --placement optimal, --mmproj and "
-            "--emit llama-swap/ollama take one device for now: give one --vram."
-        )
-    margin = (args.margin if args.margin is not None else margins[backend]) * 2**20
-    devices = [Device(size, margin) for size in sizes]
-    kv = (args.cache_type_k, args.cache_type_v)
+    line (`path`: the file llama.cpp loads)."""
+    devices = [Device(size, margin_bytes) for size in sizes]
+    kv = (request.type_k, request.type_v)
     failed, plans = 0, []
-    for ctx in contexts:
-        w = Workload(ctx, args.ubatch, args.flash_attn, *kv, args.parallel, "batch" if emit == "bench" else SERVER,
-                     backend in OP_OFFLOAD)  # fmt: skip
+    for ctx in request.contexts:
+        w = request.workload(ctx, backend)
         p = plan_devices(meta, devices, w)
-        expected, said = speed(frozenset(p.host_tensors(meta)), ctx, p.device_hops) if p.fits else (None, "")
+        expected, said = speed(frozenset(p.host_tensors(meta)), w, p.device_hops) if p.fits else (None, "")
+        flags = commands.request_flags(meta, ctx, None, False, "bench" if request.emit == "bench" else "server")
         plans.append(plan_json(meta, p, w) | {"speed": expected})
         if not p.fits:
             failed += 1
@@ -396,19 +386,25 @@ def several_devices(args: argparse.Namespace, meta: dict[str, Any], contexts: li
                               if d.free_bytes < 0)  # fmt: skip
             print(f"moeplace: context {ctx} does not fit on these devices even with every expert on the host "
                   f"({short}); reduce the context or quantize the KV cache.", file=sys.stderr)  # fmt: skip
-        elif emit == "bench":
-            rule = p.host_rule(meta, ";")
-            print(commands.llama_bench(path, ctx, 0, *kv, args.flash_attn, args.ubatch, [rule] if rule else None,
-                                       p.tensor_split))  # fmt: skip
-        elif emit == "server":
+            continue
+        rule = p.host_rule(meta, ";" if request.emit == "bench" else ",")
+        if request.emit == "bench":
+            line = commands.llama_bench(path, ctx, 0, *kv, request.flash_attn, request.ubatch,
+                                        [rule] if rule else None, p.tensor_split, flags)  # fmt: skip
+        else:
+            line = commands.llama_server_split(path, ctx, p.tensor_split, rule, *kv, request.flash_attn,
+                                               request.ubatch, request.parallel, flags)  # fmt: skip
+        plans[-1]["command"] = line
+        if request.as_json:
+            continue
+        if request.emit == "server":
             print(f"context {ctx} on {len(devices)} devices (llama.cpp's layer split, -ts as layer counts; "
                   f"sizes: {where}):")  # fmt: skip
-            for line in describe(meta, p, backend):
-                print("  " + line)
+            for text in describe(meta, p, backend):
+                print("  " + text)
             print(f"  expected: {said}; each step from one card to the next priced as a host hop")
-            print("  " + commands.llama_server_split(path, ctx, p.tensor_split, p.host_rule(meta), *kv,
-                                                     args.flash_attn, args.ubatch, args.parallel))  # fmt: skip
-    if emit == "json":
+        print("  " + line if request.emit == "server" else line)
+    if request.as_json:
         json.dump(plans, sys.stdout, indent=1)
         print()
     return 1 if failed else 0

@@ -1,6 +1,6 @@
 """Which routed-expert tensors a placement keeps in host RAM, and how llama.cpp is told: -ot values, the user's
 own pins as llama.cpp resolves them, the variants compared with --n-cpu-moe, and the placement that keeps the
-most expert bytes on the device (the knapsack), ranked by the speed model.
+most expert bytes on the device (the knapsack; optimal.py ranks them by the speed model).
 
 A placement is the set of routed-expert tensors kept in host RAM. It is written as the shortest
 -ot value we can make: layers grouped by which expert kinds they keep on the host, each group one
@@ -213,71 +213,6 @@ def optimal_placement(
         host -= resident
         c -= weight
     return host
-
-
-def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, float] | None) -> float | None:
-    """What a placement is ranked by: decode or prefill tok/s, or for mix:W the tokens per second of a workload
-    spending the share W of its tokens in decode and the rest in prefill (None: the model cannot say)."""
-    if objective == "decode":
-        return tg and tg["tok_s"]
-    if objective == "prefill":
-        return pp and pp["tok_s"]
-    weight = float(objective.split(":", 1)[1])
-    if not tg or not pp:
-        return None
-    return 1 / (weight / tg["tok_s"] + (1 - weight) / pp["tok_s"])
-
-
-def rank_placements(
-    meta: dict[str, Any],
-    device: Any,
-    ctx: int,
-    model: Any,
-    objective: str,
-    cache_types: list[tuple[str, str]],
-    ubatches: list[int],
-    pins: Pins = Pins(),
-) -> list[dict[str, Any]]:
-    """Every placement that fits at `ctx` for each KV cache type and ubatch (--n-cpu-moe at the budget's minimum,
-    and where they differ from it the knapsack's -ot placements: the most expert bytes on the device, prefill's
-    best, and the same less the hops the model prices, decode's best), the user's pins kept in each, with the
-    speed model's decode and prefill at that depth, best first by `objective` (decode, prefill or mix:W). A
-    placement whose score is within the model's equivalence factor of the best is `equivalent` to it: which is
-    faster is not known, so the first of those in the order given leads (the user's KV cache type and ubatch,
-    --n-cpu-moe before -ot), not a gain inside the uncertainty. A larger ubatch prefills faster but its compute
-    buffer takes device memory from the experts. `host_tensors` is each placement's whole host set, pins
-    included."""
-    from ..model.memory import Workload
-    from .budget import plan
-    from .speed import Run, host_layer_bytes, prefill_up_to
-
-    order = []  # as given
-    hop_bytes = host_layer_bytes(meta, model)
-    for (type_k, type_v), ubatch in itertools.product(cache_types, ubatches):
-        p = plan(meta, device, Workload(ctx, ubatch, type_k=type_k, type_v=type_v), pins=pins)
-        if p["n_cpu_moe"] is None:
-            continue
-        candidates = [("ncmoe", p["n_cpu_moe"], pins.host_set(meta, p["n_cpu_moe"]))]
-        for cost in dict.fromkeys([0.0, hop_bytes]):
-            host = frozenset(optimal_placement(meta, p["budget_bytes"], cost, pins))
-            if all(host != c[2] for c in candidates):
-                candidates.append(("optimal", 0, host))
-        for name, n, host in candidates:
-            tg = model.predict(meta, Run(0, ctx, "tg", 128, ubatch, type_k, type_v, host))
-            pp = model.predict(meta, prefill_up_to(0, ctx, ubatch, type_k, type_v, host))
-            order.append(
-                {"placement": name, "n_cpu_moe": n, "host_tensors": sorted(host), "type_k": type_k, "type_v": type_v,
-                 "ubatch": ubatch, "tg": tg, "pp": pp, "score": objective_score(objective, tg, pp)}
-            )  # fmt: skip
-    ranked = sorted(order, key=lambda r: -(r["score"] or 0.0))
-    if not ranked or ranked[0]["score"] is None:
-        return ranked
-    tests = {"decode": ("tg",), "prefill": ("pp",)}.get(objective, ("tg", "pp"))
-    factor = max(model.equivalence_factor(t) for t in tests)
-    for r in ranked:
-        r["equivalent"] = r["score"] is not None and r["score"] * factor >= ranked[0]["score"]
-    given = [r for r in order if r["equivalent"]]
-    return [given[0]] + [r for r in ranked if r is not given[0]]
 
 
 def matching_tensors(overrides: str | None, names: list[str]) -> set[str]:

@@ -1,10 +1,10 @@
 """`moeplace recommend`: the smallest --n-cpu-moe for each context, every device buffer counted, with the
-expected speeds and ready-to-paste command lines (the allocator without the pipeline). Every figure it assumes
-(the card's memory, the margin kept free, the bandwidths, the host's RAM) is said with its source."""
+expected speeds and ready-to-paste command lines (the allocator without the pipeline). It takes one Request
+(request.py); every figure it assumes (the card's memory, the margin kept free, the bandwidths, the host's RAM) is
+said with its source."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -17,302 +17,131 @@ from typing import Any
 from ..core.config import Device
 from ..core.errors import MoeplaceError
 from ..core.units import GB, parse_size
-from ..model.memory import NO_PINS, SERVER, Pins, Workload, host_bytes
+from ..model.memory import NO_PINS, Pins, Workload, host_bytes
 from ..model.metadata import from_constants, inspect_model, structure
-from ..runtime.llamacpp_args import needs_flash_attn
 from . import budget as budget_mod
 from . import commands
+from .assumed import (
+    Assumptions,
+    assumptions,
+    box_note,
+    describe_speed,
+    expected,
+    model_path,
+    ram_note,
+    resolve_backend,
+    speed_model,
+    speed_text,
+)
+from .cards import card_named
 from .devices import Speed, several_devices
-from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS, host_ram, this_machine
-from .offload import read_pins
+from .fixes import fixes, longest_context
+from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
+from .offload import host_layers, ot_value, read_pins
+from .request import DEVICE_PREFIX, Request, check_trained_context
 
-MAX_CONTEXT = 10_000_000  # no GGUF model has a trained context this long: a typo, not a plan
+MAX_LONGEST = 1 << 20  # --ctx max on a model that states no trained context: the longest it looks for
+
+
+def check_pins(pins: Pins, backend: str) -> None:
+    """A pin to a device this plan does not have (one card: device 0 of its backend) is refused: the plan could
+    not count where its tensors go."""
+    device = f"{DEVICE_PREFIX[backend]}0"
+    for rule in pins.rules:
+        buffer = rule.rpartition("=")[2]
+        if buffer != "CPU" and buffer != device and not (backend == "rpc" and buffer.startswith("RPC")):
+            raise MoeplaceError(f"-ot {rule!r}: this plan has one device, {device} ({backend}); pin to CPU or "
+                                f"{device}, or plan several cards with --vram A,B.")  # fmt: skip
 
 
 @dataclass(frozen=True)
-class Assumptions:
-    """What a plan takes as given, each with where it comes from (printed with the plan, kept in its JSON)."""
+class Setup:
+    """A request made concrete for one model on one device: what every context's plan shares."""
 
-    backend: str
-    backend_source: str
-    vram_bytes: int
-    vram_source: str
-    margin_bytes: int
-    margin_source: str
-    bw_vram_gbps: float | None
-    bw_ddr_gbps: float | None
-    card_tflops: float | None
-    speed_source: str
-    ram_bytes: int | None
-    ram_source: str
+    request: Request
+    meta: dict[str, Any]
+    device: Device
+    a: Assumptions | None  # None: the seed's constants
+    pins: Pins
+    extra_bytes: int  # a vision projector's file on the device
 
+    @property
+    def backend(self) -> str:
+        return self.a.backend if self.a else ""
 
-def parse_contexts(text: str, flag: str = "--ctx", allow_zero: bool = False) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise MoeplaceError(
-            f"{flag}: {text!r} is not a comma-separated list of token counts, e.g. 8192,32768."
-        ) from None
-    if not values or any(v < (0 if allow_zero else 1) for v in values):
-        what = "token counts of 0 or more" if allow_zero else "positive token counts"
-        raise MoeplaceError(f"{flag}: {text!r} must list {what}, e.g. 8192,32768.")
-    if max(values) > MAX_CONTEXT:
-        raise MoeplaceError(f"{flag}: {max(values)} tokens is beyond any model's context; give e.g. 8192,32768.")
-    return values
+    def fitted(self, r: Request, ctx: int, compute: budget_mod.Compute = None) -> int | None:
+        """The budget's minimum --n-cpu-moe for request `r` at `ctx` (None: nothing fits)."""
+        return budget_mod.plan(self.meta, self.device, r.workload(ctx, self.backend), compute, self.extra_bytes,
+                               self.pins)["n_cpu_moe"]  # fmt: skip
 
 
-def parse_objective(text: str) -> str:
-    """decode, prefill or mix:W (0 < W < 1, the share of decode tokens)."""
-    if text in ("decode", "prefill"):
-        return text
-    kind, _, weight = text.partition(":")
-    try:
-        ok = kind == "mix" and 0 < float(weight) < 1
-    except ValueError:
-        ok = False
-    if not ok:
-        raise MoeplaceError(
-            f"--objective {text}: use decode, prefill or mix:W, W the share of decode tokens between 0 and 1 "
-            "(e.g. mix:0.8)."
-        )
-    return text
+def recommend(request: Request) -> int:
+    """Plan the request, print what --emit asks for; 1 where some context does not fit."""
+    if request.constants is not None:
+        return _output(_constants(request), list(request.contexts), None)
+    meta = inspect_model(request.model)
+    rope = check_trained_context(meta, request.contexts)
+    sizes, where = _several_cards(request)
+    if len(sizes) > 1:
+        backend = resolve_backend(request)[0]
+        margins = budget_mod.AUTO_MARGIN_MIB if request.auto else budget_mod.DEFAULT_MARGIN_MIB
+        margin = (request.margin_mib if request.margin_mib is not None else margins[backend]) * 2**20
+        return several_devices(request, meta, sizes, where, backend, margin, model_path(meta, request.model),
+                               cards_speed(request, meta, backend))  # fmt: skip
+    a = assumptions(request)
+    pins = read_pins(meta, list(request.overrides))
+    check_pins(pins, a.backend)
+    extra = Path(request.mmproj).stat().st_size if request.mmproj else 0
+    setup = Setup(request, meta, Device(a.vram_bytes, a.margin_bytes), a, pins, extra)
+    contexts = list(request.contexts)
+    if request.longest:
+        limit = meta.get("n_ctx_train") or MAX_LONGEST
+        found = longest_context(request.with_(contexts=(), longest=True), limit,
+                                lambda r, c: setup.fitted(r, c) if c else None)  # fmt: skip
+        if found is None:
+            raise MoeplaceError(f"--ctx max: no context fits {a.vram_bytes / GB:.2f} GB even with every expert on "
+                                "the host; see the fixes with a short --ctx, e.g. --ctx 4096.")  # fmt: skip
+        contexts = [found]
+    return _output(setup, contexts, rope)
 
 
-def check_inputs(args: argparse.Namespace) -> None:
-    """Every flag recommend reads, before anything is printed: one line naming the flag and what to give."""
-    for flag, value, least in (("--parallel", args.parallel, 1), ("--ubatch", args.ubatch, 1),
-                               ("--margin", args.margin, 0)):  # fmt: skip
-        if value is not None and value < least:
-            raise MoeplaceError(f"{flag} {value}: must be at least {least}.")
-    for flag, value in (("--bw-vram", args.bw_vram_gbps), ("--bw-ddr", args.bw_ddr_gbps),
-                        ("--bw-link", args.bw_link_gbps)):  # fmt: skip
-        if value is not None and not value > 0:
-            raise MoeplaceError(f"{flag} {value}: a bandwidth is a positive number of GB/s, e.g. 448.")
-    if args.card_tflops is not None and not args.card_tflops > 0:
-        raise MoeplaceError(
-            f"--card-tflops {args.card_tflops}: a card's FP32 throughput is a positive number, e.g. 48.7."
-        )
-    args.objective = parse_objective(args.objective)
-    if args.mmproj and not Path(args.mmproj).is_file():
-        raise MoeplaceError(f"--mmproj {args.mmproj}: no such file; give the projector .gguf the server loads.")
-    if args.flash_attn == "off" and needs_flash_attn(args.cache_type_v):
-        raise MoeplaceError(f"--cache-type-v {args.cache_type_v} needs flash attention: drop --flash-attn off.")
-    if args.emit == "ollama" and len(parse_contexts(args.ctx)) > 1:
-        raise MoeplaceError("--emit ollama: a Modelfile holds one context; give one --ctx value per Modelfile.")
-
-
-def check_context(meta: dict[str, Any], contexts: list[int]) -> None:
-    trained = meta.get("n_ctx_train") or 0
-    if trained and max(contexts) > trained:
-        raise MoeplaceError(
-            f"--ctx {max(contexts)}: beyond {meta['name']}'s trained context of {trained} tokens; llama.cpp would "
-            "need RoPE scaling (--rope-scaling yarn) and the model may not cope. Give at most "
-            f"{trained}."
-        )
-
-
-def _backend(args: argparse.Namespace) -> tuple[str, str]:
-    """The card's backend: --backend, else the GPU this machine shows, else CUDA's (the most common) assumed."""
-    if args.backend != "auto":
-        return args.backend, "--backend"
-    from ..runtime.backend import detected_gpu_backend
-
-    found = detected_gpu_backend()
-    if found:
-        return found, "the GPU on this machine"
-    return "cuda", "no GPU here to ask: CUDA assumed; --backend for another"
-
-
-def _vram(args: argparse.Namespace, backend: str) -> tuple[int, str, str | None]:
-    """The card's bytes, where they come from, and the card's name where this machine's card was read."""
-    if args.vram != "auto":
-        given = f"--vram {args.vram}, as given"
-        if args.vram.strip().upper().endswith("GB"):  # cards sold as "16 GB" hold 16 GiB
-            given += f"; a card sold as {args.vram} holds {args.vram[:-2].strip()}GiB"
-        return parse_size(args.vram, "--vram"), given, None
-    from ..runtime.backend import free_gpu_memory
-
-    free, card, what = free_gpu_memory(backend)
-    return free, f"free on {what} now (--vram auto)", card
-
-
-def given_speeds(args: argparse.Namespace) -> tuple[float, float, float]:
-    """--bw-vram, --bw-ddr and --card-tflops, moeplace's defaults for those not given."""
-    vram, ddr = DEFAULT_BANDWIDTHS
-    return args.bw_vram_gbps or vram, args.bw_ddr_gbps or ddr, args.card_tflops or DEFAULT_CARD_TFLOPS
-
-
-def assumptions(args: argparse.Namespace) -> Assumptions:
-    """The card, the margin, the bandwidths and the host's RAM the plan assumes, with their sources."""
-    backend, backend_source = _backend(args)
-    vram, vram_source, card = _vram(args, backend)
-    if args.margin is not None:
-        margin, margin_source = args.margin * 2**20, "--margin"
-    else:
-        margins = budget_mod.AUTO_MARGIN_MIB if args.vram == "auto" else budget_mod.DEFAULT_MARGIN_MIB
-        margin = margins[backend] * 2**20
-        margin_source = f"{backend}'s default: what real cards used beyond llama.cpp's buffers, docs/real-cards.md"
-    tflops = None
-    if getattr(args, "calibration", None):
-        speed = f"fitted to your runs ({args.calibration})"
-        bw = (None, None)
-    elif args.bw_vram_gbps or args.bw_ddr_gbps:
-        bw = given_speeds(args)[:2]
-        given = all((args.bw_vram_gbps, args.bw_ddr_gbps))
-        speed = "--bw-vram/--bw-ddr as given" + ("" if given else ", the other moeplace's default")
-        speed += "" if args.card_tflops else "; TFLOPS moeplace's default, --card-tflops for yours"
-    elif card:
-        *bw, tflops, speed = this_machine(card)
-    else:
-        bw = DEFAULT_BANDWIDTHS
-        speed = "moeplace's defaults, the seed's workstation; --bw-vram/--bw-ddr/--card-tflops for yours"
-    if not getattr(args, "calibration", None):
-        if args.card_tflops:
-            speed = f"{speed}; --card-tflops as given"
-        tflops = args.card_tflops or tflops or DEFAULT_CARD_TFLOPS
-        speed += "; efficiencies learned from published sweeps of real cards (docs/speed-prior.md)"
-    ram, ram_source = host_ram(args.ram)
-    return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, tflops, speed, ram,
-                       ram_source)  # fmt: skip
-
-
-def speed_model(  # noqa: ANN201
-    args: argparse.Namespace, meta: dict[str, Any], bw: tuple[float | None, float | None] | None = None,
-    backend: str = "cuda", tflops: float | None = None,
-):  # fmt: skip
-    """--calibration's fitted model, else the prior learned from published sweeps for these bandwidths and card
-    compute (FP32 TFLOPS: `tflops`, else --card-tflops, else moeplace's default)."""
-    from .learned_prior import Machine
-    from .learned_prior import speed_model as learned
-    from .speed import SpeedModel
-
-    if getattr(args, "calibration", None):
-        try:
-            data = json.loads(Path(args.calibration).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise MoeplaceError(f"--calibration {args.calibration}: cannot read it ({e}).") from None
-        return SpeedModel.from_json(data, f"--calibration {args.calibration}")
-    *given_bw, given_tflops = given_speeds(args)
-    vram, ddr = bw or given_bw
-    return learned(meta, Machine(backend, vram, ddr, args.bw_link_gbps or DEFAULT_LINK_GBPS, tflops or given_tflops))
-
-
-def expected(meta: dict[str, Any], model: Any, host: frozenset[str], depth: int, args: argparse.Namespace,
-             device_hops: int = 0) -> dict:  # fmt: skip
-    """Decode at an empty context and at `depth`, prefill of a prompt's last batch up to `depth`, with these expert
-    tensors in host RAM (and over several cards, `device_hops` card boundaries): tok/s with ~95% intervals (None:
-    unknown)."""
-    from .speed import Run, prefill_up_to
-
-    kv = (args.cache_type_k, args.cache_type_v)
-    ubatch = getattr(args, "ubatch", 512)
-    return {
-        "tg_empty": model.predict(meta, Run(0, 0, "tg", 128, ubatch, *kv, host, device_hops=device_hops)),
-        "tg_at_depth": model.predict(meta, Run(0, depth, "tg", 128, ubatch, *kv, host, device_hops=device_hops)),
-        "pp_at_depth": model.predict(meta, prefill_up_to(0, depth, ubatch, *kv, host)),
-    }
-
-
-def speed_text(p: dict[str, float] | None) -> str:
-    return "unknown" if p is None else f"{p['tok_s']:.1f} tok/s ({p['low']:.1f}-{p['high']:.1f})"
-
-
-def describe_speed(speed: dict[str, Any], depth: int) -> str:
-    prefill = speed_text(speed["pp_at_depth"]) if speed["pp_at_depth"] else "unknown without --calibration"
-    return (
-        f"decode {speed_text(speed['tg_empty'])} at an empty context, {speed_text(speed['tg_at_depth'])} "
-        f"at {depth} tokens; prefill {prefill} (~95% intervals)"
-    )
-
-
-def ram_note(needed: int, a: Assumptions) -> str | None:
-    """A warning where the host's RAM cannot hold what the plan leaves there (seed 004's third tier)."""
-    if a.ram_bytes is None or needed <= 0.9 * a.ram_bytes:
-        return None
-    return (
-        f"warning: {needed / GB:.1f} GB stay in host RAM, near or beyond its {a.ram_bytes / GB:.1f} GB "
-        f"({a.ram_source}): llama.cpp maps the rest from disk and reads those experts at disk speed every token "
-        "(decode falls to the disk's bandwidth: seed 004's third tier)."
-    )
-
-
-def model_path(meta: dict[str, Any], given: str) -> str:
-    """The path llama.cpp loads: a split model's first shard, whichever shard was given."""
-    files = meta.get("files") or []
-    return files[0]["path"] if files and not given.startswith(("http://", "https://")) else given
-
-
-def cmd_recommend(args: argparse.Namespace) -> int:
-    check_inputs(args)
-    contexts = parse_contexts(args.ctx)
-    if args.placement == "optimal" and not args.model:
-        raise MoeplaceError("--placement optimal needs a MODEL.gguf: it places individual expert tensors.")
-    emit = "json" if args.json else args.emit
-    if emit not in ("server", "json") and not args.model:
-        raise MoeplaceError(f"--emit {emit} needs a MODEL.gguf (or ollama:/lmstudio:/hf: reference).")
-    if args.model:
-        meta = inspect_model(args.model)
-        if args.vram is None:
-            raise MoeplaceError("--vram is required: the card's memory (e.g. --vram 16GB), or auto for this GPU's.")
-        check_context(meta, contexts)
-        sizes, where = _several_cards(args)
-        if len(sizes) > 1:
-            margins = budget_mod.AUTO_MARGIN_MIB if args.vram == "auto" else budget_mod.DEFAULT_MARGIN_MIB
-            return several_devices(args, meta, contexts, emit, sizes, where, _backend(args)[0], margins,
-                                   model_path(meta, args.model), cards_speed(args, meta, emit))  # fmt: skip
-        a = assumptions(args)
-        device = Device(a.vram_bytes, a.margin_bytes)
-        pins = read_pins(meta, args.override_tensor)
-    else:
-        meta, device, a, pins = _constants(args)
-    extra = Path(args.mmproj).stat().st_size if args.mmproj else 0
-    # A server reserves logits for one token per slot; llama-bench (what --emit bench prints) for a whole batch.
-    outputs = "batch" if args.emit == "bench" else SERVER  # --json prints the plan for the --emit tool
-    offload = a is not None and a.backend in budget_mod.OP_OFFLOAD
-    workloads = [Workload(c, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v, args.parallel, outputs,
-                          offload) for c in contexts]  # fmt: skip
-    with llamacpp_compute(args, pins) as compute:
-        plans = [budget_mod.plan(meta, device, w, compute, extra, pins) for w in workloads]
-    model = speed_model(args, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops) if a else None
-    for p in plans:
-        _complete(p, meta, model, pins, a, args)
-    return _output(emit, meta, plans, workloads, device, model, pins, a, args)
-
-
-def cards_speed(args: argparse.Namespace, meta: dict[str, Any], emit: str) -> Speed:
+def cards_speed(request: Request, meta: dict[str, Any], backend: str) -> Speed:
     """The speeds of a plan over several cards, from --bw-vram/--bw-ddr or the defaults (said once)."""
-    *bw, tflops = given_speeds(args)
-    model = speed_model(args, meta, tuple(bw), _backend(args)[0], tflops)
-    if emit == "server" and not getattr(args, "calibration", None):
-        given = "--bw-vram/--bw-ddr" if args.bw_vram_gbps or args.bw_ddr_gbps else "moeplace's defaults"
+    s = request.speeds
+    bw = (s.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], s.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
+    tflops = s.card_tflops or DEFAULT_CARD_TFLOPS
+    model = speed_model(s, meta, bw, backend, tflops)
+    if request.emit == "server" and not request.as_json and not s.calibration:
+        given = "--bw-vram/--bw-ddr" if s.bw_vram_gbps or s.bw_ddr_gbps else "moeplace's defaults"
         print(f"speeds: {bw[0]:g} GB/s and {tflops:g} TFLOPS on every card, {bw[1]:g} GB/s host RAM ({given}); "
               "efficiencies learned from published sweeps of real cards (docs/speed-prior.md)")  # fmt: skip
 
-    def speed(host: frozenset[str], ctx: int, device_hops: int) -> tuple[dict[str, Any], str]:
-        expected_ = expected(meta, model, host, ctx, args, device_hops)
-        return expected_, describe_speed(expected_, ctx)
+    def speed(host: frozenset[str], w: Workload, device_hops: int) -> tuple[dict[str, Any], str]:
+        expected_ = expected(meta, model, host, w, device_hops)
+        return expected_, describe_speed(expected_, w.ctx)
 
     return speed
 
 
-def _several_cards(args: argparse.Namespace) -> tuple[list[int], str]:
+def _several_cards(request: Request) -> tuple[list[int], str]:
     """--vram A,B,... as given, or with auto every card of this machine's free memory, in llama.cpp's order, and
     where the sizes came from. One size: a plan for one device."""
-    if args.vram == "auto":
+    if request.auto:
         from ..runtime.backend import gpu_free_memory
 
-        cards, tool = gpu_free_memory(_backend(args)[0])
+        cards, tool = gpu_free_memory(resolve_backend(request)[0])
         return [free for free, _ in cards], "free now on " + ", ".join(name for _, name in cards) + f" ({tool})"
-    return [parse_size(v.strip(), "--vram") for v in args.vram.split(",")], "--vram, as given"
+    if request.card:
+        return [card_named(request.card).memory_bytes], f"--card {request.card}"
+    return [parse_size(v.strip(), "--vram") for v in request.vram or ()], "--vram, as given"
 
 
 @contextmanager
-def llamacpp_compute(args: argparse.Namespace, pins: Pins) -> Iterator[budget_mod.Compute]:
+def llamacpp_compute(request: Request, pins: Pins) -> Iterator[budget_mod.Compute]:
     """With --reserve, llama.cpp's own compute buffer for each workload and placement (the pinned build, or
     --bin-dir's, reserving without allocating on this machine's GPU or the emulated device); else None: the
     estimate (memory.estimate_compute)."""
-    if not getattr(args, "reserve", False):
+    if not request.reserve:
         yield None
         return
     from ..core.config import DeviceTarget
@@ -321,72 +150,124 @@ def llamacpp_compute(args: argparse.Namespace, pins: Pins) -> Iterator[budget_mo
     from ..runtime.llamacpp import PINNED, provision
 
     log_path = Path(tempfile.gettempdir()) / "moeplace-recommend.log"
-    manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
+    manifest = provision({"bin_dir": request.bin_dir} if request.bin_dir else PINNED, log_path)
     setup = device_setup(DeviceTarget("auto", "", 2**50), manifest)  # a reserve allocates nothing: no cap needed
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
-        yield budget_mod.reserved_compute(manifest, args.model, rpc, log_path, ",".join(pins.rules) or None)
+        yield budget_mod.reserved_compute(manifest, request.model, rpc, log_path, ",".join(pins.rules) or None)
 
 
-def _constants(args: argparse.Namespace) -> tuple[dict[str, Any], Device, None, Pins]:
+def _constants(request: Request) -> Setup:
     """The seed's script: the model as totals, the overhead its own constant."""
-    missing = [f for f in ("vram_gb", "non_expert_gb", "expert_gb", "layers", "kv_bytes_per_token")
-               if getattr(args, f) is None]  # fmt: skip
-    if missing:
-        raise MoeplaceError(
-            "give a MODEL.gguf, or all of "
-            + ", ".join("--" + m.replace("_", "-") for m in missing)
-            + " for the constants mode."
-        )
-    sizes = {"expert": f"{args.expert_gb}GB", "non_expert": f"{args.non_expert_gb}GB"}
-    meta = from_constants("constants", {"layers": args.layers, **sizes, "kv_bytes_per_token": args.kv_bytes_per_token})
-    return meta, Device(round(args.vram_gb * GB), round(args.overhead_gb * GB)), None, NO_PINS
+    c = request.constants
+    sizes = {"expert": f"{c.expert_gb}GB", "non_expert": f"{c.non_expert_gb}GB"}
+    meta = from_constants("constants", {"layers": c.layers, **sizes, "kv_bytes_per_token": c.kv_bytes_per_token})
+    return Setup(request, meta, Device(round(c.vram_gb * GB), round(c.overhead_gb * GB)), None, NO_PINS, 0)
 
 
-def _complete(p: dict[str, Any], meta: dict[str, Any], model: Any, pins: Pins, a: Assumptions | None,
-              args: argparse.Namespace) -> None:  # fmt: skip
-    """A plan's speeds, host RAM and assumptions, where it fits and a model file is at hand."""
+def _output(setup: Setup, contexts: list[int], rope: str | None) -> int:
+    """Plan every context, then print what --emit asks for: 1 where some context does not fit."""
+    r, meta = setup.request, setup.meta
+    with llamacpp_compute(r, setup.pins) as compute:
+        plans = [budget_mod.plan(meta, setup.device, r.workload(c, setup.backend), compute, setup.extra_bytes,
+                                 setup.pins) for c in contexts]  # fmt: skip
+    a = setup.a
+    model = speed_model(r.speeds, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops) if a else None
+    for p in plans:
+        _complete(setup, p, model)
+    failed = [p for p in plans if p["status"] != budget_mod.FITS]
+    for p in failed:
+        print(f"moeplace: {budget_mod.does_not_fit_message(p, setup.device.vram_bytes)}", file=sys.stderr)
+        for fix in p.get("fixes", []) or (["none found: a larger card"] if a else []):
+            print(f"  fix: {fix}", file=sys.stderr)
+    fitting = [p for p in plans if p["status"] == budget_mod.FITS]
+    if r.as_json:
+        json.dump(plans, sys.stdout, indent=1)
+        print()
+    elif r.emit == "server":
+        _print_server(setup, fitting, model, rope)
+    elif r.emit == "llama-swap" and fitting:
+        print(commands.llama_swap({f"{meta['name']}-{_label(p['ctx'])}": p["command"] for p in fitting}), end="")
+    elif r.emit == "bench":
+        print("\n".join(p["command"] for p in fitting))
+    elif r.emit == "ollama" and fitting:
+        print(_ollama(setup, fitting[0]), end="")
+    return 1 if failed else 0
+
+
+def _complete(setup: Setup, p: dict[str, Any], model: Any) -> None:
+    """A plan's speeds, host RAM, command line, placements and assumptions, where it fits and a model is at hand."""
+    r, meta, a = setup.request, setup.meta, setup.a
     if a is None:
         return
     p["assumptions"] = asdict(a)
-    p["pins"] = list(pins.rules)
+    p["pins"] = list(setup.pins.rules)
     if p["n_cpu_moe"] is None:
+        p["fixes"] = [str(fix) for fix in fixes(r, p["ctx"], setup.fitted)]
         return
-    host = pins.host_set(meta, p["n_cpu_moe"])
-    p["speed"] = expected(meta, model, host, p["ctx"], args)
+    host = setup.pins.host_set(meta, p["n_cpu_moe"])
+    p["speed"] = expected(meta, model, host, r.workload(p["ctx"], setup.backend))
     p["host_bytes"] = host_bytes(meta, host)
     p["ram_note"] = ram_note(p["host_bytes"], a)
+    p["command"] = _bench_line(setup, p) if r.emit == "bench" else _server_line(setup, p["ctx"], p["n_cpu_moe"])
+    if r.placement == "optimal":
+        p["placements"] = _placements(setup, p["ctx"], model)
 
 
-def _output(emit: str, meta: dict[str, Any], plans: list[dict[str, Any]], workloads: list[Workload],
-            device: Device, model: Any, pins: Pins, a: Assumptions | None,
-            args: argparse.Namespace) -> int:  # fmt: skip
-    if emit == "json":
-        json.dump(plans, sys.stdout, indent=1)
-        print()
-    failed = [p for p in plans if p["status"] != budget_mod.FITS]
-    for p in failed:
-        print(f"moeplace: {budget_mod.does_not_fit_message(p, device.vram_bytes)}", file=sys.stderr)
-        if args.explain and args.model:
-            w = next(w for w in workloads if w.ctx == p["ctx"])
-            extra = Path(args.mmproj).stat().st_size if args.mmproj else 0
-            for fix in budget_mod.fixes(meta, device, w, None, extra, pins) or ["none found: a larger card"]:
-                print(f"  fix: {fix}", file=sys.stderr)
-    fitting = [p for p in plans if p["status"] == budget_mod.FITS]
-    if emit == "server":
-        if a:
-            print(f"{meta['name']}: {structure(meta)}")
-            print(describe_assumptions(a))
-        for p in fitting:
-            _print_plan(meta, model, device, p, pins, args)
-    elif emit == "llama-swap" and fitting:
-        print(commands.llama_swap({f"{meta['name']}-{_label(p['ctx'])}": _server_line(meta, p, pins, args)
-                                   for p in fitting}), end="")  # fmt: skip
-    elif emit == "bench":
-        for p in fitting:
-            print(_bench_line(meta, p, pins, args))
-    elif emit == "ollama" and fitting:
-        print(_ollama(meta, fitting[0], pins, args), end="")
-    return 1 if failed else 0
+def _server_line(setup: Setup, ctx: int, n_cpu_moe: int, overrides: str | None = None,
+                 kv: tuple[str, str] | None = None, ubatch: int | None = None) -> str:  # fmt: skip
+    """The llama-server line of this placement: --n-cpu-moe n, or an -ot placement's own patterns after the pins."""
+    r = setup.request
+    flags = commands.request_flags(setup.meta, ctx, r.mmproj, r.no_kv_offload)
+    rules = (*setup.pins.rules, *([overrides] if overrides else []))
+    return commands.llama_server(model_path(setup.meta, r.model), ctx, None if overrides else n_cpu_moe,
+                                 *(kv or (r.type_k, r.type_v)), rules, r.flash_attn, ubatch or r.ubatch, r.parallel,
+                                 flags)  # fmt: skip
+
+
+def _bench_line(setup: Setup, p: dict[str, Any]) -> str:
+    r = setup.request
+    flags = commands.request_flags(setup.meta, p["ctx"], r.mmproj, r.no_kv_offload, "bench")
+    return commands.llama_bench(model_path(setup.meta, r.model), p["ctx"], p["n_cpu_moe"], r.type_k, r.type_v,
+                                r.flash_attn, r.ubatch, list(setup.pins.rules), extra=flags)  # fmt: skip
+
+
+def _ollama(setup: Setup, p: dict[str, Any]) -> str:
+    from ..runtime.model_ref import ollama_version
+
+    r = setup.request
+    ref = r.model_ref or r.model
+    source = ref.removeprefix("ollama:") if ref.startswith("ollama:") else r.model
+    flags = commands.request_flags(setup.meta, p["ctx"], r.mmproj, r.no_kv_offload)
+    return commands.ollama_modelfile(source, p["ctx"], p["n_cpu_moe"], r.type_k, r.type_v, list(setup.pins.rules),
+                                     ollama_version(), p["command"], flags)  # fmt: skip
+
+
+def _placements(setup: Setup, ctx: int, model: Any) -> list[dict[str, Any]]:
+    """--placement optimal's ranked placements at `ctx`, each with its -ot value (the plan's own patterns; the
+    user's pins stay as written, before them) and its llama-server line."""
+    from .optimal import rank_placements
+
+    ranked = rank_placements(setup.meta, setup.device, setup.request, ctx, setup.backend, model, setup.extra_bytes,
+                             setup.pins)  # fmt: skip
+    for row in ranked:
+        rest = set(row["host_tensors"]) - setup.pins.host
+        row["override_tensor"] = (ot_value(rest, separator=",") or None) if row["placement"] != "ncmoe" else None
+        row["command"] = _server_line(setup, ctx, row["n_cpu_moe"], row["override_tensor"],
+                                      (row["type_k"], row["type_v"]), row["ubatch"])  # fmt: skip
+    return ranked
+
+
+def _print_server(setup: Setup, fitting: list[dict[str, Any]], model: Any, rope: str | None) -> None:
+    r, meta, a = setup.request, setup.meta, setup.a
+    if note := box_note(r):
+        print(note)
+    if a:
+        print(f"{meta['name']}: {structure(meta)}")
+        print(describe_assumptions(a))
+    if rope:
+        print(rope)
+    for p in fitting:
+        _print_plan(setup, p)
 
 
 def describe_assumptions(a: Assumptions) -> str:
@@ -409,76 +290,36 @@ def _label(ctx: int) -> str:
     return Context(ctx).label
 
 
-def _server_line(meta: dict[str, Any], p: dict[str, Any], pins: Pins, args: argparse.Namespace,
-                 overrides: str | None = None) -> str:  # fmt: skip
-    kv = (args.cache_type_k, args.cache_type_v)
-    return commands.llama_server(model_path(meta, args.model), p["ctx"], p["n_cpu_moe"], *kv, overrides,
-                                 args.flash_attn, args.ubatch, args.parallel, list(pins.rules))  # fmt: skip
-
-
-def _bench_line(meta: dict[str, Any], p: dict[str, Any], pins: Pins, args: argparse.Namespace) -> str:
-    kv = (args.cache_type_k, args.cache_type_v)
-    return commands.llama_bench(model_path(meta, args.model), p["ctx"], p["n_cpu_moe"], *kv, args.flash_attn,
-                                args.ubatch, list(pins.rules))  # fmt: skip
-
-
-def _ollama(meta: dict[str, Any], p: dict[str, Any], pins: Pins, args: argparse.Namespace) -> str:
-    from ..runtime.model_ref import ollama_version
-
-    source = args.model_ref.removeprefix("ollama:") if args.model_ref.startswith("ollama:") else args.model
-    kv = (args.cache_type_k, args.cache_type_v)
-    return commands.ollama_modelfile(source, p["ctx"], p["n_cpu_moe"], *kv, list(pins.rules), ollama_version(),
-                                     _server_line(meta, p, pins, args))  # fmt: skip
-
-
-def _print_plan(meta: dict[str, Any], model: Any, device: Any, p: dict[str, Any], pins: Pins,
-                args: argparse.Namespace) -> None:  # fmt: skip
+def _print_plan(setup: Setup, p: dict[str, Any]) -> None:
     """One context's plan as text: the buffers, the n, the server line and the expected speeds."""
-    print(
-        f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  "
-        + (
-            f"compute={p['compute_bytes'] / GB:5.2f} GB ({p['compute_source']})  "
-            if p["compute_bytes"] is not None
-            else ""
-        )
-        + f"budget={p['budget_bytes'] / GB:5.2f} GB  "
-        f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
-    )
-    if args.model:
-        print("  " + _server_line(meta, p, pins, args))
-        print("  expected: " + describe_speed(p["speed"], p["ctx"]))
-        print(f"  host RAM: {p['host_bytes'] / GB:.2f} GB of weights stay there")
-        if p["ram_note"]:
-            print("  " + p["ram_note"])
-    if args.placement == "optimal":
-        _print_optimal(meta, model, device, p["ctx"], pins, args)
-
-
-def _print_optimal(meta: dict[str, Any], model: Any, device: Any, ctx: int, pins: Pins,
-                   args: argparse.Namespace) -> None:  # fmt: skip
-    """The feasible placements and KV cache types at this context, best first by --objective."""
-    from .offload import host_layers, ot_value, rank_placements
-
-    kv_types = list(dict.fromkeys([(args.cache_type_k, args.cache_type_v), ("q8_0", "q8_0")]))
-    ubatches = list(dict.fromkeys([args.ubatch, 512, 2048]))  # yours first: it wins ties
-    ranked = rank_placements(meta, device, ctx, model, args.objective, kv_types, ubatches, pins)
-    if not ranked or ranked[0]["score"] is None:
-        why = "the speed model gives no prefill" if args.objective != "decode" else "nothing fits"
-        print(f"  placements by {args.objective}: cannot rank ({why}).")
+    compute = (f"compute={p['compute_bytes'] / GB:5.2f} GB ({p['compute_source']})  "
+               if p["compute_bytes"] is not None else "")  # fmt: skip
+    print(f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  {compute}budget={p['budget_bytes'] / GB:5.2f} GB  "
+          f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}")  # fmt: skip
+    if setup.a is None:
         return
-    print(f"  placements by {args.objective} at {ctx} tokens, best first; '~' marks those the speed model cannot "
+    print("  " + p["command"])
+    print("  expected: " + describe_speed(p["speed"], p["ctx"]))
+    print(f"  host RAM: {p['host_bytes'] / GB:.2f} GB of weights stay there")
+    if p["ram_note"]:
+        print("  " + p["ram_note"])
+    if "placements" in p:
+        _print_placements(setup.request, p["ctx"], p["placements"])
+
+
+def _print_placements(r: Request, ctx: int, ranked: list[dict[str, Any]]) -> None:
+    """The feasible placements and KV cache types at this context, best first by --objective."""
+    if not ranked or ranked[0]["score"] is None:
+        why = "the speed model gives no prefill" if r.objective != "decode" else "nothing fits"
+        print(f"  placements by {r.objective}: cannot rank ({why}).")
+        return
+    print(f"  placements by {r.objective} at {ctx} tokens, best first; '~' marks those the speed model cannot "
           "tell from the best (its uncertainty on a ratio), of which yours as given leads:")  # fmt: skip
-    for r in ranked:
-        tensors, layers = len(r["host_tensors"]), len(host_layers(r["host_tensors"]))
-        what = (f"--n-cpu-moe {r['n_cpu_moe']}" if r["placement"] == "ncmoe"
-                else f"-ot ({tensors} expert tensors on the host, in {layers} layers)")  # fmt: skip
-        print(f"  {'~' if r['equivalent'] else ' '} {what}, KV {r['type_k']}/{r['type_v']}, -ub {r['ubatch']}: "
-              f"decode {speed_text(r['tg'])}, prefill {speed_text(r['pp'])}")  # fmt: skip
-    best = ranked[0]
-    # The user's pins stay as written (they match first); the plan's own patterns name the rest of its host set.
-    rest = set(best["host_tensors"]) - pins.host
-    overrides = (ot_value(rest, separator=",") or None) if best["placement"] != "ncmoe" else None
-    kv = (best["type_k"], best["type_v"])
-    line = commands.llama_server(model_path(meta, args.model), ctx, best["n_cpu_moe"], *kv, overrides,
-                                 args.flash_attn, best["ubatch"], args.parallel, list(pins.rules))  # fmt: skip
-    print("  " + line)
+    for row in ranked:
+        tensors, layers = len(row["host_tensors"]), len(host_layers(row["host_tensors"]))
+        what = (f"--n-cpu-moe {row['n_cpu_moe']}" if row["placement"] == "ncmoe"
+                else f"-ot {row['override_tensor']!r} ({tensors} expert tensors on the host, in {layers} "
+                     "layers)")  # fmt: skip
+        print(f"  {'~' if row['equivalent'] else ' '} {what}, KV {row['type_k']}/{row['type_v']}, -ub {row['ubatch']}: "
+              f"decode {speed_text(row['tg'])}, prefill {speed_text(row['pp'])}")  # fmt: skip
+    print("  " + ranked[0]["command"])

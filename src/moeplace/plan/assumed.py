@@ -1,0 +1,177 @@
+"""What a plan assumes where the user does not say, each with its source: the card's backend and memory, the margin
+kept free, the bandwidths and card compute behind the speeds, the host's RAM; and the speeds a placement is
+expected to reach."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import MoeplaceError
+from ..core.units import GB, parse_size
+from ..model.memory import Workload
+from . import budget as budget_mod
+from .cards import card_named
+from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS, host_ram, this_machine
+from .request import Request, Speeds
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What a plan takes as given, each with where it comes from (printed with the plan, kept in its JSON)."""
+
+    backend: str
+    backend_source: str
+    vram_bytes: int
+    vram_source: str
+    margin_bytes: int
+    margin_source: str
+    bw_vram_gbps: float | None
+    bw_ddr_gbps: float | None
+    card_tflops: float | None
+    speed_source: str
+    ram_bytes: int | None
+    ram_source: str
+
+
+def resolve_backend(request: Request) -> tuple[str, str]:
+    """The card's backend: --backend, else --card's vendor, else the GPU this machine shows, else CUDA's."""
+    if request.backend != "auto":
+        return request.backend, "--backend"
+    if request.card:
+        return card_named(request.card).backend, f"--card {request.card}"
+    from ..runtime.backend import detected_gpu_backend
+
+    if found := detected_gpu_backend():
+        return found, "the GPU on this machine"
+    return "cuda", "no GPU here to ask: CUDA assumed; --backend for another"
+
+
+def box_note(request: Request) -> str | None:
+    """A size typed as printed on the box ('16GB') is planned as powers of ten, as the seed counts; said first."""
+    if not request.vram or len(request.vram) > 1 or not request.vram[0].strip().upper().endswith("GB"):
+        return None
+    given = request.vram[0].strip()
+    number = given[:-2].strip()
+    return (f"note: --vram {given} is planned as {parse_size(given, '--vram') / 2**30:.2f} GiB (GB are powers of "
+            f"ten); a card sold as {given} holds {number} GiB: say --vram {number}GiB, or --card NAME.")  # fmt: skip
+
+
+def _vram(request: Request, backend: str) -> tuple[int, str, str | None]:
+    """The card's bytes, where they come from, and the card's name where it is known."""
+    if request.card:
+        card = card_named(request.card)
+        return card.memory_bytes, f"--card {request.card}: {card.name}, {card.memory_bytes >> 30} GiB", card.name
+    if request.auto:
+        from ..runtime.backend import free_gpu_memory
+
+        free, name, what = free_gpu_memory(backend)
+        return free, f"free on {what} now (--vram auto)", name
+    return parse_size(request.vram[0], "--vram"), f"--vram {request.vram[0]}, as given", None
+
+
+def _speeds(request: Request, card: str | None) -> tuple[float, float, float, str]:
+    """The bandwidths and card compute the prior is given: the user's flags, else the named card's datasheet (and
+    for --vram auto this host's RAM, measured), else moeplace's defaults; and where each came from."""
+    s = request.speeds
+    if request.auto and card:
+        vram, ddr, tflops, source = this_machine(card)
+    elif request.card:
+        sheet = card_named(request.card)
+        vram, ddr, tflops = sheet.gbps, DEFAULT_BANDWIDTHS[1], sheet.tflops
+        source = f"the card: {sheet.source}; the host: moeplace's default, --bw-ddr for yours"
+    else:
+        (vram, ddr), tflops = DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
+        source = "moeplace's defaults, the seed's workstation; --card, or --bw-vram/--bw-ddr/--card-tflops for yours"
+    given = [flag for flag, value in (("--bw-vram", s.bw_vram_gbps), ("--bw-ddr", s.bw_ddr_gbps),
+                                      ("--card-tflops", s.card_tflops)) if value]  # fmt: skip
+    if given:
+        source = f"{'/'.join(given)} as given; otherwise {source}"
+    return s.bw_vram_gbps or vram, s.bw_ddr_gbps or ddr, s.card_tflops or tflops, source
+
+
+def assumptions(request: Request) -> Assumptions:
+    """The card, the margin, the bandwidths and the host's RAM the plan assumes, with their sources."""
+    backend, backend_source = resolve_backend(request)
+    vram, vram_source, card = _vram(request, backend)
+    if request.margin_mib is not None:
+        margin, margin_source = request.margin_mib * 2**20, "--margin"
+    else:
+        margins = budget_mod.AUTO_MARGIN_MIB if request.auto else budget_mod.DEFAULT_MARGIN_MIB
+        margin = margins[backend] * 2**20
+        margin_source = f"{backend}'s default: what real cards used beyond llama.cpp's buffers, docs/real-cards.md"
+    if request.speeds.calibration:
+        bw: tuple[float | None, ...] = (None, None, None)
+        speed = f"fitted to your runs ({request.speeds.calibration})"
+    else:
+        *bw, speed = _speeds(request, card)
+        speed += "; efficiencies learned from published sweeps of real cards (docs/speed-prior.md)"
+    ram, ram_source = host_ram(request.ram)
+    return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram,
+                       ram_source)  # fmt: skip
+
+
+def speed_model(speeds: Speeds, meta: dict[str, Any], bw: tuple[float | None, float | None] | None = None,  # noqa: ANN201
+                backend: str = "cuda", tflops: float | None = None):  # fmt: skip
+    """--calibration's fitted model, else the prior learned from published sweeps for these bandwidths and card
+    compute (each, where not given, the flag's or moeplace's default)."""
+    from .learned_prior import Machine
+    from .learned_prior import speed_model as learned
+    from .speed import SpeedModel
+
+    if speeds.calibration:
+        try:
+            data = json.loads(Path(speeds.calibration).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise MoeplaceError(f"--calibration {speeds.calibration}: cannot read it as JSON ({e}).") from None
+        return SpeedModel.from_json(data, f"--calibration {speeds.calibration}")
+    vram, ddr = bw or (None, None)
+    machine = Machine(backend, vram or speeds.bw_vram_gbps or DEFAULT_BANDWIDTHS[0],
+                      ddr or speeds.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1], speeds.bw_link_gbps or DEFAULT_LINK_GBPS,
+                      tflops or speeds.card_tflops or DEFAULT_CARD_TFLOPS)  # fmt: skip
+    return learned(meta, machine)
+
+
+def expected(meta: dict[str, Any], model: Any, host: frozenset[str], w: Workload, device_hops: int = 0) -> dict:
+    """Decode at an empty context and at w.ctx, prefill of a prompt's last batch up to w.ctx, with these expert
+    tensors in host RAM (and over several cards, `device_hops` card boundaries): tok/s with ~95% intervals (None:
+    unknown)."""
+    from .speed import Run, prefill_up_to
+
+    kv = (w.type_k, w.type_v)
+    return {
+        "tg_empty": model.predict(meta, Run(0, 0, "tg", 128, w.ubatch, *kv, host, device_hops=device_hops)),
+        "tg_at_depth": model.predict(meta, Run(0, w.ctx, "tg", 128, w.ubatch, *kv, host, device_hops=device_hops)),
+        "pp_at_depth": model.predict(meta, prefill_up_to(0, w.ctx, w.ubatch, *kv, host)),
+    }
+
+
+def speed_text(p: dict[str, float] | None) -> str:
+    return "unknown" if p is None else f"{p['tok_s']:.1f} tok/s ({p['low']:.1f}-{p['high']:.1f})"
+
+
+def describe_speed(speed: dict[str, Any], depth: int) -> str:
+    prefill = speed_text(speed["pp_at_depth"]) if speed["pp_at_depth"] else "unknown without --calibration"
+    return (
+        f"decode {speed_text(speed['tg_empty'])} at an empty context, {speed_text(speed['tg_at_depth'])} "
+        f"at {depth} tokens; prefill {prefill} (~95% intervals)"
+    )
+
+
+def ram_note(needed: int, a: Assumptions) -> str | None:
+    """A warning where the host's RAM cannot hold what the plan leaves there (seed 004's third tier)."""
+    if a.ram_bytes is None or needed <= 0.9 * a.ram_bytes:
+        return None
+    return (
+        f"warning: {needed / GB:.1f} GB stay in host RAM, near or beyond its {a.ram_bytes / GB:.1f} GB "
+        f"({a.ram_source}): llama.cpp maps the rest from disk and reads those experts at disk speed every token "
+        "(decode falls to the disk's bandwidth: seed 004's third tier)."
+    )
+
+
+def model_path(meta: dict[str, Any], given: str) -> str:
+    """The path llama.cpp loads: a split model's first shard, whichever shard was given."""
+    files = meta.get("files") or []
+    return files[0]["path"] if files and not given.startswith(("http://", "https://")) else given

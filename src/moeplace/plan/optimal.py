@@ -1,0 +1,97 @@
+"""`recommend --placement optimal`: every placement that fits a request at one context, for each KV cache type and
+ubatch worth trying, ranked by the speed model. Each is planned for the request as given (flash attention, slots,
+the tool's logits, the backend's copy of host experts, a projector, -nkvo, the user's pins) and checked by the same
+budget as the plain plan (memory.device_need), so no line it prints is one the plain plan would refuse."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.config import Device
+from ..model.memory import Pins, device_need
+from ..runtime.llamacpp_args import needs_flash_attn
+from .budget import plan
+from .offload import optimal_placement
+from .request import Request
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the optimiser may change beside the placement: the KV cache type and the ubatch."""
+
+    type_k: str
+    type_v: str
+    ubatch: int
+
+
+def settings(request: Request) -> list[Setting]:
+    """The request's own KV cache and ubatch first (it wins ties), then q8_0 and ubatches 512 and 2048, where
+    llama.cpp runs them (a quantized V cache needs flash attention)."""
+    kv_types = dict.fromkeys([(request.type_k, request.type_v), ("q8_0", "q8_0")])
+    ubatches = dict.fromkeys([request.ubatch, 512, 2048])
+    return [Setting(k, v, u) for (k, v), u in itertools.product(kv_types, ubatches)
+            if not (request.flash_attn == "off" and needs_flash_attn(v))]  # fmt: skip
+
+
+def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, float] | None) -> float | None:
+    """What a placement is ranked by: decode or prefill tok/s, or for mix:W the tokens per second of a workload
+    spending the share W of its tokens in decode and the rest in prefill (None: the model cannot say)."""
+    if objective == "decode":
+        return tg and tg["tok_s"]
+    if objective == "prefill":
+        return pp and pp["tok_s"]
+    weight = float(objective.split(":", 1)[1])
+    if not tg or not pp:
+        return None
+    return 1 / (weight / tg["tok_s"] + (1 - weight) / pp["tok_s"])
+
+
+def fits(meta: dict[str, Any], device: Device, request: Request, ctx: int, backend: str, host: frozenset[str],
+         extra_bytes: int = 0) -> bool:  # fmt: skip
+    """Whether this host set fits the device for the request at `ctx`, by the plain plan's own budget."""
+    need = device_need(meta, request.workload(ctx, backend), 0, None, extra_bytes, Pins(host=host))
+    return need.total + device.overhead_bytes <= device.vram_bytes
+
+
+def rank_placements(meta: dict[str, Any], device: Device, request: Request, ctx: int, backend: str, model: Any,
+                    extra_bytes: int = 0, pins: Pins = Pins(),
+                    choices: list[Setting] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Every placement that fits at `ctx` for each of `choices` (default settings(request)): --n-cpu-moe at the
+    budget's minimum, and where they differ from it the knapsack's -ot placements (the most expert bytes on the
+    device, prefill's best, and the same less the hops the model prices, decode's best), each checked by the plain
+    plan's budget, the user's pins kept in each, with the speed model's decode and prefill at that depth, best first
+    by the request's objective. A placement whose score is within the model's equivalence factor of the best is
+    `equivalent` to it: which is faster is not known, so the first of those in the order given leads (the user's KV
+    cache type and ubatch, --n-cpu-moe before -ot), not a gain inside the uncertainty. `host_tensors` is each
+    placement's whole host set, pins included."""
+    from .speed import Run, host_layer_bytes, prefill_up_to
+
+    order = []  # as given
+    hop_bytes = host_layer_bytes(meta, model)
+    for s in choices or settings(request):
+        asked = request.with_(type_k=s.type_k, type_v=s.type_v, ubatch=s.ubatch)
+        p = plan(meta, device, asked.workload(ctx, backend), None, extra_bytes, pins)
+        if p["n_cpu_moe"] is None:
+            continue
+        candidates = [("ncmoe", p["n_cpu_moe"], pins.host_set(meta, p["n_cpu_moe"]))]
+        for cost in dict.fromkeys([0.0, hop_bytes]):
+            host = frozenset(optimal_placement(meta, p["budget_bytes"], cost, pins))
+            if all(host != c[2] for c in candidates) and fits(meta, device, asked, ctx, backend, host, extra_bytes):
+                candidates.append(("optimal", 0, host))
+        for name, n, host in candidates:
+            tg = model.predict(meta, Run(0, ctx, "tg", 128, s.ubatch, s.type_k, s.type_v, host))
+            pp = model.predict(meta, prefill_up_to(0, ctx, s.ubatch, s.type_k, s.type_v, host))
+            order.append({"placement": name, "n_cpu_moe": n, "host_tensors": sorted(host), "type_k": s.type_k,
+                          "type_v": s.type_v, "ubatch": s.ubatch, "tg": tg, "pp": pp,
+                          "score": objective_score(request.objective, tg, pp)})  # fmt: skip
+    ranked = sorted(order, key=lambda r: -(r["score"] or 0.0))
+    if not ranked or ranked[0]["score"] is None:
+        return ranked
+    tests = {"decode": ("tg",), "prefill": ("pp",)}.get(request.objective, ("tg", "pp"))
+    factor = max(model.equivalence_factor(t) for t in tests)
+    for r in ranked:
+        r["equivalent"] = r["score"] is not None and r["score"] * factor >= ranked[0]["score"]
+    given = [r for r in order if r["equivalent"]]
+    return [given[0]] + [r for r in ranked if r is not given[0]]
