@@ -222,3 +222,34 @@ def test_llama_fit_params_takes_every_emitted_argument(twins, tmp_path, layers, 
     done = subprocess.run([binary("llama-fit-params"), *shlex.split(line)[1:], "-fitp", "on"], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, (line, done.stderr[-2000:])
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    spec=st.sampled_from(TINY),
+    kv=st.sampled_from([("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "f16")]),
+    flash=st.sampled_from(["auto", "on", "off"]),
+    ubatch=st.sampled_from([128, 512]),
+    parallel=st.integers(1, 2),
+    pinned=st.booleans(),
+)
+def test_generated_requests_load_as_planned(twins, tmp_path_factory, spec, kv, flash, ubatch, parallel, pinned):
+    """A sample of the request space loaded for real: the server line of a generated request, on a card of the size
+    that leaves about half the experts on the host, loads and serves, each expert where the plan put it and the
+    device's weights and KV those the plan counted."""
+    if flash == "off" and kv[1] != "f16":
+        flash = "on"  # llama.cpp refuses a quantized V cache without flash attention; the request checks say so
+    folder = tmp_path_factory.mktemp("request")
+    model = twins[spec.stem]
+    meta = inspect_model(model)
+    pins = [last_layer_pin(meta)] if pinned else []
+    cap = a_plan_between(model, meta, pins, folder) + 2 * MiB * parallel  # room for the slots' larger KV
+    args = ["--vram", f"{cap}B", "--ctx", str(CTX), "-ctk", kv[0], "-ctv", kv[1], "--flash-attn", flash,
+            "--ubatch", str(ubatch), "--parallel", str(parallel), *(["-ot", pins[0]] if pins else [])]  # fmt: skip
+    plan, text = planned(model, *args)
+    line = next(s.strip() for s in text.splitlines() if s.strip().startswith("llama-server "))
+    with rpc_device(manifest(), cap, (0,), folder / "rpc.log") as rpc:
+        argv = [binary("llama-server"), *shlex.split(line)[1:], "--rpc", rpc, "-v", "-t", "1"]
+        answer = serve_one_completion(argv, folder / "server.log")
+    assert answer["tokens_predicted"] == 1
+    check_log((folder / "server.log").read_text(), meta, plan, pins, server=True)
