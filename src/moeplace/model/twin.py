@@ -247,6 +247,17 @@ def _random_blocks(rng: np.random.Generator, name: str, shape: tuple[int, ...], 
     return np.resize(pool, (n_blocks, size))
 
 
+def _writable_gguf_path(out: str | Path) -> Path:
+    """The twin's path, refused in one sentence where it names a folder, or a folder that does not exist (a typo there
+    is not a folder to make)."""
+    path = Path(out)
+    if path.is_dir() or str(out).endswith(("/", "\\")):
+        raise MoeplaceError(f"{out} is a folder: name the twin's file, e.g. {path / 'twin.gguf'}.")
+    if not path.parent.is_dir():
+        raise MoeplaceError(f"{path.parent} is not an existing folder: create it first (mkdir -p {path.parent}).")
+    return path
+
+
 def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int = 0, shard_bytes: int = 0) -> Path:
     """Write the twin GGUF atomically; returns its path. A header-only twin can be split into shards of at most
     `shard_bytes`, named as llama-gguf-split names them (OUT-00001-of-0000N.gguf); the first shard's path is
@@ -257,8 +268,7 @@ def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int
         raise MoeplaceError("only a header-only twin (weights none) is split into shards.")
     tensors = _tensors(spec)
     types = _random_types(spec, tensors) if weights == "random" else twin_types(spec, tensors)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = _writable_gguf_path(out)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         w = GGUFWriter(scratch / out.name, spec.architecture, split_max_size=shard_bytes)

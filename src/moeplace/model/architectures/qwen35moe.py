@@ -1,14 +1,17 @@
 """Qwen3.5/3.6 MoE (qwen35moe): gated-delta-net (linear attention) layers with every k-th layer gated full
-attention, routed experts plus one sigmoid-gated shared expert in every layer, and a NextN/MTP block at the end.
+attention, routed experts plus one sigmoid-gated shared expert in every layer, and optionally a NextN/MTP block at
+the end.
 
 Text model only: the published checkpoints carry a vision tower, which llama.cpp's converter leaves to a
 separate mmproj file. Shapes follow llama.cpp's load_arch_tensors (src/models/qwen35moe.cpp), keys and types the
 converter (conversion/qwen.py: Qwen3_5MoeTextModel <- Qwen3NextModel <- _QwenMtpMixin <- Qwen2MoeModel).
 
-The spec's n_layer is the GGUF's block_count: the trunk's num_hidden_layers plus the MTP block(s) the converter
-appends by default (mtp_num_hidden_layers; nextn_predict_layers = nextn_predict_layers). llama.cpp loads the MTP block's
-tensors only for speculative decoding (load_mtp), keeps no KV or recurrent state for it in the main context, and
-llama-quantize sees it as layer n_layer - 1 of n_layer.
+The spec's n_layer is the GGUF's block_count: the trunk's num_hidden_layers plus nextn_predict_layers MTP blocks.
+The published GGUFs have none (the converter drops the checkpoint's mtp.* tensors unless its config names
+mtp_num_hidden_layers; config/models/qwen3.6-35b-a3b.yaml), so 0 is the default; files made for speculative decoding
+append one (block_count 41 for Qwen3.6-35B-A3B). llama.cpp loads the MTP block's tensors only for speculative decoding
+(load_mtp), keeps no KV or recurrent state for it in the main context, and llama-quantize sees it as layer n_layer - 1
+of n_layer.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from ._tables import Tensors, dense_ffn, gated_attention, globals_, layer, nextn
 
 ARCHS = ("qwen35moe",)
 PARAMS: dict[str, Any] = {
-    "nextn_predict_layers": 1,  # MTP blocks at the end of block_count (config mtp_num_hidden_layers; 0: --no-mtp)
+    "nextn_predict_layers": 0,  # MTP blocks at the end of block_count (published GGUFs: none; MTP files: 1)
     "full_attention_interval": 4,  # layer il of the trunk is full attention when (il + 1) % interval == 0
     "n_ff_shexp": 512,  # shared_expert_intermediate_size
     "rope_dimension_count": 64,  # head_dim * partial_rotary_factor
