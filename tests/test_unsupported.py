@@ -10,9 +10,11 @@ from contextlib import contextmanager
 import pytest
 from conftest import ROOT
 
+from moeplace.core.config import BenchSettings
 from moeplace.core.errors import MoeplaceError
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
+from moeplace.runtime.device import DeviceSetup
 from moeplace.runtime.llamacpp_args import UNSUPPORTED, refusal
 
 CAPS = [40 * 10**6, 30 * 10**6]
@@ -108,3 +110,40 @@ def test_the_budget_check_over_two_devices_records_a_refused_cell_and_checks_the
     assert budget_check.devices_summary(again) == budget_check.devices_summary(table)
     budget_check.devices_figure(again, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+def test_a_sweep_llamacpp_refuses_is_recorded_unsupported_without_running_it(never_bench, tmp_path):
+    from moeplace.measure.bench import BenchJob, Rig, run_sweep
+
+    settings = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, type_k="q8_0", type_v="q8_0",
+                             flash_attn="off")  # fmt: skip
+    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), {"bin_dir": str(never_bench.parent)}, tmp_path / "bench.log",
+              tmp_path)  # fmt: skip
+    records = run_sweep(BenchJob("fake", "fake.gguf", [], 1024, 1), [2, 1], rig)
+    assert [(r["n_cpu_moe"], r["test"], r["status"]) for r in records] == [
+        (1, "pp", UNSUPPORTED), (1, "tg", UNSUPPORTED), (2, "pp", UNSUPPORTED), (2, "tg", UNSUPPORTED)]  # fmt: skip
+    assert all("without flash attention" in r["error"] and r["flash_attn"] == "off" for r in records)
+    assert not (never_bench.parent / "ran").exists()
+
+
+def test_the_fit_params_variant_llamacpp_refuses_is_recorded_without_llama_fit_params(twin, never_bench, tmp_path,
+                                                                                       monkeypatch):  # fmt: skip
+    """The fit_params variant asks llama-fit-params first, and a placement it does not find raises: for a refused
+    cache it is not asked, and the variant's records say unsupported."""
+    import moeplace.runtime.allocation as allocation
+    from moeplace.measure.bench import BenchJob, Rig
+    from moeplace.measure.placement import run_variant
+
+    def fitted_placement(*args, **kwargs):
+        raise AssertionError("llama-fit-params started for a cache llama.cpp refuses")
+
+    monkeypatch.setattr(allocation, "fitted_placement", fitted_placement)
+    path, meta = twin
+    settings = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, type_k="q8_0", type_v="q8_0",
+                             flash_attn="off")  # fmt: skip
+    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), {"bin_dir": str(never_bench.parent)}, tmp_path / "v.log",
+              tmp_path)  # fmt: skip
+    for variant in ("fit_params", "first_n"):
+        records = run_variant(variant, meta, 2, {}, BenchJob("m", str(path), [], 4096, 2), rig)
+        assert {r["status"] for r in records} == {UNSUPPORTED}, variant
+    assert not (never_bench.parent / "ran").exists()
