@@ -10,8 +10,9 @@ from contextlib import contextmanager
 import pytest
 from conftest import ROOT
 
-from moeplace.core.config import BenchSettings
+from moeplace.core.config import BenchSettings, Device, DeviceTarget, TuneSettings
 from moeplace.core.errors import MoeplaceError
+from moeplace.model.memory import Workload
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
 from moeplace.runtime.device import DeviceSetup
@@ -147,3 +148,35 @@ def test_the_fit_params_variant_llamacpp_refuses_is_recorded_without_llama_fit_p
         records = run_variant(variant, meta, 2, {}, BenchJob("m", str(path), [], 4096, 2), rig)
         assert {r["status"] for r in records} == {UNSUPPORTED}, variant
     assert not (never_bench.parent / "ran").exists()
+
+
+def test_the_tune_rule_records_a_kv_type_llamacpp_refuses_without_a_probe(twin, monkeypatch, tmp_path):
+    """tune.cache_types [f16, q8_0] with flash_attn: off gives a q8_0 cell llama.cpp refuses: its record says
+    unsupported (not does_not_fit after a probe at every n), and the matrix figure says so in its cell."""
+    from moeplace.measure import tune as tune_module
+    from moeplace.measure.tune import matrix_table, tune_model
+
+    def tune(*args, **kwargs):
+        raise AssertionError("probed a workload llama.cpp refuses")
+
+    monkeypatch.setattr(tune_module, "tune", tune)
+    path, meta = twin
+    result, record = tune_model(model_name="m", model_path=str(path), meta=meta,
+                                workload=Workload(4096, 256, "off", "q8_0", "q8_0"),
+                                target=DeviceTarget("emulated", "", CAPS[0]), memory=Device(CAPS[0], 0),
+                                settings=TuneSettings(0, 60, 1), manifest={}, log_path=tmp_path / "tune.log",
+                                workdir=tmp_path)  # fmt: skip
+    assert result.loads == 0 and result.chosen_n is None
+    assert record["status"] == UNSUPPORTED and record["cache_type"] == "q8_0" and record["probes"] == ""
+
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from moeplace.report.figures import matrix_figure
+
+    ok = {**record, "cache_type": "f16", "status": "ok", "chosen_n": 2, "chosen_tg_tok_s": 30.0, "predicted_n": 2}
+    figures: list[Figure] = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: figures.append(self))
+    matrix_figure(matrix_table(pd.DataFrame([ok, record])), tmp_path / "m.png")
+    cells = [t.get_text() for ax in figures[0].axes for t in ax.texts]
+    assert cells.count(UNSUPPORTED) == 2 and "does not fit" not in cells
