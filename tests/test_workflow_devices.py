@@ -76,7 +76,8 @@ def test_a_cell_llamacpp_refuses_is_recorded_on_two_devices_and_the_others_are_l
     DAG (llama-fit-params aborts on it). At 4K (ubatch 256; f16 and q8_0, flash attention on and off) that cell
     is now a row "unsupported", llama.cpp never started for it, and the other three are planned and loaded on
     both devices as before, each exact against llama.cpp's logged buffers. The tune rule with flash_attn: off
-    records its q8_0 cell the same way, with no probe. (2026-12-06: about N s with the build cached.)"""
+    records its q8_0 cell the same way, with no probe. 34 s with the build cached (2026-12-06, a shared 2-core
+    box); without the fix the DAG stops at the budget check (llama-fit-params: SIGABRT)."""
     grid = {"contexts": [4096], "ubatch": [256], "cache_types": ["f16", "q8_0"], "flash_attn": ["on", "off"]}
     config = {**EXAMPLE, "contexts": [4096], "flash_attn": "off", "budget_check": grid}
     wd = workflow_copy(tmp_path, config)
