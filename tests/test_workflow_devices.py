@@ -63,3 +63,41 @@ def test_the_sweep_variants_budget_check_and_publish_run_on_two_devices(tmp_path
                             capture_output=True, text=True)  # fmt: skip
     assert merged.returncode == 0, merged.stderr
     assert pd.read_csv(wd / "merged/tables/merged.csv").device.str.startswith(DEVICES).all()
+
+
+@pytest.mark.fault(
+    fault="llama.cpp refuses a requested KV cache (quantized V without flash attention)",
+    injected="a q8_0, -fa off cell in the two-device budget check's grid and in the tune rule's",
+    sees='its row says "unsupported"; llama.cpp is not started for it',
+    kept="every other cell, checked against llama.cpp's loads; the DAG runs to its end",
+)
+def test_a_cell_llamacpp_refuses_is_recorded_on_two_devices_and_the_others_are_loaded(tmp_path):
+    """Issue #53: the two-device example's budget check with a q8_0 cache without flash attention stopped the
+    DAG (llama-fit-params aborts on it). At 4K (ubatch 256; f16 and q8_0, flash attention on and off) that cell
+    is now a row "unsupported", llama.cpp never started for it, and the other three are planned and loaded on
+    both devices as before, each exact against llama.cpp's logged buffers. The tune rule with flash_attn: off
+    records its q8_0 cell the same way, with no probe. 34 s with the build cached (2026-12-06, a shared 2-core
+    box); without the fix the DAG stops at the budget check (llama-fit-params: SIGABRT)."""
+    grid = {"contexts": [4096], "ubatch": [256], "cache_types": ["f16", "q8_0"], "flash_attn": ["on", "off"]}
+    config = {**EXAMPLE, "contexts": [4096], "flash_attn": "off", "budget_check": grid}
+    wd = workflow_copy(tmp_path, config)
+    run = snakemake(wd, "budget_check", "results/tune/tiny-qwen3moe/4k_kvq8_0.json", timeout=1200)
+    assert run.returncode == 0, run.stderr[-4000:]
+
+    check = pd.read_csv(wd / "results/tables/budget_check.csv").set_index(["type_k", "flash_attn"])
+    assert len(check) == 4 and check.loc[("q8_0", "off"), "status"] == "unsupported"
+    refused = check.loc[("q8_0", "off")]
+    assert pd.isna(refused.exact) and pd.isna(refused.logged_mib) and refused.caps_mib == "38.15/28.61"
+    loaded = check.drop(("q8_0", "off"))
+    print(loaded[["tensor_split", "host_expert_layers", "fits", "status", "one_more", "planned_mib", "logged_mib"]])
+    assert (loaded.status == "ok").all() and loaded.exact.astype(bool).all()
+    for planned, logged in zip(loaded.planned_mib, loaded.logged_mib):  # each device: llama.cpp's logged buffers
+        assert all(0 < float(g) <= float(p) + 0.01 for p, g in zip(planned.split("/"), logged.split("/")))
+    log = (wd / "logs/budget_check/tiny-qwen3moe.log").read_text()
+    assert "exact on 3 of 3 cells; 1 unsupported (not run)" in log
+    commands = [line for line in log.splitlines() if "-ctv q8_0" in line]  # each llama.cpp run's command line
+    assert commands and not [line for line in commands if "-fa off" in line]  # the refused cell never ran
+    assert (wd / "results/figures/budget_check.png").stat().st_size > 20_000
+
+    tune = json.loads((wd / "results/tune/tiny-qwen3moe/4k_kvq8_0.json").read_text())
+    assert tune["status"] == "unsupported" and tune["loads"] == 0 and tune["probes"] == ""

@@ -47,6 +47,11 @@ def test_seed_example_reproduces_predicted_table_and_minimum_n(tmp_path):
         (lambda c: c["device"].update(vram="-16GB"), "config: device.vram"),
         (lambda c: c.update(contexts=[0]), "config: contexts.0"),
         (lambda c: c.update(cache_type_v="q9"), "config: cache_type_v"),
+        # the schema takes it, llama.cpp refuses it (a quantized V cache needs flash attention): no stage could load
+        (
+            lambda c: c.update(cache_type_v="q8_0", flash_attn="off"),
+            "config cache_type_v/flash_attn: llama.cpp refuses",
+        ),
     ],
 )
 def test_bad_config_stops_before_any_job_with_one_line(tmp_path, change, needle):

@@ -9,6 +9,7 @@ from moeplace.model.gguf_file import shard_paths
 from moeplace.model.kvcache import CACHE_TYPES
 from moeplace.measure.placement import DEVICE_VARIANTS, VARIANTS
 from moeplace.runtime.llamacpp import LAYOUT as LLAMACPP_CACHE_LAYOUT
+from moeplace.runtime.llamacpp_args import refusal
 from moeplace.runtime.locks import clear_stale_locks
 from moeplace.runtime.model_ref import resolve_local
 from moeplace.model.twin import load_spec
@@ -24,6 +25,12 @@ try:
     SETTINGS = parse_settings(config)
 except MoeplaceError as e:
     stop(e)
+# Every stage runs the top-level KV cache and flash attention: if llama.cpp refuses them, nothing would load.
+# (The grids of budget_check and tune record a cell it refuses as "unsupported" instead.)
+if refused := refusal(config["flash_attn"], config["cache_type_v"]):
+    stop(
+        f"config cache_type_v/flash_attn: {refused}; set flash_attn to on or auto, or cache_type_v to f16."
+    )
 # Over several devices (device.vram a list) the placement variants are those that place across them.
 RUN_VARIANTS = DEVICE_VARIANTS if SETTINGS.device.other_vram_bytes else VARIANTS
 # Each context's one label ("32k"), used in every path, table name and title.

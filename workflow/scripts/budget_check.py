@@ -3,10 +3,16 @@ devices: the per-device plan against what loads on each) -> results/budget_check
 
 from pathlib import Path
 
-import pandas as pd
-
 from moeplace.core.config import DeviceTarget
-from moeplace.measure.budget_check import DEVICE_COLUMNS, check_devices, check_model, check_table, grid, summary
+from moeplace.measure.budget_check import (
+    check_devices,
+    check_model,
+    check_table,
+    devices_summary,
+    devices_table,
+    grid,
+    summary,
+)
 from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
@@ -17,8 +23,8 @@ with stage(snakemake.log[0]) as log:
         caps = [target.vram_bytes, *target.other_vram_bytes]
         rows = check_devices(model_path=i.model[0], meta=read_json(i.metadata), workloads=workloads, caps=caps,
                              manifest=manifest, log_path=log_path)  # fmt: skip
-        table = pd.DataFrame([{"model": w.model, **r} for r in rows], columns=DEVICE_COLUMNS)
-        log.info("%s: the per-device plan exact on %d of %d cells", w.model, table.exact.sum(), len(table))
+        table = devices_table(rows, w.model)
+        log.info("%s: %s", w.model, devices_summary(table))
     else:
         rows = check_model(model=w.model, model_path=i.model[0], meta=read_json(i.metadata), workloads=workloads,
                            target=target, overhead_bytes=p.memory["overhead_bytes"], manifest=manifest,

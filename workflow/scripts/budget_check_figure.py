@@ -2,15 +2,23 @@
 
 import pandas as pd
 
-from moeplace.measure.budget_check import check_table, devices_figure, figure, summary
+from moeplace.measure.budget_check import (
+    check_table,
+    devices_figure,
+    devices_summary,
+    devices_table,
+    figure,
+    summary,
+)
 from moeplace.runtime.outputs import stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     table = pd.concat([pd.read_csv(path) for path in snakemake.input], ignore_index=True)
     if "caps_mib" in table:  # several devices: the per-device plan against each device's logged buffers
+        table = devices_table(table.to_dict("records"))
         write_csv(snakemake.output.table, table)
         devices_figure(table, snakemake.output.figure)
-        log.info("budget check over several devices: exact on %d of %d cells", table.exact.sum(), len(table))
+        log.info("budget check over several devices: %s", devices_summary(table))
     else:
         table = check_table(table.to_dict("records"))
         write_csv(snakemake.output.table, table)

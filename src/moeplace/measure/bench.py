@@ -31,6 +31,7 @@ from ..runtime.cpus import split_cpus, wait_for_quiet
 from ..runtime.device import PROGRESS, DeviceSetup, HostSide, attached, bound_rules, host_side
 from ..runtime.llama_log import is_host, read_log
 from ..runtime.llamacpp import Placement, bench_command
+from ..runtime.llamacpp_args import UNSUPPORTED, refusal
 from ..runtime.process import classify, run, tail
 from ..runtime.provenance import build_facts, host_facts, pipeline_revision
 from ..runtime.tool_output import bench_records, garbled_records
@@ -242,7 +243,8 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig) -> list[dict[str, An
     depth = settings.depth(job.ctx) if job.depth is None else job.depth
     tests = TESTS if settings.prompt else ("tg",)  # -p 0: a decode-only probe
     threads = min(settings.threads, len(cpus.bench))
-    arms, t0 = [Arm(n, job.overrides) for n in sorted(n_values)], time.monotonic()
+    refused, t0 = refusal(settings.flash_attn, settings.type_v), time.monotonic()  # refused: recorded, never run
+    arms = [Arm(n, job.overrides, failure=refused and (UNSUPPORTED, refused, "")) for n in sorted(n_values)]
     with (
         attached(rig.device, rig.manifest, cpus, rig.log_path) as rpc,
         host_side(rig.device, cpus.bench, rig.log_path) as host,

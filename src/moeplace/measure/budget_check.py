@@ -22,10 +22,8 @@ from ..model.memory import Workload
 from ..plan.budget import plan, reserved_compute
 from ..plan.devices import MultiPlan, plan_args, reserved_plan
 from ..plan.offload import expert_tensors, matching_tensors
-from ..runtime.llamacpp_args import needs_flash_attn
+from ..runtime.llamacpp_args import UNSUPPORTED, refusal
 from .tune import search
-
-UNSUPPORTED = "unsupported"  # llama.cpp refuses a quantized V cache without flash attention
 
 
 def grid(contexts: list[int], ubatches: list[int], cache_types: list[str], flash_attn: list[str]) -> list[Workload]:
@@ -82,7 +80,7 @@ def check_model(
             row = {"model": model, "n_layer": meta["n_layer"], "ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k,
                    "flash_attn": w.flash_attn, "device": setup.label, "vram_bytes": setup.cap_bytes,
                    "margin_bytes": overhead_bytes}  # fmt: skip
-            if w.flash_attn == "off" and needs_flash_attn(w.type_v):
+            if refusal(w.flash_attn, w.type_v):
                 rows.append({**row, "status": UNSUPPORTED})
                 continue
             p = plan(meta, device, w, compute)
@@ -126,7 +124,7 @@ def check_devices(
     context; each device's logged buffers beside the plan's; and `exact` where the load agrees with the plan (a
     plan that fits loads, one that does not fit runs out of memory) and the plan keeps no expert on the host that a
     device could hold: each device that leaves some of its layers' experts on the host runs out of memory with one
-    more of them."""
+    more of them. A cell llama.cpp refuses (runtime/llamacpp_args.refusal) is recorded UNSUPPORTED, not run."""
     from contextlib import ExitStack
     from dataclasses import replace
 
@@ -144,6 +142,11 @@ def check_devices(
                               log_path)  # fmt: skip
 
         for w in workloads:
+            cell = {"ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k, "flash_attn": w.flash_attn,
+                    "caps_mib": "/".join(f"{c / 2**20:.2f}" for c in caps)}  # fmt: skip
+            if refusal(w.flash_attn, w.type_v):  # llama-fit-params would abort on it
+                rows.append({**cell, "status": UNSUPPORTED})
+                continue
             p = reserved_plan(
                 meta, w, [Device(c, 0) for c in caps], endpoints, manifest, model_path, ",".join(endpoints), log_path
             )
@@ -155,14 +158,12 @@ def check_devices(
                     kept = tuple(il for il in p.host_expert_layers if il != max(host_here))
                     one_more.append(load(replace(p, host_expert_layers=kept), w)[0])
             logged = [sum(buffers.device(e).values()) if buffers else None for e in endpoints]
-            rows.append({
-                "ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k, "flash_attn": w.flash_attn,
+            rows.append({**cell,
                 "tensor_split": "/".join(map(str, p.tensor_split)), "host_expert_layers": len(p.host_expert_layers),
                 "fits": p.fits, "status": status, "one_more": "/".join(one_more),
                 "exact": (status == "ok") == p.fits and all(s != "ok" for s in one_more),
                 "planned_mib": "/".join(f"{(d.weights + d.kv + d.compute) / 2**20:.2f}" for d in p.devices),
                 "logged_mib": "/".join("-" if b is None else f"{b / 2**20:.2f}" for b in logged),
-                "caps_mib": "/".join(f"{c / 2**20:.2f}" for c in caps),
             })  # fmt: skip
     return rows
 
@@ -237,6 +238,20 @@ DEVICE_COLUMNS = [
 ]  # fmt: skip
 
 
+def devices_table(rows: list[dict[str, Any]], model: str | None = None) -> pd.DataFrame:
+    """check_devices' rows (or a table of them read back) as the stage writes them; `exact` empty where the cell
+    was not run (UNSUPPORTED)."""
+    table = pd.DataFrame([r if model is None else {"model": model, **r} for r in rows], columns=DEVICE_COLUMNS)
+    return table.astype({"exact": "boolean", "fits": "boolean", "host_expert_layers": "Int64"})
+
+
+def devices_summary(table: pd.DataFrame) -> str:
+    """On how many of the cells llama.cpp ran the per-device plan was exact, and how many it refuses."""
+    run = table[table.status != UNSUPPORTED]
+    text = f"the per-device plan exact on {int(run.exact.fillna(False).sum())} of {len(run)} cells"
+    return text + (f"; {len(table) - len(run)} {UNSUPPORTED} (not run)" if len(run) < len(table) else "")
+
+
 def devices_figure(table: pd.DataFrame, path: str | Path) -> None:
     """Over several devices: each device's bytes as the plan has them against llama.cpp's logged ones, per cell
     that loaded; the title says on how many cells the plan was exact."""
@@ -249,16 +264,16 @@ def devices_figure(table: pd.DataFrame, path: str | Path) -> None:
     loaded = table[table.status == "ok"]
     caps = [float(c) for c in table.caps_mib.iloc[0].split("/")]
     for i, cap in enumerate(caps):
-        planned = loaded.planned_mib.str.split("/").str[i].astype(float)
-        logged = loaded.logged_mib.str.split("/").str[i].astype(float)
+        planned = pd.to_numeric(loaded.planned_mib.str.split("/").str[i], errors="coerce")
+        logged = pd.to_numeric(loaded.logged_mib.str.split("/").str[i], errors="coerce")  # "-": none logged
         ax.scatter(logged, planned, s=40, label=f"device {i} ({cap:.1f} MiB)", zorder=3)
         ax.axhline(cap, color=f"C{i}", lw=0.8, ls=":")
     ax.plot([0, max(caps)], [0, max(caps)], color="0.7", lw=1, label="exact")
     ax.set_xlabel("each device's buffers as llama.cpp logged them (MiB)")
     ax.set_ylabel("each device's buffers as planned (MiB)")
-    exact, oom = int(table.exact.astype(bool).sum()), int((table.status != "ok").sum())
-    title = f"Per-device budget over {len(caps)} devices, planned vs loaded\nexact on {exact} of {len(table)} cells"
-    ax.set_title(f"{title} ({oom} ran out of memory; dotted: each device's cap)", fontsize=9)
+    failed = int((~table.status.isin(["ok", UNSUPPORTED])).sum())
+    title = f"Per-device budget over {len(caps)} devices, planned vs loaded\n{devices_summary(table)}"
+    ax.set_title(f"{title} ({failed} did not load; dotted: each device's cap)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -99,11 +99,13 @@ def run_variant(variant: str, meta: dict[str, Any], n: int, budget: dict[str, An
     from ..runtime.allocation import fitted_placement
     from ..runtime.cpus import split_cpus
     from ..runtime.device import attached, portable_rules
-    from ..runtime.llamacpp_args import cache_args
+    from ..runtime.llamacpp_args import cache_args, refusal
 
     sizes = {t.name: t.n_bytes for t in read_header(job.model_path).tensors}
     split, ngl = None, 99
-    if variant == "fit_params":
+    if variant == "fit_params" and refusal(rig.settings.flash_attn, rig.settings.type_v):
+        overrides, intended = None, set()  # llama-fit-params would abort: run_bench records it unsupported
+    elif variant == "fit_params":
         s = rig.settings
         args = ["-c", str(job.ctx), *cache_args(s.type_k, s.type_v, s.flash_attn, s.ubatch)]
         with attached(rig.device, rig.manifest, split_cpus(rig.device.kind == "emulated"), rig.log_path) as rpc:

@@ -181,13 +181,21 @@ def tune_model(
     workdir: Any,
 ) -> tuple[TuneResult, dict[str, Any]]:
     """The tuner for one model and workload (context, KV cache type, ubatch), from the budget's prediction: the
-    result and its record (what the pipeline's tune stage writes and `moeplace tune` prints)."""
+    result and its record (what the pipeline's tune stage writes and `moeplace tune` prints). A workload llama.cpp
+    refuses (runtime/llamacpp_args.refusal) is recorded UNSUPPORTED, with no probe."""
     from ..core.config import Device
     from ..plan.budget import plan
     from ..plan.devices import minimum_ncmoe
     from ..runtime.device import device_setup
+    from ..runtime.llamacpp_args import UNSUPPORTED, refusal
 
     device = device_setup(target, manifest)
+    if reason := refusal(workload.flash_attn, workload.type_v):
+        log.info("%s at %d tokens: %s; recorded %s", model_name, workload.ctx, reason, UNSUPPORTED)
+        result = TuneResult(predicted_n=meta["n_layer"], lowest_n=None, chosen_n=None, chosen_tok_s=None)
+        record = tune_record(model_name, workload.ctx, result, device.label, settings.margin, workload.type_k,
+                             workload.type_v)  # fmt: skip
+        return result, {**record, "predicted_n": None, "status": UNSUPPORTED, "device_kind": device.kind}
     if device.other_caps:  # several devices: --n-cpu-moe with llama.cpp's own split over them
         predicted = minimum_ncmoe(meta, [Device(cap, memory.overhead_bytes) for cap in device.caps], workload)[0]
     else:

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ..core.units import Context  # noqa: E402
+from ..runtime.llamacpp_args import UNSUPPORTED  # noqa: E402
 from ..runtime.outputs import atomic_path  # noqa: E402
 
 FAILED = ("oom", "crash", "timeout", "error")
@@ -105,7 +106,7 @@ def matrix_figure(matrix: pd.DataFrame, out: str | Path) -> None:
     """Heatmaps over model x context: the recommended --n-cpu-moe and its decode speed."""
     import numpy as np
 
-    matrix = matrix.assign(row=matrix.model + " · KV " + matrix.cache_type)
+    matrix = matrix.assign(row=matrix.model + " · KV " + matrix.cache_type, status=matrix.get("status", ""))
     models = sorted(matrix.row.unique())
     contexts = sorted(matrix.ctx.unique())
     fig, axes = plt.subplots(1, 2, figsize=(5 + 1.6 * len(contexts) * 2, 1.8 + 0.7 * len(models)))
@@ -115,13 +116,16 @@ def matrix_figure(matrix: pd.DataFrame, out: str | Path) -> None:
     ):
         grid = matrix.pivot(index="row", columns="ctx", values=column).reindex(index=models, columns=contexts)
         values = grid.to_numpy(dtype=float)
+        status = matrix.pivot(index="row", columns="ctx", values="status").reindex(index=models, columns=contexts)
         image = ax.imshow(values, cmap=cmap, aspect="auto")
         for (i, j), v in np.ndenumerate(values):
             light = np.isnan(v) or image.norm(v) > 0.6  # both colormaps end light: dark text there
             ax.text(
                 j,
                 i,
-                "does not fit" if np.isnan(v) else (f"{v:.0f}" if column == "recommended_n" else f"{v:.1f}"),
+                (UNSUPPORTED if status.iat[i, j] == UNSUPPORTED else "does not fit")
+                if np.isnan(v)
+                else (f"{v:.0f}" if column == "recommended_n" else f"{v:.1f}"),
                 ha="center",
                 va="center",
                 color="black" if light else "white",

@@ -1,15 +1,25 @@
-"""llama.cpp's command-line conventions moeplace writes and plans by: its batch defaults and the flags of a KV
-cache type, flash attention and ubatch."""
+"""llama.cpp's command-line conventions moeplace writes and plans by: its batch defaults, the flags of a KV
+cache type, flash attention and ubatch, and the combination of them it refuses to run."""
 
 from __future__ import annotations
 
 DEFAULT_UBATCH = 512
 DEFAULT_BATCH = 2048  # llama.cpp's -b
+UNSUPPORTED = "unsupported"  # the status of a run llama.cpp refuses (refusal): recorded, never run
 
 
 def needs_flash_attn(type_v: str) -> bool:
     """llama.cpp refuses a quantized V cache without flash attention (a quantized K cache runs without)."""
     return type_v not in ("f16", "bf16", "f32")
+
+
+def refusal(flash_attn: str, type_v: str) -> str | None:
+    """Why llama.cpp refuses to run this KV cache with this flash attention setting (None where it runs them): the
+    one test every stage asks before it starts llama.cpp, recording UNSUPPORTED instead. "auto" turns flash
+    attention on where a quantized V cache needs it (cache_args)."""
+    if flash_attn == "off" and needs_flash_attn(type_v):
+        return f"llama.cpp refuses a quantized V cache ({type_v}) without flash attention (-fa off)"
+    return None
 
 
 def batch_for(ubatch: int) -> int:
