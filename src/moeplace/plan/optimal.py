@@ -11,7 +11,7 @@ from typing import Any
 
 from ..core.config import Device
 from ..model.memory import Pins, device_need
-from ..runtime.llamacpp_args import needs_flash_attn
+from ..runtime.llamacpp_args import refusal
 from .budget import plan
 from .offload import optimal_placement
 from .request import Request
@@ -32,7 +32,7 @@ def settings(request: Request) -> list[Setting]:
     kv_types = dict.fromkeys([(request.type_k, request.type_v), ("q8_0", "q8_0")])
     ubatches = dict.fromkeys([request.ubatch, 512, 2048])
     return [Setting(k, v, u) for (k, v), u in itertools.product(kv_types, ubatches)
-            if not (request.flash_attn == "off" and needs_flash_attn(v))]  # fmt: skip
+            if not refusal(request.flash_attn, v)]  # fmt: skip
 
 
 def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, float] | None) -> float | None:

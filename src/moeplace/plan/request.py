@@ -17,7 +17,7 @@ from ..core.errors import MoeplaceError
 from ..core.units import parse_size
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, SERVER, Workload
-from ..runtime.llamacpp_args import DEFAULT_UBATCH, needs_flash_attn
+from ..runtime.llamacpp_args import DEFAULT_UBATCH, refusal
 from .budget import OP_OFFLOAD
 from .offload import override_rules
 
@@ -210,9 +210,8 @@ class Request:
         elif sum(bool(x) for x in (self.vram, self.auto, self.card)) != 1:
             raise MoeplaceError("give the card once: --vram 16GiB (its memory), --vram auto (this machine's) or "
                                 "--card NAME (e.g. --card 'RTX 4070 Ti SUPER').")  # fmt: skip
-        if self.flash_attn == "off" and needs_flash_attn(self.type_v):
-            raise MoeplaceError(f"--cache-type-v {self.type_v} needs flash attention: drop --flash-attn off "
-                                "(llama.cpp refuses a quantized V cache without it).")  # fmt: skip
+        if why := refusal(self.flash_attn, self.type_v):
+            raise MoeplaceError(f"--cache-type-v {self.type_v}: {why}; drop --flash-attn off.")
         if self.emit == "ollama" and (len(self.contexts) > 1 or self.longest):
             raise MoeplaceError("--emit ollama: a Modelfile holds one context; give one --ctx value per Modelfile.")
         if len(self.vram or ()) > 1 and (self.overrides or self.placement == "optimal" or self.mmproj
