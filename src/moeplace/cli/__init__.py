@@ -142,8 +142,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     request = Request((args.ctx,), args.model, args.model_ref, vram=(args.vram,), type_k=args.cache_type_k,
                       type_v=args.cache_type_v, flash_attn=args.flash_attn, ubatch=args.ubatch,
                       speeds=speeds_of(args))  # fmt: skip  # every value checked before llama.cpp is built
-    if args.margin < 0 or args.threads < 1:
-        raise MoeplaceError("--margin is whole layers, 0 or more, and --threads at least 1.")
+    if args.margin < 0:
+        raise MoeplaceError(f"--margin {args.margin}: whole layers added to the lowest n that runs, 0 or more.")
+    if args.threads < 1:
+        raise MoeplaceError(f"--threads {args.threads}: give at least 1.")
     if is_remote(args.model):
         raise MoeplaceError(f"{args.model_ref}: tune runs the model, so it needs the file on disk; download it first.")
     meta = inspect_model(args.model)

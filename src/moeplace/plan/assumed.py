@@ -39,6 +39,10 @@ class Assumptions:
 def resolve_backend(request: Request) -> tuple[str, str]:
     """The card's backend: --backend, else --card's vendor, else the GPU this machine shows, else CUDA's."""
     if request.backend != "auto":
+        if request.card and request.backend not in (card := card_named(request.card)).backends:
+            runs = f"{', '.join(card.backends[:-1])} or {card.backends[-1]}"
+            raise MoeplaceError(f"--backend {request.backend}: the {card.name} runs llama.cpp's {runs} backend, "
+                                f"not {request.backend}.")  # fmt: skip
         return request.backend, "--backend"
     if request.card:
         return card_named(request.card).backend, f"--card {request.card}"
@@ -102,6 +106,9 @@ def assumptions(request: Request) -> Assumptions:
         margins = budget_mod.AUTO_MARGIN_MIB if request.auto else budget_mod.DEFAULT_MARGIN_MIB
         margin = margins[backend] * 2**20
         margin_source = f"{backend}'s default: what real cards used beyond llama.cpp's buffers, docs/real-cards.md"
+    if margin >= vram:
+        raise MoeplaceError(f"--margin {margin >> 20} MiB: as much as the card's {vram >> 20} MiB ({vram_source}); "
+                            "give the MiB to keep free beyond llama.cpp's buffers, e.g. --margin 768.")  # fmt: skip
     if request.speeds.calibration:
         bw: tuple[float | None, ...] = (None, None, None)
         speed = f"fitted to your runs ({request.speeds.calibration})"

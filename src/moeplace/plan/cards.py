@@ -123,6 +123,11 @@ class Card(NamedTuple):
     backend: str
     source: str
 
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The llama.cpp backends that run this card: its vendor's, Vulkan, or behind an RPC server."""
+        return (self.backend, "vulkan", "rpc")
+
 
 _BRANDS = {"nvidia", "geforce", "amd", "radeon"}
 
