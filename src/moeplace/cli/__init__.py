@@ -12,7 +12,7 @@ from ..core.config import Device
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
 from ..model.kvcache import CACHE_TYPES
-from ..model.memory import FLASH_ATTN, NO_PINS, Workload
+from ..model.memory import FLASH_ATTN, NO_PINS
 from ..model.metadata import describe, inspect_model
 from ..plan import commands
 from ..plan.assumed import speed_model
@@ -139,9 +139,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from ..runtime.model_ref import is_remote
     from ..runtime.outputs import append_csv_row
 
+    # every value checked before llama.cpp is built; the probes are llama-bench runs
     request = Request((args.ctx,), args.model, args.model_ref, vram=(args.vram,), type_k=args.cache_type_k,
-                      type_v=args.cache_type_v, flash_attn=args.flash_attn, ubatch=args.ubatch,
-                      speeds=speeds_of(args))  # fmt: skip  # every value checked before llama.cpp is built
+                      type_v=args.cache_type_v, flash_attn=args.flash_attn, ubatch=args.ubatch, emit="bench",
+                      speeds=speeds_of(args))  # fmt: skip
     if args.margin < 0:
         raise MoeplaceError(f"--margin {args.margin}: whole layers added to the lowest n that runs, 0 or more.")
     if args.threads < 1:
@@ -153,7 +154,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     log_path = Path(args.log)
     manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
     print(f"probing {meta['name']} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
-    workload = Workload(args.ctx, args.ubatch, args.flash_attn, args.cache_type_k, args.cache_type_v)  # llama-bench's
+    workload = request.workload(args.ctx, "rpc")  # the probe's own: llama-bench's logits, no op offload asked
     target = DeviceTarget(args.device, "", parse_size(args.vram, "--vram"))
     settings = TuneSettings(args.margin, 3600, args.threads)
     result, record = tune_model(
@@ -191,9 +192,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     host = NO_PINS.host_set(meta, result.chosen_n)
     print("  expected: " + describe_speed(expected(meta, speeds, host, workload), args.ctx))
     note = "  # add --rpc HOST:PORT for the emulated device" if record["device_kind"] == "emulated" else ""
-    kv = (args.cache_type_k, args.cache_type_v)
-    print("  " + commands.llama_server(args.model, args.ctx, result.chosen_n, *kv) + note)
-    print("  " + commands.llama_bench(args.model, args.ctx, result.chosen_n, *kv) + note)
+    r, n = request, result.chosen_n
+    print("  " + commands.llama_server(args.model, args.ctx, n, r.type_k, r.type_v, (), r.flash_attn, r.ubatch) + note)
+    print("  " + commands.llama_bench(args.model, args.ctx, n, r.type_k, r.type_v, r.flash_attn, r.ubatch) + note)
     return 0
 
 
