@@ -230,6 +230,7 @@ def test_every_emitted_form_parses_back_to_the_plan(metas, tmp_path_factory, cap
     _as_planned(meta, request, ctx, n, entry["cmd"].replace("--port ${PORT} ", ""))
     _, out, _ = _cli(capsys, "recommend", *base, "--emit", "ollama")
     assert f"PARAMETER num_ctx {ctx}" in out and f"LLAMA_ARG_N_CPU_MOE={n}" in out
+    assert "LLAMA_ARG_OVERRIDE_TENSOR='blk\\.47\\.ffn_down_exps=CPU'" in out
     assert (f"FROM {mmproj}" in out) == bool(mmproj) and ("LLAMA_ARG_KV_OFFLOAD=0" in out) == nkvo
     assert ("LLAMA_ARG_ROPE_SCALING_TYPE=yarn" in out) == bool(rope_args(meta, ctx))
 
