@@ -1,6 +1,8 @@
 """Learn the speed model's uncalibrated prior from the published sweeps (tests/data/published/sweeps.csv) and write
-it to src/moeplace/plan/learned_prior.json, with docs/speed-prior.md: how well it predicts setups it did not learn
-from (each setup left out in turn), and the held-out sweeps of heldout.csv (never learned from).
+it to src/moeplace/plan/learned_prior.json, with the points it learned from (published_points.json, which
+`moeplace prior learn` pools with a user's published directories and learns from the same way) and
+docs/speed-prior.md: how well it predicts sources it did not learn from (each source, one machine, left out in
+turn), and the held-out sweeps of heldout.csv (never learned from).
 
 python docs/speed_prior.py          # rewrite both
 python docs/speed_prior.py --check  # exit 1 if either is out of date (a test runs this)
@@ -18,7 +20,8 @@ import numpy as np
 import pandas as pd
 from generated import write_or_check
 
-from moeplace.plan.learned_prior import PRIOR_FILE, errors_against, held_out_errors, learn, to_json
+from moeplace.plan.learned_prior import PRIOR_FILE, Machine, errors_against, source_of, to_json
+from moeplace.plan.prior_learn import POINTS_FILE, about, learn_prior, points_json
 from moeplace.plan.speed import Z95
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,13 +29,20 @@ sys.path.insert(0, str(ROOT / "tests"))
 from published import PUBLISHED, prior_points, published, twins  # noqa: E402
 
 OUT = ROOT / "docs/speed-prior.md"
-DIGITS = 4  # the coefficients as stored: a solver's last digits differ between machines
 Z90 = 1.645
 GOAL = 1.4  # the decode interval a choice between cards wants: within 40% either way
+# llama-mdl 0.14's decode before `mdl fit hw` (mdl_fit/perf.py: seeds, decode_time): the card's datasheet bandwidth
+# x 0.70, host RAM at 32 GB/s whatever the user's, 0.3 ms per host layer, 1.5 ms per token; its per-type
+# efficiencies (model.TYPE_EFF_*) are taken as 1 here, as moeplace's byte counts carry no types.
+PEER = {"card_share": 0.70, "host_gbps": 32.0, "hop_s": 0.3e-3 / 2, "fixed_s": 1.5e-3}
 
 
-def rounded(x: float) -> float:
-    return float(f"{x:.{DIGITS}g}")
+def peer_seconds(x: dict[str, float], m: Machine) -> float:
+    """llama-mdl 0.14's seconds per decoded token for the features `x` on machine `m` (see PEER)."""
+    card = PEER["card_share"] * m.card_gbps
+    return (x["device_gb"] + x["kv_gb"]) / card + x["host_gb"] / PEER["host_gbps"] + x["hops"] * PEER["hop_s"] + PEER[
+        "fixed_s"
+    ]
 
 
 def q90(q95: float) -> float:
@@ -73,16 +83,10 @@ def main() -> int:
         metas = twins(Path(tmp))
         points = prior_points(published(), metas)
         heldout = prior_points(published("heldout.csv"), metas) if (PUBLISHED / "heldout.csv").exists() else []
-    held_out = {test: held_out_errors(test, points) for test in ("tg", "pp")}  # the costly part: 40-odd fits
-    prior = {}
-    for test in held_out:
-        p = learn(test, points, held_out[test])
-        p.coef = {k: rounded(v) for k, v in p.coef.items()}
-        p.per_backend = {k: rounded(v) for k, v in p.per_backend.items()}
-        p.log_q95, p.log_q95_difference = rounded(p.log_q95), rounded(p.log_q95_difference)
-        prior[test] = p
+    prior, held_out = learn_prior(points)  # the costly part: a fit per source left out
+    sources = {t: len({source_of(p) for p in points if p.test == t}) for t in prior}
     setups = {t: len({p.setup for p in points if p.test == t}) for t in prior}
-    about = {"learned_from": "tests/data/published/sweeps.csv", "setups": setups, "written_by": "docs/speed_prior.py"}
+    learned = about(points, ["tests/data/published/sweeps.csv"]) | {"written_by": "docs/speed_prior.py"}
     lines = [
         "# The speed prior: what moeplace predicts before any run, and how far off it is",
         "",
@@ -98,8 +102,8 @@ def main() -> int:
     heldout_errors = {t: errors_against(prior, [q for q in heldout if q.test == t]) for t in prior}
     for test, p in prior.items():
         errors = [e for _, e in held_out[test]]
-        lines.append(f"| {test}, each of {setups[test]} setups left out | {summary(errors, p.log_q95)} | "
-                     f"{factors(p.log_q95)} |")  # fmt: skip
+        lines.append(f"| {test}, each of {sources[test]} sources ({setups[test]} setups) left out | "
+                     f"{summary(errors, p.log_q95)} | {factors(p.log_q95)} |")  # fmt: skip
         if heldout_errors[test]:
             errors = [e for _, e in heldout_errors[test]]
             n = len({q.setup for q, _ in heldout_errors[test]})
@@ -123,12 +127,12 @@ def main() -> int:
     lines += [
         "",
         "Two placements of one machine predicted within 20% of each other (what a ranking weighs): the error of their",
-        f"predicted ratio, each setup left out, is within {bounds} in 95% of pairs. `recommend --placement optimal`",
+        f"predicted ratio, each source left out, is within {bounds} in 95% of pairs. `recommend --placement optimal`",
         "calls placements closer than that equivalent and keeps your KV cache type and ubatch, and --n-cpu-moe",
         "before -ot, among them.",
     ]
     tables = {
-        "Each setup left out (learned without it)": held_out,
+        "Each source left out (learned without its machine's setups)": held_out,
         "The held-out sweeps (heldout.csv; HELDOUT_SOURCES.md)": heldout_errors,
     }
     for title, errors_by_test in tables.items():
@@ -146,7 +150,8 @@ def main() -> int:
     for test, p in prior.items():
         lines.append(f"- {test}: {', '.join(f'{k} {v:g}' for k, v in p.coef.items())}; per backend: "
                      + ", ".join(f"{k} {v:g}" for k, v in p.per_backend.items()))  # fmt: skip
-    status = write_or_check(PRIOR_FILE, to_json(prior, about), "src/moeplace/plan/learned_prior.json", "speed_prior.py")
+    status = write_or_check(PRIOR_FILE, to_json(prior, learned), "src/moeplace/plan/learned_prior.json", "speed_prior.py")
+    status = status or write_or_check(POINTS_FILE, points_json(points), "published_points.json", "speed_prior.py")
     return status or write_or_check(OUT, "\n".join(lines) + "\n", "docs/speed-prior.md", "speed_prior.py")
 
 
