@@ -49,8 +49,8 @@ def published(csv: str = "sweeps.csv") -> pd.DataFrame:
     t["host_gbps"] = t.setup.map(hosts.host_gbps).fillna(ASSUMED_HOST_GBPS)
     kind = hosts.kind if "kind" in hosts else pd.Series("datasheet", index=hosts.index)
     t["host_measured"] = t.setup.map(kind).fillna("datasheet").eq("measured")
-    # One source is one machine: a source's setups on one CPU (a source that names none: one machine).
-    t["machine"] = t.source_id + " " + t.cpu.fillna("").astype(str)
+    # A left-out score leaves a whole source out: every setup of its author (one person's machines, or machine).
+    t["machine"] = t.source_id
     t["n_depth"] = t.n_depth.fillna(0).astype(int)
     t["ubatch"] = t.ubatch.fillna(512).astype(int)
     t[["type_k", "type_v"]] = t[["type_k", "type_v"]].fillna("f16")
