@@ -150,7 +150,7 @@ def main() -> int:
     for test, p in prior.items():
         lines.append(f"- {test}: {', '.join(f'{k} {v:g}' for k, v in p.coef.items())}; per backend: "
                      + ", ".join(f"{k} {v:g}" for k, v in p.per_backend.items()))  # fmt: skip
-    status = write_or_check(PRIOR_FILE, to_json(prior, learned), "src/moeplace/plan/learned_prior.json", "speed_prior.py")
+    status = write_or_check(PRIOR_FILE, to_json(prior, learned), "plan/learned_prior.json", "speed_prior.py")
     status = status or write_or_check(POINTS_FILE, points_json(points), "published_points.json", "speed_prior.py")
     return status or write_or_check(OUT, "\n".join(lines) + "\n", "docs/speed-prior.md", "speed_prior.py")
 

@@ -15,7 +15,7 @@ from .model.kvcache import CACHE_TYPES
 from .model.memory import FLASH_ATTN, NO_PINS, Workload
 from .model.metadata import describe, inspect_model
 from .plan import budget as budget_mod
-from .plan import commands
+from .plan import commands, prior_learn
 from .plan.machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS
 from .plan.recommend import cmd_recommend, parse_contexts, speed_model
 
@@ -425,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
         _tune_parser,
         _predict_and_calibrate_parsers,
         _tool_parsers,
+        prior_learn.add_prior_parser,
     ):
         add(sub)
     return p

@@ -191,17 +191,35 @@ def directory_points(folder: Path, models: dict[str, str], flags: dict[str, Any]
     return points
 
 
+PLANS = ("recommend", "predict", "tune")  # the commands whose speeds come from the prior
+
+
+def add_speed_prior_options(parser: argparse.ArgumentParser) -> None:
+    """--bw-ddr-measured (beside --bw-ddr, a datasheet's figure) and --prior."""
+    parser.add_argument(
+        "--bw-ddr-measured",
+        dest="bw_ddr_measured_gbps",
+        type=float,
+        help="host RAM bandwidth, GB/s, as measured (STREAM, moeplace's membw), instead of --bw-ddr's datasheet figure",
+    )
+    parser.add_argument("--prior", help="a speed prior from moeplace prior learn (default: the shipped one)")
+
+
 # --- the command ---------------------------------------------------------------------------------
 
 
 def add_prior_parser(sub: Any) -> None:
-    """moeplace prior learn DIR... -o prior.json"""
+    """moeplace prior learn DIR... -o prior.json; and --prior, --bw-ddr-measured on the commands that plan (PLANS),
+    added once they are all there."""
+    for name in PLANS:
+        if name in sub.choices:
+            add_speed_prior_options(sub.choices[name])
     pr = sub.add_parser("prior", help="learn the speed prior from published sweeps (moeplace publish/ directories)")
     what = pr.add_subparsers(dest="prior_command", required=True)
     le = what.add_parser("learn", help="pool published directories with the shipped sweeps and learn a prior")
     le.add_argument("folders", nargs="*", help="publish/<name>/ directories (llama-bench.sqlite, MANIFEST.json)")
     le.add_argument("-o", "--output", required=True, help="the prior to write (JSON), for --prior")
-    le.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
+    le.add_argument("--model", action="append", default=[], dest="models", metavar="NAME=PATH",
                     help="a published model's file (.gguf, header only read) or twin spec (.yaml)")  # fmt: skip
     le.add_argument("--no-shipped", action="store_true", help="learn from the directories alone")
     host = le.add_mutually_exclusive_group()
@@ -217,7 +235,7 @@ def add_prior_parser(sub: Any) -> None:
 
 def cmd_prior_learn(args: argparse.Namespace) -> None:
     models = {}
-    for given in args.model:
+    for given in args.models:
         name, sep, path = given.partition("=")
         if not sep or not name or not path:
             raise MoeplaceError(f"--model {given!r}: give NAME=PATH, e.g. qwen3-30b-a3b=/models/q.gguf.")

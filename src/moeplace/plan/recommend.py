@@ -23,7 +23,7 @@ from ..runtime.llamacpp_args import needs_flash_attn
 from . import budget as budget_mod
 from . import commands
 from .devices import Speed, several_devices
-from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS, host_ram, this_machine
+from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS, given_host, host_ram, this_machine
 from .offload import read_pins
 
 MAX_CONTEXT = 10_000_000  # no GGUF model has a trained context this long: a typo, not a plan
@@ -45,6 +45,7 @@ class Assumptions:
     speed_source: str
     ram_bytes: int | None
     ram_source: str
+    ddr_measured: bool = False  # bw_ddr_gbps was measured (--bw-ddr-measured, --vram auto), not a datasheet's
 
 
 def parse_contexts(text: str, flag: str = "--ctx", allow_zero: bool = False) -> list[int]:
@@ -140,7 +141,7 @@ def _vram(args: argparse.Namespace, backend: str) -> tuple[int, str, str | None]
 def given_speeds(args: argparse.Namespace) -> tuple[float, float, float]:
     """--bw-vram, --bw-ddr and --card-tflops, moeplace's defaults for those not given."""
     vram, ddr = DEFAULT_BANDWIDTHS
-    return args.bw_vram_gbps or vram, args.bw_ddr_gbps or ddr, args.card_tflops or DEFAULT_CARD_TFLOPS
+    return args.bw_vram_gbps or vram, given_host(args)[0] or ddr, args.card_tflops or DEFAULT_CARD_TFLOPS
 
 
 def assumptions(args: argparse.Namespace) -> Assumptions:
@@ -153,17 +154,18 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         margins = budget_mod.AUTO_MARGIN_MIB if args.vram == "auto" else budget_mod.DEFAULT_MARGIN_MIB
         margin = margins[backend] * 2**20
         margin_source = f"{backend}'s default: what real cards used beyond llama.cpp's buffers, docs/real-cards.md"
-    tflops = None
+    tflops, (host, measured) = None, given_host(args)
     if getattr(args, "calibration", None):
         speed = f"fitted to your runs ({args.calibration})"
         bw = (None, None)
-    elif args.bw_vram_gbps or args.bw_ddr_gbps:
+    elif args.bw_vram_gbps or host:
         bw = given_speeds(args)[:2]
-        given = all((args.bw_vram_gbps, args.bw_ddr_gbps))
-        speed = "--bw-vram/--bw-ddr as given" + ("" if given else ", the other moeplace's default")
+        given = all((args.bw_vram_gbps, host))
+        flag = "--bw-ddr-measured" if measured else "--bw-ddr"
+        speed = f"--bw-vram/{flag} as given" + ("" if given else ", the other moeplace's default")
         speed += "" if args.card_tflops else "; TFLOPS moeplace's default, --card-tflops for yours"
     elif card:
-        *bw, tflops, speed = this_machine(card)
+        *bw, tflops, speed, measured = this_machine(card)
     else:
         bw = DEFAULT_BANDWIDTHS
         speed = "moeplace's defaults, the seed's workstation; --bw-vram/--bw-ddr/--card-tflops for yours"
@@ -174,17 +176,19 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         speed += "; efficiencies learned from published sweeps of real cards (docs/speed-prior.md)"
     ram, ram_source = host_ram(args.ram)
     return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, tflops, speed, ram,
-                       ram_source)  # fmt: skip
+                       ram_source, measured)  # fmt: skip
 
 
 def speed_model(  # noqa: ANN201
     args: argparse.Namespace, meta: dict[str, Any], bw: tuple[float | None, float | None] | None = None,
-    backend: str = "cuda", tflops: float | None = None,
+    backend: str = "cuda", tflops: float | None = None, host_measured: bool | None = None,
 ):  # fmt: skip
-    """--calibration's fitted model, else the prior learned from published sweeps for these bandwidths and card
+    """--calibration's fitted model, else the prior learned from published sweeps (--prior's, else the shipped one)
+    for these bandwidths (the host's measured or a datasheet's: `host_measured`, else as the flags say) and card
     compute (FP32 TFLOPS: `tflops`, else --card-tflops, else moeplace's default)."""
     from .learned_prior import Machine
     from .learned_prior import speed_model as learned
+    from .prior_learn import load_prior
     from .speed import SpeedModel
 
     if getattr(args, "calibration", None):
@@ -195,7 +199,9 @@ def speed_model(  # noqa: ANN201
         return SpeedModel.from_json(data, f"--calibration {args.calibration}")
     *given_bw, given_tflops = given_speeds(args)
     vram, ddr = bw or given_bw
-    return learned(meta, Machine(backend, vram, ddr, args.bw_link_gbps or DEFAULT_LINK_GBPS, tflops or given_tflops))
+    measured = given_host(args)[1] if host_measured is None else host_measured
+    machine = Machine(backend, vram, ddr, args.bw_link_gbps or DEFAULT_LINK_GBPS, tflops or given_tflops, measured)
+    return learned(meta, machine, load_prior(getattr(args, "prior", None)))
 
 
 def expected(meta: dict[str, Any], model: Any, host: frozenset[str], depth: int, args: argparse.Namespace,
@@ -274,7 +280,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                           offload) for c in contexts]  # fmt: skip
     with llamacpp_compute(args, pins) as compute:
         plans = [budget_mod.plan(meta, device, w, compute, extra, pins) for w in workloads]
-    model = speed_model(args, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops) if a else None
+    model = (
+        speed_model(args, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops, a.ddr_measured)
+        if a
+        else None
+    )
     for p in plans:
         _complete(p, meta, model, pins, a, args)
     return _output(emit, meta, plans, workloads, device, model, pins, a, args)
@@ -393,7 +403,10 @@ def describe_assumptions(a: Assumptions) -> str:
     ram = f"{a.ram_bytes / GB:.1f} GB ({a.ram_source})" if a.ram_bytes else a.ram_source
     bandwidths = ""
     if a.bw_vram_gbps:
-        bandwidths = f"{a.bw_vram_gbps:g} GB/s and {a.card_tflops:g} TFLOPS card, {a.bw_ddr_gbps:g} GB/s host, "
+        host = "measured" if a.ddr_measured else "datasheet"
+        bandwidths = (
+            f"{a.bw_vram_gbps:g} GB/s and {a.card_tflops:g} TFLOPS card, {a.bw_ddr_gbps:g} GB/s host ({host}), "
+        )
     return "\n".join([
         "assumed:",
         f"  card: {a.backend} ({a.backend_source}), {a.vram_bytes / GB:.2f} GB ({a.vram_source})",
