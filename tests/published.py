@@ -33,11 +33,12 @@ ASSUMED_HOST_GBPS = 89.6
 BACKENDS = {"CUDA": "cuda", "ROCm": "rocm", "ROCm/HIP": "rocm", "Vulkan": "vulkan", "SYCL": "sycl"}
 
 
-def published(csv: str = "sweeps.csv") -> pd.DataFrame:
+def published(csv: str = "sweeps.csv", host: str = "datasheet") -> pd.DataFrame:
     """The published points the speed model covers: a model with a twin spec, a placement, and no --swa-full
     (llama-bench always runs without it, and the KV bytes follow llama-bench); with the card's datasheet
     memory bandwidth, FP32 throughput and PCIe link (gpus.csv) and the host's RAM bandwidth where the source says
-    it (hosts.csv; else ASSUMED_HOST_GBPS)."""
+    it (hosts.csv; else ASSUMED_HOST_GBPS). host="measured": only the setups whose source also measured the host's
+    RAM read (hosts.csv measured_gbps), with that figure, as a user who gives --bw-ddr-measured."""
     t = pd.read_csv(PUBLISHED / csv)
     t = t[t.model.isin(SPECS) & t.n_cpu_moe.notna() & ~t.setup.str.endswith("-swafull")].copy()
     gpus = pd.read_csv(PUBLISHED / "gpus.csv").set_index("gpu")
@@ -49,6 +50,9 @@ def published(csv: str = "sweeps.csv") -> pd.DataFrame:
     t["host_gbps"] = t.setup.map(hosts.host_gbps).fillna(ASSUMED_HOST_GBPS)
     kind = hosts.kind if "kind" in hosts else pd.Series("datasheet", index=hosts.index)
     t["host_measured"] = t.setup.map(kind).fillna("datasheet").eq("measured")
+    if host == "measured":
+        measured = t.setup.map(hosts.measured_gbps) if "measured_gbps" in hosts else pd.Series(np.nan, index=t.index)
+        t = t[measured.notna()].assign(host_gbps=measured[measured.notna()], host_measured=True)
     # A left-out score leaves a whole source out: every setup of its author (one person's machines, or machine).
     t["machine"] = t.source_id
     t["n_depth"] = t.n_depth.fillna(0).astype(int)

