@@ -26,7 +26,7 @@ from moeplace.plan.speed import Z95
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from published import prior_points, published, twins  # noqa: E402
+from published import PUBLISHED, prior_points, published, twins  # noqa: E402
 
 OUT = ROOT / "docs/speed-prior.md"
 Z90 = 1.645
@@ -34,6 +34,15 @@ GOAL = 1.4  # the decode interval a choice between cards wants: within 40% eithe
 # llama-mdl 0.14's decode before `mdl fit hw` (mdl_fit/perf.py: seeds, decode_time): the card's datasheet bandwidth
 # x 0.70, host RAM at 32 GB/s whatever the user's, 0.3 ms per host layer, 1.5 ms per token; its per-type
 # efficiencies (model.TYPE_EFF_*) are taken as 1 here, as moeplace's byte counts carry no types.
+# Setups of one machine that differ in the llama.cpp build alone (a PR, a fork, a regressed build; SOURCES.md and
+# HELDOUT_SOURCES.md say so): how far the build moves decode.
+BUILD_PAIRS = (
+    ("gptoss20b-mxfp4-rtx4080-mainline-n0", "gptoss20b-mxfp4-rtx4080-iklcpp-n0"),
+    ("gptoss20b-mxfp4-rtx4080-iklcpp-cpumoe-main", "gptoss20b-mxfp4-rtx4080-iklcpp-cpumoe-pr841"),
+    ("gptoss120b-f16-rtx4090-server-mainline", "gptoss120b-f16-rtx4090-server-iklcpp"),
+    ("qwen36-35b-a3b-udq4km-rtxa1000-mainline", "qwen36-35b-a3b-udq4km-rtxa1000-ik4706"),
+    ("qwen36-35b-a3b-udq4km-rtxa1000-ik4706", "qwen36-35b-a3b-udq4km-rtxa1000-ik4749"),
+)
 PEER = {"card_share": 0.70, "host_gbps": 32.0, "hop_s": 0.3e-3 / 2, "fixed_s": 1.5e-3}
 
 
@@ -104,6 +113,24 @@ def gap_lines(tg_heldout: list[tuple[Point, float]]) -> list[str]:
             "no prior can go below is small; most of the decode interval is the prior's own error.",
         ]
     return lines
+
+
+def build_lines() -> list[str]:
+    """The build as a stated drift: decode of BUILD_PAIRS' matching points (same placement, depth)."""
+    t = pd.concat([pd.read_csv(PUBLISHED / f) for f in ("sweeps.csv", "heldout.csv")], ignore_index=True)
+    t = t[t.test == "tg"].assign(n_depth=t.n_depth.fillna(0)).groupby(["setup", "n_cpu_moe", "n_depth"]).tok_s.median()
+    ratios = []
+    for a, b in BUILD_PAIRS:
+        both = pd.concat([t[a], t[b]], axis=1, join="inner")
+        ratios += [abs(math.log(x / y)) for x, y in both.itertuples(index=False)]
+    r = np.array(ratios)
+    return [
+        "",
+        f"The build is a stated drift, not a term: {len(BUILD_PAIRS)} pairs of one machine's setups differ in the",
+        f"llama.cpp build alone (a PR, a fork, a regressed build; {len(r)} matching decode points). Their decode",
+        f"differs by x{math.exp(np.median(r)):.2f} in the median and up to x{math.exp(r.max()):.2f}. No source gives",
+        "enough builds of one machine to learn a drift per build number; the interval takes it in.",
+    ]
 
 
 def peer_lines(left_out: list[tuple[Point, float]], tg_heldout: list[tuple[Point, float]]) -> list[str]:
@@ -227,6 +254,18 @@ def main() -> int:
         "terms it learns are in `src/moeplace/plan/learned_prior.json`, and `moeplace recommend`/`predict` use them",
         "when no calibration is given (the method: `src/moeplace/plan/learned_prior.py`).",
         "",
+        "## How sweeps from many machines are pooled",
+        "",
+        "The shipped prior is learned from the points of `tests/data/published/` (stored, features and all, in",
+        "`src/moeplace/plan/published_points.json`). `moeplace prior learn publish/A publish/B ... -o prior.json` adds",
+        "the runs of moeplace publish/ directories (their `llama-bench.sqlite`, card from llama-bench's `gpu_info`,",
+        "host RAM from MANIFEST.json's `machine` section or `--bw-ddr`/`--bw-ddr-measured`; a model from the file the",
+        "run read, or `--model NAME=PATH` to a .gguf or twin spec) and learns the same terms the same way: each setup",
+        "weighs as one, each directory is one source, and the interval is each source left out in turn.",
+        "`moeplace recommend/predict/tune --prior prior.json` plan with it. A host figure is a datasheet's",
+        "(`--bw-ddr`) or measured (`--bw-ddr-measured`, or what `--vram auto` measures): the learned host share",
+        "discounts the first, not the second.",
+        "",
         "Errors are of log(predicted / measured), shown as percent; an interval is predicted x/÷ its factor.",
         "",
         "| test | points | median error | p90 | inside ~90% | inside ~95% | ~90% factor | ~95% factor |",
@@ -242,7 +281,7 @@ def main() -> int:
             n = len({q.setup for q, _ in heldout_errors[test]})
             lines.append(f"| {test}, held-out sweeps ({n} setups, heldout.csv) | {summary(errors, p.log_q95)} | "
                          f"{factors(p.log_q95)} |")  # fmt: skip
-    lines += gap_lines(heldout_errors["tg"])
+    lines += gap_lines(heldout_errors["tg"]) + build_lines()
     lines += peer_lines(held_out["tg"], heldout_errors["tg"])
     lines += measured_lines(prior, heldout_errors["tg"], measured)
     lines += bar_lines(prior, held_out, heldout_errors, measured)
