@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from .speed import Run
 
 POINTS_FILE = Path(__file__).with_name("published_points.json")  # written by docs/speed_prior.py
 DIGITS = 4  # coefficients as stored: a solver's last digits differ between machines
+MANIFEST, SQLITE = "MANIFEST.json", "llama-bench.sqlite"  # a publish/ directory's, as report.publish names them
 BACKENDS = {"cuda": "cuda", "rocm": "rocm", "hip": "rocm", "vulkan": "vulkan", "sycl": "sycl", "metal": "metal"}
 MACHINE_KEYS = ("backend", "card_gbps", "host_gbps", "link_gbps", "card_tflops", "host_measured")
 
@@ -143,11 +145,21 @@ def _machine(folder: Path, row: dict[str, Any], given: dict[str, Any]) -> Machin
                    float(facts["link_gbps"]), float(facts["card_tflops"]), bool(facts["host_measured"]))  # fmt: skip
 
 
+def measured_runs(path: Path) -> list[dict[str, Any]]:
+    """The measured runs of a published llama-bench.sqlite (its llama_bench table, as report.publish writes it)."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con.row_factory = sqlite3.Row
+        rows = [dict(r) for r in con.execute("SELECT * FROM llama_bench")]
+        con.close()
+    except sqlite3.Error as e:
+        raise MoeplaceError(f"{path}: not a llama-bench SQLite table ({e}); publish the results again.") from None
+    return rows
+
+
 def directory_points(folder: Path, models: dict[str, str], flags: dict[str, Any], tmp: Path) -> list[Point]:
     """The runs of one published directory as points: measured rows of --n-cpu-moe placements (-ot and layer
     splits left out), repeats of a point averaged; one source."""
-    from ..report.publish import MANIFEST, SQLITE, read_sqlite
-
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -160,7 +172,7 @@ def directory_points(folder: Path, models: dict[str, str], flags: dict[str, Any]
     cache: dict[str, Any] = {}
     metas: dict[str, Any] = {}
     runs: dict[tuple, list[float]] = {}
-    for row in read_sqlite(folder / SQLITE):
+    for row in measured_runs(folder / SQLITE):
         if row.get("avg_ts") is None or (row.get("tensor_buft_overrides") or "none") != "none":
             continue
         meta = _meta(str(row.get("model")), row, models, tmp, cache)
