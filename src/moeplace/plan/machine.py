@@ -66,8 +66,8 @@ def this_machine(card: str) -> ThisMachine:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             ddr = ram_read_gbps(Path(tmp) / "membw.log", threads, HOST_PROBE_BYTES, HOST_PROBE_S)
-        ddr_from = (f"the host: {ddr:.1f} GB/s measured here ({threads} threads reading {HOST_PROBE_BYTES >> 20} MiB, "
-                    "best of 3), taken as a measured figure")  # fmt: skip
+        ddr_from = (f"the host: measured here ({threads} threads reading {HOST_PROBE_BYTES >> 20} MiB, best of 3), "
+                    "a measured figure, not discounted as a datasheet's")  # fmt: skip
         measured = True
     except MoeplaceError as e:
         ddr, ddr_from = DEFAULT_BANDWIDTHS[1], f"the host: moeplace's default ({e}), --bw-ddr for yours"

@@ -403,10 +403,7 @@ def describe_assumptions(a: Assumptions) -> str:
     ram = f"{a.ram_bytes / GB:.1f} GB ({a.ram_source})" if a.ram_bytes else a.ram_source
     bandwidths = ""
     if a.bw_vram_gbps:
-        host = "measured" if a.ddr_measured else "datasheet"
-        bandwidths = (
-            f"{a.bw_vram_gbps:g} GB/s and {a.card_tflops:g} TFLOPS card, {a.bw_ddr_gbps:g} GB/s host ({host}), "
-        )
+        bandwidths = f"{a.bw_vram_gbps:g} GB/s and {a.card_tflops:g} TFLOPS card, {a.bw_ddr_gbps:g} GB/s host, "
     return "\n".join([
         "assumed:",
         f"  card: {a.backend} ({a.backend_source}), {a.vram_bytes / GB:.2f} GB ({a.vram_source})",
