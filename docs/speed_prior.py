@@ -1,6 +1,8 @@
 """Learn the speed model's uncalibrated prior from the published sweeps (tests/data/published/sweeps.csv) and write
-it to src/moeplace/plan/learned_prior.json, with docs/speed-prior.md: how well it predicts setups it did not learn
-from (each setup left out in turn), and the held-out sweeps of heldout.csv (never learned from).
+it to src/moeplace/plan/learned_prior.json, with the points it learned from (published_points.json, which
+`moeplace prior learn` pools with a user's published directories and learns from the same way) and
+docs/speed-prior.md: how well it predicts sources it did not learn from (each source, one machine, left out in
+turn), and the held-out sweeps of heldout.csv (never learned from).
 
 python docs/speed_prior.py          # rewrite both
 python docs/speed_prior.py --check  # exit 1 if either is out of date (a test runs this)
@@ -18,7 +20,8 @@ import numpy as np
 import pandas as pd
 from generated import write_or_check
 
-from moeplace.plan.learned_prior import PRIOR_FILE, errors_against, held_out_errors, learn, to_json
+from moeplace.plan.learned_prior import PRIOR_FILE, Machine, Point, errors_against, source_of, to_json
+from moeplace.plan.prior_learn import POINTS_FILE, about, learn_prior, points_json
 from moeplace.plan.speed import Z95
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,13 +29,32 @@ sys.path.insert(0, str(ROOT / "tests"))
 from published import PUBLISHED, prior_points, published, twins  # noqa: E402
 
 OUT = ROOT / "docs/speed-prior.md"
-DIGITS = 4  # the coefficients as stored: a solver's last digits differ between machines
 Z90 = 1.645
 GOAL = 1.4  # the decode interval a choice between cards wants: within 40% either way
+# llama-mdl 0.14's decode before `mdl fit hw` (mdl_fit/perf.py: seeds, decode_time): the card's datasheet bandwidth
+# x 0.70, host RAM at 32 GB/s whatever the user's, 0.3 ms per host layer, 1.5 ms per token; its per-type
+# efficiencies (model.TYPE_EFF_*) are taken as 1 here, as moeplace's byte counts carry no types.
+# Setups of one machine that differ in the llama.cpp build alone (a PR, a fork, a regressed build; SOURCES.md and
+# HELDOUT_SOURCES.md say so): how far the build moves decode.
+BUILD_PAIRS = (
+    ("gptoss20b-mxfp4-rtx4080-mainline-n0", "gptoss20b-mxfp4-rtx4080-iklcpp-n0"),
+    ("gptoss20b-mxfp4-rtx4080-iklcpp-cpumoe-main", "gptoss20b-mxfp4-rtx4080-iklcpp-cpumoe-pr841"),
+    ("gptoss120b-f16-rtx4090-server-mainline", "gptoss120b-f16-rtx4090-server-iklcpp"),
+    ("qwen36-35b-a3b-udq4km-rtxa1000-mainline", "qwen36-35b-a3b-udq4km-rtxa1000-ik4706"),
+    ("qwen36-35b-a3b-udq4km-rtxa1000-ik4706", "qwen36-35b-a3b-udq4km-rtxa1000-ik4749"),
+)
+PEER = {"card_share": 0.70, "host_gbps": 32.0, "hop_s": 0.3e-3 / 2, "fixed_s": 1.5e-3}
 
 
-def rounded(x: float) -> float:
-    return float(f"{x:.{DIGITS}g}")
+def peer_seconds(x: dict[str, float], m: Machine) -> float:
+    """llama-mdl 0.14's seconds per decoded token for the features `x` on machine `m` (see PEER)."""
+    card = PEER["card_share"] * m.card_gbps
+    return (
+        (x["device_gb"] + x["kv_gb"]) / card
+        + x["host_gb"] / PEER["host_gbps"]
+        + x["hops"] * PEER["hop_s"]
+        + PEER["fixed_s"]
+    )
 
 
 def q90(q95: float) -> float:
@@ -53,42 +75,196 @@ def factors(q95: float) -> str:
     return f"x{math.exp(q90(q95)):.2f} | x{math.exp(q95):.2f}"
 
 
-def decode_pairs_apart(t: pd.DataFrame) -> tuple[np.ndarray, int]:
-    """|log| of the decode speed ratio of each pair of setups that differ in nothing the prior sees, and how many of
-    those pairs are of two machines (one source's setups on one CPU are one machine)."""
+def decode_pairs_apart(t: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """|log| of the decode speed ratio of each pair of setups that differ in nothing the prior sees: the pairs of one
+    machine's runs (one source's setups on one CPU), and the pairs of two machines."""
     t = t[t.test == "tg"]
-    t = t.assign(card=t.gpu.str.split(" (", regex=False).str[0], machine=t.source_id + " " + t.cpu)
+    t = t.assign(card=t.gpu.str.split(" (", regex=False).str[0], machine=t.source_id + " " + t.cpu.fillna(""))
     alike = ["card", "host_gbps", "model", "quant", "backend", "type_k", "n_cpu_moe", "n_depth"]
-    ratios, across = [], 0
+    same, across = [], []
     for _, g in t.groupby(alike):
         setups = g.groupby("setup").agg(speed=("tok_s", "median"), machine=("machine", "first"))
-        pairs = list(itertools.combinations(setups.itertuples(), 2))
-        ratios += [abs(math.log(a.speed / b.speed)) for a, b in pairs]
-        across += sum(a.machine != b.machine for a, b in pairs)
-    return np.array(ratios), across
+        for a, b in itertools.combinations(setups.itertuples(), 2):
+            (same if a.machine == b.machine else across).append(abs(math.log(a.speed / b.speed)))
+    return np.array(same), np.array(across)
+
+
+def median_pct(errors: list[float] | np.ndarray) -> float:
+    return 100 * math.expm1(float(np.median(np.abs(errors))))
+
+
+def gap_lines(tg_heldout: list[tuple[Point, float]]) -> list[str]:
+    """How far the held-out decode points are from the prediction, beside how far apart published machines of one
+    spec run (the part no prior can remove)."""
+    within = np.mean(np.abs([e for _, e in tg_heldout]) <= math.log(GOAL))
+    same, across = decode_pairs_apart(pd.concat([published(), published("heldout.csv")], ignore_index=True))
+    lines = ["", f"{100 * within:.0f}% of the held-out decode points are within x/÷{GOAL} of the prediction."]
+    if len(same):
+        lines += [
+            f"Of {len(same)} pairs of one machine's published setups alike in all the prior sees",
+            "(card, host RAM, model, quant, backend, KV type, placement, depth) and differing in what it does",
+            f"not (threads, build, flags, power limit), {100 * np.mean(same > math.log(GOAL)):.0f}% differ by more "
+            f"than x{GOAL}.",
+        ]
+    if len(across):
+        lines += [
+            f"Of {len(across)} pairs of two machines of one spec, the median is "
+            f"x{math.exp(np.median(across)):.3f} apart and the widest x{math.exp(across.max()):.3f}: the floor",
+            "no prior can go below is small; most of the decode interval is the prior's own error.",
+        ]
+    return lines
+
+
+def build_lines() -> list[str]:
+    """The build as a stated drift: decode of BUILD_PAIRS' matching points (same placement, depth)."""
+    t = pd.concat([pd.read_csv(PUBLISHED / f) for f in ("sweeps.csv", "heldout.csv")], ignore_index=True)
+    t = t[t.test == "tg"].assign(n_depth=t.n_depth.fillna(0)).groupby(["setup", "n_cpu_moe", "n_depth"]).tok_s.median()
+    ratios = []
+    for a, b in BUILD_PAIRS:
+        both = pd.concat([t[a], t[b]], axis=1, join="inner")
+        ratios += [abs(math.log(x / y)) for x, y in both.itertuples(index=False)]
+    r = np.array(ratios)
+    return [
+        "",
+        f"The build is a stated drift, not a term: {len(BUILD_PAIRS)} pairs of one machine's setups differ in the",
+        f"llama.cpp build alone (a PR, a fork, a regressed build; {len(r)} matching decode points). Their decode",
+        f"differs by x{math.exp(np.median(r)):.2f} in the median and up to x{math.exp(r.max()):.2f}. No source gives",
+        "enough builds of one machine to learn a drift per build number; the interval takes it in.",
+    ]
+
+
+def peer_lines(left_out: list[tuple[Point, float]], tg_heldout: list[tuple[Point, float]]) -> list[str]:
+    """moeplace's decode before any run beside llama-mdl 0.14's (PEER) on the same points."""
+    lines = [
+        "",
+        "## Beside llama-mdl 0.14 (the closest peer planner: decode as bytes over bandwidth)",
+        "",
+        "llama-mdl's decode before `mdl fit hw`: the card's datasheet bandwidth x 0.70, host RAM at its 32 GB/s",
+        "seed, 0.3 ms per host layer, 1.5 ms per token (its per-type efficiencies taken as 1). Same points, same",
+        "byte counts.",
+        "",
+        "| points | moeplace median | llama-mdl median | moeplace closer |",
+        "|---|---|---|---|",
+    ]
+    for what, pairs in (("held-out sweeps (heldout.csv)", tg_heldout), ("each source left out (sweeps.csv)", left_out)):
+        ours = np.abs([e for _, e in pairs])
+        peer = np.abs([-math.log(q.tok_s * peer_seconds(q.x, q.machine)) for q, _ in pairs])
+        lines.append(
+            f"| {what}, {len(ours)} | {median_pct(ours):.1f}% | {median_pct(peer):.1f}% | "
+            f"{100 * np.mean(ours < peer):.0f}% of points |"
+        )
+    return lines
+
+
+def measured_lines(prior: dict, tg_heldout: list[tuple[Point, float]], measured: list[Point]) -> list[str]:
+    """The setups whose source gives both a datasheet and a measured host figure: decode from each."""
+    if not measured:
+        return []
+    by_measured = {q.setup: [] for q in measured if q.test == "tg"}
+    for q, e in errors_against(prior, [q for q in measured if q.test == "tg"]):
+        by_measured[q.setup].append(e)
+    lines = [
+        "",
+        "## A measured host figure beside the datasheet's (setups whose source gives both)",
+        "",
+        "| setup | host figure | median error, datasheet (--bw-ddr) | median error, measured (--bw-ddr-measured) |",
+        "|---|---|---|---|",
+    ]
+    for setup, errors in sorted(by_measured.items()):
+        sheet = [e for q, e in tg_heldout if q.setup == setup]
+        host = next(q.machine.host_gbps for q in measured if q.setup == setup)
+        lines.append(
+            f"| {setup} | {host:g} GB/s measured | {100 * math.expm1(np.median(sheet)):+.0f}% | "
+            f"{100 * math.expm1(np.median(errors)):+.0f}% |"
+        )
+    return lines
+
+
+def measured_not_worse(prior: dict, tg_heldout: list[tuple[Point, float]], measured: list[Point]) -> tuple[int, int]:
+    """Of the setups that give both host figures, how many the measured one predicts no worse (median |error|)."""
+    setups = sorted({q.setup for q in measured if q.test == "tg"})
+    errors = errors_against(prior, [q for q in measured if q.test == "tg"])
+    better = sum(
+        abs(np.median([e for q, e in errors if q.setup == s]))
+        <= abs(np.median([e for q, e in tg_heldout if q.setup == s]))
+        for s in setups
+    )
+    return better, len(setups)
+
+
+def bar_lines(prior: dict, held_out: dict, heldout_errors: dict, measured: list[Point]) -> list[str]:
+    """Issue 55's bars, each with the number that meets it or does not."""
+    tg, loso = np.abs([e for _, e in heldout_errors["tg"]]), np.abs([e for _, e in held_out["tg"]])
+    q90_tg = q90(prior["tg"].log_q95)
+    inside = float(np.mean(tg <= q90_tg))
+    loso_factor = math.exp(float(np.quantile(loso, 0.90)))
+    peer = np.abs([-math.log(q.tok_s * peer_seconds(q.x, q.machine)) for q, _ in heldout_errors["tg"]])
+    better, n = measured_not_worse(prior, heldout_errors["tg"], measured)
+    bars = [
+        (
+            "held-out decode closer than llama-mdl 0.14 on most points",
+            f"{100 * np.mean(tg < peer):.0f}%",
+            np.mean(tg < peer) > 0.5,
+        ),
+        (
+            "held-out decode median closer than llama-mdl's",
+            f"{median_pct(tg):.1f}% vs {median_pct(peer):.1f}%",
+            median_pct(tg) < median_pct(peer),
+        ),
+        ("held-out decode median <= 20%", f"{median_pct(tg):.1f}%", median_pct(tg) <= 20),
+        ("held-out decode inside the ~90% interval: 80-97%", f"{100 * inside:.0f}%", 0.8 <= inside <= 0.97),
+        (
+            "its half-width <= 40%",
+            f"+{100 * math.expm1(q90_tg):.0f}% / -{100 * -math.expm1(-q90_tg):.0f}%",
+            math.expm1(q90_tg) <= 0.4,
+        ),
+        (
+            "held-out prefill median <= 35%",
+            f"{median_pct([e for _, e in heldout_errors['pp']]):.1f}%",
+            median_pct([e for _, e in heldout_errors["pp"]]) <= 35,
+        ),
+        ("each source left out: decode median <= 25%", f"{median_pct(loso):.1f}%", median_pct(loso) <= 25),
+        ("each source left out: decode ~90% factor <= x1.5", f"x{loso_factor:.2f}", loso_factor <= 1.5),
+        ("a measured host figure never worse than the datasheet's", f"no worse on {better} of {n} setups", better == n),
+    ]
+    return [
+        "",
+        "## Issue 55's bars",
+        "",
+        "| bar | number | met |",
+        "|---|---|---|",
+        *(f"| {bar} | {number} | {'met' if met else 'not met'} |" for bar, number, met in bars),
+    ]
 
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         metas = twins(Path(tmp))
         points = prior_points(published(), metas)
-        heldout = prior_points(published("heldout.csv"), metas) if (PUBLISHED / "heldout.csv").exists() else []
-    held_out = {test: held_out_errors(test, points) for test in ("tg", "pp")}  # the costly part: 40-odd fits
-    prior = {}
-    for test in held_out:
-        p = learn(test, points, held_out[test])
-        p.coef = {k: rounded(v) for k, v in p.coef.items()}
-        p.per_backend = {k: rounded(v) for k, v in p.per_backend.items()}
-        p.log_q95, p.log_q95_difference = rounded(p.log_q95), rounded(p.log_q95_difference)
-        prior[test] = p
+        heldout = prior_points(published("heldout.csv"), metas)
+        measured = prior_points(published("heldout.csv", host="measured"), metas)
+    prior, held_out = learn_prior(points)  # the costly part: a fit per source left out
+    sources = {t: len({source_of(p) for p in points if p.test == t}) for t in prior}
     setups = {t: len({p.setup for p in points if p.test == t}) for t in prior}
-    about = {"learned_from": "tests/data/published/sweeps.csv", "setups": setups, "written_by": "docs/speed_prior.py"}
+    learned = about(points, ["tests/data/published/sweeps.csv"]) | {"written_by": "docs/speed_prior.py"}
     lines = [
         "# The speed prior: what moeplace predicts before any run, and how far off it is",
         "",
         "Generated by `python docs/speed_prior.py` from `tests/data/published/` (sources in `SOURCES.md`); the",
         "terms it learns are in `src/moeplace/plan/learned_prior.json`, and `moeplace recommend`/`predict` use them",
         "when no calibration is given (the method: `src/moeplace/plan/learned_prior.py`).",
+        "",
+        "## How sweeps from many machines are pooled",
+        "",
+        "The shipped prior is learned from the points of `tests/data/published/` (stored, features and all, in",
+        "`src/moeplace/plan/published_points.json`). `moeplace prior learn publish/A publish/B ... -o prior.json` adds",
+        "the runs of moeplace publish/ directories (their `llama-bench.sqlite`, card from llama-bench's `gpu_info`,",
+        "host RAM from MANIFEST.json's `machine` section or `--bw-ddr`/`--bw-ddr-measured`; a model from the file the",
+        "run read, or `--model NAME=PATH` to a .gguf or twin spec) and learns the same terms the same way: each setup",
+        "weighs as one, each directory is one source, and the interval is each source left out in turn.",
+        "`moeplace recommend/predict/tune --prior prior.json` plan with it. A host figure is a datasheet's",
+        "(`--bw-ddr`) or measured (`--bw-ddr-measured`, or what `--vram auto` measures): the learned host share",
+        "discounts the first, not the second.",
         "",
         "Errors are of log(predicted / measured), shown as percent; an interval is predicted x/÷ its factor.",
         "",
@@ -98,37 +274,27 @@ def main() -> int:
     heldout_errors = {t: errors_against(prior, [q for q in heldout if q.test == t]) for t in prior}
     for test, p in prior.items():
         errors = [e for _, e in held_out[test]]
-        lines.append(f"| {test}, each of {setups[test]} setups left out | {summary(errors, p.log_q95)} | "
-                     f"{factors(p.log_q95)} |")  # fmt: skip
+        lines.append(f"| {test}, each of {sources[test]} sources ({setups[test]} setups) left out | "
+                     f"{summary(errors, p.log_q95)} | {factors(p.log_q95)} |")  # fmt: skip
         if heldout_errors[test]:
             errors = [e for _, e in heldout_errors[test]]
             n = len({q.setup for q, _ in heldout_errors[test]})
             lines.append(f"| {test}, held-out sweeps ({n} setups, heldout.csv) | {summary(errors, p.log_q95)} | "
                          f"{factors(p.log_q95)} |")  # fmt: skip
-    tg_heldout = np.abs([e for _, e in heldout_errors["tg"]])
-    apart, across = decode_pairs_apart(pd.concat([published(), published("heldout.csv")], ignore_index=True))
-    if len(tg_heldout):
-        lines += [
-            "",
-            "The decode interval is not yet as narrow as a user choosing a card needs: "
-            f"{100 * np.mean(tg_heldout <= math.log(GOAL)):.0f}% of the held-out decode points",
-            f"are within x/÷{GOAL} of the prediction. Of {len(apart)} pairs of published setups alike in all the prior",
-            "sees (card, host RAM, model, quant, backend, KV type, placement, depth) and differing in what it does not",
-            f"(threads, build, flags), {100 * np.mean(apart > math.log(GOAL)):.0f}% differ by more than x{GOAL}. "
-            f"{'All' if across == 0 else len(apart) - across} of those pairs are one machine's runs. So the",
-            "published sweeps do not show how far apart two machines of one spec run: the part of the gap no prior",
-            "could remove. A run of your own (`moeplace tune`) narrows it.",
-        ]
+    lines += gap_lines(heldout_errors["tg"]) + build_lines()
+    lines += peer_lines(held_out["tg"], heldout_errors["tg"])
+    lines += measured_lines(prior, heldout_errors["tg"], measured)
+    lines += bar_lines(prior, held_out, heldout_errors, measured)
     bounds = ", ".join(f"x{math.exp(p.log_q95_difference):.2f} ({t})" for t, p in prior.items())
     lines += [
         "",
         "Two placements of one machine predicted within 20% of each other (what a ranking weighs): the error of their",
-        f"predicted ratio, each setup left out, is within {bounds} in 95% of pairs. `recommend --placement optimal`",
+        f"predicted ratio, each source left out, is within {bounds} in 95% of pairs. `recommend --placement optimal`",
         "calls placements closer than that equivalent and keeps your KV cache type and ubatch, and --n-cpu-moe",
         "before -ot, among them.",
     ]
     tables = {
-        "Each setup left out (learned without it)": held_out,
+        "Each source left out (learned without its machine's setups)": held_out,
         "The held-out sweeps (heldout.csv; HELDOUT_SOURCES.md)": heldout_errors,
     }
     for title, errors_by_test in tables.items():
@@ -146,7 +312,8 @@ def main() -> int:
     for test, p in prior.items():
         lines.append(f"- {test}: {', '.join(f'{k} {v:g}' for k, v in p.coef.items())}; per backend: "
                      + ", ".join(f"{k} {v:g}" for k, v in p.per_backend.items()))  # fmt: skip
-    status = write_or_check(PRIOR_FILE, to_json(prior, about), "src/moeplace/plan/learned_prior.json", "speed_prior.py")
+    status = write_or_check(PRIOR_FILE, to_json(prior, learned), "plan/learned_prior.json", "speed_prior.py")
+    status = status or write_or_check(POINTS_FILE, points_json(points), "published_points.json", "speed_prior.py")
     return status or write_or_check(OUT, "\n".join(lines) + "\n", "docs/speed-prior.md", "speed_prior.py")
 
 

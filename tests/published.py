@@ -33,11 +33,12 @@ ASSUMED_HOST_GBPS = 89.6
 BACKENDS = {"CUDA": "cuda", "ROCm": "rocm", "ROCm/HIP": "rocm", "Vulkan": "vulkan", "SYCL": "sycl"}
 
 
-def published(csv: str = "sweeps.csv") -> pd.DataFrame:
+def published(csv: str = "sweeps.csv", host: str = "datasheet") -> pd.DataFrame:
     """The published points the speed model covers: a model with a twin spec, a placement, and no --swa-full
     (llama-bench always runs without it, and the KV bytes follow llama-bench); with the card's datasheet
     memory bandwidth, FP32 throughput and PCIe link (gpus.csv) and the host's RAM bandwidth where the source says
-    it (hosts.csv; else ASSUMED_HOST_GBPS)."""
+    it (hosts.csv; else ASSUMED_HOST_GBPS). host="measured": only the setups whose source also measured the host's
+    RAM read (hosts.csv measured_gbps), with that figure, as a user who gives --bw-ddr-measured."""
     t = pd.read_csv(PUBLISHED / csv)
     t = t[t.model.isin(SPECS) & t.n_cpu_moe.notna() & ~t.setup.str.endswith("-swafull")].copy()
     gpus = pd.read_csv(PUBLISHED / "gpus.csv").set_index("gpu")
@@ -45,8 +46,15 @@ def published(csv: str = "sweeps.csv") -> pd.DataFrame:
     t["gpu_gbps"], t["link_gbps"] = card.map(gpus.memory_gbps), card.map(gpus.link_gbps)
     t["gpu_tflops"] = card.map(gpus.fp32_tflops)
     assert t.gpu_gbps.notna().all(), "a card without its bandwidth in gpus.csv"
-    hosts = pd.read_csv(PUBLISHED / "hosts.csv").set_index("setup").host_gbps
-    t["host_gbps"] = t.setup.map(hosts).fillna(ASSUMED_HOST_GBPS)
+    hosts = pd.read_csv(PUBLISHED / "hosts.csv").set_index("setup")
+    t["host_gbps"] = t.setup.map(hosts.host_gbps).fillna(ASSUMED_HOST_GBPS)
+    kind = hosts.kind if "kind" in hosts else pd.Series("datasheet", index=hosts.index)
+    t["host_measured"] = t.setup.map(kind).fillna("datasheet").eq("measured")
+    if host == "measured":
+        measured = t.setup.map(hosts.measured_gbps) if "measured_gbps" in hosts else pd.Series(np.nan, index=t.index)
+        t = t[measured.notna()].assign(host_gbps=measured[measured.notna()], host_measured=True)
+    # A left-out score leaves a whole source out: every setup of its author (one person's machines, or machine).
+    t["machine"] = t.source_id
     t["n_depth"] = t.n_depth.fillna(0).astype(int)
     t["ubatch"] = t.ubatch.fillna(512).astype(int)
     t[["type_k", "type_v"]] = t[["type_k", "type_v"]].fillna("f16")
@@ -84,7 +92,16 @@ def sweeps(table: pd.DataFrame, metas: dict[Path, dict]):
             tok_s=("tok_s", "mean"),
             **{
                 k: (k, "first")
-                for k in ("gpu_gbps", "host_gbps", "link_gbps", "gpu_tflops", "backend", "model_size_gib")
+                for k in (
+                    "gpu_gbps",
+                    "host_gbps",
+                    "link_gbps",
+                    "gpu_tflops",
+                    "backend",
+                    "model_size_gib",
+                    "host_measured",
+                    "machine",
+                )
             },
         )
         yield key, meta, points
@@ -100,8 +117,10 @@ def prior_points(table: pd.DataFrame, metas: dict[Path, dict]) -> list[Point]:
     for (setup, _, test, size, ubatch, _, type_k, type_v), meta, g in sweeps(table, metas):
         for r in g.itertuples():
             run = Run(min(int(r.n_cpu_moe), meta["n_layer"]), r.n_depth, test, int(size), ubatch, type_k, type_v)
-            machine = Machine(BACKENDS[r.backend], r.gpu_gbps, r.host_gbps, r.link_gbps, r.gpu_tflops)
+            machine = Machine(
+                BACKENDS[r.backend], r.gpu_gbps, r.host_gbps, r.link_gbps, r.gpu_tflops, bool(r.host_measured)
+            )
             scale = r.model_size_gib * 2**30 / meta["total_bytes"] if r.model_size_gib > 0 else 1.0
             x = {k: v * scale if k in WEIGHT_FEATURES else v for k, v in point_features(meta, run).items()}
-            out.append(Point(setup, test, machine, x, r.tok_s))
+            out.append(Point(setup, test, machine, x, r.tok_s, r.machine.strip()))
     return out

@@ -39,15 +39,15 @@ def test_the_stored_prior_is_what_the_published_sweeps_give():
 
 
 def test_decode_before_any_run_on_setups_it_did_not_learn_from(points):
-    """Decode: each published setup predicted by terms learned without it, and the held-out sweeps (other
-    people's cards, sources in HELDOUT_SOURCES.md) by the stored terms. The interval is the left-out errors'
-    95% quantile; on the held-out sweeps it holds less often: a 192-thread run on a CPU quota of 82 and a
-    regressed fork build are 2-6x slower than any learned setup, and IQ quants compute more slowly on the host
+    """Decode: each published source (all of one author's setups) predicted by terms learned without it, and the
+    held-out sweeps (other people's cards, sources in HELDOUT_SOURCES.md) by the stored terms. The interval is the
+    left-out errors' 95% quantile; on the held-out sweeps it holds less often: a 192-thread run on a CPU quota of 82
+    and a regressed fork build are 2-6x slower than any learned setup, and IQ quants compute more slowly on the host
     than their bytes say (docs/speed-prior.md)."""
     prior = load()
     left_out = [e for _, e in held_out_errors("tg", points["sweeps"])]
-    median, inside = scored(left_out, prior["tg"].log_q95, "decode, each setup left out")
-    assert median <= 25 and 0.9 <= inside <= 0.99  # the bar is 20%: not met (docs/speed-prior.md)
+    median, inside = scored(left_out, prior["tg"].log_q95, "decode, each source left out")
+    assert median <= 35 and 0.9 <= inside <= 0.99  # the bar is 25%: not met (docs/speed-prior.md)
     median, inside = scored([e for _, e in errors_against(prior, [p for p in points["heldout"] if p.test == "tg"])],
                             prior["tg"].log_q95, "decode, held-out sweeps")  # fmt: skip
     assert median <= 20 and inside >= 0.8
@@ -60,13 +60,15 @@ def test_prefill_before_any_run_is_given_with_its_interval(points):
     sets (7-20 GB/s on PCIe 4.0 and 5.0 alike), its coefficients learned from sweeps.csv alone."""
     prior = load()
     left_out = [e for _, e in held_out_errors("pp", points["sweeps"])]
-    _, inside = scored(left_out, prior["pp"].log_q95, "prefill, each setup left out")
+    _, inside = scored(left_out, prior["pp"].log_q95, "prefill, each source left out")
     assert 0.9 <= inside <= 0.99
     held_out = [e for _, e in errors_against(prior, [p for p in points["heldout"] if p.test == "pp"])]
     median, _ = scored(held_out, prior["pp"].log_q95, "prefill, held-out sweeps")
     inside_90 = float(np.mean(np.abs(held_out) <= prior["pp"].log_q95 * 1.645 / Z95))
     print(f"prefill, held-out sweeps: inside the ~90% interval {100 * inside_90:.1f}%")
-    assert median <= 35 and 0.8 <= inside_90 <= 0.97  # with a fixed time per layer, a copy over the link alone: 81%
+    # Each source left out, a backend of one source is unknown when it is out: the interval learned that way is wide
+    # enough that the held-out sweeps fall inside it more often than 90% (docs/speed-prior.md).
+    assert median <= 35 and inside_90 >= 0.8
 
 
 def test_predict_speaks_the_learned_prior_per_backend(tmp_path):
@@ -92,3 +94,87 @@ def test_predict_speaks_the_learned_prior_per_backend(tmp_path):
     assert cuda["tg_high"] / cuda["tg_tok_s"] == pytest.approx(math.exp(load()["tg"].log_q95), rel=1e-6)
     assert cuda["pp_tok_s"] > 0 and vulkan["tg_tok_s"] != pytest.approx(cuda["tg_tok_s"])
     assert math.log(cuda["tg_high"] / cuda["tg_tok_s"]) == pytest.approx(Z95 * model.tests["tg"].spread)
+
+
+def test_a_layer_split_is_priced_by_the_same_decode_model(tmp_path):
+    """-ngl G: all layers on the card (G > n_layer) is the --n-cpu-moe 0 placement; fewer on the card, slower."""
+    from moeplace.model.metadata import inspect_model
+    from moeplace.model.twin import load_spec, write_twin
+    from moeplace.plan.layer_split import predict_ngl
+
+    meta = inspect_model(write_twin(load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml"), tmp_path / "q.gguf"))
+    model = speed_model(meta, Machine("rocm", 384, 57.6, 31.5, 13.2))
+    n = meta["n_layer"]
+    whole = predict_ngl(meta, model, n + 1)["tok_s"]
+    assert whole == pytest.approx(model.predict(meta, Run(0, 0, "tg", 128))["tok_s"], rel=1e-3)
+    speeds = [predict_ngl(meta, model, g)["tok_s"] for g in (0, n // 2, n, n + 1)]
+    assert speeds == sorted(speeds) and speeds[0] < model.predict(meta, Run(n, 0, "tg", 128))["tok_s"]
+
+
+def _published_directory(folder, gpu: str, speeds: dict[int, float]) -> None:
+    """A moeplace publish/ directory as report.publish writes it: its SQLite runs and MANIFEST.json."""
+    from moeplace.report.publish import MANIFEST, SQLITE, write_sqlite
+
+    folder.mkdir()
+    rows = [{"model": "qwen3-coder-30b-a3b", "gpu_info": gpu, "backends": "CUDA", "n_gpu_layers": 99, "n_cpu_moe": n,
+             "n_depth": 0, "n_prompt": 0, "n_gen": 128, "n_ubatch": 512, "type_k": "f16", "type_v": "f16",
+             "tensor_buft_overrides": "none", "avg_ts": ts} for n, ts in speeds.items()]  # fmt: skip
+    write_sqlite(rows, folder / SQLITE)
+    (folder / MANIFEST).write_text(json.dumps({"name": folder.name, "hosts": [f"{folder.name} (a CPU)"]}))
+
+
+def test_a_prior_learned_from_published_directories_is_used_by_predict(tmp_path):
+    """moeplace prior learn pools published directories with the shipped points; predict --prior uses the result.
+    A directory that does not say its host RAM is refused in one line (a host term means nothing without it)."""
+    from moeplace.cli import main
+
+    _published_directory(tmp_path / "a", "NVIDIA GeForce RTX 4070 Ti SUPER", {0: 90.0, 24: 45.0, 48: 25.0})
+    _published_directory(tmp_path / "b", "NVIDIA GeForce RTX 4080", {0: 100.0, 24: 50.0, 48: 28.0})
+    spec = ROOT / "config/models/qwen3-coder-30b-a3b.yaml"
+    out = tmp_path / "prior.json"
+    argv = [
+        "prior",
+        "learn",
+        str(tmp_path / "a"),
+        str(tmp_path / "b"),
+        "-o",
+        str(out),
+        "--model",
+        f"qwen3-coder-30b-a3b={spec}",
+    ]
+    assert main(argv) == 2  # no host bandwidth
+    assert main([*argv, "--bw-ddr", "64"]) == 0
+    learned = json.loads(out.read_text())
+    shipped = json.loads((ROOT / "src/moeplace/plan/learned_prior.json").read_text())
+    assert learned["about"]["setups"]["tg"] == shipped["about"]["setups"]["tg"] + 2
+    assert learned["about"]["sources"]["tg"] == shipped["about"]["sources"]["tg"] + 2
+    from moeplace.model.twin import load_spec, write_twin
+
+    gguf = write_twin(load_spec(spec), tmp_path / "q.gguf")
+    speeds = {}
+    for prior in (None, str(out)):
+        argv = ["predict", str(gguf), "--n-cpu-moe", "24", "--bw-vram", "672", "--bw-ddr", "64", "--card-tflops", "44",
+                "--json", *(["--prior", prior] if prior else [])]  # fmt: skip
+        code = f"from moeplace.cli import main; main({argv!r})"
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        speeds[prior] = json.loads(run.stdout)[0]["tg_tok_s"]
+    model = speed_model(inspect_gguf(gguf), Machine("cuda", 672, 64, 31.5, 44), load(out))
+    assert speeds[str(out)] == pytest.approx(model.predict(inspect_gguf(gguf), Run(24, 0, "tg", 128))["tok_s"])
+    assert speeds[str(out)] != pytest.approx(speeds[None])
+
+
+def inspect_gguf(path):
+    from moeplace.model.metadata import inspect_model
+
+    return inspect_model(path)
+
+
+def test_a_measured_host_figure_is_not_discounted_as_a_datasheet_one():
+    """The learned host share turns a datasheet figure into what llama.cpp reads; a measured figure already is
+    that, so the same number given as measured predicts a faster host than given as a datasheet's."""
+    prior = load()
+    assert prior["tg"].coef["host"] > 1 and prior["tg"].coef["host_measured"] == pytest.approx(1.0)
+    x = {"layers": 48, "device_gb": 1.0, "host_gb": 1.0, "hops": 48.0, "kv_gb": 0.0}
+    datasheet = prior["tg"].seconds("tg", x, Machine("cuda", 672, 60, 31.5, 44))
+    measured = prior["tg"].seconds("tg", x, Machine("cuda", 672, 60, 31.5, 44, host_measured=True))
+    assert measured < datasheet

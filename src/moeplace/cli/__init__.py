@@ -20,6 +20,7 @@ from ..plan.machine import DEFAULT_BANDWIDTHS
 from ..plan.request import Request, check_ubatch, parse_contexts
 from .options import MODEL_HELP, speed_options
 from .options import speeds as speeds_of
+from .prior import add_parser as prior_parser
 from .recommend import add_parser as recommend_parser
 
 
@@ -337,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
         _tune_parser,
         _predict_and_calibrate_parsers,
         _tool_parsers,
+        prior_parser,
     ):
         add(sub)
     return p

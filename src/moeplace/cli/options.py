@@ -11,13 +11,22 @@ MODEL_HELP = "a .gguf path (any shard of a split model), URL, ollama:NAME[:TAG],
 
 
 def speeds(args: argparse.Namespace) -> Speeds:
-    return Speeds(getattr(args, "calibration", None), args.bw_vram_gbps, args.bw_ddr_gbps, args.bw_link_gbps,
-                  args.card_tflops)  # fmt: skip
+    given = {k: getattr(args, k, None) for k in ("calibration", "bw_ddr_measured_gbps", "prior")}
+    return Speeds(bw_vram_gbps=args.bw_vram_gbps, bw_ddr_gbps=args.bw_ddr_gbps, bw_link_gbps=args.bw_link_gbps,
+                  card_tflops=args.card_tflops, **given)  # fmt: skip
 
 
 def speed_options(parser: argparse.ArgumentParser, calibration: bool = True) -> None:
-    if calibration:
+    if calibration:  # the commands whose speeds come from a calibration or the prior
         parser.add_argument("--calibration", help="a moeplace calibrate JSON: speeds fitted to your runs")
+        parser.add_argument("--prior", help="a speed prior from moeplace prior learn (default: the shipped one)")
+        parser.add_argument(
+            "--bw-ddr-measured",
+            dest="bw_ddr_measured_gbps",
+            type=float,
+            help="host RAM bandwidth, GB/s, as measured (STREAM, moeplace's membw), instead of --bw-ddr's datasheet "
+            "figure",
+        )
     parser.add_argument(
         "--bw-vram",
         "--bw-vram-gbps",
@@ -30,7 +39,8 @@ def speed_options(parser: argparse.ArgumentParser, calibration: bool = True) -> 
         "--bw-ddr-gbps",
         dest="bw_ddr_gbps",
         type=float,
-        help=f"host RAM bandwidth, GB/s, where no calibration says (default {DEFAULT_BANDWIDTHS[1]:g})",
+        help=f"host RAM bandwidth, GB/s, its datasheet (theoretical) figure, where no calibration says (default "
+        f"{DEFAULT_BANDWIDTHS[1]:g})",
     )
     parser.add_argument(
         "--bw-link",

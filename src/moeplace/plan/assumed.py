@@ -34,6 +34,7 @@ class Assumptions:
     speed_source: str
     ram_bytes: int | None
     ram_source: str
+    ddr_measured: bool = False  # bw_ddr_gbps was measured (--bw-ddr-measured, --vram auto), not a datasheet's
 
 
 def resolve_backend(request: Request) -> tuple[str, str]:
@@ -80,8 +81,9 @@ def _speeds(request: Request, card: str | None) -> tuple[float, float, float, st
     """The bandwidths and card compute the prior is given: the user's flags, else the named card's datasheet (and
     for --vram auto this host's RAM, measured), else moeplace's defaults; and where each came from."""
     s = request.speeds
+    measured = False
     if request.auto and card:
-        vram, ddr, tflops, source = this_machine(card)
+        vram, ddr, tflops, source, measured = this_machine(card)
     elif request.card:
         sheet = card_named(request.card)
         vram, ddr, tflops = sheet.gbps, DEFAULT_BANDWIDTHS[1], sheet.tflops
@@ -89,11 +91,14 @@ def _speeds(request: Request, card: str | None) -> tuple[float, float, float, st
     else:
         (vram, ddr), tflops = DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
         source = "moeplace's defaults, the seed's workstation; --card, or --bw-vram/--bw-ddr/--card-tflops for yours"
+    host, host_measured = s.host
     given = [flag for flag, value in (("--bw-vram", s.bw_vram_gbps), ("--bw-ddr", s.bw_ddr_gbps),
-                                      ("--card-tflops", s.card_tflops)) if value]  # fmt: skip
+                                      ("--bw-ddr-measured", s.bw_ddr_measured_gbps), ("--card-tflops", s.card_tflops))
+             if value]  # fmt: skip
     if given:
         source = f"{'/'.join(given)} as given; otherwise {source}"
-    return s.bw_vram_gbps or vram, s.bw_ddr_gbps or ddr, s.card_tflops or tflops, source
+    measured = host_measured if host else measured
+    return s.bw_vram_gbps or vram, host or ddr, s.card_tflops or tflops, source, measured
 
 
 def assumptions(request: Request) -> Assumptions:
@@ -109,23 +114,28 @@ def assumptions(request: Request) -> Assumptions:
     if margin >= vram:
         raise MoeplaceError(f"--margin {margin >> 20} MiB: as much as the card's {vram >> 20} MiB ({vram_source}); "
                             "give the MiB to keep free beyond llama.cpp's buffers, e.g. --margin 768.")  # fmt: skip
+    measured = False
     if request.speeds.calibration:
         bw: tuple[float | None, ...] = (None, None, None)
         speed = f"fitted to your runs ({request.speeds.calibration})"
     else:
-        *bw, speed = _speeds(request, card)
-        speed += "; efficiencies learned from published sweeps of real cards (docs/speed-prior.md)"
+        *bw, speed, measured = _speeds(request, card)
+        prior = f"--prior {request.speeds.prior}" if request.speeds.prior else "docs/speed-prior.md"
+        speed += f"; the host figure {'measured' if measured else 'a datasheet figure'}; efficiencies learned from "
+        speed += f"published sweeps of real cards ({prior})"
     ram, ram_source = host_ram(request.ram)
     return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram,
-                       ram_source)  # fmt: skip
+                       ram_source, measured)  # fmt: skip
 
 
 def speed_model(speeds: Speeds, meta: dict[str, Any], bw: tuple[float | None, float | None] | None = None,  # noqa: ANN201
-                backend: str = "cuda", tflops: float | None = None):  # fmt: skip
-    """--calibration's fitted model, else the prior learned from published sweeps for these bandwidths and card
-    compute (each, where not given, the flag's or moeplace's default)."""
+                backend: str = "cuda", tflops: float | None = None, host_measured: bool | None = None):  # fmt: skip
+    """--calibration's fitted model, else the prior (--prior's, or the one learned from the shipped sweeps) for these
+    bandwidths and card compute (each, where not given, the flag's or moeplace's default); the host figure measured
+    or a datasheet's as `host_measured` says (None: as the flags say)."""
     from .learned_prior import Machine
     from .learned_prior import speed_model as learned
+    from .prior_learn import load_prior
     from .speed import SpeedModel
 
     if speeds.calibration:
@@ -135,10 +145,12 @@ def speed_model(speeds: Speeds, meta: dict[str, Any], bw: tuple[float | None, fl
             raise MoeplaceError(f"--calibration {speeds.calibration}: cannot read it as JSON ({e}).") from None
         return SpeedModel.from_json(data, f"--calibration {speeds.calibration}")
     vram, ddr = bw or (None, None)
+    host, measured = speeds.host
     machine = Machine(backend, vram or speeds.bw_vram_gbps or DEFAULT_BANDWIDTHS[0],
-                      ddr or speeds.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1], speeds.bw_link_gbps or DEFAULT_LINK_GBPS,
-                      tflops or speeds.card_tflops or DEFAULT_CARD_TFLOPS)  # fmt: skip
-    return learned(meta, machine)
+                      ddr or host or DEFAULT_BANDWIDTHS[1], speeds.bw_link_gbps or DEFAULT_LINK_GBPS,
+                      tflops or speeds.card_tflops or DEFAULT_CARD_TFLOPS,
+                      measured if host_measured is None else host_measured)  # fmt: skip
+    return learned(meta, machine, load_prior(speeds.prior))
 
 
 def expected(meta: dict[str, Any], model: Any, host: frozenset[str], w: Workload, device_hops: int = 0) -> dict:

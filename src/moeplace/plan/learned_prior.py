@@ -1,10 +1,12 @@
 """The speed model before any run: its terms learned from published --n-cpu-moe sweeps of real cards.
 
 A datasheet gives a card's and a host's bandwidth; it does not give how far below them llama.cpp reads, nor the
-fixed time per token, nor how fast a card computes a prompt. Published sweeps do (tests/data/published/, 30-odd
-setups on NVIDIA, AMD and Intel cards). Per token, with the features of speed.features:
+fixed time per token, nor how fast a card computes a prompt. Published sweeps do (tests/data/published/, 40-odd
+setups on NVIDIA, AMD and Intel cards and Strix Halo iGPUs; a user's published runs pooled with them by
+prior_learn). Per token, with the features of speed.features:
 
 decode   t = t0 * L + a_card[backend] * V / B_card + a_host * D / B_host + h * hops + a_kv * KV / B_card
+         (a_host_measured * D / B_host instead where B_host is a measured figure, not a datasheet's)
 prefill  t = q_compute[backend] * A / F_card + q_link * C / B_link + q_copy * C / B_host + q_kv * KV / B_card
 
 where B_card is the card's datasheet bandwidth, F_card its datasheet FP32 throughput (TFLOPS), B_host the host
@@ -18,9 +20,15 @@ The term that varies most between backends (the card's share, which takes in the
 backend) is learned per backend; the others are shared. The fit is in log space (relative errors), robust (a
 soft-L1 loss, so one odd setup does not bend the rest), and weighs each setup as one, however many points it has.
 
-The interval is what held-out setups show: each setup predicted by terms learned without it; the 95% quantile
-of those errors (in log space) is the prior's ~95% interval. That spread is mostly a setup's own offset (its
-host, its threads, its driver), shared by its placements, so it says how far off an absolute speed may be.
+A datasheet's host figure and a measured one are different inputs: llama.cpp reads host RAM at about 60% of the
+datasheet's figure, which a_host learns, while a measured figure (STREAM, moeplace's membw probe) already is what
+a read gets. a_host_measured is learned from setups that give a measured figure; where none does, it is 1 (the
+bytes over the measured bandwidth), never a_host, which would discount a measured figure a second time.
+
+The interval is what held-out sources show: each source (one person's machine: all its setups) predicted by terms
+learned without it; the 95% quantile of those errors (in log space) is the prior's ~95% interval. A setup left out
+alone would leak its machine through its siblings. The spread is mostly a machine's own offset (its host, its
+threads, its driver), shared by its placements, so it says how far off an absolute speed may be.
 """
 
 from __future__ import annotations
@@ -39,13 +47,16 @@ from .speed import FEATURES, Z95, Run, SpeedModel, TestModel, features
 
 PRIOR_FILE = Path(__file__).with_name("learned_prior.json")  # written by docs/speed_prior.py
 TERMS = {
-    "tg": ("fixed", "card", "host", "hops", "kv"),
+    "tg": ("fixed", "card", "host", "host_measured", "hops", "kv"),
     "pp": ("compute", "link", "copy", "kv"),
 }
 PER_BACKEND = {"tg": "card", "pp": "compute"}
 # Each term's column in natural units before its coefficient: seconds if the coefficient were 1 (bandwidth
 # shares), or a scale that puts every coefficient near 1 for the solver.
-SCALE = {"fixed": 1e-4, "hops": 1e-5, "card": 1.0, "host": 1.0, "kv": 1.0, "compute": 0.1, "link": 1.0, "copy": 1.0}
+SCALE = {"fixed": 1e-4, "hops": 1e-5, "card": 1.0, "host": 1.0, "host_measured": 1.0, "kv": 1.0, "compute": 0.1,
+         "link": 1.0, "copy": 1.0}  # fmt: skip
+# A term no training point informs keeps this coefficient: a measured host figure is what a read gets.
+UNINFORMED = {"host_measured": 1.0}
 SOURCE = "learned (published sweeps)"
 MIN_COEFFICIENT = 1e-3  # of a term scaled near 1: a thousandth of its share is no share
 
@@ -59,6 +70,11 @@ class Machine:
     host_gbps: float
     link_gbps: float
     card_tflops: float
+    host_measured: bool = False  # host_gbps measured (STREAM, membw), not a datasheet's figure
+
+    @property
+    def host_term(self) -> str:
+        return "host_measured" if self.host_measured else "host"
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,7 @@ class Point:
     machine: Machine
     x: dict[str, float]  # speed.features, plus active_gb: the weights one token uses
     tok_s: float
+    source: str = ""  # whose machine: a source's setups are left out together; "" = the setup's own
 
 
 def point_features(meta: dict[str, Any], run: Run) -> dict[str, float]:
@@ -84,7 +101,8 @@ def columns(test: str, x: dict[str, float], m: Machine) -> dict[str, float]:
         "fixed": x["layers"],
         "kv": x["kv_gb"] / m.card_gbps,
         **(
-            {"card": x["device_gb"] / m.card_gbps, "host": x["host_gb"] / m.host_gbps, "hops": x["hops"]}
+            {"card": x["device_gb"] / m.card_gbps, "host": 0.0, "host_measured": 0.0, "hops": x["hops"]}
+            | {m.host_term: x["host_gb"] / m.host_gbps}
             if test == "tg"
             else {
                 "compute": x["active_gb"] / m.card_tflops,
@@ -114,13 +132,17 @@ class Learned:
 
     def seconds(self, test: str, x: dict[str, float], m: Machine) -> float:
         c = self.coefficients(test, m.backend)
-        return sum(c[k] * v for k, v in columns(test, x, m).items())
+        return sum(c.get(k, UNINFORMED.get(k, 1.0)) * v for k, v in columns(test, x, m).items())
 
 
 def _fit(test: str, points: list[Point]) -> tuple[dict[str, float], dict[str, float]]:
-    """Log-coefficients by a robust least squares of log time per token, each setup weighing as one."""
-    terms, backends = TERMS[test], sorted({p.machine.backend for p in points})
-    cols = np.array([[columns(test, p.x, p.machine)[k] for k in terms] for p in points])
+    """Log-coefficients by a robust least squares of log time per token, each setup weighing as one. A term no
+    point informs (a measured host figure where no source measured one) keeps its UNINFORMED coefficient."""
+    backends = sorted({p.machine.backend for p in points})
+    every = np.array([[columns(test, p.x, p.machine)[k] for k in TERMS[test]] for p in points])
+    informed = [i for i, k in enumerate(TERMS[test]) if k == PER_BACKEND[test] or np.any(every[:, i] > 0)]
+    terms = [TERMS[test][i] for i in informed]
+    cols = every[:, informed]
     y = np.log([1 / p.tok_s for p in points])
     sizes = {s: sum(1 for p in points if p.setup == s) for s in {p.setup for p in points}}
     weight = np.array([1 / math.sqrt(sizes[p.setup]) for p in points])
@@ -141,12 +163,13 @@ def _fit(test: str, points: list[Point]) -> tuple[dict[str, float], dict[str, fl
     floor = np.full_like(start, math.log(MIN_COEFFICIENT))
     params = least_squares(residuals, start, bounds=(floor, np.inf), loss="soft_l1", f_scale=0.2).x
     coef = {k: float(math.exp(params[terms.index(k)])) for k in shared}
+    coef |= {k: UNINFORMED.get(k, 1.0) for k in TERMS[test] if k not in terms}
     per_backend = {b: float(math.exp(params[len(terms) + i])) for i, b in enumerate(backends)}
     return coef, per_backend
 
 
 def learn(test: str, points: list[Point], held_out: list[tuple[Point, float]]) -> Learned:
-    """The terms from all `points` of `test`, with the spreads their leave-one-setup-out errors (`held_out`, from
+    """The terms from all `points` of `test`, with the spreads their leave-one-source-out errors (`held_out`, from
     held_out_errors) show."""
     coef, per_backend = _fit(test, [p for p in points if p.test == test])
     errors = np.abs([e for _, e in held_out])
@@ -175,13 +198,20 @@ def difference_errors(held_out: list[tuple[Point, float]]) -> list[float]:
     ]
 
 
-def held_out_errors(test: str, points: list[Point]) -> list[tuple[Point, float]]:
-    """Each point's log(predicted / measured) from terms learned without its setup."""
+def source_of(p: Point) -> str:
+    """The group a left-out score leaves out together: the point's source (machine), else its setup."""
+    return p.source or p.setup
+
+
+def held_out_errors(test: str, points: list[Point], by: str = "source") -> list[tuple[Point, float]]:
+    """Each point's log(predicted / measured) from terms learned without its source (by="source": every setup of
+    the machine it ran on) or without its setup alone (by="setup")."""
     mine = [p for p in points if p.test == test]
+    group = source_of if by == "source" else (lambda p: p.setup)
     out = []
-    for setup in sorted({p.setup for p in mine}):
-        learned = Learned(*_fit(test, [p for p in mine if p.setup != setup]), 0.0, 0.0)  # spreads unused here
-        out += [(p, -math.log(p.tok_s * learned.seconds(test, p.x, p.machine))) for p in mine if p.setup == setup]
+    for key in sorted({group(p) for p in mine}):
+        learned = Learned(*_fit(test, [p for p in mine if group(p) != key]), 0.0, 0.0)  # spreads unused here
+        out += [(p, -math.log(p.tok_s * learned.seconds(test, p.x, p.machine))) for p in mine if group(p) == key]
     return out
 
 
@@ -195,13 +225,19 @@ def to_json(prior: dict[str, Learned], about: dict[str, Any]) -> str:
 
 
 def load(path: Path = PRIOR_FILE) -> dict[str, Learned]:
+    """A prior as to_json wrote it: the shipped one (learned_prior.json), or a user's from moeplace prior learn."""
     try:
-        data = json.loads(path.read_text())
-        return {t: Learned(**v) for t, v in data["tests"].items()}
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        data = json.loads(Path(path).read_text())
+        prior = {t: Learned(**v) for t, v in data["tests"].items()}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise MoeplaceError(
-            f"{path}: not moeplace's learned prior ({e}); rewrite it with python docs/speed_prior.py."
+            f"{path}: not a moeplace speed prior ({e}); write one with moeplace prior learn DIR -o {path} (the "
+            "shipped one: python docs/speed_prior.py)."
         ) from None
+    if not set(prior) <= set(TERMS) or "tg" not in prior:
+        raise MoeplaceError(f"{path}: a speed prior needs a 'tg' test (and at most 'pp'); write it with moeplace "
+                            f"prior learn.")  # fmt: skip
+    return prior
 
 
 def speed_model(meta: dict[str, Any], m: Machine, prior: dict[str, Learned] | None = None) -> SpeedModel:
@@ -216,7 +252,7 @@ def speed_model(meta: dict[str, Any], m: Machine, prior: dict[str, Learned] | No
             "layers": c.get("fixed", 0.0) * SCALE["fixed"],
             "kv_gb": c["kv"] * SCALE["kv"] / m.card_gbps,
             "device_gb": c.get("card", 0.0) * SCALE["card"] / m.card_gbps,
-            "host_gb": c.get("host", 0.0) * SCALE["host"] / m.host_gbps,
+            "host_gb": c.get(m.host_term, UNINFORMED.get(m.host_term, 0.0)) * SCALE["host"] / m.host_gbps,
             "hops": c.get("hops", 0.0) * SCALE["hops"],
             "link_gb": c.get("link", 0.0) * SCALE["link"] / m.link_gbps
             + c.get("copy", 0.0) * SCALE["copy"] / m.host_gbps,

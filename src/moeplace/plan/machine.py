@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
@@ -32,7 +33,15 @@ def host_ram(ram_flag: str | None) -> tuple[int | None, str]:
         return None, "unknown (give --ram)"
 
 
-def this_machine(card: str) -> tuple[float, float, float, str]:
+class ThisMachine(NamedTuple):
+    vram_gbps: float
+    ddr_gbps: float
+    tflops: float
+    said: str
+    ddr_measured: bool  # the host figure was measured here (else moeplace's default, a datasheet figure)
+
+
+def this_machine(card: str) -> ThisMachine:
     """The bandwidths and card compute of the machine a plan is for (--vram auto): the card's datasheet, found
     from its name, and the host's RAM read measured here; each falls back to moeplace's default, saying why."""
     if sheet := datasheet(card):
@@ -45,7 +54,10 @@ def this_machine(card: str) -> tuple[float, float, float, str]:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             ddr = ram_read_gbps(Path(tmp) / "membw.log", threads, HOST_PROBE_BYTES, HOST_PROBE_S)
-        ddr_from = f"the host: measured here ({threads} threads reading {HOST_PROBE_BYTES >> 20} MiB, best of 3)"
+        ddr_from = (f"the host: measured here ({threads} threads reading {HOST_PROBE_BYTES >> 20} MiB, best of 3), "
+                    "a measured figure, not discounted as a datasheet's")  # fmt: skip
+        measured = True
     except MoeplaceError as e:
         ddr, ddr_from = DEFAULT_BANDWIDTHS[1], f"the host: moeplace's default ({e}), --bw-ddr for yours"
-    return vram, ddr, tflops, f"{vram_from}; {ddr_from}"
+        measured = False
+    return ThisMachine(vram, ddr, tflops, f"{vram_from}; {ddr_from}", measured)

@@ -108,11 +108,11 @@ def recommend(request: Request) -> int:
 def cards_speed(request: Request, meta: dict[str, Any], backend: str) -> Speed:
     """The speeds of a plan over several cards, from --bw-vram/--bw-ddr or the defaults (said once)."""
     s = request.speeds
-    bw = (s.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], s.bw_ddr_gbps or DEFAULT_BANDWIDTHS[1])
+    bw = (s.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], s.host[0] or DEFAULT_BANDWIDTHS[1])
     tflops = s.card_tflops or DEFAULT_CARD_TFLOPS
     model = speed_model(s, meta, bw, backend, tflops)
     if request.emit == "server" and not request.as_json and not s.calibration:
-        given = "--bw-vram/--bw-ddr" if s.bw_vram_gbps or s.bw_ddr_gbps else "moeplace's defaults"
+        given = "--bw-vram/--bw-ddr" if s.bw_vram_gbps or s.host[0] else "moeplace's defaults"
         print(f"speeds: {bw[0]:g} GB/s and {tflops:g} TFLOPS on every card, {bw[1]:g} GB/s host RAM ({given}); "
               "efficiencies learned from published sweeps of real cards (docs/speed-prior.md)")  # fmt: skip
 
@@ -171,7 +171,8 @@ def _output(setup: Setup, contexts: list[int], rope: str | None) -> int:
         plans = [budget_mod.plan(meta, setup.device, r.workload(c, setup.backend), compute, setup.extra_bytes,
                                  setup.pins) for c in contexts]  # fmt: skip
     a = setup.a
-    model = speed_model(r.speeds, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops) if a else None
+    model = (speed_model(r.speeds, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops, a.ddr_measured)
+             if a else None)  # fmt: skip
     for p in plans:
         _complete(setup, p, model)
     failed = [p for p in plans if p["status"] != budget_mod.FITS]

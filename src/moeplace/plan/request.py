@@ -40,13 +40,16 @@ class Speeds:
 
     calibration: str | None = None
     bw_vram_gbps: float | None = None
-    bw_ddr_gbps: float | None = None
+    bw_ddr_gbps: float | None = None  # the host RAM's datasheet (theoretical) figure
     bw_link_gbps: float | None = None
     card_tflops: float | None = None
+    bw_ddr_measured_gbps: float | None = None  # the host RAM's read as measured (STREAM, moeplace's membw)
+    prior: str | None = None  # a prior from `moeplace prior learn` (None: the shipped one)
 
     def __post_init__(self) -> None:
         for flag, value, example in (("--bw-vram", self.bw_vram_gbps, 448), ("--bw-ddr", self.bw_ddr_gbps, 57.6),
-                                     ("--bw-link", self.bw_link_gbps, 31.5)):  # fmt: skip
+                                     ("--bw-link", self.bw_link_gbps, 31.5),
+                                     ("--bw-ddr-measured", self.bw_ddr_measured_gbps, 40)):  # fmt: skip
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise MoeplaceError(f"{flag} {value:g}: a bandwidth is a positive number of GB/s, e.g. {example}.")
         if self.card_tflops is not None and not (math.isfinite(self.card_tflops) and self.card_tflops > 0):
@@ -55,6 +58,17 @@ class Speeds:
             )
         if self.calibration is not None and not Path(self.calibration).is_file():
             raise MoeplaceError(f"--calibration {self.calibration}: no such file; give a `moeplace calibrate` JSON.")
+        if self.prior is not None and not Path(self.prior).is_file():
+            raise MoeplaceError(f"--prior {self.prior}: no such file; give a `moeplace prior learn` JSON.")
+        if self.bw_ddr_gbps and self.bw_ddr_measured_gbps:
+            raise MoeplaceError("--bw-ddr and --bw-ddr-measured: give one, the host RAM's datasheet figure (--bw-ddr) "
+                                "or a measured one (--bw-ddr-measured).")  # fmt: skip
+
+    @property
+    def host(self) -> tuple[float | None, bool]:
+        """The host RAM bandwidth given (None: none), and whether it was measured: the prior takes a datasheet's
+        figure at its learned share, a measured one as it is."""
+        return (self.bw_ddr_measured_gbps, True) if self.bw_ddr_measured_gbps else (self.bw_ddr_gbps, False)
 
 
 @dataclass(frozen=True)

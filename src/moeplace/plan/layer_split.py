@@ -1,0 +1,68 @@
+"""Decode speed of a whole-layer split (-ngl G, no --n-cpu-moe): what a user could run instead of expert offload.
+
+With -ngl G llama.cpp keeps the last G layers on the card and runs the first n_layer - G layers, all their weights,
+on the host (their attention and KV cache too); the output layer stays on the host unless G exceeds the layer count.
+A token reads each host layer's non-expert bytes and its routed experts' active share from host RAM, and crosses
+to the card and back once. On some cards that is as fast as --n-cpu-moe at the same VRAM (a published RX 6700 XT
+sweep: -ngl 30 as fast as --n-cpu-moe 18), so a ranking of placements should weigh both.
+
+The same decode model prices it (speed.FEATURES["tg"]: fixed time per layer, device bytes, host bytes, hops, KV),
+with the host layers' KV bytes read from host RAM. Prefill of a layer split is not predicted: llama.cpp computes
+the host layers on the CPU for a small batch and copies their weights for a large one, which no published sweep
+this prior learned from measures.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..core.units import GB
+from ..model.reads import active_fraction
+from .speed import Z95, SpeedModel, kv_read_gb
+
+
+def _layer_bytes(meta: dict[str, Any], layer: dict[str, Any]) -> float:
+    """Bytes one decode step reads of a layer: its non-expert weights and its routed experts' active share."""
+    own = sum(b for role, b in (layer.get("bytes") or {}).items() if role != "expert")
+    return own + active_fraction(meta) * layer["expert_bytes"]
+
+
+def ngl_features(
+    meta: dict[str, Any], n_gpu_layers: int, depth: int = 0, n_gen: int = 128, type_k: str = "f16",
+    type_v: str = "f16",
+) -> dict[str, float]:  # fmt: skip
+    """speed.features("tg") of -ngl n_gpu_layers: the last n_gpu_layers layers on the card, the rest on the host."""
+    n_layer = meta["n_layer"]
+    g = min(max(n_gpu_layers, 0), n_layer + 1)
+    first_on_card = n_layer - min(g, n_layer)
+    device = sum(_layer_bytes(meta, layer) for layer in meta["layers"][first_on_card:])
+    host = sum(_layer_bytes(meta, layer) for layer in meta["layers"][:first_on_card])
+    output = sum(v for k, v in meta["global_bytes"].items() if k in ("output", "output_norm"))
+    if not meta["global_bytes"].get("output"):  # tied embeddings: the output reads the embedding table
+        output += meta["global_bytes"].get("token_embd", 0)
+    device, host = (device + output, host) if g > n_layer else (device, host + output)
+    on_card = meta["layers"][first_on_card:]
+    mean_depth = depth + n_gen / 2
+    kv_all = kv_read_gb(meta, mean_depth, type_k, type_v)
+    kv_card = kv_read_gb({**meta, "layers": on_card}, mean_depth, type_k, type_v)
+    hops = 2.0 if g <= n_layer else 0.0  # to the card and back, unless the output is on the card too
+    return {"layers": float(n_layer), "device_gb": device / GB, "host_gb": host / GB + (kv_all - kv_card),
+            "hops": hops, "kv_gb": kv_card}  # fmt: skip
+
+
+def predict_ngl(
+    meta: dict[str, Any], model: SpeedModel, n_gpu_layers: int, depth: int = 0, n_gen: int = 128,
+    type_k: str = "f16", type_v: str = "f16",
+) -> dict[str, float] | None:  # fmt: skip
+    """Decode tok/s of -ngl n_gpu_layers (no --n-cpu-moe) with its ~95% interval, as SpeedModel.predict gives one
+    for an expert placement; None where the model has no decode terms."""
+    tg = model.tests.get("tg")
+    if tg is None:
+        return None
+    x = ngl_features(meta, n_gpu_layers, depth, n_gen, type_k, type_v)
+    t = tg.seconds(x)
+    if t <= 0:
+        return None
+    spread = math.exp(Z95 * tg.relative_sd(x))
+    return {"tok_s": 1 / t, "low": 1 / (t * spread), "high": spread / t}
