@@ -227,6 +227,9 @@ def file_identity(header: GGUFHeader) -> dict[str, Any]:
 def from_header(header: GGUFHeader) -> dict[str, Any]:
     arch = header.architecture
     n_layer = _required_int(header, "block_count")
+    if n_layer < 1:
+        raise MoeplaceError(f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}; a model has at least "
+                            "one layer: the file is damaged.")  # fmt: skip
     if n_layer > len(header.tensors):  # every layer has tensors of its own: the count lies
         raise MoeplaceError(
             f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}, more layers than the file's "
