@@ -21,7 +21,10 @@ GLOBALS = ("token_embd", "output", "output_norm", "other")
 
 _LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 # Routed experts, as llama.cpp's --n-cpu-moe pattern sees them (weights, biases, scales).
-_EXPERT = re.compile(r"^ffn_(gate|up|down|gate_up)_(ch)?exps\b")
+# A routed expert tensor: the one answer to "is this an expert?" (plan/offload.py places them by this name).
+_EXPERT_SUFFIX = r"ffn_(gate_up|gate|up|down)_(ch)?exps\."
+_EXPERT = re.compile("^" + _EXPERT_SUFFIX)
+EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\." + _EXPERT_SUFFIX)  # groups: layer, kind, "ch" of a chunked expert
 _DENSE_FFN = re.compile(r"^ffn_(gate|up|down|gate_up)\.")
 
 # Sliding-window patterns llama.cpp hard-codes per architecture (load_swa_pattern(ml, n, dense_first)),
@@ -228,8 +231,8 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
     arch = header.architecture
     n_layer = _required_int(header, "block_count")
     if n_layer < 1:
-        raise MoeplaceError(f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}; a model has at least "
-                            "one layer: the file is damaged.")  # fmt: skip
+        raise MoeplaceError(f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}; a model has at "
+                            "least one layer: the file is damaged.")  # fmt: skip
     if n_layer > len(header.tensors):  # every layer has tensors of its own: the count lies
         raise MoeplaceError(
             f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}, more layers than the file's "

@@ -18,9 +18,8 @@ from typing import Any
 
 from ..core.errors import MoeplaceError
 from ..model.memory import Pins
+from ..model.metadata import EXPERT_TENSOR
 from ..runtime.llama_log import is_host
-
-_EXPERT_NAME = re.compile(r"^blk\.(\d+)\.ffn_(gate_up|gate|up|down)_(ch)?exps\.")
 
 
 def _digits(a: int, b: int) -> str:
@@ -81,7 +80,7 @@ def ot_value(cpu_tensors: set[str], separator: str = ";") -> str:
     by_layer: dict[int, set[str]] = defaultdict(set)
     chexps: set[str] = set()
     for name in cpu_tensors:
-        m = _EXPERT_NAME.match(name)
+        m = EXPERT_TENSOR.match(name)
         if not m:
             raise ValueError(f"{name} is not a routed-expert tensor")
         by_layer[int(m[1])].add(m[2])
@@ -103,7 +102,7 @@ def expert_tensors(meta: dict[str, Any], layers: list[int], kinds: set[str] | No
     out = set()
     for il in layers:
         for name in meta["layers"][il]["expert_tensors"]:
-            m = _EXPERT_NAME.match(name)
+            m = EXPERT_TENSOR.match(name)
             if m and (kinds is None or m[2] in kinds):
                 out.add(name)
     return out
@@ -111,7 +110,7 @@ def expert_tensors(meta: dict[str, Any], layers: list[int], kinds: set[str] | No
 
 def host_layers(tensors: Collection[str]) -> set[int]:
     """The layers these routed-expert tensors belong to: each one on the host costs decode two hops."""
-    return {int(m[1]) for m in map(_EXPERT_NAME.match, tensors) if m}
+    return {int(m[1]) for m in map(EXPERT_TENSOR.match, tensors) if m}
 
 
 def tensor_bytes(meta: dict[str, Any], tensors: set[str]) -> int:
@@ -143,7 +142,7 @@ def _groups(meta: dict[str, Any]) -> list[tuple[int, str, set[str], int]]:
     for layer in meta["layers"]:
         kinds: dict[str, set[str]] = defaultdict(set)
         for name in layer["expert_tensors"]:
-            m = _EXPERT_NAME.match(name)
+            m = EXPERT_TENSOR.match(name)
             if m:
                 kinds[m[2]].add(name)
         for kind, names in sorted(kinds.items()):
