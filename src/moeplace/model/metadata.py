@@ -227,6 +227,14 @@ def file_identity(header: GGUFHeader) -> dict[str, Any]:
     }
 
 
+def _rope_yarn(header: GGUFHeader) -> dict[str, Any] | None:
+    """YaRN already in the file (gpt-oss, DeepSeek): a longer context stretches it further, from its own origin."""
+    if header.arch_key("rope.scaling.type") != "yarn":
+        return None
+    return {"factor": float(header.arch_key("rope.scaling.factor", 1.0)),
+            "original_ctx": int(header.arch_key("rope.scaling.original_context_length", 0))}  # fmt: skip
+
+
 def from_header(header: GGUFHeader) -> dict[str, Any]:
     arch = header.architecture
     n_layer = _required_int(header, "block_count")
@@ -285,13 +293,7 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
         "n_expert_shared": header.arch_key("expert_shared_count", 0)
         or int(bool(expert_bytes) and any(layer["shared_expert"] for layer in layers)),
         "n_ctx_train": header.arch_key("context_length", 0) or 0,
-        # YaRN already in the file (gpt-oss, DeepSeek): a longer context stretches it further, from its own origin
-        "rope_yarn": {
-            "factor": float(header.arch_key("rope.scaling.factor", 1.0)),
-            "original_ctx": int(header.arch_key("rope.scaling.original_context_length", 0)),
-        }
-        if header.arch_key("rope.scaling.type") == "yarn"
-        else None,  # fmt: skip
+        "rope_yarn": _rope_yarn(header),  # fmt: skip
         **(widths(header) if expert_bytes else {**widths(header), "n_ff_exp": 0}),
         "expert_bytes": expert_bytes,
         "non_expert_bytes": total - expert_bytes,
