@@ -302,6 +302,43 @@ def find_oom(log: str, backend: str | None) -> OutOfMemory | None:
     return None
 
 
+# A failure that is not about memory (read where no allocation failed), the most telling kind first: the backend's
+# own error ("ROCm error: device kernel image is invalid", "CUDA error: an illegal memory access was encountered"),
+# a model this build cannot load, a lost device or GPU fault, a failed assert or op, a crash.
+_ERRORS = (
+    re.compile(r"\b(?:CUDA|ROCm|HIP|MUSA|SYCL|CANN) error: (?!out of memory).*\S"),
+    re.compile(r"error loading model: (?!.*(?:allocat|memory)).*\S"),
+    re.compile(r".*(?:DeviceLost|VK_ERROR_DEVICE_LOST|Memory access fault by GPU|HSA_STATUS_ERROR_).*\S"),
+    re.compile(r".*(?:GGML_ASSERT\(.*\) failed|ggml_cuda_compute_forward: \w+ failed).*"),
+    re.compile(r".*(?:Segmentation fault|SIGSEGV|Illegal instruction|core dumped).*"),
+)
+# llama.cpp's --fit (on by default since late 2025) and llama-fit-params size the buffers without allocating them.
+_FIT = re.compile(r"llama_params_fit|common_fit_params|fitting params to|llama-fit-params|fitted CLI arguments|"
+                  r"printing estimated memory")  # fmt: skip
+_RAN = re.compile(r"server is listening|memory breakdown|model loaded|prompt eval|llama_perf|generate:|main loop")
+
+
+def find_error(log: str) -> str | None:
+    """The line of an error that is not an out-of-memory, the most telling kind first (None: no such line)."""
+    for pattern in _ERRORS:
+        for line in log.splitlines():
+            if m := pattern.search(line):
+                return m[0].strip()
+    return None
+
+
+def dry_run(log: str, loads: list[Load]) -> str | None:
+    """Whether the text is a dry run, not a load: "fit-pass" where the last load's weights are all 0.00 MiB (the
+    --fit pass before the real load, which allocates nothing), "fit-projection" where --fit or llama-fit-params
+    printed its projection and no load follows."""
+    weights = [kinds["weights"] for kinds in loads[-1].weights.sizes.values() if "weights" in kinds] if loads else []
+    if weights and not any(weights):
+        return "fit-pass"
+    fits = list(_FIT.finditer(log))
+    ran = fits and _RAN.search(log, fits[-1].end())
+    return "fit-projection" if fits and not any(weights) and not ran else None
+
+
 # llama.cpp's own memory table (2026 builds print it at exit, and --fit for each try):
 # "|   - CUDA0 (RTX 4090)   | 24077 = 4890 + (19187 = 17904 +     384 +     898) +         0 |"
 _BREAKDOWN = re.compile(
@@ -344,10 +381,12 @@ class LogReport:
     model_path: str | None
     oom: OutOfMemory | None
     breakdown: dict[str, dict[str, int]]
+    error: str | None = None  # the line of an error that is not about memory, where nothing ran out of memory
+    dry_run: str | None = None  # "fit-pass" or "fit-projection": sizes llama.cpp computed, nothing allocated
 
     @property
     def status(self) -> str:
-        return "oom" if self.oom else "ok"
+        return "oom" if self.oom else "error" if self.error else "ok"
 
     @property
     def buffers(self) -> Buffers:
@@ -360,7 +399,7 @@ class LogReport:
 
     def is_llamacpp(self) -> bool:
         found = (self.loads, self.gpus, self.overridden, self.offloaded, self.oom, self.model_path, self.breakdown)
-        return any(found)
+        return any(found) or bool(self.error or self.dry_run)
 
 
 _DEVICE_TOKEN = re.compile(r"\b((?:CUDA|ROCm|Vulkan|MTL|SYCL|CANN|MUSA|RPC)\d+)\b")
@@ -401,8 +440,9 @@ def read_log(log: str) -> LogReport:
     n_layer = _N_LAYER.search(log)
     model = _MODEL_PATH.search(log)
     oom = find_oom(log, backend)
+    error = None if oom else find_error(log)
     return LogReport(
-        backend=backend or (backend_of(oom.device) if oom and oom.device else None),
+        backend=backend or (backend_of(oom.device) if oom and oom.device else backend_of(error or "")),
         gpus=gpus,
         free_at_load=_free_at_load(log, backend),
         card_memory={
@@ -417,4 +457,6 @@ def read_log(log: str) -> LogReport:
         model_path=(model[1] or model[2]) if model else None,
         oom=oom,
         breakdown=memory_breakdown(log),
+        error=error,
+        dry_run=dry_run(log, loads),
     )
