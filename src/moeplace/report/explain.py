@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ _FLASH = {"on": "on", "1": "on", "true": "on", "enabled": "on", "off": "off", "0
           "auto": "auto"}  # fmt: skip
 # A paste with lines cut out of it: a line that is only an ellipsis or a snip mark, or one that says lines were cut.
 _CUT = re.compile(
-    r"^\s*(?:\.\.\.|…|\[\.\.\.\]|\[…\]|\(\.\.\.\)|<snip>|\[snip\])\s*$|"
+    r"^\s*(?:\.{1,3}|…|\[\.\.\.\]|\[…\]|\(\.\.\.\)|<snip>|\[snip\])\s*$|"
     r"\b(?:truncated|snipped|omitted|removed|cut|skipped|repeated)\b.*\b(?:lines?|times)\b|"
     r"\blines?\b.*\b(?:truncated|snipped|omitted|removed|cut|skipped)\b",
     re.I | re.M,
@@ -74,6 +75,12 @@ def command_args(text: str) -> dict[str, Any]:
     return {}
 
 
+def _starts_in_overrides(text: str) -> bool:
+    """The paste begins with an override line: the ones before it (llama.cpp prints them all) were left out."""
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return "buffer type overrid" in first
+
+
 def _number(value: Any) -> int | None:
     return int(value) if isinstance(value, str) and re.fullmatch(r"-?\d+", value) else None
 
@@ -86,15 +93,16 @@ def _mib(kinds: dict[str, int]) -> dict[str, float]:
 def experts_on_host(report: LogReport, text: str = "") -> dict[str, Any] | None:
     """The routed-expert tensors the log shows overridden to a host buffer, and their layers (None: the log has
     no override lines; llama.cpp logs them with -v). at_least: the paste looks cut (a snip mark, or the override
-    lines, which llama.cpp prints layer by layer, skip layers), so there may be more."""
+    lines, which llama.cpp prints layer by layer, skip layers or show part of one), so there may be more."""
     if not report.overridden:
         return None
     host = [name for name, buffer in report.overridden.items() if is_host(buffer) and _EXPERT.match(name)]
-    seen = list(dict.fromkeys(int(_EXPERT.match(name)[1]) for name in host))
-    skips = any(b - a > 1 for a, b in zip(seen, seen[1:]))
+    per_layer = Counter(int(_EXPERT.match(name)[1]) for name in host)
+    seen = list(per_layer)
+    skips = any(b - a > 1 for a, b in zip(seen, seen[1:])) or len(set(per_layer.values())) > 1
     layers = sorted(seen)
     return {"tensors": len(host), "layers": len(layers), "layer_list": layers,
-            "at_least": bool(host) and (skips or bool(_CUT.search(text)))}  # fmt: skip
+            "at_least": bool(host) and (skips or bool(_CUT.search(text)) or _starts_in_overrides(text))}  # fmt: skip
 
 
 def card_memory(report: LogReport, device: str) -> int | None:
