@@ -218,8 +218,8 @@ def _why(report: LogReport, cause: str, args: dict[str, Any], text: str) -> tupl
     todo = (f"Turn pipeline parallelism off: build llama.cpp with -DGGML_SCHED_MAX_COPIES=1 (a CMake option; no "
             "environment variable or flag sets it), or keep llama.cpp from choosing it, which it does only with "
             f"several devices, -sm layer and every layer plus the output layer on the GPUs{ngl}: {layers} (the "
-            "output layer stays on the host) or -sm row turns it off, and so does any -ot in llama.cpp (not in "
-            "ik_llama.cpp before October 2025). llama.cpp builds since October 2025 retry without it by themselves; "
+            "output layer stays on the host) or -sm row turns it off, and so does any -ot in llama.cpp (not in older "
+            "ik_llama.cpp builds). llama.cpp builds since late 2025 (PR #16748) retry without it by themselves; "
             "ik_llama.cpp builds since September 2025 make 1 copy.")  # fmt: skip
     return why, todo
 
