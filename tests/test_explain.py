@@ -184,3 +184,42 @@ def test_a_windows_utf16_log_is_read(tmp_path):
     out = subprocess.run([sys.executable, "-m", "moeplace.cli", "explain", str(log)], capture_output=True, text=True,
                          cwd=ROOT)  # fmt: skip
     assert out.returncode == 1 and "ROCm0 ran out of memory while allocating the KV cache" in out.stdout
+
+
+def test_device_info_lines_give_the_free_memory_at_load():
+    """2026 builds list each device with its total and free memory (device_info) before loading; --list-devices
+    prints the same figures. Lines from ggml-org/llama.cpp#23934 (an RX 7900 XTX) and #19764 (a Strix Halo)."""
+    from moeplace.runtime.llama_log import read_log
+
+    report = read_log(
+        "0.00.042.175 I device_info:\n"
+        "0.00.042.225 I   - ROCm0   : AMD Radeon RX 7900 XTX (24560 MiB, 24510 MiB free)\n"
+        "0.00.042.231 I   - CPU     : AMD Ryzen 5 5600X 6-Core Processor (31991 MiB, 31991 MiB free)\n"
+    )
+    assert report.free_at_load == {"ROCm0": 24510 * MiB} and report.card_memory == {"ROCm0": 24560 * MiB}
+    listed = read_log("Available devices:\n  ROCm0: AMD Radeon(TM) Graphics (110511 MiB, 110357 MiB free)\n")
+    assert listed.free_at_load == {"ROCm0": 110357 * MiB}
+
+
+def test_a_fit_pass_cut_before_its_weights_is_still_a_dry_run(tmp_path):
+    """The real --fit pass excerpt with its two model-buffer lines swapped for the pass's KV line (0.00 MiB, as
+    the pass prints it): a dry run by its KV buffers alone; with a real KV size it is not."""
+    text = sample("rocm-strix-halo-qwen3-next-zero-size-buffers").text
+    kv = "llama_kv_cache:      ROCm0 KV buffer size =     {} MiB\n"
+    cut = "".join(line for line in text.splitlines(keepends=True) if "model buffer size" not in line)
+    assert json.loads(explain(tmp_path, cut + kv.format("0.00"), "--json").stdout)["dry_run"]["kind"] == "fit-pass"
+    assert json.loads(explain(tmp_path, cut + kv.format("6144.00"), "--json").stdout)["dry_run"] is None
+
+
+def test_the_routers_argument_lines_are_a_command_too():
+    """llama-server's router logs a model's arguments one to a line (the arguments of ggml-org/llama.cpp#23858; its
+    timestamps simplified)."""
+    from moeplace.report.explain import command_args
+
+    lines = ["--flash-attn", "1", "--log-verbosity", "4", "--model",
+             "/home/kusa/llama-server/models/Qwen3.5-397B-A17B-UD-IQ4_XS/Qwen3.5-397B-A17B-UD-IQ4_XS-00001-of-00005.gguf",
+             "--n-gpu-layers", "all", "--parallel", "1", "--ubatch-size", "512"]  # fmt: skip
+    text = "".join(f"0.11.036.25{i % 10} I srv          load:   {arg}\n" for i, arg in enumerate(lines))
+    args = command_args(text)
+    assert args["ngl"] == "all" and args["ubatch"] == "512" and args["parallel"] == "1" and args["flash_attn"] == "1"
+    assert args["model"].endswith("Qwen3.5-397B-A17B-UD-IQ4_XS-00001-of-00005.gguf")

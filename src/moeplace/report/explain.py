@@ -29,8 +29,10 @@ _RECOMMEND_BACKEND = {"cuda": "cuda", "rocm": "rocm", "vulkan": "vulkan", "metal
 # flags of it that the plan and the words use.
 _PROGRAM = re.compile(
     r"(?:^|[\s/\\$>=\"'])(?:llama-server|llama-cli|llama-bench|llama-fit-params|llama-completion|llama-mtmd-cli|"
-    r"llama-sweep-bench|ollama_llama_server|server|main)(?:\.exe)?\s+(-.*)$"
+    r"llama-sweep-bench|ollama_llama_server|ollama runner|server|main)(?:\.exe)?\s+(-.*)$"
 )
+# llama-server's router prints the arguments it starts a model with one to a line: "srv          load:   --model".
+_ARG_LINE = re.compile(r"\bsrv\s+load:\s+(\S.*?)\s*$")
 _OPTIONS = {"-c": "ctx", "--ctx-size": "ctx", "-ngl": "ngl", "--n-gpu-layers": "ngl", "--gpu-layers": "ngl",
             "-ot": "ot", "--override-tensor": "ot", "-ub": "ubatch", "--ubatch-size": "ubatch",
             "-ncmoe": "n_cpu_moe", "--n-cpu-moe": "n_cpu_moe", "-np": "parallel", "--parallel": "parallel",
@@ -48,15 +50,17 @@ _CUT = re.compile(
 
 
 def command_args(text: str) -> dict[str, Any]:
-    """The flags of the first llama.cpp command line the text shows ({} where it shows none): ctx, ngl, ubatch,
-    n_cpu_moe, parallel, model, split_mode and flash_attn as typed, ot as the list of -ot rules."""
-    for line in re.sub(r"\\[ \t]*\r?\n", " ", text).splitlines():
-        if not (m := _PROGRAM.search(line)):
-            continue
+    """The flags of the first llama.cpp command line the text shows, or of the router's argument lines ({} where
+    it shows neither): ctx, ngl, ubatch, n_cpu_moe, parallel, model, split_mode and flash_attn as typed, ot as the
+    list of -ot rules."""
+    lines = re.sub(r"\\[ \t]*\r?\n", " ", text).splitlines()
+    commands = [m[1] for line in lines if (m := _PROGRAM.search(line))]
+    arg_lines = [m[1] for line in lines if (m := _ARG_LINE.search(line))]
+    for command in commands[:1] or ([shlex.join(arg_lines)] if arg_lines else []):
         try:
-            tokens = shlex.split(m[1])
+            tokens = shlex.split(command)
         except ValueError:
-            tokens = m[1].split()
+            tokens = command.split()
         args: dict[str, Any] = {}
         for i, token in enumerate(tokens):
             flag, _, value = token.partition("=") if token.startswith("--") else (token, "", "")

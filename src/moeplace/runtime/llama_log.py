@@ -33,6 +33,11 @@ _PIPELINE = re.compile(r"pipeline parallelism enabled(?: \(n_copies=(\d+)\))?")
 _USING = re.compile(r"using device (\S+) \((.*?)\)(?: \([^)]*\))? - (\d+) MiB free")
 # ggml_cuda_init's device lines of 2026 (CUDA, ROCm): "Device 0: ..., VRAM: 24126 MiB (23863 MiB free)"
 _INIT_VRAM = re.compile(r"\bDevice (\d+): .*, VRAM: (\d+) MiB(?: \((\d+) MiB free\))?")
+# 2026 builds' device_info ("0.00.042.225 I   - ROCm0   : AMD Radeon RX 7900 XTX (24560 MiB, 24510 MiB free)") and
+# --list-devices ("  ROCm0: AMD Radeon(TM) Graphics (110511 MiB, 110357 MiB free)"): total and free before the load.
+_DEVICE_INFO = re.compile(
+    r"^(?:.*\s)?-?\s*((?:CUDA|ROCm|Vulkan|SYCL|MUSA|CANN)\d+)\s*: .*\((\d+) MiB, (\d+) MiB free\)\s*$", re.M
+)
 _N_LAYER = re.compile(r"(?:print_info|llm_load_print_meta):\s+n_layer\s+=\s+(\d+)")
 _MODEL_PATH = re.compile(
     r"llama_model_loader: loaded meta data with .* from (\S+\.gguf)|(?:with|loading) model '([^']+\.gguf)'"
@@ -315,6 +320,7 @@ _ERRORS = (
 # llama.cpp's --fit (on by default since late 2025) and llama-fit-params size the buffers without allocating them.
 _FIT = re.compile(r"llama_params_fit|common_fit_params|fitting params to|llama-fit-params|fitted CLI arguments|"
                   r"printing estimated memory")  # fmt: skip
+_KV_SIZE = re.compile(r"KV buffer size\s*=\s*(\d+(?:[.,]\d+)?) MiB")
 _RAN = re.compile(r"server is listening|memory breakdown|model loaded|prompt eval|llama_perf|generate:|main loop")
 
 
@@ -328,11 +334,12 @@ def find_error(log: str) -> str | None:
 
 
 def dry_run(log: str, loads: list[Load]) -> str | None:
-    """Whether the text is a dry run, not a load: "fit-pass" where the last load's weights are all 0.00 MiB (the
-    --fit pass before the real load, which allocates nothing), "fit-projection" where --fit or llama-fit-params
-    printed its projection and no load follows."""
+    """Whether the text is a dry run, not a load: "fit-pass" where the last load's weights (or, where the paste
+    has none, all its KV buffers) are 0.00 MiB (the --fit pass before the real load, which allocates nothing),
+    "fit-projection" where --fit or llama-fit-params printed its projection and no load follows."""
     weights = [kinds["weights"] for kinds in loads[-1].weights.sizes.values() if "weights" in kinds] if loads else []
-    if weights and not any(weights):
+    kv = [float(m[1].replace(",", ".")) for m in _KV_SIZE.finditer(log)]
+    if (weights and not any(weights)) or (not any(weights) and kv and not any(kv)):
         return "fit-pass"
     fits = list(_FIT.finditer(log))
     ran = fits and _RAN.search(log, fits[-1].end())
@@ -425,6 +432,8 @@ def _free_at_load(log: str, backend: str | None) -> dict[str, int]:
     for m in _INIT_VRAM.finditer(log):
         if m[3]:
             free.setdefault(f"{prefix}{m[1]}", int(m[3]) * MiB)
+    for m in _DEVICE_INFO.finditer(log):
+        free.setdefault(m[1], int(m[3]) * MiB)
     return free
 
 
@@ -445,9 +454,8 @@ def read_log(log: str) -> LogReport:
         backend=backend or (backend_of(oom.device) if oom and oom.device else backend_of(error or "")),
         gpus=gpus,
         free_at_load=_free_at_load(log, backend),
-        card_memory={
-            f"{_DEVICE_PREFIX.get(backend or '', 'CUDA')}{m[1]}": int(m[2]) * MiB for m in _INIT_VRAM.finditer(log)
-        },
+        card_memory={m[1]: int(m[2]) * MiB for m in _DEVICE_INFO.finditer(log)}
+        | {f"{_DEVICE_PREFIX.get(backend or '', 'CUDA')}{m[1]}": int(m[2]) * MiB for m in _INIT_VRAM.finditer(log)},
         loads=loads,
         overridden={m[1]: m[2] for m in _OVERRIDE.finditer(log)},
         offloaded=(int(offloaded[-1][0]), int(offloaded[-1][1])) if offloaded else None,
