@@ -106,6 +106,11 @@ def test_pipeline_copies_are_named_as_the_cause_with_the_way_to_turn_them_off(tm
     # a 144 MiB buffer on a full small card: the copies add to it, but are not called the cause
     small = explain(tmp_path, sample("cuda-multi-old-2024-5gpu-small-card-compute-oom").text).stdout
     assert "Pipeline parallelism was on" in small and "caused it" not in small
+    retried = sample("cuda-pipeline-retry-minimax-m3-3gpu")  # mainline recovered: said, and not an out-of-memory
+    found = json.loads(explain(tmp_path, retried.text, "--json").stdout)
+    got = {key: found["pipeline_retried"][key] for key in ("device", "requested_mib")}
+    assert found["status"] == "ok" and got == retried.expect["pipeline_retried"]
+    assert "so llama.cpp retried without it (1 copy)" in explain(tmp_path, retried.text).stdout
     one = sample("cuda-oom-compute-ik-qwen3-235b-pipeline-2x2080ti").text.replace("n_copies=4", "n_copies=1")
     out = explain(tmp_path, one).stdout
     assert "(1 copy of the compute" in out and "1 copies" not in out and "Pipeline parallelism" not in out

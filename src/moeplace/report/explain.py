@@ -89,6 +89,20 @@ def _number(value: Any) -> int | None:
     return int(value) if isinstance(value, str) and re.fullmatch(r"-?\d+", value) else None
 
 
+def _rounded(size: int | None) -> float | None:
+    return round(size / MiB, 2) if size else None
+
+
+def _retried(report: LogReport) -> dict[str, Any] | None:
+    """The compute-buffer failure with pipeline parallelism that llama.cpp recovered from, where it shows one."""
+    failed = report.retried
+    return (
+        {"device": failed.device, "requested_mib": _rounded(failed.requested_bytes), "line": failed.line}
+        if failed
+        else None
+    )
+
+
 def _mib(kinds: dict[str, int]) -> dict[str, float]:
     mib = {kind: round(size / MiB, 2) for kind, size in kinds.items()}
     return mib | {"total": round(sum(kinds.values()) / MiB, 2)}
@@ -291,6 +305,7 @@ def explain(text: str, source: str = "the text") -> dict[str, Any]:
         "n_layer": report.n_layer,
         "pipeline_parallel": report.pipeline_parallel,
         "pipeline_copies": report.pipeline_copies,
+        "pipeline_retried": _retried(report),
         "model": report.model_path,
         "breakdown": report.breakdown,
         "command": args or None,
@@ -354,6 +369,10 @@ def render(found: dict[str, Any]) -> str:
     if found["pipeline_parallel"]:
         copies = found["pipeline_copies"] or 4
         lines.append(f"pipeline parallelism: on ({_copies(copies)} of the compute buffers' inputs per device)")
+    if retried := found["pipeline_retried"]:
+        asked = f"{retried['requested_mib']:,.2f} MiB" if retried["requested_mib"] else "its compute buffers"
+        lines.append(f"pipeline parallelism: its copies made the compute buffers too large ({asked} asked on "
+                     f"{retried['device'] or 'a device'}), so llama.cpp retried without it (1 copy)")  # fmt: skip
     if found["dry_run"]:
         lines.append(f"dry run: {found['dry_run']['why']}.")
     if found["status"] == "oom":
@@ -370,6 +389,8 @@ def render(found: dict[str, Any]) -> str:
         lines.append(f"  what to do: {found['error']['todo']}.")
     elif found["dry_run"]:
         lines.append("status: dry run (nothing was allocated, so nothing could fail)")
+    elif found["pipeline_retried"]:
+        lines.append("status: ok (the one failed allocation was recovered from: llama.cpp retried without the copies)")
     else:
         lines.append("status: ok (no allocation failed in this text)")
     return "\n".join(lines)

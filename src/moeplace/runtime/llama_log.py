@@ -346,6 +346,14 @@ def dry_run(log: str, loads: list[Load]) -> str | None:
     return "fit-projection" if fits and not any(weights) and not ran else None
 
 
+def pipeline_retry(log: str, backend: str | None) -> OutOfMemory | None:
+    """The compute-buffer failure with pipeline parallelism that llama.cpp recovered from by retrying without it
+    (builds since late 2025), where the log shows one."""
+    lines = log.splitlines()
+    last = max((i for i, line in enumerate(lines) if _RETRY.search(line)), default=None)
+    return find_oom("\n".join(lines[:last]), backend) if last is not None else None
+
+
 # llama.cpp's own memory table (2026 builds print it at exit, and --fit for each try):
 # "|   - CUDA0 (RTX 4090)   | 24077 = 4890 + (19187 = 17904 +     384 +     898) +         0 |"
 _BREAKDOWN = re.compile(
@@ -390,6 +398,7 @@ class LogReport:
     breakdown: dict[str, dict[str, int]]
     error: str | None = None  # the line of an error that is not about memory, where nothing ran out of memory
     dry_run: str | None = None  # "fit-pass" or "fit-projection": sizes llama.cpp computed, nothing allocated
+    retried: OutOfMemory | None = None  # the failure with pipeline parallelism that llama.cpp retried without it
 
     @property
     def status(self) -> str:
@@ -406,7 +415,7 @@ class LogReport:
 
     def is_llamacpp(self) -> bool:
         found = (self.loads, self.gpus, self.overridden, self.offloaded, self.oom, self.model_path, self.breakdown)
-        return any(found) or bool(self.error or self.dry_run)
+        return any(found) or bool(self.error or self.dry_run or self.retried)
 
 
 _DEVICE_TOKEN = re.compile(r"\b((?:CUDA|ROCm|Vulkan|MTL|SYCL|CANN|MUSA|RPC)\d+)\b")
@@ -467,4 +476,5 @@ def read_log(log: str) -> LogReport:
         breakdown=memory_breakdown(log),
         error=error,
         dry_run=dry_run(log, loads),
+        retried=pipeline_retry(log, backend),
     )
