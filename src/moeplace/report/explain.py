@@ -145,9 +145,18 @@ _ERROR_HINTS = (
         "backend (e.g. Vulkan) made for it",
     ),
     (
-        re.compile(r"error loading model"),
-        "this llama.cpp build cannot read this model: update llama.cpp, and check that the file is whole",
+        re.compile(
+            r"unknown model architecture|unknown (?:pre-)?tokenizer|wrong number of tensors|missing tensor|"
+            r"key not found"
+        ),
+        "this llama.cpp build cannot read this model (it is older than the model's architecture or converter): "
+        "update llama.cpp, or the app that bundles it (ollama, LM Studio)",
+    ),  # fmt: skip
+    (
+        re.compile(r"not within the file bounds|invalid magic|unexpectedly reached end|corrupt|failed to read"),
+        "the model file is incomplete or damaged: download it again and check its size or checksum",
     ),
+    (re.compile(r"failed to open|No such file"), "llama.cpp could not open the model file: check its path"),
     (
         re.compile(r"illegal memory access|DeviceLost|DEVICE_LOST|Memory access fault|HSA_STATUS_ERROR"),
         "the GPU faulted while computing: a driver or llama.cpp bug; update both, and report it with this line",
@@ -180,8 +189,8 @@ def _cause(report: LogReport, text: str) -> str:
     huge = asked >= card if card else asked > max(held, 4 * 2**30)  # more than the card, or all else on it
     if _copies_on(report, text) and huge:
         return "pipeline-copies"
-    if free and oom.requested_bytes and oom.requested_bytes + held <= free:
-        return "allocation-limit"
+    if free and asked and (asked + held <= free or (_APU.search(text) and asked <= free)):
+        return "allocation-limit"  # on an APU the device's free memory is the host's: one buffer is what failed
     return "memory"
 
 
