@@ -233,3 +233,16 @@ def test_the_routers_argument_lines_are_a_command_too():
     args = command_args(text)
     assert args["ngl"] == "all" and args["ubatch"] == "512" and args["parallel"] == "1" and args["flash_attn"] == "1"
     assert args["model"].endswith("Qwen3.5-397B-A17B-UD-IQ4_XS-00001-of-00005.gguf")
+
+
+def test_on_an_apu_one_buffer_under_the_free_memory_is_a_limit(tmp_path):
+    """The Strix Halo compute failure (6,564 MiB of KV already there, 4,536.75 MiB asked) without the driver's
+    words and with 8,000 MiB free at load: a lack of memory on a card, a limit on an APU, whose free memory is the
+    host's."""
+    text = sample("vulkan-strix-halo-compute-oom-qwen3-30b-a3b").text
+    text = text.replace("ggml_vulkan: Requested buffer size exceeds device memory allocation limit: ", "ggml_vulkan: ")
+    using = "llama_model_load_from_file_impl: using device Vulkan0 (AMD Radeon Graphics) - 8000 MiB free\n"
+    card = json.loads(explain(tmp_path, using + text, "--json").stdout)["oom"]
+    assert card["cause"] == "memory"
+    apu = "ggml_vulkan: 0 = Radeon 8060S Graphics (RADV GFX1151) (radv) | uma: 1 | fp16: 1 | warp size: 64\n"
+    assert json.loads(explain(tmp_path, apu + using + text, "--json").stdout)["oom"]["cause"] == "allocation-limit"
