@@ -415,23 +415,29 @@ def read_text(path: str) -> str:
 
     name = "stdin" if path == "-" else path
     if path == "-":
-        data = sys.stdin.buffer.read(_READ_LIMIT + 1)
+        data = _read_checked(sys.stdin.buffer, name)
     elif Path(path).is_dir():
         raise MoeplaceError(f"{path} is a folder, not a log: pass the log file llama.cpp's output was saved to.")
     else:
         try:
             with open(path, "rb") as f:
-                data = f.read(_READ_LIMIT + 1)
+                data = _read_checked(f, name)
         except OSError as e:
             raise MoeplaceError(f"{path}: cannot read it ({e.strerror}).") from None
-    if data.startswith(b"GGUF"):
-        raise MoeplaceError(
-            f"{name} is a GGUF model, not a log: run llama.cpp on it and save what it prints "
-            "(e.g. llama-server -m MODEL.gguf ... 2>&1 | tee server.log), then explain server.log."
-        )
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # PowerShell's Tee-Object and > write UTF-16
         return data.decode("utf-16", errors="replace")
     if len(data) > _READ_LIMIT or b"\0" in data[: 1 << 16]:
         too = "too large to be a log" if len(data) > _READ_LIMIT else "a binary file, not a log"
         raise MoeplaceError(f"{name} is {too}: pass the text llama.cpp printed, from the load to where it stopped.")
     return data.decode("utf-8", errors="replace")
+
+
+def _read_checked(stream: Any, name: str) -> bytes:
+    """The stream's bytes (at most one past the limit), refusing a GGUF model from its first four."""
+    head = stream.read(4)
+    if head == b"GGUF":
+        raise MoeplaceError(
+            f"{name} is a GGUF model, not a log: run llama.cpp on it and save what it prints "
+            "(e.g. llama-server -m MODEL.gguf ... 2>&1 | tee server.log), then explain server.log."
+        )
+    return head + stream.read(_READ_LIMIT + 1 - len(head))
