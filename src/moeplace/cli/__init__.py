@@ -374,7 +374,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     found = explain(read_text(args.log), "stdin" if args.log == "-" else args.log)
     print(json.dumps(found, indent=1) if args.json else render(found))
-    return 1 if found.get("status") == "oom" else 0
+    return 1 if found.get("status") in ("oom", "error") else 0
 
 
 def cmd_verify(args: argparse.Namespace) -> None:

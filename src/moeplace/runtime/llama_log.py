@@ -33,6 +33,11 @@ _PIPELINE = re.compile(r"pipeline parallelism enabled(?: \(n_copies=(\d+)\))?")
 _USING = re.compile(r"using device (\S+) \((.*?)\)(?: \([^)]*\))? - (\d+) MiB free")
 # ggml_cuda_init's device lines of 2026 (CUDA, ROCm): "Device 0: ..., VRAM: 24126 MiB (23863 MiB free)"
 _INIT_VRAM = re.compile(r"\bDevice (\d+): .*, VRAM: (\d+) MiB(?: \((\d+) MiB free\))?")
+# 2026 builds' device_info ("0.00.042.225 I   - ROCm0   : AMD Radeon RX 7900 XTX (24560 MiB, 24510 MiB free)") and
+# --list-devices ("  ROCm0: AMD Radeon(TM) Graphics (110511 MiB, 110357 MiB free)"): total and free before the load.
+_DEVICE_INFO = re.compile(
+    r"^(?:.*\s)?-?\s*((?:CUDA|ROCm|Vulkan|SYCL|MUSA|CANN)\d+)\s*: .*\((\d+) MiB, (\d+) MiB free\)\s*$", re.M
+)
 _N_LAYER = re.compile(r"(?:print_info|llm_load_print_meta):\s+n_layer\s+=\s+(\d+)")
 _MODEL_PATH = re.compile(
     r"llama_model_loader: loaded meta data with .* from (\S+\.gguf)|(?:with|loading) model '([^']+\.gguf)'"
@@ -302,6 +307,53 @@ def find_oom(log: str, backend: str | None) -> OutOfMemory | None:
     return None
 
 
+# A failure that is not about memory (read where no allocation failed), the most telling kind first: the backend's
+# own error ("ROCm error: device kernel image is invalid", "CUDA error: an illegal memory access was encountered"),
+# a model this build cannot load, a lost device or GPU fault, a failed assert or op, a crash.
+_ERRORS = (
+    re.compile(r"\b(?:CUDA|ROCm|HIP|MUSA|SYCL|CANN) error: (?!out of memory).*\S"),
+    re.compile(r"error loading model: (?!.*(?:allocat|memory)).*\S"),
+    re.compile(r".*(?:DeviceLost|VK_ERROR_DEVICE_LOST|Memory access fault by GPU|HSA_STATUS_ERROR_).*\S"),
+    re.compile(r".*(?:GGML_ASSERT\(.*\) failed|ggml_cuda_compute_forward: \w+ failed).*"),
+    re.compile(r".*(?:Segmentation fault|SIGSEGV|Illegal instruction|core dumped).*"),
+)
+# llama.cpp's --fit (on by default since late 2025) and llama-fit-params size the buffers without allocating them.
+_FIT = re.compile(r"llama_params_fit|common_fit_params|fitting params to|llama-fit-params|fitted CLI arguments|"
+                  r"printing estimated memory")  # fmt: skip
+_KV_SIZE = re.compile(r"KV buffer size\s*=\s*(\d+(?:[.,]\d+)?) MiB")
+_RAN = re.compile(r"server is listening|memory breakdown|model loaded|prompt eval|llama_perf|generate:|main loop")
+
+
+def find_error(log: str) -> str | None:
+    """The line of an error that is not an out-of-memory, the most telling kind first (None: no such line)."""
+    for pattern in _ERRORS:
+        for line in log.splitlines():
+            if m := pattern.search(line):
+                return m[0].strip()
+    return None
+
+
+def dry_run(log: str, loads: list[Load]) -> str | None:
+    """Whether the text is a dry run, not a load: "fit-pass" where the last load's weights (or, where the paste
+    has none, all its KV buffers) are 0.00 MiB (the --fit pass before the real load, which allocates nothing),
+    "fit-projection" where --fit or llama-fit-params printed its projection and no load follows."""
+    weights = [kinds["weights"] for kinds in loads[-1].weights.sizes.values() if "weights" in kinds] if loads else []
+    kv = [float(m[1].replace(",", ".")) for m in _KV_SIZE.finditer(log)]
+    if (weights and not any(weights)) or (not any(weights) and kv and not any(kv)):
+        return "fit-pass"
+    fits = list(_FIT.finditer(log))
+    ran = fits and _RAN.search(log, fits[-1].end())
+    return "fit-projection" if fits and not any(weights) and not ran else None
+
+
+def pipeline_retry(log: str, backend: str | None) -> OutOfMemory | None:
+    """The compute-buffer failure with pipeline parallelism that llama.cpp recovered from by retrying without it
+    (builds since late 2025), where the log shows one."""
+    lines = log.splitlines()
+    last = max((i for i, line in enumerate(lines) if _RETRY.search(line)), default=None)
+    return find_oom("\n".join(lines[:last]), backend) if last is not None else None
+
+
 # llama.cpp's own memory table (2026 builds print it at exit, and --fit for each try):
 # "|   - CUDA0 (RTX 4090)   | 24077 = 4890 + (19187 = 17904 +     384 +     898) +         0 |"
 _BREAKDOWN = re.compile(
@@ -344,10 +396,13 @@ class LogReport:
     model_path: str | None
     oom: OutOfMemory | None
     breakdown: dict[str, dict[str, int]]
+    error: str | None = None  # the line of an error that is not about memory, where nothing ran out of memory
+    dry_run: str | None = None  # "fit-pass" or "fit-projection": sizes llama.cpp computed, nothing allocated
+    retried: OutOfMemory | None = None  # the failure with pipeline parallelism that llama.cpp retried without it
 
     @property
     def status(self) -> str:
-        return "oom" if self.oom else "ok"
+        return "oom" if self.oom else "error" if self.error else "ok"
 
     @property
     def buffers(self) -> Buffers:
@@ -360,7 +415,7 @@ class LogReport:
 
     def is_llamacpp(self) -> bool:
         found = (self.loads, self.gpus, self.overridden, self.offloaded, self.oom, self.model_path, self.breakdown)
-        return any(found)
+        return any(found) or bool(self.error or self.dry_run or self.retried)
 
 
 _DEVICE_TOKEN = re.compile(r"\b((?:CUDA|ROCm|Vulkan|MTL|SYCL|CANN|MUSA|RPC)\d+)\b")
@@ -386,6 +441,8 @@ def _free_at_load(log: str, backend: str | None) -> dict[str, int]:
     for m in _INIT_VRAM.finditer(log):
         if m[3]:
             free.setdefault(f"{prefix}{m[1]}", int(m[3]) * MiB)
+    for m in _DEVICE_INFO.finditer(log):
+        free.setdefault(m[1], int(m[3]) * MiB)
     return free
 
 
@@ -401,13 +458,13 @@ def read_log(log: str) -> LogReport:
     n_layer = _N_LAYER.search(log)
     model = _MODEL_PATH.search(log)
     oom = find_oom(log, backend)
+    error = None if oom else find_error(log)
     return LogReport(
-        backend=backend or (backend_of(oom.device) if oom and oom.device else None),
+        backend=backend or (backend_of(oom.device) if oom and oom.device else backend_of(error or "")),
         gpus=gpus,
         free_at_load=_free_at_load(log, backend),
-        card_memory={
-            f"{_DEVICE_PREFIX.get(backend or '', 'CUDA')}{m[1]}": int(m[2]) * MiB for m in _INIT_VRAM.finditer(log)
-        },
+        card_memory={m[1]: int(m[2]) * MiB for m in _DEVICE_INFO.finditer(log)}
+        | {f"{_DEVICE_PREFIX.get(backend or '', 'CUDA')}{m[1]}": int(m[2]) * MiB for m in _INIT_VRAM.finditer(log)},
         loads=loads,
         overridden={m[1]: m[2] for m in _OVERRIDE.finditer(log)},
         offloaded=(int(offloaded[-1][0]), int(offloaded[-1][1])) if offloaded else None,
@@ -417,4 +474,7 @@ def read_log(log: str) -> LogReport:
         model_path=(model[1] or model[2]) if model else None,
         oom=oom,
         breakdown=memory_breakdown(log),
+        error=error,
+        dry_run=dry_run(log, loads),
+        retried=pipeline_retry(log, backend),
     )
