@@ -77,7 +77,7 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
     )
     fig.tight_layout()
     with atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=130, format="png")
+        fig.savefig(tmp, dpi=130, format="png", bbox_inches="tight")  # the legends below the axes whole
     plt.close(fig)
 
 
@@ -140,7 +140,7 @@ def matrix_figure(matrix: pd.DataFrame, out: str | Path) -> None:
     fig.suptitle(textwrap.fill(f"Tuned expert offload per model and context — {device}", 130), fontsize=10)
     fig.tight_layout()
     with atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=130, format="png")
+        fig.savefig(tmp, dpi=130, format="png", bbox_inches="tight")  # the legends below the axes whole
     plt.close(fig)
 
 
@@ -195,5 +195,5 @@ def variants_figure(variants: pd.DataFrame, ctx: int, out: str | Path) -> None:
     fig.suptitle(f"{title}\n{textwrap.fill(devices, 130)}" if devices else title, fontsize=10)
     fig.tight_layout()
     with atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=130, format="png")
+        fig.savefig(tmp, dpi=130, format="png", bbox_inches="tight")  # the legends below the axes whole
     plt.close(fig)
