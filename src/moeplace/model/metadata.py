@@ -228,13 +228,11 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
     arch = header.architecture
     n_layer = _required_int(header, "block_count")
     if n_layer < 1:
-        raise MoeplaceError(f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}; a model has at least "
-                            "one layer: the file is damaged.")  # fmt: skip
+        raise MoeplaceError(f"{header.paths[0]}: '{arch}.block_count' is {n_layer}; a model has at least one "
+                            "layer: the file is damaged.")  # fmt: skip
     if n_layer > len(header.tensors):  # every layer has tensors of its own: the count lies
-        raise MoeplaceError(
-            f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}, more layers than the file's "
-            f"{len(header.tensors)} tensors could hold; the file is damaged."
-        )
+        raise MoeplaceError(f"{header.paths[0]}: '{arch}.block_count' is {n_layer}, more layers than the file's "
+                            f"{len(header.tensors)} tensors could hold; the file is damaged.")  # fmt: skip
     n_expert = header.arch_key("expert_count", 0) or 0
     n_expert_used = header.arch_key("expert_used_count", 0) or 0
     layers = [{role: 0 for role in ROLES} for _ in range(n_layer)]
