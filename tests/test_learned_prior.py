@@ -48,9 +48,10 @@ def test_decode_before_any_run_on_setups_it_did_not_learn_from(points):
     left_out = [e for _, e in held_out_errors("tg", points["sweeps"])]
     median, inside = scored(left_out, prior["tg"].log_q95, "decode, each source left out")
     # The bar is 25%: not met (docs/speed-prior.md). This guard only catches a regression of the method: it was 35 with
-    # 37 setups from 11 sources (33.6%); issue 55's data round (46 setups, 15 sources: an RTX 5090, an RTX 4070 host, an
-    # ik_llama.cpp mini PC, an RTX 3060 desktop, and cicero-home-ai's Gemma 4 R9700 sweeps, 36 points its ROCm and
-    # Vulkan setups miss by -39% and +36%) moved the same method to 35.7%, so it is 40 now.
+    # 37 setups from 11 sources (33.6%); issue 55's data round (49 setups, 17 sources: an RTX 5090, an RTX 4070 host, an
+    # ik_llama.cpp mini PC, an RTX 3060 desktop, an RTX 4080 SUPER desktop, a GTX 970M laptop, and cicero-home-ai's
+    # Gemma 4 R9700 sweeps, 36 points its ROCm and Vulkan setups miss by -34% and +32%) moved the same method to 39.8%,
+    # so it is 40 now.
     assert median <= 40 and 0.9 <= inside <= 0.99
     median, inside = scored([e for _, e in errors_against(prior, [p for p in points["heldout"] if p.test == "tg"])],
                             prior["tg"].log_q95, "decode, held-out sweeps")  # fmt: skip
