@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 
 from moeplace.model.gguf_file import tensor_nbytes
+from moeplace.model.twin import load_spec, write_twin
 
 ROOT = Path(__file__).resolve().parents[1]
 # The seed's Qwen3-Coder-30B-A3B at Q4_K_M on its 16 GB card (seed 000 §5.3, §5.7).
@@ -51,6 +52,13 @@ def write_gguf(
     f.truncate(f.tell() + total)
     w.close()
     return path
+
+
+@pytest.fixture(scope="session")
+def qwen3_twin(tmp_path_factory) -> Path:
+    """The seed's Qwen3-Coder-30B-A3B at Q4_K_M as a header-only twin (sparse: the weights are not written)."""
+    spec = load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml")
+    return write_twin(spec, tmp_path_factory.mktemp("twin") / "qwen3-coder.gguf")
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 
 EMULATED = "emulated device: CPU behind RPC with a 129 MiB cap, not a GPU's speed"
 # What an axis label must name: a unit, or the count it is (layers, tokens, experts).
@@ -54,6 +53,17 @@ def check(fig: Figure, *must: str) -> str:
             assert ((x[keep] >= x0 - 1e-9) & (x[keep] <= x1 + 1e-9)).all(), f"line {line.get_label()!r} leaves x range"
             assert ((y[keep] >= y0 - 1e-9) & (y[keep] <= y1 + 1e-9)).all(), f"line {line.get_label()!r} leaves y range"
     return text
+
+
+def lines_xy(ax) -> dict[str, list[tuple[float, float]]]:
+    """Each labelled line of an axis as its (x, y) points (an axhline's x runs 0 to 1 in axes coordinates)."""
+    return {
+        line.get_label(): list(
+            zip(np.asarray(line.get_xdata(), float).tolist(), np.asarray(line.get_ydata(), float).tolist())
+        )
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
+    }
 
 
 def sweep() -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -149,7 +159,7 @@ def test_variants_figure_says_what_it_cannot_tell_apart(drawn, tmp_path):
     assert "+20.0%" in text  # last_n, told apart
 
 
-def test_matrix_fidelity_quants_ram_tier_and_routing_figures(drawn, tmp_path):
+def test_matrix_fidelity_quants_ram_tier_and_routing_figures_plot_their_tables(drawn, tmp_path):
     from test_quants import meta, records
     from test_ram_tier import synthetic_records
     from test_routing import synthetic
@@ -176,6 +186,13 @@ def test_matrix_fidelity_quants_ram_tier_and_routing_figures(drawn, tmp_path):
     )
     matrix_figure(matrix, tmp_path / "x.png")
     check(drawn[-1], EMULATED, "recommended --n-cpu-moe", "32k context")
+    # The heatmaps hold the table's cells: rows "tiny · KV f16" and "tiny · KV q8_0", columns 4K and 32K; the
+    # recommended n is 0 at 4K and 2 at 32K, the decode speed there 10 x (n + 1) = 10 and 30 tok/s.
+    left, right = (ax for ax in drawn[-1].axes if ax.images)
+    assert [t.get_text() for t in left.get_yticklabels()] == ["tiny · KV f16", "tiny · KV q8_0"]
+    assert np.asarray(left.images[0].get_array()).tolist() == [[0, 2], [0, 2]]
+    assert np.asarray(right.images[0].get_array()).tolist() == [[10, 30], [10, 30]]
+    assert [t.get_text() for t in right.texts] == ["10.0", "30.0", "10.0", "30.0"]
     fidelity = pd.DataFrame(
         {
             "fit": ["loo", "two_point"],
@@ -189,13 +206,51 @@ def test_matrix_fidelity_quants_ram_tier_and_routing_figures(drawn, tmp_path):
     )
     fidelity_figure(fidelity, tmp_path / "x.png", EMULATED)
     check(drawn[-1], EMULATED, "predicted = measured", "median |error|", "two-point, other depth")
+    # One point per row at (measured, predicted), named in the legend with its |error|: 10% and 5%.
+    (ax,) = drawn[-1].axes
+    points = {c.get_label(): np.asarray(c.get_offsets()).tolist() for c in ax.collections}
+    assert points == {
+        "tg loo: median |error| 10.0%, p90 10.0%": [[10.0, 11.0]],
+        "pp two-point, other depth: median |error| 5.0%, p90 5.0%": [[100.0, 95.0]],
+    }
+    assert ax.get_xscale() == ax.get_yscale() == "log" and "tokens/s" in ax.get_xlabel() + ax.get_ylabel()
     q = [quant_row(name, meta(b, 10**8), records(t, c, f), 50) for name, b, t, c, f in
          (("Q4_K_M", 10**9, 10.0, 1.0, 300.0), ("Q2_K", 6 * 10**8, 14.0, 1.5, 200.0))]  # fmt: skip
     plot_quants(quants_table(q), tmp_path / "x.png", "tiny: quant types")
     check(drawn[-1], "Q2_K")
+    # The speed panel's bars are the runs' decode speeds, Q4_K_M then Q2_K: 10 and 14 tok/s with plenty of RAM,
+    # 1 and 1.5 under the cap.
+    speed = next(ax for ax in drawn[-1].axes if "tok/s" in ax.get_ylabel())
+    heights = {bars.get_label(): [bar.get_height() for bar in bars] for bars in speed.containers}
+    assert heights == {"plenty of RAM": [10.0, 14.0], "RAM capped at 50%": [1.0, 1.5]}
+    assert [t.get_text().split("\n")[0] for t in speed.get_xticklabels()] == ["Q4_K_M", "Q2_K"]
     plot_ram_tier(ram_tier_table(synthetic_records()), tmp_path / "x.png", "tiny under a RAM cap")
     check(drawn[-1], "readahead: 128 KiB", "OOM")
+    # tests/test_ram_tier.py's records: 25 tok/s uncapped; 10 and 3 tok/s (300 and 900 faults a token) at 50% and
+    # 25% unlocked; 12.5 tok/s (120 faults) at 50% with the non-expert tensors locked, OOM at 25%.
+    speed, faults = drawn[-1].axes
+    locked = "non-expert tensors mlock'ed"
+    assert lines_xy(speed) == {
+        "no cap (25)": [(0, 25), (1, 25)],
+        "no locking": [(25, 3), (50, 10)],
+        locked: [(50, 12.5)],
+    }
+    assert lines_xy(faults) == {
+        "no cap (0)": [(0, 0), (1, 0)],
+        "no locking": [(25, 900), (50, 300)],
+        locked: [(50, 120)],
+    }
     trace = synthetic(np.random.default_rng(0).integers(0, 8, size=(40, 3, 2)), 8, 10)
     plot_routing(trace, routing_table(trace), tmp_path / "x.png", "Expert routing of tiny (random-weight twin)")
     check(drawn[-1], "random-weight twin")
-    assert all(isinstance(line, Line2D) for fig in drawn for ax in fig.axes for line in ax.get_lines())
+    # Left: each layer's row holds its experts' shares of its 40 x 2 activations, largest first (they sum to 1).
+    # Right: the reuse lines are the table's columns, layer by layer.
+    traffic, reuse = drawn[-1].axes[:2]  # the colorbar's axis comes after them
+    share = np.asarray(traffic.images[0].get_array())
+    expected = [sorted(np.bincount(trace.ids[:, layer].ravel(), minlength=8) / 80, reverse=True) for layer in range(3)]
+    assert share.ravel().tolist() == pytest.approx(np.ravel(expected)) and share.sum(axis=1) == pytest.approx(1)
+    table = routing_table(trace)
+    lines = {line.get_label(): line for line in reuse.get_lines()}
+    assert lines["token t vs t+1"].get_ydata().tolist() == pytest.approx(table.overlap_d1.tolist())
+    assert lines["token t vs t+1"].get_xdata().tolist() == [0, 1, 2]
+    assert list(lines["uniform random routing (k/E = 0.250)"].get_ydata()) == [0.25, 0.25]  # k/E = 2/8

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.llamacpp
 CFG = {
     **yaml.safe_load((ROOT / "config/config.yaml").read_text()),
     "models": {"tiny-qwen3moe": {"twin": "config/models/tiny-qwen3moe.yaml"}},
-    "ceilings": {"enabled": False},  # measured by test_workflow_tier3; here only the sweep matters
+    "ceilings": {"enabled": False},  # test_workflow_ceilings_routing_ram_quants measures them; the sweep matters here
     "contexts": [1024, 2048, 4096],  # one bench job each: all its n values in one
     "bench": {"prompt": 64, "gen": 16, "repetitions": 3, "n_cpu_moe": [0, 2, 4, 6, 8]},
 }

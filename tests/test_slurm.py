@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.llamacpp, pytest.mark.long]
 CFG = {
     **yaml.safe_load((ROOT / "config/config.yaml").read_text()),
     "models": {"tiny-qwen3moe": {"twin": "config/models/tiny-qwen3moe.yaml"}},
-    "ceilings": {"enabled": False},  # measured by test_workflow_tier3; here only the sweep matters
+    "ceilings": {"enabled": False},  # test_workflow_ceilings_routing_ram_quants measures them; the sweep matters here
     "contexts": [1024],
     "bench": {"prompt": 32, "gen": 8, "repetitions": 2, "n_cpu_moe": [0, 4, 8]},
 }

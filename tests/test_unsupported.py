@@ -63,8 +63,8 @@ def test_llamacpp_refuses_only_a_quantized_v_cache_without_flash_attention(flash
 
 
 def test_the_budget_check_over_two_devices_records_a_refused_cell_and_checks_the_others(twin, monkeypatch, tmp_path):
-    """Issue #53: the two-device example's grid with q8_0 cells without flash attention stopped the DAG (its
-    llama-fit-params reserve aborts on them). Now such a cell is a row "unsupported" with no llama.cpp run, and the
+    """On two devices, a grid cell llama.cpp refuses (a q8_0 V cache without flash attention, on which the
+    llama-fit-params reserve aborts; it once stopped the DAG) is a row "unsupported" with no llama.cpp run, and the
     other cells are planned, reserved and loaded as before; the stage's table, summary and figure take it."""
     import moeplace.runtime.allocation as allocation
     import moeplace.runtime.device as device

@@ -72,10 +72,10 @@ def test_the_sweep_variants_budget_check_and_publish_run_on_two_devices(tmp_path
     kept="every other cell, checked against llama.cpp's loads; the DAG runs to its end",
 )
 def test_a_cell_llamacpp_refuses_is_recorded_on_two_devices_and_the_others_are_loaded(tmp_path):
-    """Issue #53: the two-device example's budget check with a q8_0 cache without flash attention stopped the
-    DAG (llama-fit-params aborts on it). At 4K (ubatch 256; f16 and q8_0, flash attention on and off) that cell
-    is now a row "unsupported", llama.cpp never started for it, and the other three are planned and loaded on
-    both devices as before, each exact against llama.cpp's logged buffers. The tune rule with flash_attn: off
+    """The two-device example's budget check at 4K (ubatch 256; f16 and q8_0, flash attention on and off): the cell
+    llama.cpp refuses (a q8_0 cache without flash attention: llama-fit-params aborts on it) is a row "unsupported",
+    llama.cpp never started for it, and the other three are planned and loaded on both devices, each exact
+    against llama.cpp's logged buffers. The tune rule with flash_attn: off
     records its q8_0 cell the same way, with no probe. 34 s with the build cached (2026-12-06, a shared 2-core
     box); without the fix the DAG stops at the budget check (llama-fit-params: SIGABRT)."""
     grid = {"contexts": [4096], "ubatch": [256], "cache_types": ["f16", "q8_0"], "flash_attn": ["on", "off"]}

@@ -1,4 +1,6 @@
-"""The third tier through the real Snakefile: ceilings, routing, RAM smaller than the model, quant types."""
+"""Ceilings, routing, RAM smaller than the model and quant types through the real Snakefile on the tiny qwen3moe
+twin: the ceilings feed the uncalibrated prediction, the routing trace and table, paging from disk below the
+model, the quant table's exact bytes and both speeds, and publish showing each figure with its caption."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ TARGETS = [
 
 @pytest.fixture(scope="module")
 def wd(tmp_path_factory):
-    wd = workflow_copy(tmp_path_factory.mktemp("tier3"), CFG)
+    wd = workflow_copy(tmp_path_factory.mktemp("ceilings_routing_ram_quants"), CFG)
     run = snakemake(wd, *TARGETS)
     assert run.returncode == 0, run.stderr[-4000:]
     return wd
