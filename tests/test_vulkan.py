@@ -2,8 +2,9 @@
 
 The pinned llama.cpp built with Vulkan (its own cache entry, the pinned patch applied), lavapipe as Vulkan0: doctor
 names it as software, -ot placements land on Vulkan0 and the host as the load log says, `explain` reads that log,
-a buffer past the configured size is refused on the card's error path, `recommend --vram auto` reads the device,
-and the example config's sweep, memory check and budget check run on Vulkan0 through the real Snakefile.
+lavapipe shown as a card of the configured size (native/vkcap.c) refuses a buffer past it on a card's error path,
+`recommend --vram auto` reads the device, and the example config's sweep, memory check and budget check run on
+Vulkan0 through the real Snakefile.
 Skipped, with the reason, where lavapipe or the Vulkan build tools are missing (tests/test_vulkan_unit.py needs none).
 """
 
@@ -109,15 +110,20 @@ def test_a_buffer_past_the_configured_size_is_refused_on_the_cards_error_path(tw
     setup = device_setup(DeviceTarget("gpu", "", 30 * 10**6), manifest())
     assert "lavapipe (Mesa's CPU Vulkan), not a GPU" in setup.label and setup.cap_bytes == 30 * 10**6
     with attached(setup, manifest(), None, tmp_path / "probe.log"):
-        too_big = load_probe(manifest(), str(twin), args, 0, None, tmp_path / "full.log")
+        model_too_big = load_probe(manifest(), str(twin), args, 0, None, tmp_path / "model.log")
+        too_big = load_probe(manifest(), str(twin), args, 4, None, tmp_path / "full.log")
         fits = load_probe(manifest(), str(twin), args, 8, None, tmp_path / "fits.log")
     unlimited = load_probe(manifest(), str(twin), args, 0, None, tmp_path / "unlimited.log")
-    assert too_big[0] == "oom" and fits[0] == "ok" and unlimited[0] == "ok"  # Mesa itself enforces nothing
-    refused = (tmp_path / "full.log").read_text()
-    assert "ggml_vulkan: Device memory allocation of size" in refused and "ErrorOutOfDeviceMemory" in refused
-    oom = read_log(refused).oom
-    assert oom is not None and "Vulkan0" in str(oom)
+    assert model_too_big[0] == too_big[0] == "oom" and fits[0] == "ok"
+    assert unlimited[0] == "ok"  # Mesa itself enforces nothing
+    refused = (tmp_path / "full.log").read_text()  # the weights and KV cache fit; the compute buffer does not
+    assert "vkcap: out of device memory" in refused and "ggml_vulkan: Device memory allocation of size" in refused
+    for log in ("model.log", "full.log"):
+        oom = read_log((tmp_path / log).read_text()).oom
+        assert oom is not None and "Vulkan0" in str(oom)
+    assert read_log((tmp_path / "fits.log").read_text()).free_at_load == {"Vulkan0": 28 * 2**20}  # the size given
     assert fits[1].device_total("Vulkan0") <= setup.cap_bytes
+    assert "Vulkan_Host" in fits[1].sizes  # host buffers are host memory, as on a card: not counted
 
 
 def test_recommend_vram_auto_reads_lavapipe_where_ggml_vk_visible_devices_names_it(twin):

@@ -6,10 +6,6 @@
  * aligned_alloc, memalign, at any alignment) is counted, and one that would exceed
  * MOEPLACE_DEVICE_CAP_BYTES fails with ENOMEM, exactly as a full card refuses a buffer.
  * sysconf(_SC_PHYS_PAGES / _SC_AVPHYS_PAGES) reports the cap, so the device advertises it.
- * With MOEPLACE_DEVICE_CAP_ALIGNMENT set, only allocations at exactly that alignment are counted and sysconf is
- * left alone: preloaded into a llama.cpp process on lavapipe (Mesa's CPU Vulkan), whose device memory is
- * page-aligned posix_memalign (llvmpipe_allocate_memory) while ggml's host buffers are 64-byte aligned, it caps
- * the Vulkan device alone, and a refused allocation fails vkAllocateMemory as on a full card.
  * The table of live allocations grows as needed (it is kept at most half full, so every lookup ends);
  * if it cannot grow, the allocation is refused rather than left uncounted.
  */
@@ -28,7 +24,7 @@
 
 struct slot { void *ptr; size_t size; };
 
-static size_t cap_bytes, used_bytes, only_alignment;
+static size_t cap_bytes, used_bytes;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct slot *table; /* open addressing with linear probing, at most half full */
 static unsigned table_bits;
@@ -52,13 +48,8 @@ __attribute__((constructor)) static void devcap_init(void) {
     RESOLVE(sysconf);
     const char *cap = getenv("MOEPLACE_DEVICE_CAP_BYTES");
     cap_bytes = cap ? strtoull(cap, NULL, 10) : 0;
-    const char *alignment = getenv("MOEPLACE_DEVICE_CAP_ALIGNMENT");
-    only_alignment = alignment ? strtoull(alignment, NULL, 10) : 0;
     fprintf(stderr, "devcap: device memory capped at %zu bytes (%.1f MiB)\n", cap_bytes, cap_bytes / 1048576.0);
 }
-
-/* Whether an allocation at `alignment` is the device's. */
-static int counts(size_t alignment) { return cap_bytes && (!only_alignment || alignment == only_alignment); }
 
 static size_t mask(unsigned bits) { return ((size_t)1 << bits) - 1; }
 
@@ -114,7 +105,7 @@ static void track(void *p, size_t size) {
 
 int posix_memalign(void **out, size_t alignment, size_t size) {
     RESOLVE(posix_memalign);
-    if (!counts(alignment)) return real_posix_memalign(out, alignment, size);
+    if (cap_bytes == 0) return real_posix_memalign(out, alignment, size);
     pthread_mutex_lock(&lock);
     int rc = admit(size);
     if (rc == 0 && (rc = real_posix_memalign(out, alignment, size)) == 0 && *out) track(*out, size);
@@ -135,12 +126,12 @@ static void *counted(void *(*alloc)(size_t, size_t), size_t alignment, size_t si
 
 void *aligned_alloc(size_t alignment, size_t size) {
     RESOLVE(aligned_alloc);
-    return counts(alignment) ? counted(real_aligned_alloc, alignment, size) : real_aligned_alloc(alignment, size);
+    return cap_bytes ? counted(real_aligned_alloc, alignment, size) : real_aligned_alloc(alignment, size);
 }
 
 void *memalign(size_t alignment, size_t size) {
     RESOLVE(memalign);
-    return counts(alignment) ? counted(real_memalign, alignment, size) : real_memalign(alignment, size);
+    return cap_bytes ? counted(real_memalign, alignment, size) : real_memalign(alignment, size);
 }
 
 /* With the lock held: stop counting `p` if it is counted. */
@@ -178,7 +169,7 @@ void free(void *p) {
 long sysconf(int name) {
     RESOLVE(sysconf);
     long page = real_sysconf(_SC_PAGESIZE);
-    if (cap_bytes && !only_alignment && name == _SC_PHYS_PAGES) return (long)(cap_bytes / page);
-    if (cap_bytes && !only_alignment && name == _SC_AVPHYS_PAGES) return (long)((cap_bytes - used_bytes) / page);
+    if (cap_bytes && name == _SC_PHYS_PAGES) return (long)(cap_bytes / page);
+    if (cap_bytes && name == _SC_AVPHYS_PAGES) return (long)((cap_bytes - used_bytes) / page);
     return real_sysconf(name);
 }

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ from .llama_log import Buffers, parse_buffers
 from .llamacpp import require_binary
 from .process import classify, run, run_checked
 from .tool_output import fitted_args
-from .vulkan import FIT_TARGET_ENV
 
 PROBE_TOKENS = 4
 RESERVE_TRIES = 5
@@ -81,12 +79,10 @@ def fitted_placement_args(stdout: str) -> tuple[int, str | None, str | None]:
 def fitted_placement(
     manifest: dict[str, Any], model: str, workload_args: list[str], rpc: str | None, log_path: Path
 ) -> tuple[int | None, str | None, str | None]:
-    """llama-fit-params' own placement with no margin (on lavapipe: the margin that makes its reported heap the
-    configured size), as fitted_placement_args gives it, or Nones where it found none. It may also keep whole
-    layers on the host (a lower -ngl)."""
+    """llama-fit-params' own placement with no margin, as fitted_placement_args gives it, or Nones where it found
+    none. It may also keep whole layers on the host (a lower -ngl)."""
     cmd = [str(require_binary(manifest, "llama-fit-params"))]
-    margin = os.environ.get(FIT_TARGET_ENV, "0")
-    cmd += (["--rpc", rpc] if rpc else []) + ["-m", model, *workload_args, "-fitt", margin]
+    cmd += (["--rpc", rpc] if rpc else []) + ["-m", model, *workload_args, "-fitt", "0"]
     result = run(cmd, log_path=log_path, timeout_s=600)
     if not result.ok or not result.stdout.strip():
         return None, None, None

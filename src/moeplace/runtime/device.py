@@ -1,5 +1,6 @@
-"""Where '-ngl 99' puts the model: a real GPU, lavapipe (Mesa's CPU Vulkan, a real Vulkan device with no GPU under
-it, capped by the devcap shim), or the emulated device (a capped RPC server on 127.0.0.1).
+"""Where '-ngl 99' puts the model: a real GPU, lavapipe (Mesa's CPU Vulkan, a real Vulkan device with no GPU
+under it, shown as a card of the configured size by the vkcap shim), or the emulated device (a capped RPC server
+on 127.0.0.1).
 
 On a machine without a GPU the "device" is llama.cpp's RPC backend, CPU-backed, whose memory is capped
 by the devcap shim: placement and out-of-memory are real while speed is a CPU's. So that it has a real
@@ -27,7 +28,7 @@ from .cpus import CpuSplit, pin, realtime_refusal, slowed
 from .llamacpp import free_device_bytes, require_binary
 from .native import build_native
 from .process import run_checked, spawn, stop
-from .vulkan import FIT_TARGET_ENV, LABEL, lavapipe_env
+from .vulkan import LABEL, lavapipe_env
 
 log = logging.getLogger("moeplace")
 
@@ -40,7 +41,7 @@ class DeviceSetup:
     hold: bool = False  # a GPU capped to cap_bytes: the rest of its free memory is held while a job runs
     host_slowdown: float = 1.0  # emulated: the host side runs this many times slower while timed
     other_caps: tuple[int, ...] = ()  # several devices: the caps of the ones after the first, in llama.cpp's order
-    reported_bytes: int | None = None  # lavapipe: the heap it reports (not enforced; the cap is, by devcap)
+    reported_bytes: int | None = None  # lavapipe: the heap Mesa reports (not enforced; the cap is, by vkcap)
 
     @property
     def caps(self) -> tuple[int, ...]:
@@ -237,15 +238,9 @@ def attached(device: DeviceSetup, manifest: dict[str, Any], cpus: CpuSplit, log_
             for index, cap in enumerate(device.caps):
                 stack.enter_context(gpu_held(cap, log_path, index))
         if device.reported_bytes is not None:
-            stack.enter_context(_environment(_lavapipe_job_env(device, manifest)))
+            vkcap = build_native("vkcap", log_path, shared=True)
+            stack.enter_context(_environment(lavapipe_env(str(vkcap), device.cap_bytes)))
         yield None
-
-
-def _lavapipe_job_env(device: DeviceSetup, manifest: dict[str, Any]) -> dict[str, str]:
-    """lavapipe capped to the device's size: its allocations past it refused (devcap), and llama-fit-params' margin
-    the reported heap less that size, so that it plans for the capped device."""
-    margin_mib = (device.reported_bytes or 0) // 2**20 - device.cap_bytes // 2**20
-    return {**lavapipe_env(manifest["devcap"], device.cap_bytes), FIT_TARGET_ENV: str(margin_mib)}
 
 
 @contextmanager

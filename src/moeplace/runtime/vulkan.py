@@ -3,10 +3,10 @@ Vulkan headers), what keys the build, and Mesa's lavapipe, a real Vulkan impleme
 for a GPU where none is lent (llamacpp.backend: lavapipe; never chosen by auto).
 
 On lavapipe what is real: llama.cpp's Vulkan device and buffer names (Vulkan0, Vulkan_Host), where each tensor
-goes, llama-fit-params' planning against the device's reported memory, and the out-of-memory path (a refused
-vkAllocateMemory). What is not: the speed (a CPU's), the free memory (Mesa 22 reports a fixed 2048 MiB heap,
-always free) and a refusal past the heap (Mesa does not enforce it): the device's size is the config's, enforced
-by the devcap shim on lavapipe's own allocations (see lavapipe_env).
+goes, llama-fit-params' planning against the device's memory, and the out-of-memory path (a refused
+vkAllocateMemory). What is not: the speed (a CPU's), falling free memory, and a refusal by Mesa itself (Mesa 22
+reports a fixed 2048 MiB heap and does not enforce it): the device's size is the config's, shown to llama.cpp and
+enforced by the vkcap shim (native/vkcap.c, see lavapipe_env).
 """
 
 from __future__ import annotations
@@ -33,10 +33,6 @@ INSTALL = f"Mesa's lavapipe and the Vulkan build tools (apt-get install {' '.joi
 # A CPU-type device is skipped by llama.cpp unless named: lavapipe is then Vulkan0.
 VISIBLE = {"GGML_VK_VISIBLE_DEVICES": "0"}
 LABEL = "lavapipe (Mesa's CPU Vulkan), not a GPU"
-# llama-fit-params' margin (-fitt, MiB) while a lavapipe device is attached: its reported heap less the configured
-# size, so that it plans for the smaller device; 0 (no margin) elsewhere.
-FIT_TARGET_ENV = "MOEPLACE_FIT_TARGET_MIB"
-PAGE_ALIGNMENT = 4096  # lavapipe's device memory: posix_memalign at the page size (llvmpipe_allocate_memory)
 
 
 def patch_file() -> Path:
@@ -95,12 +91,11 @@ def runtime_env() -> dict[str, str]:
     return dict(VISIBLE)
 
 
-def lavapipe_env(devcap: str, cap_bytes: int) -> dict[str, str]:
-    """The measured process's environment for a lavapipe device of `cap_bytes`: the devcap shim preloaded, counting
-    only page-aligned allocations (lavapipe's device memory: llvmpipe_allocate_memory), so that a buffer past the
-    cap is refused by vkAllocateMemory as on a full card; ggml's own host buffers (64-byte aligned) go uncounted."""
-    return {"LD_PRELOAD": devcap, "MOEPLACE_DEVICE_CAP_BYTES": str(cap_bytes),
-            "MOEPLACE_DEVICE_CAP_ALIGNMENT": str(PAGE_ALIGNMENT)}  # fmt: skip
+def lavapipe_env(vkcap: str, cap_bytes: int) -> dict[str, str]:
+    """The environment of a llama.cpp process on a lavapipe device of `cap_bytes`: the vkcap shim preloaded, which
+    shows lavapipe as a discrete card of that size (a device-local heap of `cap_bytes` beside host memory) and
+    refuses a device allocation past it with VK_ERROR_OUT_OF_DEVICE_MEMORY, as a full card does."""
+    return {"LD_PRELOAD": vkcap, "MOEPLACE_DEVICE_CAP_BYTES": str(cap_bytes)}
 
 
 def vulkaninfo_devices(text: str) -> list[dict[str, Any]]:
