@@ -102,7 +102,7 @@ def test_a_lavapipe_device_is_labelled_as_software_capped_and_attached_with_its_
     setup = device.device_setup(DeviceTarget("gpu", "", 42 * 10**6), MANIFEST)
     assert setup.kind == "gpu" and setup.cap_bytes == 42 * 10**6 and setup.reported_bytes == 2**31
     assert setup.label == (f"Vulkan0: {LLVMPIPE}: lavapipe (Mesa's CPU Vulkan), not a GPU, Mesa 22.3.6 "
-                           "(LLVM 15.0.6), 40 MiB of its 2048 MiB heap")  # fmt: skip
+                           "(LLVM 15.0.6), shown as a 40 MiB card (Mesa: 2048)")  # fmt: skip
     assert device.device_setup(DeviceTarget("auto", "", None), MANIFEST).cap_bytes == 2**31
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.setattr(device, "build_native", lambda name, log, shared: Path(f"/cache/libmoeplace-{name}.so"))

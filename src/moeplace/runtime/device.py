@@ -106,7 +106,7 @@ def _lavapipe_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSet
                             "reports; give at most that.")  # fmt: skip
     gpu = manifest["gpu_devices"][0]
     mesa = f", {manifest['mesa']}" if manifest.get("mesa") else ""
-    label = f"{target.name or gpu}: {LABEL}{mesa}, {cap / 2**20:.0f} MiB of its {reported / 2**20:.0f} MiB heap"
+    label = f"{target.name or gpu}: {LABEL}{mesa}, shown as a {cap / 2**20:.0f} MiB card (Mesa: {reported / 2**20:.0f})"
     return DeviceSetup("gpu", label, cap, reported_bytes=reported)
 
 
