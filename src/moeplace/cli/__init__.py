@@ -311,7 +311,7 @@ def _twin_and_inspect_parsers(sub: Any) -> None:
 def _tool_parsers(sub: Any) -> None:
     """doctor, explain, verify and merge."""
     do = sub.add_parser("doctor", help="which llama.cpp backend this machine will build and use, and why")
-    do.add_argument("--backend", choices=("auto", "cpu", "cuda", "hip", "vulkan"), default="auto")
+    do.add_argument("--backend", choices=("auto", "cpu", "cuda", "hip", "vulkan", "lavapipe"), default="auto")
     do.add_argument("--json", action="store_true")
     do.set_defaults(func=cmd_doctor)
     ex = sub.add_parser("explain", help="what a llama.cpp log put on each device, and why it ran out of memory")

