@@ -283,3 +283,14 @@ def test_the_fixes_go_on_past_q8_0(metas, capsys):
     assert code == 1 and fix_lines
     assert not any("a q8_0 KV cache" in line for line in fix_lines)
     assert any("q4_0" in line for line in fix_lines) and any("-nkvo" in line for line in fix_lines)
+
+
+def test_optimal_rows_show_the_ot_value_a_user_can_copy(metas, capsys):
+    """Each -ot row of --placement optimal prints the value as a shell reads it, the same as its JSON."""
+    path = metas["qwen3-coder-30b-a3b"]["files"][0]["path"]
+    args = ["recommend", path, "--vram", "16GiB", "--ctx", "32768", "--placement", "optimal"]
+    (plan,) = json.loads(_cli(capsys, *args, "--json")[1])
+    values = [row["override_tensor"] for row in plan["placements"] if row["override_tensor"]]
+    shown = [shlex.split(line.split(" (")[0].strip().lstrip("~ "))[1] for line in _cli(capsys, *args)[1].splitlines()
+             if line.strip().lstrip("~ ").startswith("-ot ")]  # fmt: skip
+    assert values and shown == values

@@ -6,6 +6,7 @@ said with its source."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -319,7 +320,7 @@ def _print_placements(r: Request, ctx: int, ranked: list[dict[str, Any]]) -> Non
     for row in ranked:
         tensors, layers = len(row["host_tensors"]), len(host_layers(row["host_tensors"]))
         what = (f"--n-cpu-moe {row['n_cpu_moe']}" if row["placement"] == "ncmoe"
-                else f"-ot {row['override_tensor']!r} ({tensors} expert tensors on the host, in {layers} "
+                else f"-ot {shlex.quote(row['override_tensor'])} ({tensors} expert tensors on the host, in {layers} "
                      "layers)")  # fmt: skip
         print(f"  {'~' if row['equivalent'] else ' '} {what}, KV {row['type_k']}/{row['type_v']}, -ub {row['ubatch']}: "
               f"decode {speed_text(row['tg'])}, prefill {speed_text(row['pp'])}")  # fmt: skip
