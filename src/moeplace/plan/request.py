@@ -238,10 +238,6 @@ class Request:
     def as_json(self) -> bool:
         return self.json or self.emit == "json"
 
-    @property
-    def device_count(self) -> int:
-        return len(self.vram) if self.vram else 1
-
     def with_(self, **changes: Any) -> Request:
         """This request with some options changed (checked again)."""
         return replace(self, **changes)
