@@ -97,8 +97,7 @@ def recommend(request: Request) -> int:
     contexts = list(request.contexts)
     if request.longest:
         limit = meta.get("n_ctx_train") or MAX_LONGEST
-        found = longest_context(request.with_(contexts=(), longest=True), limit,
-                                lambda r, c: setup.fitted(r, c) if c else None)  # fmt: skip
+        found = longest_context(request, limit, setup.fitted)
         if found is None:
             raise MoeplaceError(f"--ctx max: no context fits {a.vram_bytes / GB:.2f} GB even with every expert on "
                                 "the host; see the fixes with a short --ctx, e.g. --ctx 4096.")  # fmt: skip
