@@ -77,6 +77,16 @@ def _vram(request: Request, backend: str) -> tuple[int, str, str | None]:
     return parse_size(request.vram[0], "--vram"), f"--vram {request.vram[0]}, as given", None
 
 
+def margin_bytes(request: Request, backend: str) -> tuple[int, str]:
+    """The bytes kept free on each card beyond llama.cpp's buffers, and where the figure comes from: --margin, else
+    the backend's default (against its free memory with --vram auto)."""
+    if request.margin_mib is not None:
+        return request.margin_mib * 2**20, "--margin"
+    margins = budget_mod.AUTO_MARGIN_MIB if request.auto else budget_mod.DEFAULT_MARGIN_MIB
+    source = f"{backend}'s default: what real cards used beyond llama.cpp's buffers, docs/real-cards.md"
+    return margins[backend] * 2**20, source
+
+
 def _speeds(request: Request, card: str | None) -> tuple[float, float, float, str]:
     """The bandwidths and card compute the prior is given: the user's flags, else the named card's datasheet (and
     for --vram auto this host's RAM, measured), else moeplace's defaults; and where each came from."""
@@ -105,12 +115,7 @@ def assumptions(request: Request) -> Assumptions:
     """The card, the margin, the bandwidths and the host's RAM the plan assumes, with their sources."""
     backend, backend_source = resolve_backend(request)
     vram, vram_source, card = _vram(request, backend)
-    if request.margin_mib is not None:
-        margin, margin_source = request.margin_mib * 2**20, "--margin"
-    else:
-        margins = budget_mod.AUTO_MARGIN_MIB if request.auto else budget_mod.DEFAULT_MARGIN_MIB
-        margin = margins[backend] * 2**20
-        margin_source = f"{backend}'s default: what real cards used beyond llama.cpp's buffers, docs/real-cards.md"
+    margin, margin_source = margin_bytes(request, backend)
     if margin >= vram:
         raise MoeplaceError(f"--margin {margin >> 20} MiB: as much as the card's {vram >> 20} MiB ({vram_source}); "
                             "give the MiB to keep free beyond llama.cpp's buffers, e.g. --margin 768.")  # fmt: skip

@@ -95,6 +95,10 @@ def _words(name: str) -> list[str]:
     return re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", name.lower())
 
 
+def _sheet(card: str, source: str) -> str:
+    return f"{card}'s datasheet ({SOURCES[source]})"
+
+
 class Datasheet(NamedTuple):
     gbps: float  # memory bandwidth
     tflops: float  # FP32
@@ -109,7 +113,7 @@ def datasheet(name: str) -> Datasheet | None:
     for card, gbps, tflops, source, _ in sorted(CARDS, key=lambda c: -len(_words(c[0]))):
         key = _words(card)
         if words[-len(key) :] == key:
-            return Datasheet(gbps, tflops, f"{card}'s datasheet ({SOURCES[source]})")
+            return Datasheet(gbps, tflops, _sheet(card, source))
     return None
 
 
@@ -147,7 +151,7 @@ def card_named(text: str) -> Card:
     rows = {tuple(_typed_words(c[0])): c for c in CARDS}
     found = [key for key in rows if key[-len(words) :] == tuple(words)] if words else []
     exact = [key for key in found if key == tuple(words)]
-    if size and (sized := [key for key in rows if key == (*words, size) or key[-len(words) - 1 :] == (*words, size)]):
+    if size and (sized := [key for key in rows if key[-len(words) - 1 :] == (*words, size)]):
         found = exact = sized
     if len(exact) == 1 or len(found) == 1:
         name, gbps, tflops, source, memory = rows[(exact or found)[0]]
@@ -168,5 +172,4 @@ def card_named(text: str) -> Card:
     if size and int(size[:-2]) != memory:
         raise MoeplaceError(f"--card {text!r}: the {name} has {memory} GB, not {size[:-2]}; check the name.")
     backend = "rocm" if source == "amd" else "cuda"
-    sheet = f"{name}'s datasheet ({SOURCES[source]})"
-    return Card(name, memory * 2**30, gbps, tflops, backend, sheet)
+    return Card(name, memory * 2**30, gbps, tflops, backend, _sheet(name, source))

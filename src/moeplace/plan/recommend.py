@@ -28,6 +28,7 @@ from .assumed import (
     box_note,
     describe_speed,
     expected,
+    margin_bytes,
     model_path,
     ram_note,
     resolve_backend,
@@ -70,9 +71,9 @@ class Setup:
     def backend(self) -> str:
         return self.a.backend if self.a else ""
 
-    def fitted(self, r: Request, ctx: int, compute: budget_mod.Compute = None) -> int | None:
-        """The budget's minimum --n-cpu-moe for request `r` at `ctx` (None: nothing fits)."""
-        return budget_mod.plan(self.meta, self.device, r.workload(ctx, self.backend), compute, self.extra_bytes,
+    def fitted(self, r: Request, ctx: int) -> int | None:
+        """The budget's minimum --n-cpu-moe for request `r` at `ctx` (None: nothing fits), by the estimate."""
+        return budget_mod.plan(self.meta, self.device, r.workload(ctx, self.backend), None, self.extra_bytes,
                                self.pins)["n_cpu_moe"]  # fmt: skip
 
 
@@ -85,8 +86,7 @@ def recommend(request: Request) -> int:
     sizes, where = _several_cards(request)
     if len(sizes) > 1:
         backend = resolve_backend(request)[0]
-        margins = budget_mod.AUTO_MARGIN_MIB if request.auto else budget_mod.DEFAULT_MARGIN_MIB
-        margin = (request.margin_mib if request.margin_mib is not None else margins[backend]) * 2**20
+        margin = margin_bytes(request, backend)[0]
         return several_devices(request, meta, sizes, where, backend, margin, model_path(meta, request.model),
                                cards_speed(request, meta, backend))  # fmt: skip
     a = assumptions(request)
