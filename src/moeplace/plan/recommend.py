@@ -185,7 +185,7 @@ def _output(setup: Setup, contexts: list[int], rope: str | None) -> int:
         json.dump(plans, sys.stdout, indent=1)
         print()
     elif r.emit == "server":
-        _print_server(setup, fitting, model, rope)
+        _print_server(setup, fitting, rope)
     elif r.emit == "llama-swap" and fitting:
         print(commands.llama_swap({f"{meta['name']}-{_label(p['ctx'])}": p["command"] for p in fitting}), end="")
     elif r.emit == "bench":
@@ -258,7 +258,7 @@ def _placements(setup: Setup, ctx: int, model: Any) -> list[dict[str, Any]]:
     return ranked
 
 
-def _print_server(setup: Setup, fitting: list[dict[str, Any]], model: Any, rope: str | None) -> None:
+def _print_server(setup: Setup, fitting: list[dict[str, Any]], rope: str | None) -> None:
     r, meta, a = setup.request, setup.meta, setup.a
     if note := box_note(r):
         print(note)
