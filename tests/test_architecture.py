@@ -141,3 +141,27 @@ def test_modules_stay_readable_and_scripts_thin():
 def test_readme_fault_matrix_is_generated_from_the_fault_tests():
     check = subprocess.run([sys.executable, "docs/fault_matrix.py", "--check"], cwd=ROOT, capture_output=True)
     assert check.returncode == 0, check.stderr.decode()
+
+
+def test_nothing_outside_tests_reaches_into_them():
+    """src, docs, tools and the rule scripts read no module of tests/ (the data flows tools -> docs, tests; never
+    back): no `sys.path` entry for tests/, no import of a test helper."""
+    helpers = {p.stem for p in (ROOT / "tests").glob("*.py")}
+    outside = [
+        *SOURCES,
+        *(ROOT / "docs").glob("*.py"),
+        *(ROOT / "tools").glob("*.py"),
+        *(ROOT / "workflow").rglob("*.py"),
+    ]
+    reaching = []
+    for path in outside:
+        text = path.read_text()
+        names = {n.split(".")[0] for n, _ in imports(path)} if path.is_relative_to(PACKAGE) else set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+        if names & helpers or '"tests"' in text and "sys.path" in text:
+            reaching.append(str(path.relative_to(ROOT)))
+    assert not reaching, f"these reach into tests/: {reaching}"

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import ROOT
-from published import prior_points, published, twins
+from published_sweeps import prior_points, published, twins
 
 from moeplace.plan.learned_prior import Machine, errors_against, held_out_errors, load, speed_model
 from moeplace.plan.speed import Z95, Run, prefill_run
@@ -34,7 +34,9 @@ def scored(errors: list[float], log_q95: float, what: str) -> tuple[float, float
 
 
 def test_the_stored_prior_is_what_the_published_sweeps_give():
-    check = subprocess.run([sys.executable, "docs/speed_prior.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    check = subprocess.run(
+        [sys.executable, "tools/speed_prior.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stderr
 
 

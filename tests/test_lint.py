@@ -23,7 +23,9 @@ def test_snakemake_lint_and_snakefmt():
 
 
 def test_ruff_check_and_format():
-    check = run(str(BIN / "ruff"), "check", "src", "tests", "workflow/scripts", "scripts/gpu-check")
+    check = run(str(BIN / "ruff"), "check", "src", "tests", "tools", "docs", "workflow/scripts", "scripts/gpu-check")
     assert check.returncode == 0, check.stdout[-2000:]
-    fmt = run(str(BIN / "ruff"), "format", "--check", "src", "tests", "workflow/scripts", "scripts/gpu-check")
+    fmt = run(
+        str(BIN / "ruff"), "format", "--check", "src", "tests", "tools", "docs", "workflow/scripts", "scripts/gpu-check"
+    )
     assert fmt.returncode == 0, fmt.stdout[-2000:]

@@ -84,7 +84,7 @@ def test_the_model_zoo_page_is_what_the_specs_give():
 @pytest.mark.parametrize(("spec", "model_size"), [("gpt-oss-20b", 12_096_558_336), ("gpt-oss-120b", 63_374_323_968)])
 def test_a_type_map_copies_a_published_files_mix_to_the_byte(spec, model_size, tmp_path):
     """MXFP4 experts and Q8_0 elsewhere: the model_size llama-bench printed for ggml-org's gpt-oss GGUFs
-    (tests/data/published/sweeps.csv, MoEArc's runs)."""
+    (tools/published/sweeps.csv, MoEArc's runs)."""
     twin = write_twin(load_spec(ROOT / f"config/models/{spec}.yaml"), tmp_path / "t.gguf")
     assert sum(t.n_bytes for t in read_header(twin).tensors) == model_size
 

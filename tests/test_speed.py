@@ -1,5 +1,5 @@
 """The speed model: its inputs, its calibration, out-of-sample predictions on synthetic runs and on published
---n-cpu-moe sweeps of real cards (tests/data/published/, sources in SOURCES.md), and the CLI around it."""
+--n-cpu-moe sweeps of real cards (tools/published/, sources in SOURCES.md), and the CLI around it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import ROOT
-from published import published, sweeps, twins
+from published_sweeps import published, sweeps, twins
 
 from moeplace.core.config import Bandwidths
 from moeplace.core.units import GB

@@ -1,7 +1,7 @@
 """The speed model before any run: its terms learned from published --n-cpu-moe sweeps of real cards.
 
 A datasheet gives a card's and a host's bandwidth; it does not give how far below them llama.cpp reads, nor the
-fixed time per token, nor how fast a card computes a prompt. Published sweeps do (tests/data/published/, 40-odd
+fixed time per token, nor how fast a card computes a prompt. Published sweeps do (tools/published/, 40-odd
 setups on NVIDIA, AMD and Intel cards and Strix Halo iGPUs; a user's published runs pooled with them by
 prior_learn). Per token, with the features of speed.features:
 
@@ -45,7 +45,7 @@ from scipy.optimize import least_squares
 from ..core.errors import MoeplaceError
 from .speed import FEATURES, Z95, Run, SpeedModel, TestModel, features
 
-PRIOR_FILE = Path(__file__).with_name("learned_prior.json")  # written by docs/speed_prior.py
+PRIOR_FILE = Path(__file__).with_name("learned_prior.json")  # written by tools/speed_prior.py
 TERMS = {
     "tg": ("fixed", "card", "host", "host_measured", "hops", "kv"),
     "pp": ("compute", "link", "copy", "kv"),
@@ -232,7 +232,7 @@ def load(path: Path = PRIOR_FILE) -> dict[str, Learned]:
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise MoeplaceError(
             f"{path}: not a moeplace speed prior ({e}); write one with moeplace prior learn DIR -o {path} (the "
-            "shipped one: python docs/speed_prior.py)."
+            "shipped one: python tools/speed_prior.py)."
         ) from None
     if not set(prior) <= set(TERMS) or "tg" not in prior:
         raise MoeplaceError(f"{path}: a speed prior needs a 'tg' test (and at most 'pp'); write it with moeplace "

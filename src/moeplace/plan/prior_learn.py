@@ -2,7 +2,7 @@
 
 A prior is learned from points (learned_prior.Point: a setup's machine, the speed model's features of a run and its
 measured tok/s). The shipped prior (learned_prior.json) is learned from the shipped points (published_points.json,
-written by docs/speed_prior.py from tests/data/published/, each row's source in SOURCES.md). `moeplace prior learn
+written by tools/speed_prior.py from tools/published/, each row's source in SOURCES.md). `moeplace prior learn
 DIR... -o prior.json` pools those with the runs of moeplace publish/ directories (llama-bench.sqlite, one row per
 run, and MANIFEST.json) and learns the same terms the same way; `recommend`/`predict --prior prior.json` use them.
 
@@ -39,7 +39,7 @@ from .learned_prior import (
 from .machine import DEFAULT_LINK_GBPS
 from .speed import Run
 
-POINTS_FILE = Path(__file__).with_name("published_points.json")  # written by docs/speed_prior.py
+POINTS_FILE = Path(__file__).with_name("published_points.json")  # written by tools/speed_prior.py
 DIGITS = 4  # coefficients as stored: a solver's last digits differ between machines
 MANIFEST, SQLITE = "MANIFEST.json", "llama-bench.sqlite"  # a publish/ directory's, as report.publish names them
 BACKENDS = {"cuda": "cuda", "rocm": "rocm", "hip": "rocm", "vulkan": "vulkan", "sycl": "sycl", "metal": "metal"}
@@ -66,7 +66,7 @@ def load_points(path: Path = POINTS_FILE) -> list[Point]:
         return [Point(r["setup"], r["test"], Machine(**r["machine"]), r["x"], r["tok_s"], r["source"]) for r in rows]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise MoeplaceError(f"{path}: not moeplace's stored published points ({e}); rewrite it with python "
-                            "docs/speed_prior.py.") from None  # fmt: skip
+                            "tools/speed_prior.py.") from None  # fmt: skip
 
 
 # --- learning ------------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def about(points: list[Point], learned_from: list[str]) -> dict[str, Any]:
         "learned_from": learned_from,
         "setups": {t: len({p.setup for p in points if p.test == t}) for t in tests},
         "sources": {t: len({source_of(p) for p in points if p.test == t}) for t in tests},
-        "written_by": "moeplace prior learn (the shipped prior: docs/speed_prior.py)",
+        "written_by": "moeplace prior learn (the shipped prior: tools/speed_prior.py)",
     }
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-CORPUS = Path(__file__).parent / "data/llamacpp"
+CORPUS = Path(__file__).resolve().parents[1] / "tests/data/llamacpp"
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""Published --n-cpu-moe sweeps of real cards (tests/data/published/, sources in SOURCES.md and HELDOUT_SOURCES.md)
+"""Published --n-cpu-moe sweeps of real cards (tools/published/, sources in its SOURCES.md and HELDOUT_SOURCES.md)
 as the speed model sees them: the points it covers, on header-only twins of their models; shared by the speed
-tests and docs/speed_prior.py, which learns the uncalibrated prior from them."""
+tests and tools/speed_prior.py, which learns the uncalibrated prior from them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from moeplace.plan.learned_prior import Machine, Point, point_features
 from moeplace.plan.speed import Run
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLISHED = ROOT / "tests/data/published"
+PUBLISHED = ROOT / "tools/published"
 SPECS = {
     "Qwen3-30B-A3B": ROOT / "config/models/qwen3-coder-30b-a3b.yaml",
     "Qwen3-Coder-30B-A3B-Instruct": ROOT / "config/models/qwen3-coder-30b-a3b.yaml",
