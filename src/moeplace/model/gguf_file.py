@@ -16,10 +16,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
 
 from ..core.errors import MoeplaceError
-from ..runtime.remote import NeedMore
+from ..runtime.model_ref import is_remote
+from ..runtime.remote import NeedMore, read_remote, shard_urls
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -35,21 +36,20 @@ ARCHITECTURE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_STRING = 16 * 2**20
 MAX_STRINGS = 2**24
 
-# GGUF value type -> (struct format, size); 8 = string, 9 = array.
-_SCALARS: dict[int, tuple[str, int]] = {
-    0: ("<B", 1),
-    1: ("<b", 1),
-    2: ("<H", 2),
-    3: ("<h", 2),
-    4: ("<I", 4),
-    5: ("<i", 4),
-    6: ("<f", 4),
-    7: ("<?", 1),
-    10: ("<Q", 8),
-    11: ("<q", 8),
-    12: ("<d", 8),
+# A scalar value type -> (struct format, size); STRING and ARRAY are read by their own methods.
+_SCALARS: dict[GGUFValueType, tuple[str, int]] = {
+    GGUFValueType.UINT8: ("<B", 1),
+    GGUFValueType.INT8: ("<b", 1),
+    GGUFValueType.UINT16: ("<H", 2),
+    GGUFValueType.INT16: ("<h", 2),
+    GGUFValueType.UINT32: ("<I", 4),
+    GGUFValueType.INT32: ("<i", 4),
+    GGUFValueType.FLOAT32: ("<f", 4),
+    GGUFValueType.BOOL: ("<?", 1),
+    GGUFValueType.UINT64: ("<Q", 8),
+    GGUFValueType.INT64: ("<q", 8),
+    GGUFValueType.FLOAT64: ("<d", 8),
 }
-_STRING, _ARRAY = 8, 9
 _SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
@@ -80,7 +80,7 @@ class GGUFHeader:
 
     @property
     def architecture(self) -> str:
-        arch = self.metadata.get("general.architecture")
+        arch = self.metadata.get(Keys.General.ARCHITECTURE)
         if not isinstance(arch, str) or not arch:
             raise MoeplaceError(
                 f"{self.paths[0]}: the GGUF has no 'general.architecture' key; it is not a llama.cpp model file."
@@ -122,10 +122,10 @@ class _Cursor:
         return value
 
     def u32(self, what: str) -> int:
-        return int(self.scalar(4, what))
+        return int(self.scalar(GGUFValueType.UINT32, what))
 
     def u64(self, what: str) -> int:
-        return int(self.scalar(10, what))
+        return int(self.scalar(GGUFValueType.UINT64, what))
 
     def string(self, what: str, limit: int = MAX_STRING) -> str:
         n = self.u64(f"length of {what}")
@@ -149,9 +149,9 @@ class _Cursor:
     def value(self, vtype: int, key: str) -> Any:
         if vtype in _SCALARS:
             return self.scalar(vtype, f"value of {key}")
-        if vtype == _STRING:
+        if vtype == GGUFValueType.STRING:
             return self.string(f"value of {key}")
-        if vtype == _ARRAY:
+        if vtype == GGUFValueType.ARRAY:
             return self.array(key)
         raise self.fail(f"key {key} has unknown value type {vtype}")
 
@@ -168,7 +168,7 @@ class _Cursor:
             values = list(struct.unpack_from(fmt, self.buf, self.pos))
             self.pos += count * size
             return values
-        if etype == _STRING:
+        if etype == GGUFValueType.STRING:
             # Each string needs at least its 8-byte length: a lying count fails here.
             self.need(count * 8, f"array {key}")
             if count > MAX_STRINGS:
@@ -192,7 +192,7 @@ def quoted(value: Any, keep: int = 80) -> str:
     return text if len(text) <= keep else f"{text[:keep]}..."
 
 
-def _type_name(type_id: int, path: Path, shown: str) -> tuple[str, int]:
+def _type_name(type_id: int, path: Path | str, shown: str) -> tuple[str, int]:
     """The ggml type's name and block size; `shown` is the tensor's name as messages quote it."""
     try:
         qtype = GGMLQuantizationType(type_id)
@@ -244,7 +244,18 @@ def parse_header(
     # Each metadata entry takes >= 13 bytes, each tensor entry >= 24: bound the counts.
     if n_kv * 13 > size - cur.pos or n_tensors * 24 > size - cur.pos:
         raise cur.fail(f"claims {n_kv} metadata entries and {n_tensors} tensors, more than the file can hold")
+    metadata = _read_metadata(cur, n_kv)
+    tensors = _read_tensors(cur, n_tensors)
+    alignment = metadata.get(Keys.General.ALIGNMENT, DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise cur.fail(f"general.alignment {quoted(alignment)} is not a power of two")
+    data_start = -(-cur.pos // alignment) * alignment
+    header_sha = hashlib.sha256(bytes(buf[: cur.pos])).hexdigest()
+    _check_data(path, tensors, alignment, data_start, size)
+    return metadata, tensors, size, header_sha, data_start
 
+
+def _read_metadata(cur: _Cursor, n_kv: int) -> dict[str, Any]:
     metadata: dict[str, Any] = {}
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}", MAX_NAME)
@@ -253,7 +264,10 @@ def parse_header(
         if key in metadata:
             raise cur.fail(f"metadata key {shown} appears twice")
         metadata[key] = cur.value(vtype, shown)
+    return metadata
 
+
+def _read_tensors(cur: _Cursor, n_tensors: int) -> list[TensorInfo]:
     tensors: list[TensorInfo] = []
     seen: set[str] = set()
     for i in range(n_tensors):
@@ -266,17 +280,16 @@ def parse_header(
         if not 1 <= n_dims <= MAX_DIMS:
             raise cur.fail(f"tensor {shown} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
         shape = tuple(cur.u64(f"shape of {shown}") for _ in range(n_dims))
-        type_name, block = _type_name(cur.u32(f"type of {shown}"), path, shown)
+        type_name, block = _type_name(cur.u32(f"type of {shown}"), cur.path, shown)
         offset = cur.u64(f"data offset of {shown}")
         if any(d <= 0 for d in shape) or shape[0] % block:
             raise cur.fail(f"tensor {shown} has shape {list(shape)}, invalid for type {type_name}")
         tensors.append(TensorInfo(name, shape, type_name, tensor_nbytes(type_name, shape), offset))
+    return tensors
 
-    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise cur.fail(f"general.alignment {quoted(alignment)} is not a power of two")
-    data_start = -(-cur.pos // alignment) * alignment
-    header_sha = hashlib.sha256(bytes(buf[: cur.pos])).hexdigest()
+
+def _check_data(path: Path | str, tensors: list[TensorInfo], alignment: int, data_start: int, size: int) -> None:
+    """Every tensor's data aligned and inside the file."""
     for t in tensors:
         if t.offset % alignment:
             raise MoeplaceError(
@@ -286,7 +299,6 @@ def parse_header(
             raise MoeplaceError(
                 f"{path}: tensor {quoted(t.name)} ends past the end of the file; the download is incomplete."
             )
-    return metadata, tensors, size, header_sha, data_start
 
 
 def shard_paths(path: Path) -> list[Path]:
@@ -305,11 +317,7 @@ def shard_paths(path: Path) -> list[Path]:
 def read_header(path: str | Path) -> GGUFHeader:
     """Read the header and tensor table of a model, every shard of a split model included; an http(s) URL is
     read with range requests, header only."""
-    from ..runtime.model_ref import is_remote
-
     if is_remote(str(path)):
-        from ..runtime.remote import read_remote, shard_urls
-
         paths: list[Any] = shard_urls(str(path))
         read = partial(read_remote, parse=parse_header)
     else:
@@ -319,10 +327,10 @@ def read_header(path: str | Path) -> GGUFHeader:
     for no, shard in enumerate(paths, start=1):
         metadata, tensors, size, sha, data_start = read(shard)
         if len(paths) > 1:
-            count = metadata.get("split.count")
-            if count != len(paths) or metadata.get("split.no") != no - 1:
+            count, split_no = metadata.get(Keys.Split.LLM_KV_SPLIT_COUNT), metadata.get(Keys.Split.LLM_KV_SPLIT_NO)
+            if count != len(paths) or split_no != no - 1:
                 raise MoeplaceError(
-                    f"{shard}: its split.count/split.no ({quoted(count)}/{quoted(metadata.get('split.no'))}) do not "
+                    f"{shard}: its split.count/split.no ({quoted(count)}/{quoted(split_no)}) do not "
                     f"match shard {no} of {len(paths)}; the shards come from different models."
                 )
         if no == 1:
@@ -335,7 +343,7 @@ def read_header(path: str | Path) -> GGUFHeader:
         header.file_sizes.append(size)
         header.data_starts.append(data_start)
         header.header_sha256.append(sha)
-    expected = header.metadata.get("split.tensors.count")
+    expected = header.metadata.get(Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
     if len(paths) > 1 and expected is not None and expected != len(header.tensors):
         raise MoeplaceError(
             f"{paths[0]}: the shards hold {len(header.tensors)} tensors, but split.tensors.count says "
