@@ -1,6 +1,7 @@
 """A llama.cpp log as a person reads it, on any backend and in any llama.cpp version's wording: buffers per device
-and per host buffer, each load and context, overridden tensors, the cards, and where an allocation failed.
-(tool_output.py reads the rest: --list-devices, llama-bench's records, llama-fit-params, nvidia-smi, rocm-smi.)
+and per host buffer, each load and context, overridden tensors, the cards, and where an allocation failed (read by
+llama_failures.py). tool_output.py reads the rest: --list-devices, llama-bench's records, llama-fit-params,
+nvidia-smi, rocm-smi.
 
 Real cards print what the emulated device never does (CUDA_Host pinned buffers, several devices, each backend's
 own out-of-memory wording), so every reader is tested on real output from real cards (tests/data/llamacpp/).
@@ -11,7 +12,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-MiB = 2**20
+from ..core.errors import MoeplaceError
+from .llama_failures import OutOfMemory, find_error, find_oom, pipeline_retry
+from .llama_names import MiB, backend_of, device_name, is_host
+
 KINDS = ("weights", "kv", "compute", "output", "input")
 
 # "load_tensors: CUDA0 model buffer size = 30.62 MiB", older "llm_load_tensors: CUDA0 buffer size = ...",
@@ -22,8 +26,15 @@ _BUFFER = re.compile(
     r"(?P<name>[A-Za-z][\w\-]*(?:\[[^\]\s]*\])?)\s+(?P<kind>model |KV |RS |compute |output |input |DSV4 \S+ state )?"
     r"buffer size\s*=\s*(?P<mib>\d+(?:[.,]\d+)?) MiB"
 )
-_KIND = {"model": "weights", "": "weights", "KV": "kv", "RS": "kv", "compute": "compute", "output": "output",
-         "input": "input"}  # fmt: skip
+_KIND = {
+    "model": "weights",
+    "": "weights",
+    "KV": "kv",
+    "RS": "kv",
+    "compute": "compute",
+    "output": "output",
+    "input": "input",
+}
 # Each context logs its n_ctx first: "llama_context: n_ctx = 4096" (older: llama_new_context_with_model,
 # llama_init_from_model).
 _CONTEXT = re.compile(r"(?:llama_context|llama_new_context_with_model|llama_init_from_model):\s+n_ctx\s+=\s+(\d+)")
@@ -58,22 +69,6 @@ _BACKEND_OF_INIT = (
     (re.compile(r"ggml_sycl_init|SYCL\d"), "sycl"),
     (re.compile(r"CANN\d"), "cann"),
 )
-_BACKEND_OF_BUFFER = (
-    ("CUDA", "cuda"), ("ROCm", "rocm"), ("HIP", "rocm"), ("Vulkan", "vulkan"), ("MTL", "metal"), ("Metal", "metal"),
-    ("SYCL", "sycl"), ("RPC", "rpc"), ("CANN", "cann"), ("MUSA", "musa"), ("CPU", "cpu"),
-)  # fmt: skip
-_DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "musa": "MUSA"}
-
-
-def is_host(buffer: str) -> bool:
-    """A host buffer: CPU, CPU_Mapped, CPU_REPACK, CPU_AARCH64, AMX, and every backend's pinned host memory
-    (CUDA_Host, ROCm_Host, Vulkan_Host, SYCL_Host, ...). CUDA0, ROCm1, Vulkan0, MTL0/Metal, SYCL0, RPC0[...] and
-    CUDA_Split (rows split over several GPUs) are devices."""
-    return buffer.startswith(("CPU", "AMX")) or buffer.endswith("_Host") or buffer == "host"
-
-
-def backend_of(buffer: str) -> str | None:
-    return next((backend for prefix, backend in _BACKEND_OF_BUFFER if buffer.startswith(prefix)), None)
 
 
 @dataclass
@@ -119,8 +114,6 @@ class Buffers:
         read several as one."""
         devices = self.devices
         if len(devices) > 1:
-            from ..core.errors import MoeplaceError
-
             raise MoeplaceError(
                 f"llama.cpp used {len(devices)} devices ({', '.join(devices)}), but this step plans for one; "
                 "make one visible (e.g. CUDA_VISIBLE_DEVICES=0) or see the multi-device plan."
@@ -195,142 +188,13 @@ def parse_buffers(log: str) -> list[Buffers]:
     return [buffers for load in read_loads(log) for buffers in load.each_context()]
 
 
-@dataclass
-class OutOfMemory:
-    """Where an allocation failed: the stage (weights, kv, compute, runtime), the device as the log names it,
-    the size asked for where printed, and the line that says so."""
-
-    stage: str
-    device: str | None
-    requested_bytes: int | None
-    line: str
-
-
-# Lines that say an allocation failed, with what they tell: the device (a name, or an index), and a size.
-_ALLOC_FAILED = (
-    re.compile(r"allocating (?P<mib>[\d.]+) MiB on device (?P<index>\d+): \w+ failed"),
-    re.compile(r"failed to allocate (?P<device>\S+) buffer of size (?P<bytes>\d+)"),
-    re.compile(r"failed to allocate buffer of size (?P<bytes>\d+)"),
-    re.compile(r"Device memory allocation of size (?P<bytes>\d+) failed"),
-    re.compile(r"can't malloc (?P<bytes>\d+) Bytes memory on device"),  # SYCL
-    re.compile(r"unable to allocate (?P<device>\S+) buffer"),
-    re.compile(r"failed to allocate buffer, size = (?P<mib>[\d.]+) MiB"),  # Metal
-    re.compile(r"ErrorOutOfDeviceMemory|OutOfDeviceMemory|out of device memory|OUT_OF_DEVICE_MEMORY", re.I),
-    re.compile(r"(?:CUDA|HIP|ROCm|MUSA) error: out of memory|cudaMalloc failed|hipMalloc failed"),
-    re.compile(r"Insufficient Memory|kIOGPUCommandBufferCallbackErrorOutOfMemory|std::bad_alloc"),
-    re.compile(r"failed to allocate buffer for (?:kv|rs) cache|failed for self-attention cache"),
-    re.compile(r"failed to allocate compute (?:pp |tg )?buffers"),
-)
-# The stage a failure belongs to, from the lines at and after it ("unable to allocate CUDA0 buffer" while loading
-# tensors; "failed to allocate buffer for kv cache"; "failed to allocate compute buffers").
-_STAGE_SAYS = (
-    (re.compile(r"command buffer \d+ failed with status"), "runtime"),  # Metal: a graph ran out while computing
-    (
-        re.compile(r"unable to allocate \S+ buffer|error loading model|failed to load model|load_tensors: failed"),
-        "weights",
-    ),  # fmt: skip
-    (re.compile(r"buffer for (?:kv|rs) cache|kv_cache\w*: failed|failed for self-attention cache"), "kv"),
-    (re.compile(r"compute (?:pp |tg )?buffers|ggml_gallocr_reserve|graph_reserve|sched_reserve: failed"), "compute"),
-)
-# Where a log had got to before a failure, from the last line before it that tells (checked in this order): its
-# compute buffers logged (it was running), its KV cache logged (compute came next), its weights logged or a
-# context begun (the KV cache came next), or its tensors being loaded.
-_PHASE = (
-    (
-        re.compile(
-            r"compute buffer size|graph splits|graph nodes|slot|server is listening|model loaded|sampler|"
-            r"prompt eval|llama_perf|warming up|warmup|generate:"
-        ),
-        "runtime",
-    ),  # fmt: skip
-    (re.compile(r"KV buffer size|RS buffer size|KV self size"), "compute"),
-    (
-        re.compile(
-            r"buffer size =|n_ctx\s+=|constructing llama_context|llama_new_context_with_model:|"
-            r"llama_init_from_model:"
-        ),
-        "kv",
-    ),  # fmt: skip
-    (
-        re.compile(r"load_tensors|llm_load_tensors|llama_model_load|llama_model_loader|print_info|llm_load_print_meta"),
-        "weights",
-    ),  # fmt: skip
-)
-_CURRENT_DEVICE = re.compile(r"current device: (\d+)")
-_NAMED_DEVICE = re.compile(r"(?:failed|unable) to allocate (\S+) buffer\b(?!s)")
-_BUFFER_NAME = re.compile(r"(?:CUDA|ROCm|HIP|Vulkan|MTL|Metal|SYCL|RPC|CANN|MUSA|CPU)\w*(?:\[[^\]]*\])?")
-# llama.cpp recovers from one failure: a compute buffer too large with pipeline parallelism is reserved again
-# without it.
-_RETRY = re.compile(r"retrying without pipeline parallelism")
-
-
-def _buffer_name(token: str | None) -> str | None:
-    """A token that names a buffer (CUDA0, ROCm_Host, Vulkan0), not a word such as "backend" in "unable to
-    allocate backend buffer"."""
-    return token if token and _BUFFER_NAME.fullmatch(token) else None
-
-
-def _stage(lines: list[str], i: int) -> str:
-    """The stage of the failure at line i: what the lines from it on say, else what the log did before it."""
-    for later in lines[i : i + 12]:
-        for pattern, stage in _STAGE_SAYS:
-            if pattern.search(later):
-                return stage
-    for earlier in reversed(lines[:i]):
-        for pattern, stage in _PHASE:
-            if pattern.search(earlier):
-                return stage
-    return "runtime"
-
-
-def find_oom(log: str, backend: str | None) -> OutOfMemory | None:
-    """The allocation failure that stopped the run: the first one after the last recovery llama.cpp made."""
-    lines = log.splitlines()
-    start = max((i for i, line in enumerate(lines) if _RETRY.search(line)), default=-1) + 1
-    for i in range(start, len(lines)):
-        m = next((m for p in _ALLOC_FAILED if (m := p.search(lines[i]))), None)
-        if not m:
-            continue
-        found = m.groupdict()
-        after = lines[i : i + 12]
-        named = (_buffer_name(d[1]) for later in after if (d := _NAMED_DEVICE.search(later)))
-        device = _buffer_name(found.get("device")) or next((d for d in named if d), None)
-        index = found.get("index") or next((d[1] for later in after if (d := _CURRENT_DEVICE.search(later))), None)
-        if device is None and index is not None:
-            device = f"{_DEVICE_PREFIX.get(backend or '', 'CUDA')}{index}"
-        if device is None and "cpu_buffer_type" in lines[i]:  # ggml_backend_cpu_buffer_type_alloc_buffer
-            device = "CPU"
-        sizes = (m.groupdict() for later in lines[i : i + 4] for p in _ALLOC_FAILED[:7] if (m := p.search(later)))
-        size = next((g for g in sizes if g.get("bytes") or g.get("mib")), {})  # the cascade's first size
-        requested = int(size["bytes"]) if size.get("bytes") else round(float(size["mib"]) * MiB) if size else None
-        return OutOfMemory(_stage(lines, i), device, requested, lines[i].strip())
-    return None
-
-
-# A failure that is not about memory (read where no allocation failed), the most telling kind first: the backend's
-# own error ("ROCm error: device kernel image is invalid", "CUDA error: an illegal memory access was encountered"),
-# a model this build cannot load, a lost device or GPU fault, a failed assert or op, a crash.
-_ERRORS = (
-    re.compile(r"\b(?:CUDA|ROCm|HIP|MUSA|SYCL|CANN) error: (?!out of memory).*\S"),
-    re.compile(r"error loading model: (?!.*(?:allocat|memory)).*\S"),
-    re.compile(r".*(?:DeviceLost|VK_ERROR_DEVICE_LOST|Memory access fault by GPU|HSA_STATUS_ERROR_).*\S"),
-    re.compile(r".*(?:GGML_ASSERT\(.*\) failed|ggml_cuda_compute_forward: \w+ failed).*"),
-    re.compile(r".*(?:Segmentation fault|SIGSEGV|Illegal instruction|core dumped).*"),
-)
 # llama.cpp's --fit (on by default since late 2025) and llama-fit-params size the buffers without allocating them.
-_FIT = re.compile(r"llama_params_fit|common_fit_params|fitting params to|llama-fit-params|fitted CLI arguments|"
-                  r"printing estimated memory")  # fmt: skip
+_FIT = re.compile(
+    r"llama_params_fit|common_fit_params|fitting params to|llama-fit-params|fitted CLI arguments|"
+    r"printing estimated memory"
+)
 _KV_SIZE = re.compile(r"KV buffer size\s*=\s*(\d+(?:[.,]\d+)?) MiB")
 _RAN = re.compile(r"server is listening|memory breakdown|model loaded|prompt eval|llama_perf|generate:|main loop")
-
-
-def find_error(log: str) -> str | None:
-    """The line of an error that is not an out-of-memory, the most telling kind first (None: no such line)."""
-    for pattern in _ERRORS:
-        for line in log.splitlines():
-            if m := pattern.search(line):
-                return m[0].strip()
-    return None
 
 
 def dry_run(log: str, loads: list[Load]) -> str | None:
@@ -344,14 +208,6 @@ def dry_run(log: str, loads: list[Load]) -> str | None:
     fits = list(_FIT.finditer(log))
     ran = fits and _RAN.search(log, fits[-1].end())
     return "fit-projection" if fits and not any(weights) and not ran else None
-
-
-def pipeline_retry(log: str, backend: str | None) -> OutOfMemory | None:
-    """The compute-buffer failure with pipeline parallelism that llama.cpp recovered from by retrying without it
-    (builds since late 2025), where the log shows one."""
-    lines = log.splitlines()
-    last = max((i for i, line in enumerate(lines) if _RETRY.search(line)), default=None)
-    return find_oom("\n".join(lines[:last]), backend) if last is not None else None
 
 
 # llama.cpp's own memory table (2026 builds print it at exit, and --fit for each try):
@@ -437,10 +293,9 @@ def _free_at_load(log: str, backend: str | None) -> dict[str, int]:
     """Each device's free memory as the load found it: llama.cpp's "using device CUDA0 (...) - 23010 MiB free",
     else the free memory ggml_cuda_init printed."""
     free = {m[1]: int(m[3]) * MiB for m in _USING.finditer(log)}
-    prefix = _DEVICE_PREFIX.get(backend or "", "CUDA")
     for m in _INIT_VRAM.finditer(log):
         if m[3]:
-            free.setdefault(f"{prefix}{m[1]}", int(m[3]) * MiB)
+            free.setdefault(device_name(backend, m[1]), int(m[3]) * MiB)
     for m in _DEVICE_INFO.finditer(log):
         free.setdefault(m[1], int(m[3]) * MiB)
     return free
@@ -464,7 +319,7 @@ def read_log(log: str) -> LogReport:
         gpus=gpus,
         free_at_load=_free_at_load(log, backend),
         card_memory={m[1]: int(m[2]) * MiB for m in _DEVICE_INFO.finditer(log)}
-        | {f"{_DEVICE_PREFIX.get(backend or '', 'CUDA')}{m[1]}": int(m[2]) * MiB for m in _INIT_VRAM.finditer(log)},
+        | {device_name(backend, m[1]): int(m[2]) * MiB for m in _INIT_VRAM.finditer(log)},
         loads=loads,
         overridden={m[1]: m[2] for m in _OVERRIDE.finditer(log)},
         offloaded=(int(offloaded[-1][0]), int(offloaded[-1][1])) if offloaded else None,

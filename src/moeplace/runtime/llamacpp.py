@@ -28,7 +28,7 @@ from typing import Any
 from ..core.config import BenchSettings
 from ..core.errors import MoeplaceError
 from .backend import detect
-from .llama_log import backend_of
+from .llama_names import backend_of
 from .llamacpp_args import cache_args
 from .native import build_native, cache_root
 from .process import run, run_checked

@@ -13,7 +13,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from .llama_log import Buffers, MiB
+from .llama_log import Buffers
+from .llama_names import MiB
 
 # --list-devices (and rpc-server's "Devices:"): "  CUDA0: NVIDIA GeForce RTX 4090 (24080 MiB, 23582 MiB free)"; older
 # Metal builds name their device "Metal"; llama-server's start-up block: "0.00.077.728 I   - MTL0    : Apple M5 Max".

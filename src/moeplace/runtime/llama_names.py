@@ -1,0 +1,30 @@
+"""How llama.cpp names what it logs: devices (CUDA0, ROCm1, Vulkan0, MTL0, SYCL0, RPC0[host:port]) and host buffers
+(CPU_Mapped, CUDA_Host), the backend a name belongs to, and the unit its sizes are printed in.
+"""
+
+from __future__ import annotations
+
+MiB = 2**20
+
+_BACKEND_OF_BUFFER = (
+    ("CUDA", "cuda"), ("ROCm", "rocm"), ("HIP", "rocm"), ("Vulkan", "vulkan"), ("MTL", "metal"), ("Metal", "metal"),
+    ("SYCL", "sycl"), ("RPC", "rpc"), ("CANN", "cann"), ("MUSA", "musa"), ("CPU", "cpu"),
+)  # fmt: skip
+_DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "musa": "MUSA"}
+
+
+def is_host(buffer: str) -> bool:
+    """A host buffer: CPU, CPU_Mapped, CPU_REPACK, CPU_AARCH64, AMX, and every backend's pinned host memory
+    (CUDA_Host, ROCm_Host, Vulkan_Host, SYCL_Host, ...). CUDA0, ROCm1, Vulkan0, MTL0/Metal, SYCL0, RPC0[...] and
+    CUDA_Split (rows split over several GPUs) are devices."""
+    return buffer.startswith(("CPU", "AMX")) or buffer.endswith("_Host") or buffer == "host"
+
+
+def backend_of(buffer: str) -> str | None:
+    return next((backend for prefix, backend in _BACKEND_OF_BUFFER if buffer.startswith(prefix)), None)
+
+
+def device_name(backend: str | None, index: int | str) -> str:
+    """The name llama.cpp gives a backend's device by its index (a log that names only the index: CUDA unless
+    it says ROCm or MUSA)."""
+    return f"{_DEVICE_PREFIX.get(backend or '', 'CUDA')}{index}"
