@@ -1,0 +1,129 @@
+"""How many repetitions a configuration gets: each arm's samples so far and what its batches cost, when an
+open-ended llama-bench process has measured enough, how large an arm's next batch is, and when a median (or a
+paired difference) is precise enough.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.config import BenchSettings
+from ..core.stats import delta_interval, fewest_for_median_interval, median_halfwidth
+from ..runtime.tool_output import bench_records
+
+
+@dataclass
+class Arm:
+    """One placement being measured: its samples per test, and its first batch's output."""
+
+    n_cpu_moe: int
+    overrides: str | None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    first: dict[str, dict[str, Any]] = field(default_factory=dict)  # llama-bench's JSON per test
+    stderr: str = ""
+    batches: int = 0
+    wall_s: float = 0.0  # its batches' processes, start to exit, less the other arms' repetitions in them
+    measured_s: float = 0.0  # of which timed repetitions (llama-bench's samples_ns)
+    failure: tuple[str, str, str] | None = None  # status, reason, stderr tail
+
+    def repetitions(self, tests: tuple[str, ...]) -> int:
+        """The fewest repetitions any of `tests` has so far."""
+        return min(len(self.samples.get(t, [])) for t in tests)
+
+    def costs(self) -> tuple[float, float]:
+        """(seconds per batch outside the repetitions: start, load, warm-up, one depth fill; seconds per
+        repetition of all tests), from the batches so far."""
+        repetitions = len(next(iter(self.samples.values())))
+        return (self.wall_s - self.measured_s) / self.batches, self.measured_s / repetitions
+
+
+def precise_enough(samples: dict[str, list[float]], baseline: dict[str, list[float]] | None, precision: float) -> bool:
+    """Every test's 95% CI half-width within `precision`: of the median (distribution-free, so a slow spell's
+    repetitions widen it only when they are many, and a noisy configuration is measured again instead), or with
+    a paired baseline, of the mean difference from it (relative to the baseline's mean)."""
+    for test, values in samples.items():
+        base = (baseline or {}).get(test)
+        if base:
+            _, low, high = delta_interval(values, base)
+            if not (high - low) / 2 <= precision * statistics.fmean(base):
+                return False
+        elif median_halfwidth(values) > precision:
+            return False
+    return True
+
+
+def test_of(row: dict[str, Any]) -> str:
+    return "pp" if row["n_gen"] == 0 else "tg"
+
+
+def samples_of(row: dict[str, Any]) -> list[float]:
+    """A llama-bench row's tok/s per repetition (its mean alone where it printed no samples)."""
+    return row.get("samples_ts") or [row["avg_ts"]]
+
+
+def rows_per_arm(arms: list[Arm], rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Each arm's rows of one process (arms sharing a process have distinct n values)."""
+    if len(arms) == 1:
+        return [rows]
+    return [[r for r in rows if r.get("n_cpu_moe") == a.n_cpu_moe] for a in arms]
+
+
+def fewest_repetitions(settings: BenchSettings) -> int:
+    """The fewest repetitions an arm gets before adaptive settings may stop: as many as a median's interval needs
+    (at least `settings.repetitions`), unless fewer are allowed."""
+    return min(settings.max_repetitions, max(settings.repetitions, fewest_for_median_interval()))
+
+
+def stop_when_enough(
+    arms: list[Arm], tests: tuple[str, ...], settings: BenchSettings, t0: float
+) -> Callable[[str], bool]:
+    """When to stop an open-ended process, after a whole pass over its arms: every arm with the fewest repetitions
+    a median's interval needs and precise enough, or the most repetitions allowed, or the next pass would run
+    past the time budget (`time_budget_s` per arm since `t0`), or past twice the process's start, loads, warm-ups
+    and depth fill where that is more (the fill paid for is worth as much time in repetitions). A later pass pays
+    its repetitions, loads and warm-ups, not the fill: after the first pass its pace is that pass's repetitions
+    (llama-bench's samples_ns) and one more, after that the last pass's."""
+    pass_ends = [time.monotonic()]
+    once = []  # the first pass's wall time less its repetitions: what no later pass pays
+    fewest = fewest_repetitions(settings)
+
+    def enough(stdout: str) -> bool:
+        rows = bench_records(stdout)
+        if len(rows) // (len(arms) * len(tests)) < len(pass_ends):
+            return False  # no new whole pass
+        pass_ends.append(time.monotonic())
+        samples = [{t: [*a.samples.get(t, [])] for t in tests} for a in arms]
+        for arm_samples, mine in zip(samples, rows_per_arm(arms, rows)):
+            for r in mine:
+                arm_samples[test_of(r)].extend(samples_of(r))
+        counts = [len(v) for arm_samples in samples for v in arm_samples.values()]
+        pace = pass_ends[-1] - pass_ends[-2]
+        if not once:
+            timed = sum(sum(r.get("samples_ns") or []) for r in rows) / 1e9
+            once.append(pace - timed if timed else 0.0)
+            pace = timed * (settings.repetitions + 1) / settings.repetitions if timed else pace
+        if min(counts) >= settings.max_repetitions:
+            return True
+        return min(counts) >= fewest and (
+            all(precise_enough(arm_samples, None, settings.precision) for arm_samples in samples)
+            or pass_ends[-1] + pace - t0 > max(settings.time_budget_s * len(arms), pass_ends[0] - t0 + 2 * once[0])
+        )
+
+    return enough
+
+
+def next_batch(wanted: int, allowed: int, fixed_s: float, repetition_s: float, left_s: float) -> int:
+    """Repetitions for an arm's next batch (0: stop): the `wanted` more, but at least as many as the batch's
+    fixed part (start, load, warm-up, one depth fill: most of a batch at 32K) is worth, since another batch
+    would pay it again; at most `allowed`, and no more than the `left_s` seconds of its time budget pay for.
+    None where the budget pays for fewer than that fixed part is worth: such a batch would spend most of its
+    time filling the depth again, for a few repetitions that barely narrow a median's interval."""
+    affordable = int((left_s - fixed_s) // max(repetition_s, 1e-9))
+    worth = math.ceil(fixed_s / max(repetition_s, 1e-9))
+    batch = max(0, min(allowed, max(wanted, worth, 1), affordable))
+    return batch if batch >= min(worth, allowed) else 0
