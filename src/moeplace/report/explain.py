@@ -7,12 +7,13 @@ from __future__ import annotations
 import re
 import shlex
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from ..core.errors import MoeplaceError
-from ..runtime.llama_log import LogReport, MiB, is_host, read_log
+from ..runtime.llama_log import LogReport, read_log
+from ..runtime.llama_names import MiB, is_host
 from ..runtime.tool_output import read_bench
+from .paste import command_args, looks_cut
 
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_\w*_(?:ch)?exps\b")
 _STAGE_WORDS = {
@@ -21,68 +22,26 @@ _STAGE_WORDS = {
     "compute": "reserving the compute buffers",
     "runtime": "running (after the load)",
 }
-_RECOMMEND_BACKEND = {"cuda": "cuda", "rocm": "rocm", "vulkan": "vulkan", "metal": "metal", "sycl": "sycl",
-                      "rpc": "rpc"}  # fmt: skip
+_RECOMMEND_BACKEND = {
+    "cuda": "cuda",
+    "rocm": "rocm",
+    "vulkan": "vulkan",
+    "metal": "metal",
+    "sycl": "sycl",
+    "rpc": "rpc",
+}
 
 
-# The command a paste often starts with (llama-server ..., ./llama-cli \\ on several lines, ollama's runner), and the
-# flags of it that the plan and the words use.
-_PROGRAM = re.compile(
-    r"(?:^|[\s/\\$>=\"'])(?:llama-server|llama-cli|llama-bench|llama-fit-params|llama-completion|llama-mtmd-cli|"
-    r"llama-sweep-bench|ollama_llama_server|ollama runner|server|main)(?:\.exe)?\s+(-.*)$"
-)
-# llama-server's router prints the arguments it starts a model with one to a line: "srv          load:   --model".
-_ARG_LINE = re.compile(r"\bsrv\s+load:\s+(\S.*?)\s*$")
-_OPTIONS = {"-c": "ctx", "--ctx-size": "ctx", "-ngl": "ngl", "--n-gpu-layers": "ngl", "--gpu-layers": "ngl",
-            "-ot": "ot", "--override-tensor": "ot", "-ub": "ubatch", "--ubatch-size": "ubatch",
-            "-ncmoe": "n_cpu_moe", "--n-cpu-moe": "n_cpu_moe", "-np": "parallel", "--parallel": "parallel",
-            "-m": "model", "--model": "model", "-sm": "split_mode", "--split-mode": "split_mode",
-            "-fa": "flash_attn", "--flash-attn": "flash_attn"}  # fmt: skip
-_FLASH = {"on": "on", "1": "on", "true": "on", "enabled": "on", "off": "off", "0": "off", "false": "off",
-          "auto": "auto"}  # fmt: skip
-# A paste with lines cut out of it: a line that is only an ellipsis or a snip mark, or one that says lines were cut.
-_CUT = re.compile(
-    r"^\s*(?:\.{1,3}|…|\[\.\.\.\]|\[…\]|\(\.\.\.\)|<snip>|\[snip\])\s*$|"
-    r"\b(?:truncated|snipped|omitted|removed|cut|skipped|repeated)\b.*\b(?:lines?|times)\b|"
-    r"\blines?\b.*\b(?:truncated|snipped|omitted|removed|cut|skipped)\b",
-    re.I | re.M,
-)
-
-
-def command_args(text: str) -> dict[str, Any]:
-    """The flags of the first llama.cpp command line the text shows, or of the router's argument lines ({} where
-    it shows neither): ctx, ngl, ubatch, n_cpu_moe, parallel, model, split_mode and flash_attn as typed, ot as the
-    list of -ot rules."""
-    lines = re.sub(r"\\[ \t]*\r?\n", " ", text).splitlines()
-    commands = [m[1] for line in lines if (m := _PROGRAM.search(line))]
-    arg_lines = [m[1] for line in lines if (m := _ARG_LINE.search(line))]
-    for command in commands[:1] or ([shlex.join(arg_lines)] if arg_lines else []):
-        try:
-            tokens = shlex.split(command)
-        except ValueError:
-            tokens = command.split()
-        args: dict[str, Any] = {}
-        for i, token in enumerate(tokens):
-            flag, _, value = token.partition("=") if token.startswith("--") else (token, "", "")
-            key = _OPTIONS.get(flag)
-            if key is None:
-                continue
-            following = tokens[i + 1] if i + 1 < len(tokens) else ""
-            value = value or (following if following and not re.match(r"-[^\d]", following) else "")
-            if key == "flash_attn" and not value:  # builds of 2024/25: a bare -fa
-                value = "on"
-            if key == "ot" and value:
-                args.setdefault("ot", []).extend(value.split(","))
-            elif value:
-                args[key] = value
-        return args
-    return {}
-
-
-def _starts_in_overrides(text: str) -> bool:
-    """The paste begins with an override line: the ones before it (llama.cpp prints them all) were left out."""
-    first = next((line for line in text.splitlines() if line.strip()), "")
-    return "buffer type overrid" in first
+_FLASH = {
+    "on": "on",
+    "1": "on",
+    "true": "on",
+    "enabled": "on",
+    "off": "off",
+    "0": "off",
+    "false": "off",
+    "auto": "auto",
+}
 
 
 def _number(value: Any) -> int | None:
@@ -119,8 +78,12 @@ def experts_on_host(report: LogReport, text: str = "") -> dict[str, Any] | None:
     seen = list(per_layer)
     skips = any(b - a > 1 for a, b in zip(seen, seen[1:])) or len(set(per_layer.values())) > 1
     layers = sorted(seen)
-    return {"tensors": len(host), "layers": len(layers), "layer_list": layers,
-            "at_least": bool(host) and (skips or bool(_CUT.search(text)) or _starts_in_overrides(text))}  # fmt: skip
+    return {
+        "tensors": len(host),
+        "layers": len(layers),
+        "layer_list": layers,
+        "at_least": bool(host) and (skips or looks_cut(text)),
+    }
 
 
 def card_memory(report: LogReport, device: str) -> int | None:
@@ -151,7 +114,7 @@ _ERROR_HINTS = (
         ),
         "this llama.cpp build cannot read this model (it is older than the model's architecture or converter): "
         "update llama.cpp, or the app that bundles it (ollama, LM Studio)",
-    ),  # fmt: skip
+    ),
     (
         re.compile(r"not within the file bounds|invalid magic|unexpectedly reached end|corrupt|failed to read"),
         "the model file is incomplete or damaged: download it again and check its size or checksum",
@@ -172,7 +135,7 @@ _DRY_RUN_WORDS = {
 }
 
 
-def _copies(n: int) -> str:
+def copies(n: int) -> str:
     return f"{n} {'copy' if n == 1 else 'copies'}"
 
 
@@ -215,9 +178,11 @@ def _why(report: LogReport, cause: str, args: dict[str, Any], text: str) -> tupl
     stage = _STAGE_WORDS[oom.stage]
     if cause == "allocation-limit":
         room = f", though it had {free / MiB:,.0f} MiB free at load" if free else ""
-        why = (f"{where} could not make one allocation{asked} while {stage}{room}: that is a limit on a single "
-               "allocation (the driver's), not a lack of memory, so planning with the free memory would fail the "
-               "same way.")  # fmt: skip
+        why = (
+            f"{where} could not make one allocation{asked} while {stage}{room}: that is a limit on a single "
+            "allocation (the driver's), not a lack of memory, so planning with the free memory would fail the "
+            "same way."
+        )
         apu = _APU.search(text)
         smaller = {
             "compute": f"a smaller -ub (e.g. -ub {max(64, (_number(args.get('ubatch')) or 512) // 2)})",
@@ -225,9 +190,11 @@ def _why(report: LogReport, cause: str, args: dict[str, Any], text: str) -> tupl
         }.get(oom.stage, "fewer layers on the device (-ngl), or the largest tensors kept on the host (-ot ...=CPU)")
         todo = f"Make that buffer smaller: {smaller}; or split it over several devices."
         if apu:
-            todo += (" On an AMD APU the GPU's share of the RAM is capped by the kernel's GTT/TTM limit "
-                     "(amdgpu.gttsize, ttm.pages_limit) and by the driver's single-allocation cap: raising those "
-                     "also works.")  # fmt: skip
+            todo += (
+                " On an AMD APU the GPU's share of the RAM is capped by the kernel's GTT/TTM limit "
+                "(amdgpu.gttsize, ttm.pages_limit) and by the driver's single-allocation cap: raising those "
+                "also works."
+            )
         return why, todo
     why = f"{where} ran out of memory while {stage}{asked}{before}{had}."
     if not _copies_on(report, text):
@@ -236,18 +203,24 @@ def _why(report: LogReport, cause: str, args: dict[str, Any], text: str) -> tupl
     ngl = f" (your -ngl {args['ngl']} does)" if args.get("ngl") else ""
     layers = f"-ngl {report.n_layer}" if report.n_layer else "-ngl equal to the layer count"
     if cause == "pipeline-copies":
-        why += (f" Pipeline parallelism caused it: it was on ('pipeline parallelism enabled', {_copies(n)}), so "
-                f"llama.cpp reserved {_copies(n)} of the compute buffers' inputs on each device, which is what made "
-                "this buffer so large.")  # fmt: skip
+        why += (
+            f" Pipeline parallelism caused it: it was on ('pipeline parallelism enabled', {copies(n)}), so "
+            f"llama.cpp reserved {copies(n)} of the compute buffers' inputs on each device, which is what made "
+            "this buffer so large."
+        )
     else:
-        why += (f" Pipeline parallelism was on ({_copies(n)} of the compute buffers' inputs on each device), which "
-                "makes this buffer larger: turning it off may be enough.")  # fmt: skip
-    todo = (f"Turn pipeline parallelism off: build llama.cpp with -DGGML_SCHED_MAX_COPIES=1 (a CMake option; no "
-            "environment variable or flag sets it), or keep llama.cpp from choosing it, which it does only with "
-            f"several devices, -sm layer and every layer plus the output layer on the GPUs{ngl}: {layers} (the "
-            "output layer stays on the host) or -sm row turns it off, and so does any -ot in llama.cpp (not in older "
-            "ik_llama.cpp builds). llama.cpp builds since late 2025 (PR #16748) retry without it by themselves; "
-            "ik_llama.cpp builds since September 2025 make 1 copy.")  # fmt: skip
+        why += (
+            f" Pipeline parallelism was on ({copies(n)} of the compute buffers' inputs on each device), which "
+            "makes this buffer larger: turning it off may be enough."
+        )
+    todo = (
+        f"Turn pipeline parallelism off: build llama.cpp with -DGGML_SCHED_MAX_COPIES=1 (a CMake option; no "
+        "environment variable or flag sets it), or keep llama.cpp from choosing it, which it does only with "
+        f"several devices, -sm layer and every layer plus the output layer on the GPUs{ngl}: {layers} (the "
+        "output layer stays on the host) or -sm row turns it off, and so does any -ot in llama.cpp (not in older "
+        "ik_llama.cpp builds). llama.cpp builds since late 2025 (PR #16748) retry without it by themselves; "
+        "ik_llama.cpp builds since September 2025 make 1 copy."
+    )
     return why, todo
 
 
@@ -282,8 +255,10 @@ def _error(report: LogReport) -> dict[str, str]:
 def explain(text: str, source: str = "the text") -> dict[str, Any]:
     """The log's account as JSON-ready values (MiB); a one-line error for text that is not llama.cpp's."""
     if not text.strip():
-        raise MoeplaceError(f"{source} is empty, so it is not a llama.cpp log: paste llama-server's or llama-cli's "
-                            "output from its start (with -v for each tensor's buffer).")  # fmt: skip
+        raise MoeplaceError(
+            f"{source} is empty, so it is not a llama.cpp log: paste llama-server's or llama-cli's "
+            "output from its start (with -v for each tensor's buffer)."
+        )
     report = read_log(text)
     records = read_bench(text) if "|" in text or text.lstrip().startswith(("[", "{", "build_commit")) else []
     if records and not report.loads and not report.oom:
@@ -329,115 +304,14 @@ def explain(text: str, source: str = "the text") -> dict[str, Any]:
         requested = round(oom.requested_bytes / MiB, 2) if oom.requested_bytes else None
         cause = _cause(report, text)
         why, todo = _why(report, cause, args, text)
-        out["oom"] = {"stage": oom.stage, "device": oom.device, "requested_mib": requested, "line": oom.line,
-                      "cause": cause, "why": why, "todo": todo}  # fmt: skip
+        out["oom"] = {
+            "stage": oom.stage,
+            "device": oom.device,
+            "requested_mib": requested,
+            "line": oom.line,
+            "cause": cause,
+            "why": why,
+            "todo": todo,
+        }
         out["fix"] = todo if cause == "allocation-limit" else _fix(report, args)
     return out
-
-
-def render(found: dict[str, Any]) -> str:
-    """The account as a person reads it."""
-    if found["kind"] != "llama.cpp log":
-        lines = [f"llama-bench results: {len(found['records'])} records"]
-        for r in found["records"]:
-            test = f"pp{r.get('n_prompt', 0)}" if not r.get("n_gen") else f"tg{r['n_gen']}"
-            depth = f" @ d{r['n_depth']}" if r.get("n_depth") else ""
-            ncmoe = f", -ncmoe {r['n_cpu_moe']}" if r.get("n_cpu_moe") not in (None, "") else ""
-            lines.append(f"  {test}{depth}{ncmoe}: {r.get('avg_ts', float('nan')):.2f} tok/s")
-        return "\n".join(lines)
-    lines = [f"backend: {found['backend'] or 'unknown'}" + (f" ({', '.join(found['gpus'])})" if found["gpus"] else "")]
-    if found["n_ctx"]:
-        lines.append(f"context: {found['n_ctx']} tokens")
-    lines.append(f"{'':<22}{'weights':>10}{'KV':>10}{'compute':>10}{'output':>10}{'total':>11}  MiB")
-
-    def row(name: str, mib: dict[str, float]) -> str:
-        cells = "".join(f"{mib.get(k, 0):>10,.1f}" for k in ("weights", "kv", "compute", "output"))
-        free = f"  ({mib['free_at_load']:,.0f} free at load)" if "free_at_load" in mib else ""
-        return f"{name:<22}{cells}{mib['total']:>11,.1f}{free}"
-
-    for name, mib in found["devices"].items():
-        lines.append(row(name, mib))
-    if found["host"]["buffers"]:
-        lines.append(row("host", found["host"]) + f"  [{', '.join(found['host']['buffers'])}]")
-    if not found["devices"] and not found["host"]["buffers"]:
-        lines[-1] = "buffers: none in this text (llama.cpp logs them as it loads: paste the log from its start)"
-    experts = found["experts_on_host"]
-    if experts:
-        at_least = "at least " if experts["at_least"] else ""
-        cut = " (the paste looks cut: lines are missing)" if experts["at_least"] else ""
-        lines.append(f"experts in host RAM: {at_least}{experts['tensors']} tensors in {experts['layers']} layers{cut}")
-    elif found["host"].get("weights"):
-        lines.append("experts in host RAM: not logged (run with -v to see each tensor's buffer)")
-    if found["offloaded_layers"]:
-        lines.append(f"layers offloaded: {found['offloaded_layers'][0]}/{found['offloaded_layers'][1]}")
-    if found["breakdown"]:
-        columns = list(next(iter(found["breakdown"].values())))
-        lines.append("llama.cpp's own memory table (MiB): " + ", ".join(columns))
-        for device, row in found["breakdown"].items():
-            lines.append(f"  {device:<20}" + "".join(f"{row[c]:>10,}" for c in columns))
-    if found["pipeline_parallel"]:
-        copies = found["pipeline_copies"] or 4
-        lines.append(f"pipeline parallelism: on ({_copies(copies)} of the compute buffers' inputs per device)")
-    if retried := found["pipeline_retried"]:
-        asked = f"{retried['requested_mib']:,.2f} MiB" if retried["requested_mib"] else "its compute buffers"
-        lines.append(f"pipeline parallelism: its copies made the compute buffers too large ({asked} asked on "
-                     f"{retried['device'] or 'a device'}), so llama.cpp retried without it (1 copy)")  # fmt: skip
-    if found["dry_run"]:
-        lines.append(f"dry run: {found['dry_run']['why']}.")
-    if found["status"] == "oom":
-        oom = found["oom"]
-        lines.append(("allocation failed: " if oom["cause"] == "allocation-limit" else "out of memory: ") + oom["why"])
-        lines.append(f"  the line: {oom['line']}")
-        if oom["todo"]:
-            lines.append(f"  what to do: {oom['todo']}")
-        if oom["cause"] != "allocation-limit":
-            lines.append(f"  plan it: {found['fix']}")
-    elif found["status"] == "error":
-        lines.append(f"error: {found['error']['why']}")
-        lines.append(f"  the line: {found['error']['line']}")
-        lines.append(f"  what to do: {found['error']['todo']}.")
-    elif found["dry_run"]:
-        lines.append("status: dry run (nothing was allocated, so nothing could fail)")
-    elif found["pipeline_retried"]:
-        lines.append("status: ok (the one failed allocation was recovered from: llama.cpp retried without the copies)")
-    else:
-        lines.append("status: ok (no allocation failed in this text)")
-    return "\n".join(lines)
-
-
-_READ_LIMIT = 256 * MiB  # far more than any log; a model file passed by mistake is refused before it is read whole
-
-
-def read_text(path: str) -> str:
-    """The text of a log file (or stdin for -), UTF-8 or a Windows UTF-16 one; a one-line error for a folder, a
-    GGUF model, a binary file or one too large to be a log."""
-    import sys
-
-    name = "stdin" if path == "-" else path
-    if path == "-":
-        data = _read_checked(sys.stdin.buffer, name)
-    elif Path(path).is_dir():
-        raise MoeplaceError(f"{path} is a folder, not a log: pass the log file llama.cpp's output was saved to.")
-    else:
-        try:
-            with open(path, "rb") as f:
-                data = _read_checked(f, name)
-        except OSError as e:
-            raise MoeplaceError(f"{path}: cannot read it ({e.strerror}).") from None
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # PowerShell's Tee-Object and > write UTF-16
-        return data.decode("utf-16", errors="replace")
-    if len(data) > _READ_LIMIT or b"\0" in data[: 1 << 16]:
-        too = "too large to be a log" if len(data) > _READ_LIMIT else "a binary file, not a log"
-        raise MoeplaceError(f"{name} is {too}: pass the text llama.cpp printed, from the load to where it stopped.")
-    return data.decode("utf-8", errors="replace")
-
-
-def _read_checked(stream: Any, name: str) -> bytes:
-    """The stream's bytes (at most one past the limit), refusing a GGUF model from its first four."""
-    head = stream.read(4)
-    if head == b"GGUF":
-        raise MoeplaceError(
-            f"{name} is a GGUF model, not a log: run llama.cpp on it and save what it prints "
-            "(e.g. llama-server -m MODEL.gguf ... 2>&1 | tee server.log), then explain server.log."
-        )
-    return head + stream.read(_READ_LIMIT + 1 - len(head))

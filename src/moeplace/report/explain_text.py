@@ -1,0 +1,104 @@
+"""The account `moeplace explain` prints of a log: the backend and the cards, the buffers per device and on the
+host, the experts in host RAM, llama.cpp's own memory table, pipeline parallelism, and how the run ended with
+what to do about it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .explain import copies
+
+
+def render(found: dict[str, Any]) -> str:
+    """The account as a person reads it."""
+    if found["kind"] != "llama.cpp log":
+        return _render_bench(found["records"])
+    lines = [f"backend: {found['backend'] or 'unknown'}" + (f" ({', '.join(found['gpus'])})" if found["gpus"] else "")]
+    if found["n_ctx"]:
+        lines.append(f"context: {found['n_ctx']} tokens")
+    lines += _buffer_lines(found)
+    experts = found["experts_on_host"]
+    if experts:
+        at_least = "at least " if experts["at_least"] else ""
+        cut = " (the paste looks cut: lines are missing)" if experts["at_least"] else ""
+        lines.append(f"experts in host RAM: {at_least}{experts['tensors']} tensors in {experts['layers']} layers{cut}")
+    elif found["host"].get("weights"):
+        lines.append("experts in host RAM: not logged (run with -v to see each tensor's buffer)")
+    return "\n".join(lines + _layout_lines(found) + _status_lines(found))
+
+
+def _render_bench(records: list[dict[str, Any]]) -> str:
+    lines = [f"llama-bench results: {len(records)} records"]
+    for r in records:
+        test = f"pp{r.get('n_prompt', 0)}" if not r.get("n_gen") else f"tg{r['n_gen']}"
+        depth = f" @ d{r['n_depth']}" if r.get("n_depth") else ""
+        ncmoe = f", -ncmoe {r['n_cpu_moe']}" if r.get("n_cpu_moe") not in (None, "") else ""
+        lines.append(f"  {test}{depth}{ncmoe}: {r.get('avg_ts', float('nan')):.2f} tok/s")
+    return "\n".join(lines)
+
+
+def _buffer_lines(found: dict[str, Any]) -> list[str]:
+    """The table of buffers per device and on the host (MiB)."""
+    if not found["devices"] and not found["host"]["buffers"]:
+        return ["buffers: none in this text (llama.cpp logs them as it loads: paste the log from its start)"]
+    lines = [f"{'':<22}{'weights':>10}{'KV':>10}{'compute':>10}{'output':>10}{'total':>11}  MiB"]
+    for name, mib in found["devices"].items():
+        lines.append(_buffer_row(name, mib))
+    if found["host"]["buffers"]:
+        lines.append(_buffer_row("host", found["host"]) + f"  [{', '.join(found['host']['buffers'])}]")
+    return lines
+
+
+def _buffer_row(name: str, mib: dict[str, float]) -> str:
+    cells = "".join(f"{mib.get(k, 0):>10,.1f}" for k in ("weights", "kv", "compute", "output"))
+    free = f"  ({mib['free_at_load']:,.0f} free at load)" if "free_at_load" in mib else ""
+    return f"{name:<22}{cells}{mib['total']:>11,.1f}{free}"
+
+
+def _layout_lines(found: dict[str, Any]) -> list[str]:
+    """The layers offloaded, llama.cpp's own memory table, pipeline parallelism and a dry run."""
+    lines: list[str] = []
+    if found["offloaded_layers"]:
+        lines.append(f"layers offloaded: {found['offloaded_layers'][0]}/{found['offloaded_layers'][1]}")
+    if found["breakdown"]:
+        columns = list(next(iter(found["breakdown"].values())))
+        lines.append("llama.cpp's own memory table (MiB): " + ", ".join(columns))
+        for device, row in found["breakdown"].items():
+            lines.append(f"  {device:<20}" + "".join(f"{row[c]:>10,}" for c in columns))
+    if found["pipeline_parallel"]:
+        n = found["pipeline_copies"] or 4
+        lines.append(f"pipeline parallelism: on ({copies(n)} of the compute buffers' inputs per device)")
+    if retried := found["pipeline_retried"]:
+        asked = f"{retried['requested_mib']:,.2f} MiB" if retried["requested_mib"] else "its compute buffers"
+        lines.append(
+            f"pipeline parallelism: its copies made the compute buffers too large ({asked} asked on "
+            f"{retried['device'] or 'a device'}), so llama.cpp retried without it (1 copy)"
+        )
+    if found["dry_run"]:
+        lines.append(f"dry run: {found['dry_run']['why']}.")
+    return lines
+
+
+def _status_lines(found: dict[str, Any]) -> list[str]:
+    """How the run ended: out of memory, another error, a dry run or ok, and what to do."""
+    lines: list[str] = []
+    if found["status"] == "oom":
+        oom = found["oom"]
+        lines.append(("allocation failed: " if oom["cause"] == "allocation-limit" else "out of memory: ") + oom["why"])
+        lines.append(f"  the line: {oom['line']}")
+        if oom["todo"]:
+            lines.append(f"  what to do: {oom['todo']}")
+        if oom["cause"] != "allocation-limit":
+            lines.append(f"  plan it: {found['fix']}")
+    elif found["status"] == "error":
+        lines.append(f"error: {found['error']['why']}")
+        lines.append(f"  the line: {found['error']['line']}")
+        lines.append(f"  what to do: {found['error']['todo']}.")
+    elif found["dry_run"]:
+        lines.append("status: dry run (nothing was allocated, so nothing could fail)")
+    elif found["pipeline_retried"]:
+        lines.append("status: ok (the one failed allocation was recovered from: llama.cpp retried without the copies)")
+    else:
+        lines.append("status: ok (no allocation failed in this text)")
+    return lines
