@@ -15,13 +15,23 @@ def add_parser(sub: Any) -> None:
     le = what.add_parser("learn", help="pool published directories with the shipped sweeps and learn a prior")
     le.add_argument("folders", nargs="*", help="publish/<name>/ directories (llama-bench.sqlite, MANIFEST.json)")
     le.add_argument("-o", "--output", required=True, help="the prior to write (JSON), for --prior")
-    le.add_argument("--model", action="append", default=[], dest="models", metavar="NAME=PATH",
-                    help="a published model's file (.gguf, header only read) or twin spec (.yaml)")  # fmt: skip
+    le.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        dest="models",
+        metavar="NAME=PATH",
+        help="a published model's file (.gguf, header only read) or twin spec (.yaml)",
+    )
     le.add_argument("--no-shipped", action="store_true", help="learn from the directories alone")
     host = le.add_mutually_exclusive_group()
     host.add_argument("--bw-ddr", type=float, dest="host_gbps", help="the hosts' RAM bandwidth, datasheet GB/s")
-    host.add_argument("--bw-ddr-measured", type=float, dest="host_measured_gbps",
-                      help="the hosts' RAM bandwidth as measured (STREAM, membw), GB/s")  # fmt: skip
+    host.add_argument(
+        "--bw-ddr-measured",
+        type=float,
+        dest="host_measured_gbps",
+        help="the hosts' RAM bandwidth as measured (STREAM, membw), GB/s",
+    )
     le.add_argument("--bw-vram", type=float, dest="card_gbps", help="the card's memory bandwidth, GB/s")
     le.add_argument("--card-tflops", type=float, dest="card_tflops", help="the card's FP32 TFLOPS")
     le.add_argument("--bw-link", type=float, dest="link_gbps", help="the card's PCIe link, GB/s")

@@ -1,0 +1,75 @@
+"""`moeplace doctor` (which backend this machine builds and uses), `explain LOG` (what a llama.cpp log put where,
+and why it ran out of memory), `verify DIR` and `merge DIR... -o OUT` (published directories).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..report.explain import explain
+from ..report.explain_text import render
+from ..report.paste import read_text
+from ..report.publish import DICTIONARY, load_dictionary, merge, verify
+from ..runtime.backend import build_tools, detect
+
+
+def add_parser(sub: Any) -> None:
+    """doctor, explain, verify and merge."""
+    do = sub.add_parser("doctor", help="which llama.cpp backend this machine will build and use, and why")
+    do.add_argument("--backend", choices=("auto", "cpu", "cuda", "hip", "vulkan", "lavapipe"), default="auto")
+    do.add_argument("--json", action="store_true")
+    do.set_defaults(func=cmd_doctor)
+    ex = sub.add_parser("explain", help="what a llama.cpp log put on each device, and why it ran out of memory")
+    ex.add_argument("log", help="a llama-server / llama-cli / llama-bench log file, or - for stdin")
+    ex.add_argument("--json", action="store_true", help="print the account as JSON (MiB)")
+    ex.set_defaults(func=cmd_explain)
+    ve = sub.add_parser("verify", help="re-check a published directory against its MANIFEST.json")
+    ve.add_argument("folder", help="publish/<name>/")
+    ve.set_defaults(func=cmd_verify)
+    me = sub.add_parser("merge", help="merge published directories from several hosts, devices or builds")
+    me.add_argument("folders", nargs="+", help="publish/<name>/ directories")
+    me.add_argument("-o", "--output", required=True, help="the merged directory to write")
+    me.set_defaults(func=cmd_merge)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    backend = detect(args.backend)
+    tools = build_tools()
+    if args.json:
+        print(json.dumps({**backend.as_dict(), "build_tools": tools}, indent=1))
+        return 0
+    print(f"backend: {backend.name} ({backend.reason})")
+    for d in backend.devices:
+        memory = (
+            f": {d['free_bytes'] / 2**30:.1f} of {d['total_bytes'] / 2**30:.1f} GiB free" if d["total_bytes"] else ""
+        )
+        print(f"  device {d['name']}{memory}")
+    if backend.install:
+        print(f"to use it, install {backend.install}")
+    for tool, found in tools.items():
+        print(f"  {tool}: {found or 'missing'}")
+    if missing := [tool for tool, found in tools.items() if not found]:
+        print(
+            f"building llama.cpp needs {', '.join(missing)}: apt-get install cmake g++ (Debian), or set "
+            "llamacpp.bin_dir to a llama.cpp you built"
+        )
+        return 1
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    found = explain(read_text(args.log), "stdin" if args.log == "-" else args.log)
+    print(json.dumps(found, indent=1) if args.json else render(found))
+    return 1 if found.get("status") in ("oom", "error") else 0
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    print(f"{args.folder}: {verify(Path(args.folder))} files match MANIFEST.json")
+
+
+def cmd_merge(args: argparse.Namespace) -> None:
+    out = merge([Path(f) for f in args.folders], Path(args.output), load_dictionary(DICTIONARY))
+    print(f"merged {len(args.folders)} directories into {out}")

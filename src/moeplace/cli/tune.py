@@ -1,0 +1,146 @@
+"""`moeplace tune MODEL --ctx N --vram SIZE`: the lowest --n-cpu-moe that really runs, found with real llama.cpp
+loads, then a calibration of the speed model at the chosen n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..core.config import Device, DeviceTarget, TuneSettings
+from ..core.errors import MoeplaceError
+from ..core.units import parse_size
+from ..measure.tune import calibrate_runs, tune_model
+from ..model.kvcache import CACHE_TYPES
+from ..model.memory import FLASH_ATTN, NO_PINS
+from ..model.metadata import inspect_model
+from ..plan import commands
+from ..plan.assumed import describe_speed, expected, speed_model
+from ..plan.calibrate import calibration_file
+from ..plan.request import Request
+from ..plan.speed import SpeedModel
+from ..runtime.llamacpp import PINNED, provision
+from ..runtime.model_ref import is_remote
+from ..runtime.outputs import append_csv_row, write_json
+from .options import speed_options
+from .options import speeds as speeds_of
+
+
+def add_parser(sub: Any) -> None:
+    """tune: real loads for the lowest n that runs."""
+    tu = sub.add_parser("tune", help="find the lowest --n-cpu-moe that really runs, with real llama.cpp loads")
+    tu.add_argument("model", help="a .gguf file, ollama:NAME, lmstudio:PUBLISHER/REPO or a cached hf:ORG/REPO")
+    tu.add_argument("--ctx", type=int, required=True, help="target context length in tokens")
+    tu.add_argument("--vram", required=True, help="device memory, e.g. 16GB (the emulated device's cap)")
+    tu.add_argument("--device", choices=("auto", "gpu", "emulated"), default="auto")
+    tu.add_argument("--margin", type=int, default=0, help="whole layers added to the lowest feasible n")
+    tu.add_argument("--bin-dir", help="your llama.cpp build's bin/ (default: the pinned build, built once)")
+    tu.add_argument("--threads", type=int, default=2)
+    tu.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
+    tu.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
+    tu.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub) the probes run with")
+    tu.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa the probes run with")
+    tu.add_argument("--record", help="append the result to this CSV, e.g. results/tables/tune.csv")
+    tu.add_argument("--log", default="moeplace-tune.log", help="llama.cpp's output goes here")
+    tu.add_argument(
+        "--calibration-out",
+        default="moeplace-calibration.json",
+        help="where the speed calibration measured after the search goes (without --calibration): decode and a "
+        "prefill at the chosen n and with the experts on the host, a minute or two on a GPU",
+    )
+    tu.add_argument("--no-calibrate", action="store_true", help="skip those calibrating runs")
+    speed_options(tu)
+    tu.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    # every value checked before llama.cpp is built; the probes are llama-bench runs
+    request = Request(
+        (args.ctx,),
+        args.model,
+        args.model_ref,
+        vram=(args.vram,),
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+        flash_attn=args.flash_attn,
+        ubatch=args.ubatch,
+        emit="bench",
+        speeds=speeds_of(args),
+    )
+    if args.margin < 0:
+        raise MoeplaceError(f"--margin {args.margin}: whole layers added to the lowest n that runs, 0 or more.")
+    if args.threads < 1:
+        raise MoeplaceError(f"--threads {args.threads}: give at least 1.")
+    if is_remote(args.model):
+        raise MoeplaceError(f"{args.model_ref}: tune runs the model, so it needs the file on disk; download it first.")
+    meta = inspect_model(args.model)
+    speeds = speed_model(request.speeds, meta)  # before the probes: a bad --calibration fails at once
+    log_path = Path(args.log)
+    manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
+    print(f"probing {meta['name']} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
+    workload = request.workload(args.ctx, "rpc")  # the probe's own: llama-bench's logits, no op offload asked
+    target = DeviceTarget(args.device, "", parse_size(args.vram, "--vram"))
+    settings = TuneSettings(args.margin, 3600, args.threads)
+    result, record = tune_model(
+        model_name=meta["name"],
+        model_path=args.model,
+        meta=meta,
+        workload=workload,
+        target=target,
+        memory=Device(target.vram_bytes, 0),
+        settings=settings,
+        manifest=manifest,
+        log_path=log_path,
+        workdir=Path.cwd(),
+    )
+    print(f"predicted minimum --n-cpu-moe: {result.predicted_n}; probed on {record['device']}")
+    for p in result.probes:
+        print(f"  load {p.n_cpu_moe:>3}: {p.status}" + (f", {p.tg_tok_s:.2f} tok/s" if p.tg_tok_s else ""))
+    if args.record:
+        append_csv_row(args.record, record)
+    if result.chosen_n is None:
+        print(
+            f"moeplace: context {args.ctx} does not run even with every expert in host RAM; "
+            "reduce the context or quantize the KV cache.",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"{result.loads} loads; lowest feasible n = {result.lowest_n}, chosen n = {result.chosen_n} "
+        f"(margin {args.margin}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens"
+    )
+    if not (args.calibration or args.no_calibrate):
+        records = calibrate_runs(
+            args.model, meta, workload, target, manifest, result.chosen_n, settings, log_path, Path.cwd()
+        )
+        speeds = _calibrated_by_tune(meta, records, speeds, args)
+    host = NO_PINS.host_set(meta, result.chosen_n)
+    print("  expected: " + describe_speed(expected(meta, speeds, host, workload), args.ctx))
+    note = "  # add --rpc HOST:PORT for the emulated device" if record["device_kind"] == "emulated" else ""
+    r, n = request, result.chosen_n
+    print("  " + commands.llama_server(args.model, args.ctx, n, r.type_k, r.type_v, (), r.flash_attn, r.ubatch) + note)
+    print("  " + commands.llama_bench(args.model, args.ctx, n, r.type_k, r.type_v, r.flash_attn, r.ubatch) + note)
+    return 0
+
+
+def _calibrated_by_tune(
+    meta: dict[str, Any], records: list[dict[str, Any]], prior: Any, args: argparse.Namespace
+) -> Any:
+    """The speed model fitted to tune's calibrating runs, written to --calibration-out; the prior where they cannot
+    calibrate."""
+    for r in records:
+        what = f"{r['median_ts']:.2f} tok/s" if r.get("status") == "ok" else r.get("status")
+        print(f"  calibrating: --n-cpu-moe {r['n_cpu_moe']}, {r['test']}: {what}")
+    calibration = calibration_file(meta, records, prior)
+    if calibration["status"] != "calibrated":
+        print(f"  not calibrated ({calibration['not_calibrated']}): speeds from the prior")
+        return prior
+    out = args.calibration_out
+    write_json(out, calibration)
+    print(
+        f"  calibration: {out}; plan with it: moeplace recommend {args.model} --vram {args.vram} --ctx {args.ctx} "
+        f"--calibration {out}"
+    )
+    return SpeedModel.from_json(calibration, out)
