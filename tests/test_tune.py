@@ -46,7 +46,7 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
 
     from moeplace.core.config import Device, TuneSettings
     from moeplace.measure.bench import BenchJob, Rig, run_bench
-    from moeplace.measure.tune import PROBE_TOKENS, probe_settings, tune
+    from moeplace.measure.tune import PROBE_TOKENS, Probing, probe_settings, tune
     from moeplace.model.memory import Workload
     from moeplace.model.metadata import inspect_model
     from moeplace.plan.budget import plan
@@ -65,8 +65,8 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     assert 0 < lowest < meta["n_layer"], exhaustive  # the cliff lies inside the range
     assert all(s == "ok" for s in exhaustive[lowest:]) and all(s == "oom" for s in exhaustive[:lowest])
     predicted = plan(meta, Device(cap, 0), Workload(ctx))["n_cpu_moe"]
-    result = tune(str(path), Workload(ctx), device, manifest(), meta["n_layer"], predicted, TuneSettings(0, 3600, 2),
-                  tmp_path / "tune.log", ROOT)  # fmt: skip
+    probing = Probing(TuneSettings(0, 3600, 2), manifest(), tmp_path / "tune.log", ROOT)
+    result = tune(str(path), Workload(ctx), device, meta["n_layer"], predicted, probing)
     assert result.lowest_n == lowest
     assert result.loads < len(exhaustive)
     assert result.loads <= (2 if predicted == lowest else math.ceil(math.log2(meta["n_layer"] + 1)) + 2)

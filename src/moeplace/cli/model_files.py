@@ -11,7 +11,6 @@ from typing import Any
 
 from ..core.units import parse_size
 from ..model.metadata import describe, inspect_model
-from ..model.twin import load_spec, write_twin
 from ..runtime import remote
 from .options import MODEL_HELP
 
@@ -55,6 +54,8 @@ def cmd_inspect(args: argparse.Namespace) -> None:
 
 
 def cmd_twin(args: argparse.Namespace) -> None:
+    from ..model.twin import load_spec, write_twin  # slow (pandas): imported by the one command that needs it
+
     shard = parse_size(args.shard_size, "--shard-size") if args.shard_size else 0
     print(
         f"wrote {write_twin(load_spec(args.spec), args.out, weights=args.weights, seed=args.seed, shard_bytes=shard)}"

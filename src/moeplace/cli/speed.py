@@ -19,7 +19,6 @@ from ..plan.cards import card_named
 from ..plan.machine import DEFAULT_BANDWIDTHS
 from ..plan.request import check_ubatch, parse_contexts
 from ..plan.speed import UNITS, Run, prefill_run, prior, zero_fit_notes
-from ..runtime.outputs import write_json
 from .options import MODEL_HELP, speed_options
 from .options import speeds as speeds_of
 
@@ -116,5 +115,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     for note in zero_fit_notes(model):
         print(f"note: {note}")
     if args.output:
+        from ..runtime.outputs import write_json  # slow (pandas): imported by the one command that needs it
+
         write_json(args.output, model.to_json())
         print(f"wrote {args.output}")

@@ -12,7 +12,6 @@ from typing import Any
 from ..report.explain import explain
 from ..report.explain_text import render
 from ..report.paste import read_text
-from ..report.publish import DICTIONARY, load_dictionary, merge, verify
 from ..runtime.backend import build_tools, detect
 
 
@@ -67,9 +66,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
+    from ..report.publish import verify  # slow (pandas): imported by the one command that needs it
+
     print(f"{args.folder}: {verify(Path(args.folder))} files match MANIFEST.json")
 
 
 def cmd_merge(args: argparse.Namespace) -> None:
+    # slow (pandas): imported by the one command that needs it
+    from ..report.publish import DICTIONARY, load_dictionary, merge
+
     out = merge([Path(f) for f in args.folders], Path(args.output), load_dictionary(DICTIONARY))
     print(f"merged {len(args.folders)} directories into {out}")

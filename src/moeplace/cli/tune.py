@@ -12,7 +12,6 @@ from typing import Any
 from ..core.config import Device, DeviceTarget, TuneSettings
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
-from ..measure.tune import calibrate_runs, tune_model
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, NO_PINS
 from ..model.metadata import inspect_model
@@ -23,7 +22,6 @@ from ..plan.request import Request
 from ..plan.speed import SpeedModel
 from ..runtime.llamacpp import PINNED, provision
 from ..runtime.model_ref import is_remote
-from ..runtime.outputs import append_csv_row, write_json
 from .options import speed_options
 from .options import speeds as speeds_of
 
@@ -56,25 +54,11 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    # every value checked before llama.cpp is built; the probes are llama-bench runs
-    request = Request(
-        (args.ctx,),
-        args.model,
-        args.model_ref,
-        vram=(args.vram,),
-        type_k=args.cache_type_k,
-        type_v=args.cache_type_v,
-        flash_attn=args.flash_attn,
-        ubatch=args.ubatch,
-        emit="bench",
-        speeds=speeds_of(args),
-    )
-    if args.margin < 0:
-        raise MoeplaceError(f"--margin {args.margin}: whole layers added to the lowest n that runs, 0 or more.")
-    if args.threads < 1:
-        raise MoeplaceError(f"--threads {args.threads}: give at least 1.")
-    if is_remote(args.model):
-        raise MoeplaceError(f"{args.model_ref}: tune runs the model, so it needs the file on disk; download it first.")
+    # slow (pandas, and the measuring machinery): imported by the one command that needs them
+    from ..measure.tune import Probing, calibrate_runs, tune_model
+    from ..runtime.outputs import append_csv_row
+
+    request = _checked_request(args)
     meta = inspect_model(args.model)
     speeds = speed_model(request.speeds, meta)  # before the probes: a bad --calibration fails at once
     log_path = Path(args.log)
@@ -112,17 +96,52 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"(margin {args.margin}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens"
     )
     if not (args.calibration or args.no_calibrate):
-        records = calibrate_runs(
-            args.model, meta, workload, target, manifest, result.chosen_n, settings, log_path, Path.cwd()
-        )
+        probing = Probing(settings, manifest, log_path, Path.cwd())
+        records = calibrate_runs(args.model, meta, workload, target, result.chosen_n, probing)
         speeds = _calibrated_by_tune(meta, records, speeds, args)
-    host = NO_PINS.host_set(meta, result.chosen_n)
+    _print_expected(args, request, meta, speeds, workload, result.chosen_n, record)
+    return 0
+
+
+def _checked_request(args: argparse.Namespace) -> Request:
+    """Every value checked before llama.cpp is built (the probes are llama-bench runs)."""
+    request = Request(
+        (args.ctx,),
+        args.model,
+        args.model_ref,
+        vram=(args.vram,),
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+        flash_attn=args.flash_attn,
+        ubatch=args.ubatch,
+        emit="bench",
+        speeds=speeds_of(args),
+    )
+    if args.margin < 0:
+        raise MoeplaceError(f"--margin {args.margin}: whole layers added to the lowest n that runs, 0 or more.")
+    if args.threads < 1:
+        raise MoeplaceError(f"--threads {args.threads}: give at least 1.")
+    if is_remote(args.model):
+        raise MoeplaceError(f"{args.model_ref}: tune runs the model, so it needs the file on disk; download it first.")
+    return request
+
+
+def _print_expected(
+    args: argparse.Namespace,
+    request: Request,
+    meta: dict[str, Any],
+    speeds: Any,
+    workload: Any,
+    n: int,
+    record: dict[str, Any],
+) -> None:
+    """The chosen n's expected speed and the llama-server and llama-bench lines that run it."""
+    host = NO_PINS.host_set(meta, n)
     print("  expected: " + describe_speed(expected(meta, speeds, host, workload), args.ctx))
     note = "  # add --rpc HOST:PORT for the emulated device" if record["device_kind"] == "emulated" else ""
-    r, n = request, result.chosen_n
+    r = request
     print("  " + commands.llama_server(args.model, args.ctx, n, r.type_k, r.type_v, (), r.flash_attn, r.ubatch) + note)
     print("  " + commands.llama_bench(args.model, args.ctx, n, r.type_k, r.type_v, r.flash_attn, r.ubatch) + note)
-    return 0
 
 
 def _calibrated_by_tune(
@@ -138,6 +157,8 @@ def _calibrated_by_tune(
         print(f"  not calibrated ({calibration['not_calibrated']}): speeds from the prior")
         return prior
     out = args.calibration_out
+    from ..runtime.outputs import write_json  # slow (pandas): imported by the one command that needs it
+
     write_json(out, calibration)
     print(
         f"  calibration: {out}; plan with it: moeplace recommend {args.model} --vram {args.vram} --ctx {args.ctx} "

@@ -14,11 +14,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from ..core.config import BenchSettings, DeviceTarget, TuneSettings
+from ..core.config import BenchSettings, Device, DeviceTarget, TuneSettings
 from ..model.memory import Workload, lowest
+from ..model.metadata import inspect_model
+from ..plan.budget import plan
+from ..plan.devices import minimum_ncmoe
+from ..runtime.device import DeviceSetup, device_setup
+from ..runtime.llamacpp_args import UNSUPPORTED, refusal
+from .bench import BenchJob, Rig, run_bench, run_sweep
 
 log = logging.getLogger("moeplace")
 
@@ -27,6 +34,20 @@ PROBE_TOKENS = 8
 # for a median within a few percent on a GPU, decode and a prompt of one ubatch.
 CALIBRATION_GEN, CALIBRATION_REPETITIONS = 32, 3
 SPILL_RATIO = 0.3  # a neighbour 3x faster means this run spilled
+
+
+@dataclass(frozen=True)
+class Probing:
+    """How and where the probes run: the tuner's settings, the llama.cpp build, the log, and the pipeline's
+    folder (for its revision)."""
+
+    settings: TuneSettings
+    manifest: dict[str, Any]
+    log_path: Path
+    workdir: Path
+
+    def rig(self, bench: BenchSettings, device: DeviceSetup) -> Rig:
+        return Rig(bench, device, self.manifest, self.log_path, self.workdir)
 
 
 @dataclass
@@ -119,27 +140,19 @@ def tune_record(
 
 
 def tune(
-    model_path: str,
-    workload: Workload,
-    device: Any,
-    manifest: dict[str, Any],
-    n_layer: int,
-    predicted_n: int,
-    settings: TuneSettings,
-    log_path: Any,
-    workdir: Any,
+    model_path: str, workload: Workload, device: DeviceSetup, n_layer: int, predicted_n: int, probing: Probing
 ) -> TuneResult:
     """Run the search with real llama-bench probes of `workload` on the given device."""
-    from dataclasses import replace
-
-    from ..model.metadata import inspect_model
-    from .bench import BenchJob, Rig, run_bench
-
     files = inspect_model(model_path)["files"]
-    w = workload
-    probes = replace(probe_settings(settings.threads, settings.timeout_s), type_k=w.type_k, type_v=w.type_v,
-                     ubatch=w.ubatch, flash_attn=w.flash_attn)  # fmt: skip
-    rig = Rig(probes, device, manifest, log_path, workdir)
+    w, settings = workload, probing.settings
+    probes = replace(
+        probe_settings(settings.threads, settings.timeout_s),
+        type_k=w.type_k,
+        type_v=w.type_v,
+        ubatch=w.ubatch,
+        flash_attn=w.flash_attn,
+    )
+    rig = probing.rig(probes, device)
 
     def run(n: int) -> tuple[str, float | None]:
         job = BenchJob(str(model_path), str(model_path), files, w.ctx, n, "tune-probe", depth=w.ctx - PROBE_TOKENS)
@@ -149,22 +162,27 @@ def tune(
     return search(predicted_n, n_layer, run, settings.margin, 0.0 if device.kind == "emulated" else SPILL_RATIO)
 
 
-def calibrate_runs(model_path: str, meta: dict[str, Any], workload: Workload, target: DeviceTarget,
-                   manifest: dict[str, Any], chosen_n: int, settings: TuneSettings, log_path: Any,
-                   workdir: Any) -> list[dict[str, Any]]:  # fmt: skip
+def calibrate_runs(
+    model_path: str, meta: dict[str, Any], workload: Workload, target: DeviceTarget, chosen_n: int, probing: Probing
+) -> list[dict[str, Any]]:
     """Decode and prefill with `workload`'s KV cache type, ubatch and flash attention at the chosen n and with every
     expert on the host (half of them where that is the chosen n), at an empty context, in one llama-bench process:
     two placements give the speed model's fixed time and host terms (speed.fit); its depth term stays the prior's."""
-    from ..runtime.device import device_setup
-    from .bench import BenchJob, Rig, run_sweep
-
-    w = workload
-    bench = BenchSettings(prompt=w.ubatch, gen=CALIBRATION_GEN, repetitions=CALIBRATION_REPETITIONS,
-                          threads=settings.threads, timeout_s=settings.timeout_s, type_k=w.type_k, type_v=w.type_v,
-                          ubatch=w.ubatch, flash_attn=w.flash_attn)  # fmt: skip
+    w, settings = workload, probing.settings
+    bench = BenchSettings(
+        prompt=w.ubatch,
+        gen=CALIBRATION_GEN,
+        repetitions=CALIBRATION_REPETITIONS,
+        threads=settings.threads,
+        timeout_s=settings.timeout_s,
+        type_k=w.type_k,
+        type_v=w.type_v,
+        ubatch=w.ubatch,
+        flash_attn=w.flash_attn,
+    )
     other = meta["n_layer"] if chosen_n < meta["n_layer"] else meta["n_layer"] // 2
     job = BenchJob(str(model_path), str(model_path), meta["files"], w.ctx, chosen_n, "tune-calibration", depth=0)
-    return run_sweep(job, [chosen_n, other], Rig(bench, device_setup(target, manifest), manifest, log_path, workdir))
+    return run_sweep(job, [chosen_n, other], probing.rig(bench, device_setup(target, probing.manifest)))
 
 
 def tune_model(
@@ -183,18 +201,12 @@ def tune_model(
     """The tuner for one model and workload (context, KV cache type, ubatch), from the budget's prediction: the
     result and its record (what the pipeline's tune stage writes and `moeplace tune` prints). A workload llama.cpp
     refuses (runtime/llamacpp_args.refusal) is recorded UNSUPPORTED, with no probe."""
-    from ..core.config import Device
-    from ..plan.budget import plan
-    from ..plan.devices import minimum_ncmoe
-    from ..runtime.device import device_setup
-    from ..runtime.llamacpp_args import UNSUPPORTED, refusal
-
     device = device_setup(target, manifest)
     if reason := refusal(workload.flash_attn, workload.type_v):
         log.info("%s at %d tokens: %s; recorded %s", model_name, workload.ctx, reason, UNSUPPORTED)
         result = TuneResult(predicted_n=meta["n_layer"], lowest_n=None, chosen_n=None, chosen_tok_s=None)
-        record = tune_record(model_name, workload.ctx, result, device.label, settings.margin, workload.type_k,
-                             workload.type_v)  # fmt: skip
+        w = workload
+        record = tune_record(model_name, w.ctx, result, device.label, settings.margin, w.type_k, w.type_v)
         return result, {**record, "predicted_n": None, "status": UNSUPPORTED, "device_kind": device.kind}
     if device.other_caps:  # several devices: --n-cpu-moe with llama.cpp's own split over them
         predicted = minimum_ncmoe(meta, [Device(cap, memory.overhead_bytes) for cap in device.caps], workload)[0]
@@ -202,7 +214,8 @@ def tune_model(
         predicted = plan(meta, Device(device.cap_bytes, memory.overhead_bytes), workload)["n_cpu_moe"]
     log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", workload.ctx, predicted, device.label)
     start = meta["n_layer"] if predicted is None else predicted
-    result = tune(model_path, workload, device, manifest, meta["n_layer"], start, settings, log_path, workdir)
+    probing = Probing(settings, manifest, Path(log_path), Path(workdir))
+    result = tune(model_path, workload, device, meta["n_layer"], start, probing)
     w = workload
     record = tune_record(model_name, w.ctx, result, device.label, settings.margin, w.type_k, w.type_v)
     return result, {**record, "device_kind": device.kind}
