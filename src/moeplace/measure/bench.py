@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from ..runtime.llamacpp_args import UNSUPPORTED, refusal
 from ..runtime.process import classify, run, tail
 from ..runtime.provenance import build_facts, host_facts, pipeline_revision
 from ..runtime.tool_output import bench_records, garbled_records
-from .bench_record import parse_log, test_record
+from .bench_record import measured_record, parse_log
 from .repetitions import (
     Arm,
     fewest_repetitions,
@@ -209,16 +209,9 @@ def _batch(
     settings, manifest, tests = s.rig.settings, s.rig.manifest, s.tests
     s.quiet.append(wait_for_quiet(settings.quiet_wait_s))
     placement = Placement(bound_rules(arms[0].overrides, rpc), s.job.tensor_split, s.job.n_gpu_layers)
+    each = replace(settings, repetitions=reps) if reps else settings
     cmd = bench_command(
-        manifest,
-        s.job.model_path,
-        s.depth,
-        [a.n_cpu_moe for a in arms] * passes,
-        settings,
-        rpc,
-        placement,
-        reps,
-        s.threads,
+        manifest, s.job.model_path, s.depth, [a.n_cpu_moe for a in arms] * passes, each, rpc, placement, s.threads
     )
     result = run(
         cmd,
@@ -238,18 +231,7 @@ def _batch(
         )
     logs = _arm_logs(result.stderr, len(arms), len(tests))
     printed = rows_per_arm(arms, rows)
-    whole = [mine[: len(mine) - len(mine) % len(tests)] for mine in printed]  # passes a failed run finished too
-    measured = [sum(sum(r.get("samples_ns") or []) for r in done) / 1e9 for done in whole]
-    for a, arm_log, own_rows, own_s in zip(arms, logs, whole, measured):
-        a.batches += 1
-        # The process's fixed part (start, loads, the fill) counts for each arm, its repetitions for their own.
-        a.wall_s += result.wall_s - (sum(measured) - own_s)
-        a.measured_s += own_s
-        if not a.first:  # its log: that of the process that measured it first (or failed it)
-            a.stderr = arm_log
-        for r in own_rows:
-            a.first.setdefault(test_of(r), r)
-            a.samples.setdefault(test_of(r), []).extend(samples_of(r))
+    _add_rows(arms, printed, logs, result.wall_s, len(tests))
     if rpc and result.ok and f"RPC0[{rpc.split(',')[0]}]" not in result.stderr:
         # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
         for a in arms:
@@ -267,6 +249,23 @@ def _batch(
     if status == "ok":
         status, reason = "error", "llama-bench stopped early"
     arms[failed].failure = (status, reason, tail(logs[failed]))
+
+
+def _add_rows(arms: list[Arm], printed: list[list[dict[str, Any]]], logs: list[str], wall_s: float, tests: int) -> None:
+    """Each arm's rows of one process, its whole passes (those a failed run finished too), its log where it has
+    none yet, and its share of the process's time."""
+    whole = [mine[: len(mine) - len(mine) % tests] for mine in printed]
+    measured = [sum(sum(r.get("samples_ns") or []) for r in done) / 1e9 for done in whole]
+    for a, arm_log, own_rows, own_s in zip(arms, logs, whole, measured):
+        a.batches += 1
+        # The process's fixed part (start, loads, the fill) counts for each arm, its repetitions for their own.
+        a.wall_s += wall_s - (sum(measured) - own_s)
+        a.measured_s += own_s
+        if not a.first:  # its log: that of the process that measured it first (or failed it)
+            a.stderr = arm_log
+        for r in own_rows:
+            a.first.setdefault(test_of(r), r)
+            a.samples.setdefault(test_of(r), []).extend(samples_of(r))
 
 
 def _paired_repetitions(s: _Session) -> int:
@@ -291,7 +290,7 @@ def _records(s: _Session, started: str, facts: dict[str, Any]) -> list[dict[str,
     records = []
     for arm in s.arms:
         base = _base(s, arm, started, facts, contended)
-        arm_records = [test_record(base, test, arm, s.baseline, s.rig.settings, contended) for test in s.tests]
+        arm_records = [measured_record(base, test, arm, s.baseline, s.rig.settings, contended) for test in s.tests]
         statuses = ", ".join(f"{r['test']} {r['status']}" for r in arm_records)
         log.info("n_cpu_moe=%d ctx=%d: %s", arm.n_cpu_moe, s.job.ctx, statuses)
         records += arm_records

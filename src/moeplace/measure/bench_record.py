@@ -30,32 +30,13 @@ def parse_log(stderr: str) -> dict[str, Any]:
     }
 
 
-def test_record(
+def measured_record(
     base: dict[str, Any], test: str, arm: Arm, baseline: Arm | None, settings: BenchSettings, contended: bool
 ) -> dict[str, Any]:
+    """The record of one test of `arm`: the statistics of its repetitions, or its failure."""
     samples = arm.samples.get(test) or []
     if not samples:
-        status, reason, stderr_tail = arm.failure or ("error", "no result", "")
-        return {
-            **base,
-            "test": test,
-            "status": status,
-            "median_ts": None,
-            "ci95_low_ts": None,
-            "ci95_high_ts": None,
-            "outlying_ts": [],
-            "avg_ts": None,
-            "stddev_ts": None,
-            "samples_ts": [],
-            "repetitions": 0,
-            "cv": None,
-            "ci95_halfwidth_pct": None,
-            "target_reached": None,
-            "noisy": None,
-            "backends": None,
-            "gpu_info": None,
-            "error": f"{reason}: {stderr_tail}",
-        }
+        return _failed(base, test, arm)
     mean = statistics.fmean(samples)
     cv = statistics.stdev(samples) / mean if len(samples) > 1 and mean else 0.0
     median, low, high = median_interval(samples)
@@ -93,3 +74,28 @@ def test_record(
     if baseline is not None:
         record["baseline_samples_ts"] = paired or []
     return record
+
+
+def _failed(base: dict[str, Any], test: str, arm: Arm) -> dict[str, Any]:
+    """The record of a test without a single repetition: its failure."""
+    status, reason, stderr_tail = arm.failure or ("error", "no result", "")
+    return {
+        **base,
+        "test": test,
+        "status": status,
+        "median_ts": None,
+        "ci95_low_ts": None,
+        "ci95_high_ts": None,
+        "outlying_ts": [],
+        "avg_ts": None,
+        "stddev_ts": None,
+        "samples_ts": [],
+        "repetitions": 0,
+        "cv": None,
+        "ci95_halfwidth_pct": None,
+        "target_reached": None,
+        "noisy": None,
+        "backends": None,
+        "gpu_info": None,
+        "error": f"{reason}: {stderr_tail}",
+    }

@@ -225,20 +225,7 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
     """Return the manifest of a usable llama.cpp build, building and caching the pinned one if needed."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     if cfg.get("bin_dir"):
-        bin_dir = Path(cfg["bin_dir"]).expanduser().resolve()
-        missing = [t for t in ("llama-bench",) if not (bin_dir / t).exists()]
-        if missing:
-            raise MoeplaceError(
-                f"llamacpp.bin_dir {bin_dir} has no {', '.join(missing)}; point it at the folder "
-                "holding your built llama.cpp binaries (e.g. build/bin)."
-            )
-        info = version_info(bin_dir)
-        return {
-            "bin_dir": str(bin_dir),
-            "source": "user build",
-            **info,
-            "devcap": str(build_native("devcap", log_file, shared=True)),
-        }
+        return _user_build(Path(cfg["bin_dir"]), log_file)
     version, sha256 = cfg["version"], cfg["sha256"]
     backend = detect(cfg.get("backend", "auto"))
     log.info("llama.cpp backend: %s (%s)", backend.name, backend.reason)
@@ -288,6 +275,24 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
     return {**manifest, "bin_dir": str(bin_dir), "devcap": str(build_native("devcap", log_file, shared=True))}
 
 
+def _user_build(given: Path, log_file: Path) -> dict[str, Any]:
+    """The manifest of the user's own llama.cpp build (llamacpp.bin_dir)."""
+    bin_dir = given.expanduser().resolve()
+    missing = [t for t in ("llama-bench",) if not (bin_dir / t).exists()]
+    if missing:
+        raise MoeplaceError(
+            f"llamacpp.bin_dir {bin_dir} has no {', '.join(missing)}; point it at the folder "
+            "holding your built llama.cpp binaries (e.g. build/bin)."
+        )
+    info = version_info(bin_dir)
+    return {
+        "bin_dir": str(bin_dir),
+        "source": "user build",
+        **info,
+        "devcap": str(build_native("devcap", log_file, shared=True)),
+    }
+
+
 def _is_gpu(device: Device) -> bool:
     """A card in --list-devices (the RPC servers of the emulated device and the CPU are not)."""
     return backend_of(device.name) not in ("rpc", "cpu", None)
@@ -335,7 +340,6 @@ def bench_command(
     s: BenchSettings,
     rpc: str | None,
     placement: Placement = Placement(),
-    repetitions: int | None = None,
     threads: int | None = None,
 ) -> list[str]:
     """The llama-bench command of one benchmark configuration, as the bench stage runs it and the ceilings
@@ -352,7 +356,7 @@ def bench_command(
     cmd += ["-m", model, "-d", str(depth), "-p", str(s.prompt), "-n", str(s.gen)]
     cmd += ["-ngl", str(placement.n_gpu_layers)]
     values = ",".join(map(str, [n_cpu_moe] if isinstance(n_cpu_moe, int) else n_cpu_moe))
-    cmd += ["-ncmoe", values, "-t", str(threads or s.threads), "-r", str(repetitions or s.repetitions)]
+    cmd += ["-ncmoe", values, "-t", str(threads or s.threads), "-r", str(s.repetitions)]
     cmd += [*cache_args(s.type_k, s.type_v, s.flash_attn, s.ubatch), "-o", "jsonl", "-v", "--progress"]
     if placement.overrides:
         cmd += ["-ot", placement.overrides]

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..core.errors import MoeplaceError
 
+MAX_POLL_S = 0.05  # the longest a run's end (or its timeout, or stop_when) waits to be seen
 _OOM = re.compile(
     r"out of device memory|failed to allocate|unable to allocate|cudaMalloc failed|out of memory"
     r"|ErrorOutOfDeviceMemory|hipMalloc failed",
@@ -154,11 +155,9 @@ def run(
     *,
     timeout_s: float = math.inf,
     env: dict[str, str] | None = None,
-    cwd: str | Path | None = None,
     log_path: str | Path | None = None,
     stream_to_log: bool = False,
     before_exec: Callable[[], None] | None = None,
-    max_poll_s: float = 0.05,
     stop_when: Callable[[str], bool] | None = None,
     on_stderr_line: Callable[[str], None] | None = None,
 ) -> Finished:
@@ -171,12 +170,7 @@ def run(
     same way and counts as a success (`stopped`). `on_stderr_line` is called with each line of stderr as the
     child prints it (from a thread reading a pipe: within a fraction of a millisecond).
     """
-    log = Path(log_path) if log_path else None
-    if log:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("a") as f:
-            f.write(f"$ {' '.join(cmd)}\n")
-
+    log = _log_command(log_path, cmd)
     with (
         log.open("a") if stream_to_log and log else tempfile.TemporaryFile("w+") as out,
         tempfile.TemporaryFile("w+") as err,
@@ -189,7 +183,6 @@ def run(
                 stdout=out,
                 stderr=out if stream_to_log else subprocess.PIPE if on_stderr_line else err,
                 env=env,
-                cwd=cwd,
                 preexec_fn=_child(before_exec),
             )
         except (OSError, subprocess.SubprocessError) as e:
@@ -197,34 +190,61 @@ def run(
             return Finished(Path(cmd[0]).name, None, False, 0.0, None, 0, "", err.read(), start_error=str(e))
         reader = _read_lines(proc.stderr, err, on_stderr_line) if proc.stderr else None
         watch = _Watch(proc.pid, t0, timeout_s, stop_when if not stream_to_log else None, out)
-        status, rusage = 0, None
-        try:
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    rusage = usage
-                    break
-                now = watch.tick()
-                # Often at first (a tiny model decodes in milliseconds), then at most every max_poll_s.
-                time.sleep(min(max_poll_s, max(0.002, (now - t0) / 50)))
-        finally:
-            if rusage is None:  # interrupted (SIGTERM of the job): leave nothing running
-                kill_group(proc.pid, signal.SIGKILL)
-                _, status, rusage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            if reader:
-                reader.join(timeout=5)  # EOF once the child's group has let go of the pipe
+        rusage = _wait(proc, watch, reader)
         wall = time.monotonic() - t0
-        stdout = stderr = ""
-        if not stream_to_log:
-            out.seek(0)
-            err.seek(0)
-            stdout, stderr = out.read(), err.read()
+        stdout, stderr = ("", "") if stream_to_log else _captured(out, err)
     if log and not stream_to_log:
         with log.open("a") as f:
             f.write(stderr)
-    return Finished(Path(cmd[0]).name, proc.returncode, watch.timed_out, wall, rusage.ru_majflt, watch.anon, stdout,
-                    stderr, stopped=watch.stopped)  # fmt: skip
+    return Finished(
+        Path(cmd[0]).name,
+        proc.returncode,
+        watch.timed_out,
+        wall,
+        rusage.ru_majflt,
+        watch.anon,
+        stdout,
+        stderr,
+        stopped=watch.stopped,
+    )
+
+
+def _log_command(log_path: str | Path | None, cmd: list[str]) -> Path | None:
+    """The log (None: no log), with the command line appended to it."""
+    log = Path(log_path) if log_path else None
+    if log:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as f:
+            f.write(f"$ {' '.join(cmd)}\n")
+    return log
+
+
+def _captured(out: Any, err: Any) -> tuple[str, str]:
+    out.seek(0)
+    err.seek(0)
+    return out.read(), err.read()
+
+
+def _wait(proc: subprocess.Popen, watch: _Watch, reader: threading.Thread | None) -> Any:
+    """The child's resource usage once it has ended, watched meanwhile (its memory, its time, `stop_when`)."""
+    status, rusage = 0, None
+    try:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                rusage = usage
+                break
+            now = watch.tick()
+            # Often at first (a tiny model decodes in milliseconds), then at most every MAX_POLL_S.
+            time.sleep(min(MAX_POLL_S, max(0.002, (now - watch.t0) / 50)))
+    finally:
+        if rusage is None:  # interrupted (SIGTERM of the job): leave nothing running
+            kill_group(proc.pid, signal.SIGKILL)
+            _, status, rusage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if reader:
+            reader.join(timeout=5)  # EOF once the child's group has let go of the pipe
+    return rusage
 
 
 def _ignore(line: str) -> None:

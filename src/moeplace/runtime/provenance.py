@@ -42,7 +42,7 @@ def pipeline_revision(workdir: Path) -> dict[str, Any]:
     """The pipeline's git commit and whether the tree had uncommitted changes (recorded, never a rerun trigger)."""
 
     def git(*args: str) -> str:
-        out = run(["git", *args], cwd=workdir, timeout_s=60)
+        out = run(["git", "-C", str(workdir), *args], timeout_s=60)
         return out.stdout.strip() if out.ok else ""
 
     commit = git("rev-parse", "HEAD")
