@@ -300,18 +300,23 @@ def explain(text: str, source: str = "the text") -> dict[str, Any]:
         "fix": None,
     }
     if report.oom:
-        oom = report.oom
-        requested = round(oom.requested_bytes / MiB, 2) if oom.requested_bytes else None
-        cause = _cause(report, text)
-        why, todo = _why(report, cause, args, text)
-        out["oom"] = {
-            "stage": oom.stage,
-            "device": oom.device,
-            "requested_mib": requested,
-            "line": oom.line,
-            "cause": cause,
-            "why": why,
-            "todo": todo,
-        }
-        out["fix"] = todo if cause == "allocation-limit" else _fix(report, args)
+        out["oom"], out["fix"] = _out_of_memory(report, args, text)
     return out
+
+
+def _out_of_memory(report: LogReport, args: dict[str, Any], text: str) -> tuple[dict[str, Any], str]:
+    """Where the run ran out of memory, why, and what to do; and the fix (the `recommend` line that plans it)."""
+    oom = report.oom
+    requested = round(oom.requested_bytes / MiB, 2) if oom.requested_bytes else None
+    cause = _cause(report, text)
+    why, todo = _why(report, cause, args, text)
+    found = {
+        "stage": oom.stage,
+        "device": oom.device,
+        "requested_mib": requested,
+        "line": oom.line,
+        "cause": cause,
+        "why": why,
+        "todo": todo,
+    }
+    return found, todo if cause == "allocation-limit" else _fix(report, args)
