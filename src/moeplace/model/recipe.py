@@ -77,8 +77,18 @@ _FALLBACK = {
 }
 _IQ12 = {"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"}
 _ATTN_OUT_Q5K_8EXP = {
-    "Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ3_S", "IQ3_M", "IQ4_XS",
-}  # fmt: skip
+    "Q2_K",
+    "IQ3_XS",
+    "IQ3_XXS",
+    "Q3_K_S",
+    "Q3_K_M",
+    "IQ4_NL",
+    "Q4_K_S",
+    "Q4_K_M",
+    "IQ3_S",
+    "IQ3_M",
+    "IQ4_XS",
+}
 
 
 def n_dims(shape: tuple[int, ...]) -> int:
@@ -171,8 +181,9 @@ def quantized_types(
             continue
         chosen = override(name, overrides or {})
         if chosen is None:
-            chosen = _choose(name, shape, preset, default, category(name), counters, tied, n_attention_wv,
-                             n_layer, n_expert, n_gqa)  # fmt: skip
+            chosen = _choose(
+                name, shape, preset, default, category(name), counters, tied, n_attention_wv, n_layer, n_expert, n_gqa
+            )
         out[name] = fit(chosen, shape[0])
     return out
 
@@ -182,6 +193,8 @@ def _layer(name: str, counter: int, n_expert: int) -> int:
     return quantize_order(name)[0] if n_expert > 1 else counter
 
 
+# A marked port of llama.cpp's own code (src/llama-quant.cpp, llama_tensor_get_type_impl at the pinned build): it
+# keeps its original's shape, one function with the C function's state as arguments, so it can be read beside it.
 def _choose(  # noqa: C901, PLR0912 (llama_tensor_get_type_impl, branch for branch)
     name: str,
     shape: tuple[int, ...],

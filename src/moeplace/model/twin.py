@@ -23,7 +23,9 @@ import yaml
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
 
 from ..core.errors import MoeplaceError
+from ..runtime.llamacpp import require_binary
 from ..runtime.outputs import atomic_path
+from ..runtime.process import run_checked
 from .architectures import ARCHITECTURES, MODULES
 from .gguf_file import tensor_nbytes
 from .recipe import PRESETS, UNQUANTIZED, fit, keeps_source_type, override, quantized_types
@@ -315,13 +317,15 @@ def quantize(
     tensor_types: dict[str, str] | None = None,
 ) -> Path:
     """llama-quantize an F16 twin to `quant` (its real recipe, with `tensor_types` overrides), written atomically."""
-    from ..runtime.llamacpp import require_binary
-    from ..runtime.process import run_checked
-
     out = Path(out)
     with atomic_path(out) as tmp:
-        cmd = [str(require_binary(llamacpp, "llama-quantize")), *tensor_type_args(tensor_types or {}), str(f16),
-               str(tmp), quant]  # fmt: skip
+        cmd = [
+            str(require_binary(llamacpp, "llama-quantize")),
+            *tensor_type_args(tensor_types or {}),
+            str(f16),
+            str(tmp),
+            quant,
+        ]
         run_checked(cmd, f"llama-quantize making a {quant} file from {f16}", log_file, stream_to_log=True)
     return out
 

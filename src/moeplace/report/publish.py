@@ -14,6 +14,7 @@ import json
 import shutil
 import sqlite3
 import statistics
+import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import yaml
 
 from ..core.errors import MoeplaceError
 from ..runtime.outputs import atomic_dir, atomic_path
+from ..runtime.process import run
 
 MANIFEST = "MANIFEST.json"
 UNLISTED = (MANIFEST, ".snakemake_timestamp")  # the manifest itself, and Snakemake's mark on a finished folder
@@ -99,10 +101,16 @@ def data_md(dictionary: dict[str, dict[str, Any]], names: list[str]) -> str:
 def sqlite_row(record: dict[str, Any], provenance: str) -> dict[str, Any]:
     """One record as a llama_bench row: llama-bench's own fields from its JSON, the means over every batch."""
     row = {k: record.get("llama_bench", {}).get(k) for k in LLAMA_BENCH_FIELDS}
-    row |= {"n_cpu_moe": record["n_cpu_moe"], "type_k": record["type_k"], "type_v": record["type_v"],
-            "tensor_buft_overrides": record.get("overrides") or "none", "n_depth": record["n_depth"],
-            "test_time": row["test_time"] or record.get("started"), "build_commit": record.get("llamacpp_commit"),
-            "build_number": record.get("llamacpp_build")}  # fmt: skip
+    row |= {
+        "n_cpu_moe": record["n_cpu_moe"],
+        "type_k": record["type_k"],
+        "type_v": record["type_v"],
+        "tensor_buft_overrides": record.get("overrides") or "none",
+        "n_depth": record["n_depth"],
+        "test_time": row["test_time"] or record.get("started"),
+        "build_commit": record.get("llamacpp_commit"),
+        "build_number": record.get("llamacpp_build"),
+    }
     if record["test"] == "pp":
         row |= {"n_prompt": record["n_prompt"], "n_gen": 0}
     else:
@@ -112,14 +120,28 @@ def sqlite_row(record: dict[str, Any], provenance: str) -> dict[str, Any]:
     if samples:
         ns = [tokens / ts * 1e9 for ts in samples]
         spread = round(statistics.stdev(ns)) if len(ns) > 1 else 0
-        row |= {"avg_ts": statistics.fmean(samples), "stddev_ts": record.get("stddev_ts") or 0.0,
-                "avg_ns": round(statistics.fmean(ns)), "stddev_ns": spread}  # fmt: skip
+        row |= {
+            "avg_ts": statistics.fmean(samples),
+            "stddev_ts": record.get("stddev_ts") or 0.0,
+            "avg_ns": round(statistics.fmean(ns)),
+            "stddev_ns": spread,
+        }
     for k, kind in LLAMA_BENCH_FIELDS.items():  # SQL never matches NULL = NULL: compare-llama-bench joins on these
         if row[k] is None and k not in MEASURED:
             row[k] = "" if kind == "TEXT" else 0
     files = record.get("model_files") or [{}]
-    ours = ("model", "ctx", "variant", "status", "repetitions", "ci95_halfwidth_pct", "device", "host",
-            "pipeline_commit", "pipeline_dirty")  # fmt: skip
+    ours = (
+        "model",
+        "ctx",
+        "variant",
+        "status",
+        "repetitions",
+        "ci95_halfwidth_pct",
+        "device",
+        "host",
+        "pipeline_commit",
+        "pipeline_dirty",
+    )
     row |= {k: record.get(k) for k in ours}
     row |= {"model_header_sha256": files[0].get("header_sha256"), "provenance": provenance}
     return row
@@ -193,10 +215,6 @@ def publish(
 def snakemake_report(out: Path, targets: list[str], log_path: Path, configfiles: list[str]) -> Path | None:
     """Snakemake's own report for these targets (what has been run, with the run's --configfile), or None (the
     reason in the log): the published directory does not depend on it."""
-    import sys
-
-    from ..runtime.process import run
-
     if not targets:
         return None
     cmd = [sys.executable, "-m", "snakemake", "--nolock", "--report", str(out), *targets]
@@ -237,7 +255,7 @@ def rst_html(text: str) -> str:
     """A caption's reStructuredText as HTML (literals, emphasis, links), as Snakemake's own report renders it."""
     if not text.strip():
         return ""
-    from docutils.core import publish_parts
+    from docutils.core import publish_parts  # slow (~0.3 s): only captions need it
 
     settings = {"report_level": 5, "halt_level": 5, "output_encoding": "unicode"}  # a bad caption is shown, not fatal
     return publish_parts(text, writer_name="html", settings_overrides=settings)["fragment"]
@@ -272,11 +290,43 @@ def index_html(
 # --- merging published directories ---------------------------------------------------------------
 
 # A run is the same run when these agree; the host is part of it (two machines never share a measurement).
-MERGE_KEY = ("model_header_sha256", "build_commit", "host", "device", "n_cpu_moe", "tensor_buft_overrides", "n_depth",
-             "n_ubatch", "type_k", "type_v", "n_prompt", "n_gen", "flash_attn")  # fmt: skip
-MERGED_COLUMNS = ["model", "ctx", "host", "device", "build_commit", "variant", "n_cpu_moe", "tensor_buft_overrides",
-                  "n_depth", "n_ubatch", "type_k", "type_v", "n_prompt", "n_gen", "status", "avg_ts", "stddev_ts",
-                  "repetitions", "ci95_halfwidth_pct", "provenance"]  # fmt: skip
+MERGE_KEY = (
+    "model_header_sha256",
+    "build_commit",
+    "host",
+    "device",
+    "n_cpu_moe",
+    "tensor_buft_overrides",
+    "n_depth",
+    "n_ubatch",
+    "type_k",
+    "type_v",
+    "n_prompt",
+    "n_gen",
+    "flash_attn",
+)
+MERGED_COLUMNS = [
+    "model",
+    "ctx",
+    "host",
+    "device",
+    "build_commit",
+    "variant",
+    "n_cpu_moe",
+    "tensor_buft_overrides",
+    "n_depth",
+    "n_ubatch",
+    "type_k",
+    "type_v",
+    "n_prompt",
+    "n_gen",
+    "status",
+    "avg_ts",
+    "stddev_ts",
+    "repetitions",
+    "ci95_halfwidth_pct",
+    "provenance",
+]
 COMPARABLE = ("prompt", "gen")  # bench settings that must agree for runs to sit on one axis
 
 
@@ -332,7 +382,7 @@ def merge(folders: list[Path], out: Path, dictionary: dict[str, dict[str, Any]])
 
 def merged_figure(runs: pd.DataFrame, path: Path, title: str) -> None:
     """Decode speed against --n-cpu-moe, one line per host and device, with each mean's spread."""
-    import matplotlib
+    import matplotlib  # slow (~1 s): only merge draws
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
