@@ -18,8 +18,9 @@ PROBE_TOKENS = 4
 RESERVE_TRIES = 5
 
 
-def _placement_args(manifest: dict[str, Any], model: str, args: list[str], n_cpu_moe: int, rpc: str | None,
-                    overrides: str | None) -> list[str]:  # fmt: skip
+def _placement_args(
+    manifest: dict[str, Any], model: str, args: list[str], n_cpu_moe: int, rpc: str | None, overrides: str | None
+) -> list[str]:
     cmd = ["--rpc", rpc] if rpc else []
     # -ot before -ncmoe: llama.cpp's first matching rule wins, and a user's pins come first.
     cmd += ["-m", model, "-ngl", "99", *(["-ot", overrides.replace(";", ",")] if overrides else [])]

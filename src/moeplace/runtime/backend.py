@@ -59,9 +59,16 @@ def nvidia_devices() -> list[dict[str, Any]]:
     if not result or not result.ok:
         return []
     gpus = nvidia_smi_csv(result.stdout, tuple(NVIDIA_QUERY[0].split("=", 1)[1].split(",")))
-    return [{"name": g["name"], "total_bytes": g["total_mib"] * 2**20, "free_bytes": g["free_mib"] * 2**20,
-             "compute_cap": g["compute_cap"]}
-            for g in gpus if g.get("total_mib") is not None and g.get("free_mib") is not None]  # fmt: skip
+    return [
+        {
+            "name": g["name"],
+            "total_bytes": g["total_mib"] * 2**20,
+            "free_bytes": g["free_mib"] * 2**20,
+            "compute_cap": g["compute_cap"],
+        }
+        for g in gpus
+        if g.get("total_mib") is not None and g.get("free_mib") is not None
+    ]
 
 
 def amd_devices() -> list[dict[str, Any]]:
@@ -111,10 +118,15 @@ def detect(requested: str = "auto") -> Backend:
         if toolkit:
             return Backend(name, f"{what} found, and {Path(toolkit).name} to build for it", options, devices, toolkit)
         if requested == name:
-            raise MoeplaceError(f"llamacpp.backend is {name}, but {Path(toolkit or name).name} is missing: install "
-                                f"{INSTALL[name]}.")  # fmt: skip
-        return Backend("cpu", f"{what} found, but no {name.upper()} compiler to build for it: the CPU build for now",
-                       devices=devices, install=INSTALL[name])  # fmt: skip
+            raise MoeplaceError(
+                f"llamacpp.backend is {name}, but {Path(toolkit or name).name} is missing: install {INSTALL[name]}."
+            )
+        return Backend(
+            "cpu",
+            f"{what} found, but no {name.upper()} compiler to build for it: the CPU build for now",
+            devices=devices,
+            install=INSTALL[name],
+        )
     if requested != "auto":
         raise MoeplaceError(f"llamacpp.backend is {requested}, but this machine shows no such GPU.")
     return Backend("cpu", "no GPU found (nvidia-smi, rocminfo, vulkaninfo): the CPU build and the emulated device")
@@ -124,13 +136,26 @@ def _lavapipe() -> Backend:
     """The Vulkan build run on Mesa's lavapipe: a real Vulkan device on the CPU, never chosen by auto."""
     devices, glslc = lavapipe_devices(), _tool("glslc")
     if not devices or not glslc or not Path("/usr/include/vulkan/vulkan.hpp").is_file():
-        lacking = [what for what, ok in (("lavapipe", devices), ("glslc", glslc),
-                   ("the Vulkan headers", Path("/usr/include/vulkan/vulkan.hpp").is_file())) if not ok]  # fmt: skip
-        raise MoeplaceError(f"llamacpp.backend is lavapipe, but {', '.join(lacking)} missing: install "
-                            f"{LAVAPIPE_INSTALL}.")  # fmt: skip
+        lacking = [
+            what
+            for what, ok in (
+                ("lavapipe", devices),
+                ("glslc", glslc),
+                ("the Vulkan headers", Path("/usr/include/vulkan/vulkan.hpp").is_file()),
+            )
+            if not ok
+        ]
+        raise MoeplaceError(
+            f"llamacpp.backend is lavapipe, but {', '.join(lacking)} missing: install {LAVAPIPE_INSTALL}."
+        )
     what = ", ".join(f"{d['name']}, {d.get('driver', 'Mesa')}" for d in devices)
-    return Backend("lavapipe", f"llamacpp.backend is lavapipe: the Vulkan build on {what}, software (Mesa's CPU "
-                   "Vulkan), not a GPU", ["-DGGML_VULKAN=ON"], devices, glslc)  # fmt: skip
+    return Backend(
+        "lavapipe",
+        f"llamacpp.backend is lavapipe: the Vulkan build on {what}, software (Mesa's CPU Vulkan), not a GPU",
+        ["-DGGML_VULKAN=ON"],
+        devices,
+        glslc,
+    )
 
 
 # The name a plan uses for each build backend's cards (llama.cpp calls HIP's devices ROCm0, ROCm1, ...).

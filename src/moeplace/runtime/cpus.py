@@ -98,8 +98,10 @@ def slowed(cpus: tuple[int, ...], factor: float, log_path: Path) -> Iterator[Cal
     try:
         time.sleep(0.2)
         if proc.poll() is not None:  # a refusal ends it at once
-            raise MoeplaceError(f"the host side cannot be slowed (slowcore exited with {proc.returncode}); "
-                                f"see {log_path}, or set device.host_slowdown: 1.")  # fmt: skip
+            raise MoeplaceError(
+                f"the host side cannot be slowed (slowcore exited with {proc.returncode}); "
+                f"see {log_path}, or set device.host_slowdown: 1."
+            )
         os.kill(proc.pid, signal.SIGSTOP)
         yield lambda on: os.kill(proc.pid, signal.SIGCONT if on else signal.SIGSTOP)
     finally:

@@ -68,8 +68,10 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
         if others:
             gpus = manifest["gpu_devices"]
             if len(gpus) <= len(others):
-                raise MoeplaceError(f"device.vram names {len(others) + 1} devices, but this llama.cpp build sees "
-                                    f"{len(gpus)} GPU(s) ({', '.join(gpus)}); give one size per GPU.")  # fmt: skip
+                raise MoeplaceError(
+                    f"device.vram names {len(others) + 1} devices, but this llama.cpp build sees "
+                    f"{len(gpus)} GPU(s) ({', '.join(gpus)}); give one size per GPU."
+                )
             caps = ", ".join(f"{g} capped to {c / 2**30:.2f} GiB" for g, c in zip(gpus, (vram_bytes, *others)))
             return DeviceSetup("gpu", name or caps, vram_bytes, hold=True, other_caps=others)
         label = name or manifest["gpu_devices"][0]
@@ -102,8 +104,10 @@ def _lavapipe_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSet
     reported = free_device_bytes(manifest)
     cap = target.vram_bytes or reported
     if cap > reported:
-        raise MoeplaceError(f"device.vram is {cap / 2**20:.0f} MiB, more than the {reported / 2**20:.0f} MiB lavapipe "
-                            "reports; give at most that.")  # fmt: skip
+        raise MoeplaceError(
+            f"device.vram is {cap / 2**20:.0f} MiB, more than the {reported / 2**20:.0f} MiB lavapipe "
+            "reports; give at most that."
+        )
     gpu = manifest["gpu_devices"][0]
     mesa = f", {manifest['mesa']}" if manifest.get("mesa") else ""
     label = f"{target.name or gpu}: {LABEL}{mesa}, shown as a {cap / 2**20:.0f} MiB card (Mesa: {reported / 2**20:.0f})"
@@ -231,8 +235,10 @@ def attached(device: DeviceSetup, manifest: dict[str, Any], cpus: CpuSplit, log_
     when asked to be smaller)."""
     with ExitStack() as stack:
         if device.kind == "emulated":
-            yield ",".join(stack.enter_context(rpc_device(manifest, cap, cpus.device or cpus.bench, log_path))
-                           for cap in device.caps)  # fmt: skip
+            yield ",".join(
+                stack.enter_context(rpc_device(manifest, cap, cpus.device or cpus.bench, log_path))
+                for cap in device.caps
+            )
             return
         if device.hold:
             for index, cap in enumerate(device.caps):

@@ -19,6 +19,8 @@ import urllib.parse
 from pathlib import Path
 
 from ..core.errors import MoeplaceError
+from .process import run
+from .remote import get_json
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 STORES = ("ollama:", "lmstudio:", "hf:")
@@ -152,8 +154,6 @@ def hf_file(rest: str) -> str:
 
 def _one_remote(endpoint: str, repo: str) -> str:
     """The one .gguf model of a Hub repo (its file list from the Hub's API), or the list to choose from."""
-    from .remote import get_json
-
     siblings = [s.get("rfilename", "") for s in get_json(f"{endpoint}/api/models/{repo}").get("siblings", [])]
     models = [Path(f) for f in siblings if f.endswith(".gguf")]
     found = [p for p in models if not p.name.startswith("mmproj") and _first_shard(p)]
@@ -168,8 +168,6 @@ def ollama_version() -> tuple[int, ...] | None:
     exe = shutil.which("ollama")
     if not exe:
         return None
-    from .process import run
-
     done = run([exe, "--version"], timeout_s=10)
     m = re.search(r"version is (\d+)\.(\d+)\.(\d+)", done.stdout + done.stderr)
     return tuple(int(x) for x in m.groups()) if m else None

@@ -71,11 +71,23 @@ def _number(value: str) -> int | float | str:
 # llama-bench's markdown test names: "pp512", "tg128", "pp512 @ d4096", "pp512+tg128".
 _MD_TEST = re.compile(r"^(?:pp(?P<pp>\d+))?\+?(?:tg(?P<tg>\d+))?(?: @ d(?P<depth>\d+))?$")
 _MD_SPEED = re.compile(r"^(?P<avg>[\d.]+)(?: ± (?P<sd>[\d.]+))?$")
-_MD_FIELDS = {"ngl": "n_gpu_layers", "n_cpu_moe": "n_cpu_moe", "threads": "n_threads", "n_ubatch": "n_ubatch",
-              "n_batch": "n_batch", "type_k": "type_k", "type_v": "type_v", "fa": "flash_attn",
-              "ot": "tensor_buft_overrides",
-              "backend": "backends", "model": "model_type", "size": "model_size", "params": "model_n_params",
-              "mmap": "use_mmap", "dev": "devices"}  # fmt: skip
+_MD_FIELDS = {
+    "ngl": "n_gpu_layers",
+    "n_cpu_moe": "n_cpu_moe",
+    "threads": "n_threads",
+    "n_ubatch": "n_ubatch",
+    "n_batch": "n_batch",
+    "type_k": "type_k",
+    "type_v": "type_v",
+    "fa": "flash_attn",
+    "ot": "tensor_buft_overrides",
+    "backend": "backends",
+    "model": "model_type",
+    "size": "model_size",
+    "params": "model_n_params",
+    "mmap": "use_mmap",
+    "dev": "devices",
+}
 
 
 def _markdown_records(text: str) -> list[dict[str, Any]]:
@@ -89,8 +101,11 @@ def _markdown_records(text: str) -> list[dict[str, Any]]:
             header = cells
         elif header and not set(line.replace("|", "").strip()) <= set("-: "):
             row = dict(zip(header, cells))
-            record = {_MD_FIELDS.get(k, k): _number(v) if k not in ("model", "backend", "ot") else v
-                      for k, v in row.items() if k not in ("test", "t/s", "tok/s")}  # fmt: skip
+            record = {
+                _MD_FIELDS.get(k, k): _number(v) if k not in ("model", "backend", "ot") else v
+                for k, v in row.items()
+                if k not in ("test", "t/s", "tok/s")
+            }
             test = _MD_TEST.match(row["test"])
             speed = _MD_SPEED.match(row.get("t/s", row.get("tok/s", "")))
             if test:
@@ -211,13 +226,20 @@ def rocm_smi(text: str) -> list[dict[str, Any]]:
     if stripped.startswith("{"):
         cards = json.loads(stripped[: stripped.rfind("}") + 1])
         total, used = "VRAM Total Memory (B)", "VRAM Total Used Memory (B)"
-        return [_rocm_gpu(c.get("Card Series", card), c.get(total), c.get(used))
-                for card, c in cards.items() if isinstance(c, dict)]  # fmt: skip
+        return [
+            _rocm_gpu(c.get("Card Series", card), c.get(total), c.get(used))
+            for card, c in cards.items()
+            if isinstance(c, dict)
+        ]
     header = next((line for line in stripped.splitlines() if line.startswith("device,")), None)
     if header:
         rows = csv.DictReader(io.StringIO(stripped[stripped.index(header) :]))
-        return [_rocm_gpu(r.get("Card Series") or r["device"], r.get("VRAM Total Memory (B)"),
-                          r.get("VRAM Total Used Memory (B)")) for r in rows]  # fmt: skip
+        return [
+            _rocm_gpu(
+                r.get("Card Series") or r["device"], r.get("VRAM Total Memory (B)"), r.get("VRAM Total Used Memory (B)")
+            )
+            for r in rows
+        ]
     memory: dict[str, dict[str, str]] = {}
     for m in _ROCM_SMI.finditer(text):
         memory.setdefault(m[1], {})["used" if m[2] else "total"] = m[3]
