@@ -164,8 +164,11 @@ def device_buffers(buffers: dict[str, dict[str, int]]) -> tuple[dict[str, int], 
     CPU_Mapped left out), and how many devices held them. Over several devices the weights and the KV cache add
     up to what one device would hold; each device's compute buffer does not, so it is left out there."""
     devices = [kinds for name, kinds in buffers.items() if not is_host(name)]
-    total = {kind: sum(d.get(kind, 0) for d in devices) for kind in ("weights", "kv", "compute")
-             if any(kind in d for d in devices)}  # fmt: skip
+    total = {
+        kind: sum(d.get(kind, 0) for d in devices)
+        for kind in ("weights", "kv", "compute")
+        if any(kind in d for d in devices)
+    }
     if len(devices) > 1:
         total.pop("compute", None)
     return total, len(devices)
@@ -190,14 +193,40 @@ def memory_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[s
                 continue  # an out-of-memory run never got to allocate it
             theirs = buffers[buffer]
             diff = ours - theirs
-            rows.append({"model": r["model"], "ctx": r["ctx"], "n_ctx": n_ctx, "n_cpu_moe": r["n_cpu_moe"],
-                         "variant": r["variant"], "type_k": r["type_k"], "type_v": r["type_v"], "devices": devices,
-                         "buffer": buffer,
-                         "llamacpp_mib": theirs / 2**20, "ours_mib": ours / 2**20, "diff_mib": diff / 2**20,
-                         "diff_pct": 100 * diff / theirs if theirs else None,
-                         "within_tolerance": within_tolerance(buffer, ours, theirs)})  # fmt: skip
-    columns = ["model", "ctx", "n_ctx", "n_cpu_moe", "variant", "type_k", "type_v", "devices", "buffer", "llamacpp_mib",
-               "ours_mib", "diff_mib", "diff_pct", "within_tolerance"]  # fmt: skip
+            rows.append(
+                {
+                    "model": r["model"],
+                    "ctx": r["ctx"],
+                    "n_ctx": n_ctx,
+                    "n_cpu_moe": r["n_cpu_moe"],
+                    "variant": r["variant"],
+                    "type_k": r["type_k"],
+                    "type_v": r["type_v"],
+                    "devices": devices,
+                    "buffer": buffer,
+                    "llamacpp_mib": theirs / 2**20,
+                    "ours_mib": ours / 2**20,
+                    "diff_mib": diff / 2**20,
+                    "diff_pct": 100 * diff / theirs if theirs else None,
+                    "within_tolerance": within_tolerance(buffer, ours, theirs),
+                }
+            )
+    columns = [
+        "model",
+        "ctx",
+        "n_ctx",
+        "n_cpu_moe",
+        "variant",
+        "type_k",
+        "type_v",
+        "devices",
+        "buffer",
+        "llamacpp_mib",
+        "ours_mib",
+        "diff_mib",
+        "diff_pct",
+        "within_tolerance",
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -253,8 +282,19 @@ def precision_table(measured: pd.DataFrame, variants: pd.DataFrame) -> pd.DataFr
             }
         )
     columns = [
-        "stage", "model", "ctx", "test", "configurations", "median_repetitions", "median_cv_pct",
-        "median_ci95_halfwidth_pct", "reached_target_pct", "median_mde_pct", "max_mde_pct", "contended",
-        "outlying", "distinguishable",
-    ]  # fmt: skip
+        "stage",
+        "model",
+        "ctx",
+        "test",
+        "configurations",
+        "median_repetitions",
+        "median_cv_pct",
+        "median_ci95_halfwidth_pct",
+        "reached_target_pct",
+        "median_mde_pct",
+        "max_mde_pct",
+        "contended",
+        "outlying",
+        "distinguishable",
+    ]
     return pd.DataFrame(rows, columns=columns)

@@ -12,8 +12,6 @@ import hashlib
 import html
 import json
 import shutil
-import sqlite3
-import statistics
 import sys
 import tarfile
 from pathlib import Path
@@ -25,31 +23,11 @@ import yaml
 from ..core.errors import MoeplaceError
 from ..runtime.outputs import atomic_dir, atomic_path
 from ..runtime.process import run
+from .bench_sqlite import SQLITE, read_sqlite, sqlite_row, write_sqlite
 
 MANIFEST = "MANIFEST.json"
 UNLISTED = (MANIFEST, ".snakemake_timestamp")  # the manifest itself, and Snakemake's mark on a finished folder
 DICTIONARY = Path(__file__).parents[1] / "tables.yaml"  # every published table's columns: unit and meaning
-SQLITE = "llama-bench.sqlite"
-SQL_TABLES = ("llama_bench", "failed_runs")
-# llama-bench's SQL table (its -o sql, read by scripts/compare-llama-bench.py): field -> SQL type.
-LLAMA_BENCH_FIELDS = {
-    "build_commit": "TEXT", "build_number": "INTEGER", "cpu_info": "TEXT", "gpu_info": "TEXT", "backends": "TEXT",
-    "model_filename": "TEXT", "model_type": "TEXT", "model_size": "INTEGER", "model_n_params": "INTEGER",
-    "n_batch": "INTEGER", "n_ubatch": "INTEGER", "n_threads": "INTEGER", "cpu_mask": "TEXT", "cpu_strict": "INTEGER",
-    "poll": "INTEGER", "type_k": "TEXT", "type_v": "TEXT", "n_gpu_layers": "INTEGER", "split_mode": "TEXT",
-    "main_gpu": "INTEGER", "no_kv_offload": "INTEGER", "flash_attn": "INTEGER", "tensor_split": "TEXT",
-    "tensor_buft_overrides": "TEXT", "load_mode": "TEXT", "embeddings": "INTEGER", "no_op_offload": "INTEGER",
-    "n_prompt": "INTEGER", "n_gen": "INTEGER", "n_depth": "INTEGER", "test_time": "TEXT", "avg_ns": "INTEGER",
-    "stddev_ns": "INTEGER", "avg_ts": "REAL", "stddev_ts": "REAL", "n_cpu_moe": "INTEGER", "fit_target": "INTEGER",
-    "fit_min_ctx": "INTEGER",
-}  # fmt: skip
-MEASURED = ("avg_ns", "stddev_ns", "avg_ts", "stddev_ts")  # NULL for a run that failed
-# moeplace's own columns beside them: what a run measured and where.
-OUR_FIELDS = {
-    "model": "TEXT", "ctx": "INTEGER", "variant": "TEXT", "status": "TEXT", "repetitions": "INTEGER",
-    "ci95_halfwidth_pct": "REAL", "device": "TEXT", "host": "TEXT", "pipeline_commit": "TEXT",
-    "pipeline_dirty": "INTEGER", "model_header_sha256": "TEXT", "provenance": "TEXT",
-}  # fmt: skip
 
 
 def sha256(path: Path) -> str:
@@ -93,88 +71,6 @@ def data_md(dictionary: dict[str, dict[str, Any]], names: list[str]) -> str:
         out += [f"| `{c}` | {d.get('unit', '')} | {d['meaning']} |" for c, d in entry["columns"].items()]
         out.append("")
     return "\n".join(out)
-
-
-# --- llama-bench's SQLite -------------------------------------------------------------------------
-
-
-def sqlite_row(record: dict[str, Any], provenance: str) -> dict[str, Any]:
-    """One record as a llama_bench row: llama-bench's own fields from its JSON, the means over every batch."""
-    row = {k: record.get("llama_bench", {}).get(k) for k in LLAMA_BENCH_FIELDS}
-    row |= {
-        "n_cpu_moe": record["n_cpu_moe"],
-        "type_k": record["type_k"],
-        "type_v": record["type_v"],
-        "tensor_buft_overrides": record.get("overrides") or "none",
-        "n_depth": record["n_depth"],
-        "test_time": row["test_time"] or record.get("started"),
-        "build_commit": record.get("llamacpp_commit"),
-        "build_number": record.get("llamacpp_build"),
-    }
-    if record["test"] == "pp":
-        row |= {"n_prompt": record["n_prompt"], "n_gen": 0}
-    else:
-        row |= {"n_prompt": 0, "n_gen": record["n_gen"]}
-    samples = record.get("samples_ts") or []
-    tokens = row["n_prompt"] or row["n_gen"]
-    if samples:
-        ns = [tokens / ts * 1e9 for ts in samples]
-        spread = round(statistics.stdev(ns)) if len(ns) > 1 else 0
-        row |= {
-            "avg_ts": statistics.fmean(samples),
-            "stddev_ts": record.get("stddev_ts") or 0.0,
-            "avg_ns": round(statistics.fmean(ns)),
-            "stddev_ns": spread,
-        }
-    for k, kind in LLAMA_BENCH_FIELDS.items():  # SQL never matches NULL = NULL: compare-llama-bench joins on these
-        if row[k] is None and k not in MEASURED:
-            row[k] = "" if kind == "TEXT" else 0
-    files = record.get("model_files") or [{}]
-    ours = (
-        "model",
-        "ctx",
-        "variant",
-        "status",
-        "repetitions",
-        "ci95_halfwidth_pct",
-        "device",
-        "host",
-        "pipeline_commit",
-        "pipeline_dirty",
-    )
-    row |= {k: record.get(k) for k in ours}
-    row |= {"model_header_sha256": files[0].get("header_sha256"), "provenance": provenance}
-    return row
-
-
-def write_sqlite(rows: list[dict[str, Any]], path: Path) -> None:
-    """Measured runs in `llama_bench` (what compare-llama-bench.py averages); runs that failed (out of memory,
-    crash, timeout) in `failed_runs`, same columns, no numbers."""
-    fields = {**LLAMA_BENCH_FIELDS, **OUR_FIELDS}
-    columns = ", ".join(f"{k} {v}" for k, v in fields.items())
-    with atomic_path(path) as tmp:
-        con = sqlite3.connect(tmp)
-        for table, keep in ((SQL_TABLES[0], True), (SQL_TABLES[1], False)):
-            con.execute(f"CREATE TABLE {table} ({columns})")
-            con.executemany(
-                f"INSERT INTO {table} VALUES ({', '.join('?' for _ in fields)})",
-                [[_sql(row.get(k)) for k in fields] for row in rows if (row.get("avg_ts") is not None) == keep],
-            )
-        con.commit()
-        con.close()
-
-
-def _sql(value: Any) -> Any:
-    return json.dumps(value) if isinstance(value, list | dict) else value
-
-
-def read_sqlite(path: Path) -> list[dict[str, Any]]:
-    """Every run of a published SQLite, measured or failed."""
-    con = sqlite3.connect(path)
-    con.row_factory = sqlite3.Row
-    rows = [dict(r) for table in SQL_TABLES for r in con.execute(f"SELECT * FROM {table}")]
-    con.close()
-    return rows
 
 
 # --- the published directory ----------------------------------------------------------------------
