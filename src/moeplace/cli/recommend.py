@@ -78,6 +78,14 @@ def add_parser(sub: Any) -> None:
         "(default: the backend's, from real cards; 0 on the emulated device, rpc)",
     )
     rec.add_argument("--ram", help="the host's RAM for the experts left there, e.g. 64GB (default: this machine's)")
+    _llamacpp_options(rec)
+    _placement_options(rec)
+    rec.set_defaults(func=cmd_recommend)
+
+
+def _llamacpp_options(rec: argparse.ArgumentParser) -> None:
+    """What llama.cpp is run with (flash attention, slots, projector, pins, KV cache, ubatch, its own reserve) and
+    what is printed."""
     rec.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa (auto: on on GPUs)")
     rec.add_argument("--parallel", type=int, default=1, help="llama-server --parallel slots, each with --ctx tokens")
     rec.add_argument("--mmproj", help="a vision projector .gguf the server also loads onto the card")
@@ -114,8 +122,6 @@ def add_parser(sub: Any) -> None:
         "bound for llama-server, which reserves logits for one token per slot",
     )
     rec.add_argument("--bin-dir", help="your llama.cpp build's bin/ for --reserve (default: the pinned build)")
-    _placement_options(rec)
-    rec.set_defaults(func=cmd_recommend)
 
 
 def _placement_options(rec: argparse.ArgumentParser) -> None:
