@@ -114,7 +114,7 @@ def test_a_layer_split_is_priced_by_the_same_decode_model(tmp_path):
 
     meta = inspect_model(write_twin(load_spec(ROOT / "config/models/qwen3-coder-30b-a3b.yaml"), tmp_path / "q.gguf"))
     model = speed_model(meta, Machine("rocm", 384, 57.6, 31.5, 13.2))
-    n = meta["n_layer"]
+    n = meta.n_layer
     whole = predict_ngl(meta, model, n + 1)["tok_s"]
     assert whole == pytest.approx(model.predict(meta, Run(0, 0, "tg", 128))["tok_s"], rel=1e-3)
     speeds = [predict_ngl(meta, model, g)["tok_s"] for g in (0, n // 2, n, n + 1)]

@@ -79,7 +79,7 @@ def test_non_expert_ranges_hold_every_non_expert_byte_and_no_expert_page(small_m
     meta = inspect_model(small_moe)
     ((path, exact),) = non_expert_ranges(small_moe, page=1)
     assert path == small_moe
-    assert sum(n for _, n in exact) == meta["non_expert_bytes"]
+    assert sum(n for _, n in exact) == meta.non_expert_bytes
     from gguf import GGUFReader
 
     experts = [
@@ -368,7 +368,7 @@ def test_a_capped_sweep_on_the_tiny_twin(tmp_path, twin):
     assert ref["anon_peak_bytes"] > 0 and ref["evict_left_bytes"] == 0 and ref["other_charged_bytes"] >= 0
     assert ref["readahead"].startswith("128 KiB (device ") or ref["readahead"] == "madvise random"
     non_expert = sum(n for _, ranges in non_expert_ranges(twin) for _, n in ranges)
-    assert meta["non_expert_bytes"] <= non_expert < meta["non_expert_bytes"] + 2 * PAGE * (4 + 4 * meta["n_layer"])
+    assert meta.non_expert_bytes <= non_expert < meta.non_expert_bytes + 2 * PAGE * (4 + 4 * meta.n_layer)
     for r in capped:
         assert r["cap_bytes"] == ref["anon_peak_bytes"] + 4 * 2**20 + round(0.5 * r["model_bytes"])
         assert r["anon_peak_bytes"] == ref["anon_peak_bytes"]

@@ -69,7 +69,7 @@ def layer_count(model):
         return (
             load_spec(m["twin"]).n_layer
             if "twin" in m
-            else inspect_model(m["gguf"])["n_layer"]
+            else inspect_model(m["gguf"]).n_layer
         )
     except MoeplaceError as e:
         stop(f"config models.{model}: {e}")

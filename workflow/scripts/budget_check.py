@@ -13,6 +13,7 @@ from moeplace.measure.budget_check import (
     grid,
     summary,
 )
+from moeplace.model.meta import read_metadata
 from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
@@ -21,12 +22,12 @@ with stage(snakemake.log[0]) as log:
     workloads = grid(g["contexts"], g["ubatch"], g["cache_types"], g["flash_attn"])
     if target.other_vram_bytes:
         caps = [target.vram_bytes, *target.other_vram_bytes]
-        rows = check_devices(model_path=i.model[0], meta=read_json(i.metadata), workloads=workloads, caps=caps,
+        rows = check_devices(model_path=i.model[0], meta=read_metadata(i.metadata), workloads=workloads, caps=caps,
                              manifest=manifest, log_path=log_path)  # fmt: skip
         table = devices_table(rows, w.model)
         log.info("%s: %s", w.model, devices_summary(table))
     else:
-        rows = check_model(model=w.model, model_path=i.model[0], meta=read_json(i.metadata), workloads=workloads,
+        rows = check_model(model=w.model, model_path=i.model[0], meta=read_metadata(i.metadata), workloads=workloads,
                            target=target, overhead_bytes=p.memory["overhead_bytes"], manifest=manifest,
                            log_path=log_path, depth_checks=g["depth_checks"], threads=snakemake.threads)  # fmt: skip
         table = check_table(rows)

@@ -7,11 +7,12 @@ import pandas as pd
 from moeplace.core.config import RamTierSettings
 from moeplace.measure.ceilings import measured_bandwidths
 from moeplace.measure.ram_tier import plot_ram_tier, predicted_column, ram_tier_table, run_ram_tier
+from moeplace.model.meta import read_metadata
 from moeplace.runtime.outputs import read_json, stage, write_csv, write_jsonl
 
 with stage(snakemake.log[0]) as log:
     i, o, p, w = snakemake.input, snakemake.output, snakemake.params, snakemake.wildcards
-    meta = read_json(i.metadata)
+    meta = read_metadata(i.metadata)
     records = run_ram_tier(
         model_name=w.model,
         model_path=i.model[0],

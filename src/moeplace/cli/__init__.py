@@ -13,6 +13,7 @@ from ..core.errors import MoeplaceError
 from ..core.units import parse_size
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, NO_PINS
+from ..model.meta import ModelMeta, to_json
 from ..model.metadata import describe, inspect_model
 from ..plan import commands
 from ..plan.assumed import speed_model
@@ -38,14 +39,14 @@ def cmd_inspect(args: argparse.Namespace) -> None:
 
     meta = inspect_model(args.model)
     if args.json:
-        json.dump(meta, sys.stdout, indent=1)
+        json.dump(to_json(meta), sys.stdout, indent=1)
         print()
         return
     if args.model != args.model_ref:
         print(f"{args.model_ref}: {args.model}")
     print(describe(meta))
     if remote.bytes_read:
-        size = sum(f["size"] for f in meta["files"])
+        size = sum(f.size for f in meta.files)
         print(f"read {remote.bytes_read / 2**20:.2f} MiB of {size / 2**30:.2f} GiB over HTTP (the header only)")
 
 
@@ -80,7 +81,7 @@ def cmd_predict(args: argparse.Namespace) -> None:
     kv = (args.cache_type_k, args.cache_type_v)
     rows = []
     for depth in parse_contexts(args.depth, "--depth", allow_zero=True):
-        for n in _n_values(args.n_cpu_moe or f"0-{meta['n_layer']}", meta["n_layer"]):
+        for n in _n_values(args.n_cpu_moe or f"0-{meta.n_layer}", meta.n_layer):
             tg = model.predict(meta, Run(n, depth, "tg", 128, args.ubatch, *kv))
             pp = model.predict(meta, prefill_run(n, depth, args.ubatch, *kv))
             row = {"n_cpu_moe": n, "depth": depth, "ubatch": args.ubatch}
@@ -154,12 +155,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     speeds = speed_model(request.speeds, meta)  # before the probes: a bad --calibration fails at once
     log_path = Path(args.log)
     manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
-    print(f"probing {meta['name']} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
+    print(f"probing {meta.name} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
     workload = request.workload(args.ctx, "rpc")  # the probe's own: llama-bench's logits, no op offload asked
     target = DeviceTarget(args.device, "", parse_size(args.vram, "--vram"))
     settings = TuneSettings(args.margin, 3600, args.threads)
     result, record = tune_model(
-        model_name=meta["name"],
+        model_name=meta.name,
         model_path=args.model,
         meta=meta,
         workload=workload,
@@ -199,9 +200,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibrated_by_tune(
-    meta: dict[str, Any], records: list[dict[str, Any]], prior: Any, args: argparse.Namespace
-) -> Any:
+def _calibrated_by_tune(meta: ModelMeta, records: list[dict[str, Any]], prior: Any, args: argparse.Namespace) -> Any:
     """The speed model fitted to tune's calibrating runs, written to --calibration-out; the prior where they cannot
     calibrate."""
     from ..plan.calibrate import calibration_file

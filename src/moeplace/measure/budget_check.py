@@ -19,6 +19,7 @@ import pandas as pd
 
 from ..core.config import Device, DeviceTarget
 from ..model.memory import Workload
+from ..model.meta import ModelMeta
 from ..plan.budget import plan, reserved_compute
 from ..plan.devices import MultiPlan, plan_args, reserved_plan
 from ..plan.offload import expert_tensors, matching_tensors
@@ -33,28 +34,28 @@ def grid(contexts: list[int], ubatches: list[int], cache_types: list[str], flash
     ]
 
 
-def fitted_host_experts(meta: dict[str, Any], ngl: int, overrides: str | None) -> set[str]:
+def fitted_host_experts(meta: ModelMeta, ngl: int, overrides: str | None) -> set[str]:
     """The expert tensors llama-fit-params keeps on the host: those of the layers below its -ngl (llama.cpp
     offloads the last -ngl layers, the output counting as one) and those its -ot value sends there."""
-    n_layer = meta["n_layer"]
+    n_layer = meta.n_layer
     first_on_device = 0 if ngl < 0 else max(n_layer + 1 - ngl, 0)
     below = expert_tensors(meta, list(range(min(first_on_device, n_layer))))
     return below | matching_tensors(overrides, sorted(expert_tensors(meta, list(range(n_layer)))))
 
 
-def fitted_n(meta: dict[str, Any], ngl: int | None, overrides: str | None) -> int | None:
+def fitted_n(meta: ModelMeta, ngl: int | None, overrides: str | None) -> int | None:
     """Layers with experts that llama-fit-params keeps on the host (it may keep part of a layer's)."""
     if ngl is None:
         return None
     host = fitted_host_experts(meta, ngl, overrides)
-    return sum(1 for layer in meta["layers"] if host & set(layer["expert_tensors"]))
+    return sum(1 for layer in meta.layers if host & set(layer.expert_tensors))
 
 
 def check_model(
     *,
     model: str,
     model_path: str,
-    meta: dict[str, Any],
+    meta: ModelMeta,
     workloads: list[Workload],
     target: DeviceTarget,
     overhead_bytes: int,
@@ -77,7 +78,7 @@ def check_model(
         compute = reserved_compute(manifest, model_path, rpc, log_path)
 
         for i, w in enumerate(workloads):
-            row = {"model": model, "n_layer": meta["n_layer"], "ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k,
+            row = {"model": model, "n_layer": meta.n_layer, "ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k,
                    "flash_attn": w.flash_attn, "device": setup.label, "vram_bytes": setup.cap_bytes,
                    "margin_bytes": overhead_bytes}  # fmt: skip
             if refusal(w.flash_attn, w.type_v):
@@ -85,12 +86,12 @@ def check_model(
                 continue
             p = plan(meta, device, w, compute)
             predicted = p["n_cpu_moe"]
-            start = meta["n_layer"] if predicted is None else predicted
+            start = meta.n_layer if predicted is None else predicted
 
             def probe(n: int, w: Workload = w) -> tuple[str, None]:
                 return load_probe(manifest, model_path, w.llama_args(), n, rpc, log_path)[0], None
 
-            measured = search(start, meta["n_layer"], probe, spill_ratio=0.0)
+            measured = search(start, meta.n_layer, probe, spill_ratio=0.0)
             ngl, overrides, _ = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
             row |= {"predicted_n": predicted, "measured_n": measured.lowest_n,
                     "fit_params_n": fitted_n(meta, ngl, overrides), "fit_params_ngl": ngl,
@@ -101,11 +102,11 @@ def check_model(
                                          type_k=w.type_k, type_v=w.type_v, flash_attn=w.flash_attn)  # fmt: skip
 
                 def deep(n: int, w: Workload = w, settings: BenchSettings = settings) -> tuple[str, float | None]:
-                    job = BenchJob(model, model_path, meta["files"], w.ctx, n, "budget-check")
+                    job = BenchJob(model, model_path, meta.file_records(), w.ctx, n, "budget-check")
                     (r,) = run_bench(job, Rig(settings, setup, manifest, log_path, Path.cwd()))
                     return r["status"], r["avg_ts"]
 
-                row["depth_n"] = search(start, meta["n_layer"], deep, spill_ratio=0.0).lowest_n
+                row["depth_n"] = search(start, meta.n_layer, deep, spill_ratio=0.0).lowest_n
             rows.append(row)
     return rows
 
@@ -113,7 +114,7 @@ def check_model(
 def check_devices(
     *,
     model_path: str,
-    meta: dict[str, Any],
+    meta: ModelMeta,
     workloads: list[Workload],
     caps: list[int],
     manifest: dict[str, Any],

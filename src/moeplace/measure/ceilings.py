@@ -37,6 +37,7 @@ import pandas as pd
 from ..core.config import Bandwidths, BenchSettings, CeilingsSettings
 from ..core.errors import MoeplaceError
 from ..core.units import GB
+from ..model.meta import ModelMeta
 from ..model.reads import bytes_per_token
 from ..plan.speed import TESTS, Run, SpeedModel, anchored, features, prior
 from ..runtime.cpus import split_cpus
@@ -175,7 +176,7 @@ def attention_rows(
     manifest: dict[str, Any],
     name: str,
     model: Path,
-    meta: dict[str, Any],
+    meta: ModelMeta,
     device: DeviceSetup,
     bench: BenchSettings,
     depths: tuple[int, ...],
@@ -193,9 +194,9 @@ def attention_rows(
     At the first depth a run with every routed expert on the device takes its turn too, where it fits: with the
     host placement's time there (rows time_tg, time_pp) it gives the prior its fixed time and the cost of
     placing experts on the host (speed.anchored)."""
-    n_layer = meta["n_layer"]
+    n_layer = meta.n_layer
     depths = tuple(sorted(set(depths) | ({depths[0] // 8} if len(depths) == 1 else set())))
-    if len(depths) < 2 or not any(layer.get("has_kv") for layer in meta["layers"]):
+    if len(depths) < 2 or not any(layer.has_kv for layer in meta.layers):
         return []
     cpus = split_cpus(device.kind == "emulated")
     threads = min(bench.threads, len(cpus.bench))
@@ -237,12 +238,12 @@ def _timed_rounds(
 
 
 def _attention_cost(
-    name: str, test: str, timed_runs: dict[tuple[int, int, int], list[float]], meta: dict[str, Any],
+    name: str, test: str, timed_runs: dict[tuple[int, int, int], list[float]], meta: ModelMeta,
     bench: BenchSettings, threads: int, label: str,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The attention row of one test: the slope of median seconds per token over the KV cache's GB, with every
     expert on the host, and the spread of each round's own slope (none where fewer than two depths ran)."""
-    n_layer = meta["n_layer"]
+    n_layer = meta.n_layer
     by_run = {(round_, depth): s for (round_, depth, n), s in timed_runs.items() if n == n_layer}
     timed = sorted({d for _, d in by_run})
     if len(timed) < 2:
@@ -296,7 +297,7 @@ def attention_costs(
 
 
 def measured_prior(
-    bw: Bandwidths, ceilings: pd.DataFrame | None, model: str, meta: dict[str, Any], bench: BenchSettings
+    bw: Bandwidths, ceilings: pd.DataFrame | None, model: str, meta: ModelMeta, bench: BenchSettings
 ) -> tuple[SpeedModel, set[tuple[int, int]], set[tuple[int, int]]]:
     """The speed model's prior for `model` (`meta`): `bw` with the ceilings' measured values where the config
     leaves them unset, the model's measured attention cost with its spread, and its fixed time and host cost
@@ -395,7 +396,7 @@ def measure_ceilings(
     dense_path, dense_meta = dense
     per_token = bytes_per_token(dense_meta)
     speeds = {t: decode_tok_s(manifest, dense_path, t, gen, repetitions, False, log_file) for t in thread_counts}
-    rows += _decode_rows("dense_decode", dense_meta["name"], speeds, per_token, ram, "dense model, all on the CPU")
+    rows += _decode_rows("dense_decode", dense_meta.name, speeds, per_token, ram, "dense model, all on the CPU")
     for name, (path, meta) in models.items():
         speeds = {t: decode_tok_s(manifest, path, t, gen, repetitions, False, log_file) for t in thread_counts}
         rows += _decode_rows("moe_decode", name, speeds, bytes_per_token(meta), ram, "MoE model, all on the CPU")

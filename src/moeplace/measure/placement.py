@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..core.errors import MoeplaceError
+from ..model.meta import ModelMeta
 from ..plan.offload import expert_tensors, matching_tensors, optimal_placement, ot_value, tensor_bytes, variants
 from .bench import BenchJob, Rig, run_bench
 
@@ -81,15 +82,15 @@ VARIANTS = ("first_n", "first_n_ot", "last_n", "up_down", "interleaved", "optima
 DEVICE_VARIANTS = ("first_n", "device_plan", "fit_params")
 
 
-def variant_n(meta: dict[str, Any], budget_n: int | None, several: bool = False) -> int:
+def variant_n(meta: ModelMeta, budget_n: int | None, several: bool = False) -> int:
     """The n the variants are compared at: the budget's minimum, or half the layers when everything fits (over
     several devices the minimum whatever it is: first_n is --n-cpu-moe as a user would run it there)."""
     if several and budget_n is not None:
         return budget_n
-    return budget_n if budget_n else meta["n_layer"] // 2
+    return budget_n if budget_n else meta.n_layer // 2
 
 
-def run_variant(variant: str, meta: dict[str, Any], n: int, budget: dict[str, Any], job: BenchJob,
+def run_variant(variant: str, meta: ModelMeta, n: int, budget: dict[str, Any], job: BenchJob,
                 rig: Rig) -> list[dict]:  # fmt: skip
     """One variant's llama-bench run of `job`'s model and context, with its placement checked against llama.cpp's
     load log. `budget` is the context's row of the budget table (the room for experts; over several devices the
@@ -178,7 +179,7 @@ def require_placed_as_asked(check: Any, log_path: str) -> None:
         )
 
 
-def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, caps: list[int],
+def compare_devices(*, model_path: str, meta: ModelMeta, workload: Any, caps: list[int],
                     manifest: dict[str, Any], log_path: Any, slowdown: float = 8.0, rounds: int = 3,
                     repetitions: int = 3, gen: int = 32) -> list[dict[str, Any]]:  # fmt: skip
     """Decode at `workload`'s full context over emulated devices capped to `caps` (one RPC server each, on the
@@ -216,7 +217,7 @@ def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, cap
         def loads(n: int) -> tuple[str, None]:
             return load_probe(manifest, model_path, w.llama_args(), n, rpc, log_path)[0], None
 
-        n_cpu_moe = search(len(plan.host_expert_layers), meta["n_layer"], loads, spill_ratio=0.0).lowest_n
+        n_cpu_moe = search(len(plan.host_expert_layers), meta.n_layer, loads, spill_ratio=0.0).lowest_n
         fit_ngl, fit_ot, fit_ts = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
         if n_cpu_moe is None or fit_ngl is None:
             raise MoeplaceError(f"no --n-cpu-moe loads, or llama-fit-params found no placement, where the plan fits "

@@ -16,10 +16,11 @@ from typing import Any
 import pandas as pd
 
 from ..core.units import GB
+from ..model.meta import ModelMeta
 from ..model.reads import active_fraction, bytes_per_token
 
 
-def quant_row(quant: str, meta: dict[str, Any], records: list[dict[str, Any]], cap_pct: int) -> dict[str, Any]:
+def quant_row(quant: str, meta: ModelMeta, records: list[dict[str, Any]], cap_pct: int) -> dict[str, Any]:
     def ok(cap: int | None) -> dict[str, Any] | None:
         return next((r for r in records if r.get("cap_pct") == cap and r["status"] == "ok"), None)
 
@@ -27,8 +28,8 @@ def quant_row(quant: str, meta: dict[str, Any], records: list[dict[str, Any]], c
     problems = sorted({f"{r['status']}: {r.get('error', '')}"[:300] for r in records if r["status"] != "ok"})
     return {
         "quant": quant,
-        "file_gb": sum(f["size"] for f in meta["files"]) / GB,
-        "expert_mb_per_token": active_fraction(meta) * meta["expert_bytes"] / 1e6,
+        "file_gb": sum(f.size for f in meta.files) / GB,
+        "expert_mb_per_token": active_fraction(meta) * meta.expert_bytes / 1e6,
         "active_mb_per_token": bytes_per_token(meta) / 1e6,
         "tok_s": free["tok_s"] if free else None,
         "faults_per_token": free["faults_per_token"] if free else None,

@@ -54,6 +54,7 @@ from matplotlib.figure import Figure  # no pyplot: no backend or global figure s
 from ..core.config import RamTierSettings
 from ..core.errors import MoeplaceError
 from ..model.gguf_file import GGUFHeader, read_header, shard_paths
+from ..model.meta import ModelMeta
 from ..model.metadata import tensor_role
 from ..plan.predict import ram_tier_tok_s
 from ..runtime.cgroup import MIB, CgroupSite, cgroup_site, memory_cgroup
@@ -236,7 +237,7 @@ def run_ram_tier(
     *,
     model_name: str,
     model_path: str,
-    meta: dict[str, Any],
+    meta: ModelMeta,
     manifest: dict[str, Any],
     settings: RamTierSettings,
     log_path: Path,
@@ -255,7 +256,7 @@ def run_ram_tier(
     if unknown:
         raise MoeplaceError(f"ram tier: unknown lock mode(s) {unknown}; use {list(LOCK_MODES)}.")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    files = [str(f["path"]) for f in meta["files"]] or [str(p) for p in shard_paths(Path(model_path))]
+    files = [f.path for f in meta.files] or [str(p) for p in shard_paths(Path(model_path))]
     site = cgroup_site()
     skip = site if isinstance(site, str) else None
     if skip:
@@ -315,21 +316,21 @@ class _Tier:
         return record
 
 
-def _common(tier: _Tier, meta: dict[str, Any], workdir: Path) -> dict[str, Any]:
+def _common(tier: _Tier, meta: ModelMeta, workdir: Path) -> dict[str, Any]:
     """What every record of a model's RAM-tier runs carries."""
     ra, site = tier.readahead, tier.site
     return {
         "model": tier.model_name,
         "model_bytes": tier.model_bytes,
-        "non_expert_bytes": meta.get("non_expert_bytes"),
-        "expert_bytes": meta.get("expert_bytes"),
+        "non_expert_bytes": meta.non_expert_bytes,
+        "expert_bytes": meta.expert_bytes,
         "gen": list(tier.settings.gen),
         "threads": tier.settings.threads,
         "load_mode": "mmap",
         "repack": False,
         "slack_bytes": tier.settings.slack_bytes,
         **build_facts(tier.manifest),
-        "model_files": meta["files"],
+        "model_files": meta.file_records(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **host_facts(),
         **pipeline_revision(workdir),
@@ -418,12 +419,12 @@ def ram_tier_table(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def predicted_column(
-    table: pd.DataFrame, meta: dict[str, Any], ddr_gbps: float | None, disk_gbps: float | None
+    table: pd.DataFrame, meta: ModelMeta, ddr_gbps: float | None, disk_gbps: float | None
 ) -> pd.DataFrame:
     """The table with tok_s_predicted: predict.ram_tier_tok_s with the share of the model's file bytes the
     cap left it (model_room_pct where known, else cap_pct) as the weights' page cache (all of it uncapped);
     NaN where a bandwidth it needs is unknown."""
-    model_bytes = sum(f["size"] for f in meta.get("files") or []) or meta["total_bytes"]
+    model_bytes = sum(f.size for f in meta.files) or meta.total_bytes
 
     def one(cap_pct: float, room_pct: float) -> float:
         pct = room_pct if pd.notna(room_pct) else cap_pct

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..core.config import BenchSettings, DeviceTarget, TuneSettings
 from ..model.memory import Workload, lowest
+from ..model.meta import ModelMeta
 
 log = logging.getLogger("moeplace")
 
@@ -135,7 +136,7 @@ def tune(
     from ..model.metadata import inspect_model
     from .bench import BenchJob, Rig, run_bench
 
-    files = inspect_model(model_path)["files"]
+    files = inspect_model(model_path).file_records()
     w = workload
     probes = replace(probe_settings(settings.threads, settings.timeout_s), type_k=w.type_k, type_v=w.type_v,
                      ubatch=w.ubatch, flash_attn=w.flash_attn)  # fmt: skip
@@ -149,7 +150,7 @@ def tune(
     return search(predicted_n, n_layer, run, settings.margin, 0.0 if device.kind == "emulated" else SPILL_RATIO)
 
 
-def calibrate_runs(model_path: str, meta: dict[str, Any], workload: Workload, target: DeviceTarget,
+def calibrate_runs(model_path: str, meta: ModelMeta, workload: Workload, target: DeviceTarget,
                    manifest: dict[str, Any], chosen_n: int, settings: TuneSettings, log_path: Any,
                    workdir: Any) -> list[dict[str, Any]]:  # fmt: skip
     """Decode and prefill with `workload`'s KV cache type, ubatch and flash attention at the chosen n and with every
@@ -162,8 +163,8 @@ def calibrate_runs(model_path: str, meta: dict[str, Any], workload: Workload, ta
     bench = BenchSettings(prompt=w.ubatch, gen=CALIBRATION_GEN, repetitions=CALIBRATION_REPETITIONS,
                           threads=settings.threads, timeout_s=settings.timeout_s, type_k=w.type_k, type_v=w.type_v,
                           ubatch=w.ubatch, flash_attn=w.flash_attn)  # fmt: skip
-    other = meta["n_layer"] if chosen_n < meta["n_layer"] else meta["n_layer"] // 2
-    job = BenchJob(str(model_path), str(model_path), meta["files"], w.ctx, chosen_n, "tune-calibration", depth=0)
+    other = meta.n_layer if chosen_n < meta.n_layer else meta.n_layer // 2
+    job = BenchJob(str(model_path), str(model_path), meta.file_records(), w.ctx, chosen_n, "tune-calibration", depth=0)
     return run_sweep(job, [chosen_n, other], Rig(bench, device_setup(target, manifest), manifest, log_path, workdir))
 
 
@@ -171,7 +172,7 @@ def tune_model(
     *,
     model_name: str,
     model_path: str,
-    meta: dict[str, Any],
+    meta: ModelMeta,
     workload: Workload,
     target: DeviceTarget,
     memory: Any,
@@ -192,7 +193,7 @@ def tune_model(
     device = device_setup(target, manifest)
     if reason := refusal(workload.flash_attn, workload.type_v):
         log.info("%s at %d tokens: %s; recorded %s", model_name, workload.ctx, reason, UNSUPPORTED)
-        result = TuneResult(predicted_n=meta["n_layer"], lowest_n=None, chosen_n=None, chosen_tok_s=None)
+        result = TuneResult(predicted_n=meta.n_layer, lowest_n=None, chosen_n=None, chosen_tok_s=None)
         record = tune_record(model_name, workload.ctx, result, device.label, settings.margin, workload.type_k,
                              workload.type_v)  # fmt: skip
         return result, {**record, "predicted_n": None, "status": UNSUPPORTED, "device_kind": device.kind}
@@ -201,8 +202,8 @@ def tune_model(
     else:
         predicted = plan(meta, Device(device.cap_bytes, memory.overhead_bytes), workload)["n_cpu_moe"]
     log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", workload.ctx, predicted, device.label)
-    start = meta["n_layer"] if predicted is None else predicted
-    result = tune(model_path, workload, device, manifest, meta["n_layer"], start, settings, log_path, workdir)
+    start = meta.n_layer if predicted is None else predicted
+    result = tune(model_path, workload, device, manifest, meta.n_layer, start, settings, log_path, workdir)
     w = workload
     record = tune_record(model_name, w.ctx, result, device.label, settings.margin, w.type_k, w.type_v)
     return result, {**record, "device_kind": device.kind}

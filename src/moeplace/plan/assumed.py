@@ -12,6 +12,7 @@ from typing import Any
 from ..core.errors import MoeplaceError
 from ..core.units import GB, parse_size
 from ..model.memory import Workload
+from ..model.meta import ModelMeta
 from . import budget as budget_mod
 from .cards import card_named
 from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS, host_ram, this_machine
@@ -133,7 +134,7 @@ def assumptions(request: Request) -> Assumptions:
                        ram_source, measured)  # fmt: skip
 
 
-def speed_model(speeds: Speeds, meta: dict[str, Any], bw: tuple[float | None, float | None] | None = None,  # noqa: ANN201
+def speed_model(speeds: Speeds, meta: ModelMeta, bw: tuple[float | None, float | None] | None = None,  # noqa: ANN201
                 backend: str = "cuda", tflops: float | None = None, host_measured: bool | None = None):  # fmt: skip
     """--calibration's fitted model, else the prior (--prior's, or the one learned from the shipped sweeps) for these
     bandwidths and card compute (each, where not given, the flag's or moeplace's default); the host figure measured
@@ -158,7 +159,7 @@ def speed_model(speeds: Speeds, meta: dict[str, Any], bw: tuple[float | None, fl
     return learned(meta, machine, load_prior(speeds.prior))
 
 
-def expected(meta: dict[str, Any], model: Any, host: frozenset[str], w: Workload, device_hops: int = 0) -> dict:
+def expected(meta: ModelMeta, model: Any, host: frozenset[str], w: Workload, device_hops: int = 0) -> dict:
     """Decode at an empty context and at w.ctx, prefill of a prompt's last batch up to w.ctx, with these expert
     tensors in host RAM (and over several cards, `device_hops` card boundaries): tok/s with ~95% intervals (None:
     unknown)."""
@@ -195,7 +196,7 @@ def ram_note(needed: int, a: Assumptions) -> str | None:
     )
 
 
-def model_path(meta: dict[str, Any], given: str) -> str:
+def model_path(meta: ModelMeta, given: str) -> str:
     """The path llama.cpp loads: a split model's first shard, whichever shard was given."""
-    files = meta.get("files") or []
-    return files[0]["path"] if files and not given.startswith(("http://", "https://")) else given
+    files = meta.files
+    return files[0].path if files and not given.startswith(("http://", "https://")) else given

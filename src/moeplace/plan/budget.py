@@ -28,6 +28,7 @@ from ..model.memory import (
     host_layer_count,
     minimum_n,
 )
+from ..model.meta import ModelMeta, is_seed
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,28 +54,28 @@ OP_OFFLOAD = ("cuda", "rocm", "vulkan", "sycl")
 Compute = Callable[[Workload, int], int] | None
 
 
-def resident_layers(meta: dict[str, Any], budget_bytes: float) -> int:
+def resident_layers(meta: ModelMeta, budget_bytes: float) -> int:
     """How many of the last layers keep their experts on the device within the budget."""
     used, resident = 0.0, 0
-    for layer in reversed(meta["layers"]):
-        used += layer["expert_bytes"]
+    for layer in reversed(meta.layers):
+        used += layer.expert_bytes
         if used > budget_bytes:
             break
         resident += 1
     return resident
 
 
-def _constants_plan(meta: dict[str, Any], device: Device, w: Workload) -> dict[str, Any]:
+def _constants_plan(meta: ModelMeta, device: Device, w: Workload) -> dict[str, Any]:
     kv = kv_bytes(meta, w.ctx, w.type_k, w.type_v) * w.parallel
-    budget = device.vram_bytes - meta["non_expert_bytes"] - kv - device.overhead_bytes
+    budget = device.vram_bytes - meta.non_expert_bytes - kv - device.overhead_bytes
     fits = budget >= 0
     resident = resident_layers(meta, budget) if fits else 0
     return {"kv_bytes": kv, "budget_bytes": budget, "weights_bytes": None, "compute_bytes": None,
-            "compute_source": "overhead", "n_cpu_moe": meta["n_layer"] - resident if fits else None}  # fmt: skip
+            "compute_source": "overhead", "n_cpu_moe": meta.n_layer - resident if fits else None}  # fmt: skip
 
 
 def plan(
-    meta: dict[str, Any],
+    meta: ModelMeta,
     device: Device,
     w: Workload,
     compute: Compute = None,
@@ -86,7 +87,7 @@ def plan(
     row: dict[str, Any] = {"ctx": w.ctx, "cells": pad(w.ctx) * w.parallel, "ubatch": w.ubatch,
                            "flash_attn": w.flash_attn, "parallel": w.parallel, "cache_type_k": w.type_k,
                            "cache_type_v": w.type_v}  # fmt: skip
-    if meta.get("attention") is None:
+    if is_seed(meta):
         row |= _constants_plan(meta, device, w)
     else:
         needs: dict[int, DeviceNeed] = {}
@@ -97,8 +98,8 @@ def plan(
             return needs[n]
 
         n = minimum_n(meta, lambda k: need(k).total + device.overhead_bytes <= device.vram_bytes)
-        shown = need(meta["n_layer"] if n is None else n)
-        resident_experts = meta["expert_bytes"] - (meta["total_bytes"] - host_kept_bytes(meta) - shown.weights)
+        shown = need(meta.n_layer if n is None else n)
+        resident_experts = meta.expert_bytes - (meta.total_bytes - host_kept_bytes(meta) - shown.weights)
         row |= {
             "kv_bytes": shown.kv,
             "weights_bytes": shown.weights,
@@ -112,10 +113,10 @@ def plan(
     fits = row["n_cpu_moe"] is not None
     if not fits:
         row["resident_layers"] = 0
-    elif meta.get("attention") is None:  # the seed's constants: no tensors, no pins
-        row["resident_layers"] = meta["n_layer"] - row["n_cpu_moe"]
+    elif is_seed(meta):  # the seed's constants: no tensors, no pins
+        row["resident_layers"] = meta.n_layer - row["n_cpu_moe"]
     else:  # layers with every expert on the device, after the pins
-        row["resident_layers"] = meta["n_layer"] - host_layer_count(meta, pins.host_set(meta, row["n_cpu_moe"]))
+        row["resident_layers"] = meta.n_layer - host_layer_count(meta, pins.host_set(meta, row["n_cpu_moe"]))
     row["status"] = FITS if fits else DOES_NOT_FIT
     return row
 
@@ -181,9 +182,7 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def budget_table(
-    meta: dict[str, Any], device: Device, workloads: list[Workload], compute: Compute = None
-) -> pd.DataFrame:
+def budget_table(meta: ModelMeta, device: Device, workloads: list[Workload], compute: Compute = None) -> pd.DataFrame:
     """Memory only (speeds are the predict stage's): a new bandwidth never reruns what depends on the budget."""
     return budget_frame([plan(meta, device, w, compute) for w in workloads])
 

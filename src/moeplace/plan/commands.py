@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from ..model.meta import ModelMeta
 from ..runtime.llamacpp_args import DEFAULT_UBATCH, cache_args
 from ..runtime.model_ref import is_remote
 
@@ -47,7 +48,7 @@ def _server(model: str, cells: int, placement: list[str], type_k: str, type_v: s
 
 
 def request_flags(
-    meta: dict, ctx: int, mmproj: str | None, no_kv_offload: bool, tool: str = "server"
+    meta: ModelMeta, ctx: int, mmproj: str | None, no_kv_offload: bool, tool: str = "server"
 ) -> tuple[str, ...]:
     """What a line needs beyond placement, cache and batch: RoPE scaling past the trained context, the vision
     projector, the KV cache kept in host RAM. llama-bench takes -nkvo only (it loads no projector, and RoPE scaling

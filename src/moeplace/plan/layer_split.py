@@ -15,44 +15,46 @@ this prior learned from measures.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from ..core.units import GB
+from ..model.meta import ModelMeta
 from ..model.reads import active_fraction
 from .speed import Z95, SpeedModel, kv_read_gb
 
 
-def _layer_bytes(meta: dict[str, Any], layer: dict[str, Any]) -> float:
+def _layer_bytes(meta: ModelMeta, layer: dict[str, Any]) -> float:
     """Bytes one decode step reads of a layer: its non-expert weights and its routed experts' active share."""
-    own = sum(b for role, b in (layer.get("bytes") or {}).items() if role != "expert")
-    return own + active_fraction(meta) * layer["expert_bytes"]
+    own = sum(b for role, b in (layer.bytes or {}).items() if role != "expert")
+    return own + active_fraction(meta) * layer.expert_bytes
 
 
 def ngl_features(
-    meta: dict[str, Any], n_gpu_layers: int, depth: int = 0, n_gen: int = 128, type_k: str = "f16",
+    meta: ModelMeta, n_gpu_layers: int, depth: int = 0, n_gen: int = 128, type_k: str = "f16",
     type_v: str = "f16",
 ) -> dict[str, float]:  # fmt: skip
     """speed.features("tg") of -ngl n_gpu_layers: the last n_gpu_layers layers on the card, the rest on the host."""
-    n_layer = meta["n_layer"]
+    n_layer = meta.n_layer
     g = min(max(n_gpu_layers, 0), n_layer + 1)
     first_on_card = n_layer - min(g, n_layer)
-    device = sum(_layer_bytes(meta, layer) for layer in meta["layers"][first_on_card:])
-    host = sum(_layer_bytes(meta, layer) for layer in meta["layers"][:first_on_card])
-    output = sum(v for k, v in meta["global_bytes"].items() if k in ("output", "output_norm"))
-    if not meta["global_bytes"].get("output"):  # tied embeddings: the output reads the embedding table
-        output += meta["global_bytes"].get("token_embd", 0)
+    device = sum(_layer_bytes(meta, layer) for layer in meta.layers[first_on_card:])
+    host = sum(_layer_bytes(meta, layer) for layer in meta.layers[:first_on_card])
+    output = sum(v for k, v in meta.global_bytes.items() if k in ("output", "output_norm"))
+    if not meta.global_bytes.get("output"):  # tied embeddings: the output reads the embedding table
+        output += meta.global_bytes.get("token_embd", 0)
     device, host = (device + output, host) if g > n_layer else (device, host + output)
-    on_card = meta["layers"][first_on_card:]
+    on_card = meta.layers[first_on_card:]
     mean_depth = depth + n_gen / 2
     kv_all = kv_read_gb(meta, mean_depth, type_k, type_v)
-    kv_card = kv_read_gb({**meta, "layers": on_card}, mean_depth, type_k, type_v)
+    kv_card = kv_read_gb(replace(meta, layers=on_card), mean_depth, type_k, type_v)
     hops = 2.0 if g <= n_layer else 0.0  # to the card and back, unless the output is on the card too
     return {"layers": float(n_layer), "device_gb": device / GB, "host_gb": host / GB + (kv_all - kv_card),
             "hops": hops, "kv_gb": kv_card}  # fmt: skip
 
 
 def predict_ngl(
-    meta: dict[str, Any], model: SpeedModel, n_gpu_layers: int, depth: int = 0, n_gen: int = 128,
+    meta: ModelMeta, model: SpeedModel, n_gpu_layers: int, depth: int = 0, n_gen: int = 128,
     type_k: str = "f16", type_v: str = "f16",
 ) -> dict[str, float] | None:  # fmt: skip
     """Decode tok/s of -ngl n_gpu_layers (no --n-cpu-moe) with its ~95% interval, as SpeedModel.predict gives one

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..core.config import Device
 from ..model.memory import Pins, device_need
+from ..model.meta import ModelMeta
 from ..runtime.llamacpp_args import refusal
 from .budget import plan
 from .offload import optimal_placement
@@ -48,14 +49,14 @@ def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, f
     return 1 / (weight / tg["tok_s"] + (1 - weight) / pp["tok_s"])
 
 
-def fits(meta: dict[str, Any], device: Device, request: Request, ctx: int, backend: str, host: frozenset[str],
+def fits(meta: ModelMeta, device: Device, request: Request, ctx: int, backend: str, host: frozenset[str],
          extra_bytes: int = 0) -> bool:  # fmt: skip
     """Whether this host set fits the device for the request at `ctx`, by the plain plan's own budget."""
     need = device_need(meta, request.workload(ctx, backend), 0, None, extra_bytes, Pins(host=host))
     return need.total + device.overhead_bytes <= device.vram_bytes
 
 
-def rank_placements(meta: dict[str, Any], device: Device, request: Request, ctx: int, backend: str, model: Any,
+def rank_placements(meta: ModelMeta, device: Device, request: Request, ctx: int, backend: str, model: Any,
                     extra_bytes: int = 0, pins: Pins = Pins(),
                     choices: list[Setting] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Every placement that fits at `ctx` for each of `choices` (default settings(request)): --n-cpu-moe at the

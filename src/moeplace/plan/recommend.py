@@ -19,6 +19,7 @@ from ..core.config import Device
 from ..core.errors import MoeplaceError
 from ..core.units import GB, parse_size
 from ..model.memory import NO_PINS, Pins, Workload, host_bytes
+from ..model.meta import ModelMeta
 from ..model.metadata import from_constants, inspect_model, structure
 from . import budget as budget_mod
 from . import commands
@@ -61,7 +62,7 @@ class Setup:
     """A request made concrete for one model on one device: what every context's plan shares."""
 
     request: Request
-    meta: dict[str, Any]
+    meta: ModelMeta
     device: Device
     a: Assumptions | None  # None: the seed's constants
     pins: Pins
@@ -96,7 +97,7 @@ def recommend(request: Request) -> int:
     setup = Setup(request, meta, Device(a.vram_bytes, a.margin_bytes), a, pins, extra)
     contexts = list(request.contexts)
     if request.longest:
-        limit = meta.get("n_ctx_train") or MAX_LONGEST
+        limit = meta.n_ctx_train or MAX_LONGEST
         found = longest_context(request, limit, setup.fitted)
         if found is None:
             raise MoeplaceError(f"--ctx max: no context fits {a.vram_bytes / GB:.2f} GB even with every expert on "
@@ -105,7 +106,7 @@ def recommend(request: Request) -> int:
     return _output(setup, contexts, rope)
 
 
-def cards_speed(request: Request, meta: dict[str, Any], backend: str) -> Speed:
+def cards_speed(request: Request, meta: ModelMeta, backend: str) -> Speed:
     """The speeds of a plan over several cards, from --bw-vram/--bw-ddr or the defaults (said once)."""
     s = request.speeds
     bw = (s.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], s.host[0] or DEFAULT_BANDWIDTHS[1])
@@ -187,7 +188,7 @@ def _output(setup: Setup, contexts: list[int], rope: str | None) -> int:
     elif r.emit == "server":
         _print_server(setup, fitting, rope)
     elif r.emit == "llama-swap" and fitting:
-        print(commands.llama_swap({f"{meta['name']}-{_label(p['ctx'])}": p["command"] for p in fitting}), end="")
+        print(commands.llama_swap({f"{meta.name}-{_label(p['ctx'])}": p["command"] for p in fitting}), end="")
     elif r.emit == "bench":
         print("\n".join(p["command"] for p in fitting))
     elif r.emit == "ollama" and fitting:
@@ -263,7 +264,7 @@ def _print_server(setup: Setup, fitting: list[dict[str, Any]], rope: str | None)
     if note := box_note(r):
         print(note)
     if a:
-        print(f"{meta['name']}: {structure(meta)}")
+        print(f"{meta.name}: {structure(meta)}")
         print(describe_assumptions(a))
     if rope:
         print(rope)

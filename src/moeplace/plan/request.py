@@ -17,6 +17,7 @@ from ..core.errors import MoeplaceError
 from ..core.units import parse_size
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, SERVER, Workload
+from ..model.meta import ModelMeta
 from ..runtime.llamacpp_args import DEFAULT_UBATCH, refusal
 from .budget import OP_OFFLOAD
 from .offload import override_rules
@@ -252,32 +253,32 @@ class Request:
         return replace(w, **changes)
 
 
-def rope_args(meta: dict[str, Any], ctx: int) -> list[str]:
+def rope_args(meta: ModelMeta, ctx: int) -> list[str]:
     """The flags llama.cpp needs to run `ctx` tokens per slot past the model's trained context: YaRN stretching the
     trained context by the factor that reaches `ctx` (Qwen's own model cards run Qwen3 so, with llama.cpp's
     --rope-scaling yarn --rope-scale F --yarn-orig-ctx N); none within it, or where the model says nothing."""
-    trained = meta.get("n_ctx_train") or 0
+    trained = meta.n_ctx_train or 0
     if not trained or ctx <= trained:
         return []
-    yarn = meta.get("rope_yarn") or {}
-    origin = yarn.get("original_ctx") or trained  # a file with YaRN already: stretched further from its origin
-    scale = math.ceil(ctx / trained * yarn.get("factor", 1.0) * 100) / 100
+    yarn = meta.rope_yarn  # a file with YaRN already: stretched further, from its own origin
+    origin, factor = (yarn.original_ctx or trained, yarn.factor) if yarn else (trained, 1.0)
+    scale = math.ceil(ctx / trained * factor * 100) / 100
     return ["--rope-scaling", "yarn", "--rope-scale", f"{scale:g}", "--yarn-orig-ctx", str(origin)]
 
 
-def check_trained_context(meta: dict[str, Any], contexts: tuple[int, ...]) -> str | None:
+def check_trained_context(meta: ModelMeta, contexts: tuple[int, ...]) -> str | None:
     """Past the trained context: a note of the RoPE flags the plan adds (None: within it); beyond what YaRN
     stretches well, a refusal naming the longest context it does."""
-    trained = meta.get("n_ctx_train") or 0
+    trained = meta.n_ctx_train or 0
     if not trained or not contexts or max(contexts) <= trained:
         return None
     if max(contexts) > trained * MAX_ROPE_SCALE:
         raise MoeplaceError(
-            f"--ctx {max(contexts)}: {max(contexts) / trained:.1f}x {meta['name']}'s trained context of {trained} "
+            f"--ctx {max(contexts)}: {max(contexts) / trained:.1f}x {meta.name}'s trained context of {trained} "
             f"tokens; YaRN stretches it {MAX_ROPE_SCALE:g}x at most ({int(trained * MAX_ROPE_SCALE)} tokens)."
         )
     return (
-        f"note: past {meta['name']}'s trained context of {trained} tokens llama.cpp stretches RoPE with YaRN; the "
+        f"note: past {meta.name}'s trained context of {trained} tokens llama.cpp stretches RoPE with YaRN; the "
         "lines below carry its flags (--rope-scaling yarn --rope-scale F --yarn-orig-ctx "
         f"{trained}); the model may answer worse that far out."
     )

@@ -40,6 +40,7 @@ from ..core.errors import MoeplaceError
 from ..core.units import GB
 from ..model.kvcache import KV_PAD, row_size
 from ..model.memory import OP_OFFLOAD_MIN_BATCH
+from ..model.meta import ModelMeta
 from ..model.reads import active_fraction, routed_share, unread_bytes
 from ..runtime.llamacpp_args import DEFAULT_UBATCH, batch_for
 
@@ -81,33 +82,33 @@ class Run:
     device_hops: int = 0  # over several devices (a layer split): where a token moves from one card to the next
 
 
-def host_set(meta: dict[str, Any], run: Run) -> set[str]:
-    first = {name for layer in meta["layers"][: run.n_cpu_moe] for name in layer["expert_tensors"]}
+def host_set(meta: ModelMeta, run: Run) -> set[str]:
+    first = {name for layer in meta.layers[: run.n_cpu_moe] for name in layer.expert_tensors}
     return first | set(run.host_tensors)
 
 
-def kv_read_gb(meta: dict[str, Any], depth: float, type_k: str, type_v: str) -> float:
+def kv_read_gb(meta: ModelMeta, depth: float, type_k: str, type_v: str) -> float:
     """KV cache bytes one token's attention reads at this depth (GB): every layer with a cache, its cells
     capped by a sliding window; MLA layers read their latent row."""
-    window = meta["attention"]["sliding_window"] if meta.get("attention") else 0
+    window = meta.attention.sliding_window if meta.attention else 0
     total = 0.0
-    for layer in meta["layers"]:
-        if not layer.get("has_kv"):
+    for layer in meta.layers:
+        if not layer.has_kv:
             continue
-        cells = min(depth, window + KV_PAD) if layer.get("swa") and window else depth
-        v = row_size(type_v, layer["v_dim"]) if layer["v_dim"] else 0
-        total += cells * (row_size(type_k, layer["k_dim"]) + v)
+        cells = min(depth, window + KV_PAD) if layer.swa and window else depth
+        v = row_size(type_v, layer.v_dim) if layer.v_dim else 0
+        total += cells * (row_size(type_k, layer.k_dim) + v)
     return total / GB
 
 
-def copied_bytes(meta: dict[str, Any], host_bytes: float, n_tokens: int, ubatch: int) -> float:
+def copied_bytes(meta: ModelMeta, host_bytes: float, n_tokens: int, ubatch: int) -> float:
     """Host expert bytes copied to the device per prompt token under op offload: llama.cpp copies once per
     ubatch (at most the prompt) only the experts some token of it routes to (all of them from a few hundred
     tokens on); nothing below OP_OFFLOAD_MIN_BATCH tokens."""
     u = min(ubatch, n_tokens)
     if u < OP_OFFLOAD_MIN_BATCH:
         return 0.0
-    used = routed_share(meta["n_expert_used"], meta["n_expert"], u)
+    used = routed_share(meta.n_expert_used, meta.n_expert, u)
     return host_bytes * used * math.ceil(n_tokens / u) / n_tokens
 
 
@@ -128,17 +129,17 @@ def prefill_up_to(
     return prefill_run(n_cpu_moe, max(ctx - batch_for(ubatch), 0), ubatch, type_k, type_v, host_tensors)
 
 
-def features(meta: dict[str, Any], run: Run) -> dict[str, float]:
+def features(meta: ModelMeta, run: Run) -> dict[str, float]:
     """The model's inputs for one run (see the module's docstring); depth is the run's mean KV depth."""
     host = host_set(meta, run)
-    sizes = {n: b for layer in meta["layers"] for n, b in layer["expert_tensors"].items()}
+    sizes = {n: b for layer in meta.layers for n, b in layer.expert_tensors.items()}
     host_bytes = sum(sizes[n] for n in host)
     frac = active_fraction(meta)
     d = frac * host_bytes
-    v = meta["non_expert_bytes"] - unread_bytes(meta) + frac * (meta["expert_bytes"] - host_bytes)
-    host_layers = sum(1 for layer in meta["layers"] if host & set(layer["expert_tensors"]))
+    v = meta.non_expert_bytes - unread_bytes(meta) + frac * (meta.expert_bytes - host_bytes)
+    host_layers = sum(1 for layer in meta.layers if host & set(layer.expert_tensors))
     kv = kv_read_gb(meta, run.depth + run.n_tokens / 2, run.type_k, run.type_v)
-    layers = float(meta["n_layer"])
+    layers = float(meta.n_layer)
     if run.test == "tg":
         hops = 2.0 * host_layers + run.device_hops
         return {"layers": layers, "device_gb": v / GB, "host_gb": d / GB, "hops": hops, "kv_gb": kv}
@@ -194,7 +195,7 @@ class TestModel:
 class SpeedModel:
     tests: dict[str, TestModel]
 
-    def predict(self, meta: dict[str, Any], run: Run) -> dict[str, float] | None:
+    def predict(self, meta: ModelMeta, run: Run) -> dict[str, float] | None:
         """tok/s with its ~95% interval (tok_s / k .. tok_s * k), or None where this model cannot say (prefill
         from datasheets alone)."""
         model = self.tests.get(run.test)
@@ -234,7 +235,7 @@ class SpeedModel:
             ) from None
 
 
-def host_layer_bytes(meta: dict[str, Any], model: SpeedModel) -> float:
+def host_layer_bytes(meta: ModelMeta, model: SpeedModel) -> float:
     """What decode pays for one more layer with experts on the host (its two hops), in the expert bytes on the
     device whose reading from the host instead would cost as much: what placement.optimal_placement weighs a
     partial layer against. 0 where the model prices no hop, or a host byte no dearer than a device byte."""
@@ -308,7 +309,7 @@ MAX_DRIFT = 4.0
 HOST_TERM = {"tg": "hops", "pp": "link_gb"}
 
 
-def anchored(meta: dict[str, Any], base: SpeedModel, anchors: list[Run]) -> SpeedModel:
+def anchored(meta: ModelMeta, base: SpeedModel, anchors: list[Run]) -> SpeedModel:
     """The prior `base` with its fixed time per layer, and from runs at two placements also the host term of
     HOST_TERM, solved from the ceilings stage's own runs of the model (`anchors`, at one depth: every routed
     expert on the device and every one on the host): what no datasheet gives, measured on the device, and no run
@@ -352,7 +353,7 @@ def _shares(test: str, source: dict[str, str], prior_model: TestModel | None, fr
     return {k: prior_model.coef[k] / fixed for k in FEATURES[test] if k not in free and source[k] == "ceilings"}
 
 
-def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -> SpeedModel:
+def fit(meta: ModelMeta, runs: list[Run], base: SpeedModel | None = None) -> SpeedModel:
     """Calibrate per test by non-negative least squares on time per token: the coefficients the runs can
     tell apart (see _free) are fitted, the others keep `base`'s (bandwidth priors; at one depth, those the ceilings
     probe measured scale with the fitted fixed time: see _shares) or are 0."""
@@ -439,7 +440,7 @@ def zero_fit_notes(model: SpeedModel) -> list[str]:
     ]
 
 
-def leave_one_out(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None) -> list[dict[str, float] | None]:
+def leave_one_out(meta: ModelMeta, runs: list[Run], base: SpeedModel | None) -> list[dict[str, float] | None]:
     """Each run predicted by a model fitted to all the others (None where they cannot calibrate its test: a
     prediction from the bandwidth priors alone is not what this measures)."""
     out = []
@@ -455,9 +456,7 @@ def leave_one_out(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None
     return out
 
 
-def two_point(
-    meta: dict[str, Any], runs: list[Run], depth: int, base: SpeedModel | None
-) -> tuple[SpeedModel, set[int]]:
+def two_point(meta: ModelMeta, runs: list[Run], depth: int, base: SpeedModel | None) -> tuple[SpeedModel, set[int]]:
     """The model fitted to the lowest and the highest n measured at one depth (per test), and those runs'
     indices: what a user with two runs has."""
     chosen: set[int] = set()

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import MoeplaceError
+from ..model.meta import ModelMeta
 from ..plan.calibrate import runs_from_records
 from ..plan.speed import SpeedModel, leave_one_out, two_point
 
@@ -33,7 +34,7 @@ COLUMNS = [
 
 
 def fidelity_table(
-    meta: dict[str, Any],
+    meta: ModelMeta,
     records: list[dict[str, Any]],
     base: SpeedModel,
     probed: Collection[tuple[int, int]] = (),
