@@ -195,8 +195,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print("  expected: " + describe_speed(expected(meta, speeds, host, workload), args.ctx))
     note = "  # add --rpc HOST:PORT for the emulated device" if record["device_kind"] == "emulated" else ""
     r, n = request, result.chosen_n
-    print("  " + commands.llama_server(args.model, args.ctx, n, r.type_k, r.type_v, (), r.flash_attn, r.ubatch) + note)
-    print("  " + commands.llama_bench(args.model, args.ctx, n, r.type_k, r.type_v, r.flash_attn, r.ubatch) + note)
+    print("  " + commands.llama_server(args.model, args.ctx, n, r.cache()) + note)
+    print("  " + commands.llama_bench(args.model, args.ctx, n, r.cache()) + note)
     return 0
 
 

@@ -373,7 +373,6 @@ def several_devices(request: Request, meta: ModelMeta, sizes: list[int], where: 
     per context the plan over them in llama.cpp's order, each device's share, its expected speeds and the command
     line (`path`: the file llama.cpp loads)."""
     devices = [Device(size, margin_bytes) for size in sizes]
-    kv = (request.type_k, request.type_v)
     failed, plans = 0, []
     for ctx in request.contexts:
         w = request.workload(ctx, backend)
@@ -390,11 +389,9 @@ def several_devices(request: Request, meta: ModelMeta, sizes: list[int], where: 
             continue
         rule = p.host_rule(meta, ";" if request.emit == "bench" else ",")
         if request.emit == "bench":
-            line = commands.llama_bench(path, ctx, 0, *kv, request.flash_attn, request.ubatch,
-                                        [rule] if rule else None, p.tensor_split, flags)  # fmt: skip
+            line = commands.llama_bench(path, ctx, 0, request.cache(), [rule] if rule else None, p.tensor_split, flags)
         else:
-            line = commands.llama_server_split(path, ctx, p.tensor_split, rule, *kv, request.flash_attn,
-                                               request.ubatch, request.parallel, flags)  # fmt: skip
+            line = commands.llama_server_split(path, ctx, p.tensor_split, rule, request.cache(), flags)
         plans[-1]["command"] = line
         if request.as_json:
             continue

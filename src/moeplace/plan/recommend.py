@@ -221,16 +221,15 @@ def _server_line(setup: Setup, ctx: int, n_cpu_moe: int, overrides: str | None =
     r = setup.request
     flags = commands.request_flags(setup.meta, ctx, r.mmproj, r.no_kv_offload)
     rules = (*setup.pins.rules, *([overrides] if overrides else []))
-    return commands.llama_server(model_path(setup.meta, r.model), ctx, None if overrides else n_cpu_moe,
-                                 *(kv or (r.type_k, r.type_v)), rules, r.flash_attn, ubatch or r.ubatch, r.parallel,
-                                 flags)  # fmt: skip
+    path, n = model_path(setup.meta, r.model), None if overrides else n_cpu_moe
+    return commands.llama_server(path, ctx, n, r.cache(kv, ubatch), rules, flags)
 
 
 def _bench_line(setup: Setup, p: dict[str, Any]) -> str:
     r = setup.request
     flags = commands.request_flags(setup.meta, p["ctx"], r.mmproj, r.no_kv_offload, "bench")
-    return commands.llama_bench(model_path(setup.meta, r.model), p["ctx"], p["n_cpu_moe"], r.type_k, r.type_v,
-                                r.flash_attn, r.ubatch, list(setup.pins.rules), extra=flags)  # fmt: skip
+    path, pins = model_path(setup.meta, r.model), list(setup.pins.rules)
+    return commands.llama_bench(path, p["ctx"], p["n_cpu_moe"], r.cache(), pins, extra=flags)
 
 
 def _ollama(setup: Setup, p: dict[str, Any]) -> str:
@@ -240,8 +239,9 @@ def _ollama(setup: Setup, p: dict[str, Any]) -> str:
     ref = r.model_ref or r.model
     source = ref.removeprefix("ollama:") if ref.startswith("ollama:") else r.model
     flags = commands.request_flags(setup.meta, p["ctx"], r.mmproj, r.no_kv_offload)
-    return commands.ollama_modelfile(source, p["ctx"], p["n_cpu_moe"], r.type_k, r.type_v, list(setup.pins.rules),
-                                     ollama_version(), p["command"], flags)  # fmt: skip
+    pins = list(setup.pins.rules)
+    return commands.ollama_modelfile(source, p["ctx"], p["n_cpu_moe"], r.type_k, pins, ollama_version(), p["command"],
+                                     flags)  # fmt: skip
 
 
 def _placements(setup: Setup, ctx: int, model: Any) -> list[dict[str, Any]]:

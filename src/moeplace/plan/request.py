@@ -18,7 +18,7 @@ from ..core.units import parse_size
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, SERVER, Workload
 from ..model.meta import ModelMeta
-from ..runtime.llamacpp_args import DEFAULT_UBATCH, refusal
+from ..runtime.llamacpp_args import DEFAULT_UBATCH, cache_args, refusal
 from .budget import OP_OFFLOAD
 from .offload import override_rules
 
@@ -141,6 +141,21 @@ def is_projector(path: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Cache:
+    """The KV cache types, flash attention, ubatch and server slots a command line runs with."""
+
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: str = "auto"
+    ubatch: int = DEFAULT_UBATCH
+    parallel: int = 1
+
+    def args(self) -> list[str]:
+        """llama.cpp's flags for all but the slots (none for the defaults)."""
+        return cache_args(self.type_k, self.type_v, self.flash_attn, self.ubatch)
+
+
+@dataclass(frozen=True)
 class Request:
     """What the user asks a plan for. `model` is the file (None: the seed's constants); `contexts` the -c values
     per slot (empty with `longest`: the longest context that fits); `vram` the device sizes as typed (one per
@@ -177,6 +192,11 @@ class Request:
     def __post_init__(self) -> None:
         self._check_values()
         self._check_combinations()
+
+    def cache(self, kv: tuple[str, str] | None = None, ubatch: int | None = None) -> Cache:
+        """The request's cache flags, with another KV type or ubatch where a plan chose one."""
+        type_k, type_v = kv or (self.type_k, self.type_v)
+        return Cache(type_k, type_v, self.flash_attn, ubatch or self.ubatch, self.parallel)
 
     def _check_values(self) -> None:
         if not self.contexts and not self.longest:
