@@ -16,10 +16,11 @@ import pytest
 from conftest import ROOT
 from llamacpp_helpers import manifest
 
+from moeplace.model.describe import layer_kinds
 from moeplace.model.gguf_file import read_header
 from moeplace.model.kvcache import kv_bytes, layer_kv_bytes
 from moeplace.model.memory import state_bytes
-from moeplace.model.metadata import inspect_model, layer_kinds
+from moeplace.model.metadata import inspect_model
 from moeplace.model.recipe import PRESETS, UNQUANTIZED
 from moeplace.model.twin import load_spec, make_twin, tensor_type_args, twin_types, write_twin
 from moeplace.runtime.llamacpp import PINNED

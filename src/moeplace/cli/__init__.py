@@ -11,10 +11,11 @@ from typing import Any, NoReturn
 from ..core.config import Device
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
+from ..model.describe import describe
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, NO_PINS
 from ..model.meta import ModelMeta, to_json
-from ..model.metadata import describe, inspect_model
+from ..model.metadata import inspect_model
 from ..plan import commands
 from ..plan.assumed import speed_model
 from ..plan.machine import DEFAULT_BANDWIDTHS

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..core.errors import MoeplaceError
-from ..core.units import GB, parse_size
+from ..core.units import parse_size
 from .gguf_file import GGUFHeader, quoted, read_header
 from .meta import GLOBALS, ROLES, Attention, Layer, ModelFile, ModelMeta, RopeYarn, SeedModel
 
@@ -228,6 +229,44 @@ def _rope_yarn(header: GGUFHeader) -> RopeYarn | None:
     return RopeYarn(factor, int(header.arch_key("rope.scaling.original_context_length", 0)))
 
 
+@dataclass
+class _TensorBytes:
+    """The header's tensors summed: bytes by role per layer (and each layer's tensor names, its expert tensors),
+    by global role, by quant type, and in the NextN layers (apart)."""
+
+    layers: list[dict[str, int]]
+    names: list[set[str]]
+    expert_tensors: list[dict[str, int]]
+    global_bytes: dict[str, int]
+    quant: Counter[str]
+    nextn_bytes: int = 0
+
+    @classmethod
+    def walk(cls, header: GGUFHeader, n_layer: int, n_nextn: int) -> _TensorBytes:
+        out = cls([dict.fromkeys(ROLES, 0) for _ in range(n_layer)], [set() for _ in range(n_layer)],
+                  [{} for _ in range(n_layer)], dict.fromkeys(GLOBALS, 0), Counter())  # fmt: skip
+        for t in header.tensors:
+            m = _LAYER.match(t.name)
+            if m is None:
+                out.quant[t.type_name] += t.n_bytes
+                out.global_bytes[global_role(t.name)] += t.n_bytes
+                continue
+            il, suffix = int(m[1]), m[2]
+            if il >= n_layer:
+                raise MoeplaceError(f"{header.paths[0]}: tensor {quoted(t.name)} names a layer past the model's "
+                                    f"{n_layer}.")  # fmt: skip
+            out.names[il].add(suffix)
+            if il >= n_layer - n_nextn:
+                out.nextn_bytes += t.n_bytes
+                continue
+            out.quant[t.type_name] += t.n_bytes
+            role = tensor_role(suffix)
+            out.layers[il][role] += t.n_bytes
+            if role == "expert":
+                out.expert_tensors[il][t.name] = t.n_bytes
+        return out
+
+
 def from_header(header: GGUFHeader) -> ModelMeta:
     arch = header.architecture
     n_layer = _required_int(header, "block_count")
@@ -241,34 +280,12 @@ def from_header(header: GGUFHeader) -> ModelMeta:
         )
     n_expert = header.arch_key("expert_count", 0) or 0
     n_expert_used = header.arch_key("expert_used_count", 0) or 0
-    layers = [{role: 0 for role in ROLES} for _ in range(n_layer)]
-    names: list[set[str]] = [set() for _ in range(n_layer)]
-    expert_tensors: list[dict[str, int]] = [{} for _ in range(n_layer)]
-    global_bytes = {g: 0 for g in GLOBALS}
-    quant: Counter[str] = Counter()
     # NextN/MTP layers at the end: llama.cpp skips their tensors ("unused tensor") unless a run asks for them
     # (--mtp, MTP drafting), so they are neither in memory nor read per token. Counted apart, not in the totals.
     n_nextn = min(_optional_int(header, "nextn_predict_layers", 0), n_layer)
-    nextn_bytes = 0
-    for t in header.tensors:
-        m = _LAYER.match(t.name)
-        if m is None:
-            quant[t.type_name] += t.n_bytes
-            global_bytes[global_role(t.name)] += t.n_bytes
-            continue
-        il, suffix = int(m[1]), m[2]
-        if il >= n_layer:
-            raise MoeplaceError(f"{header.paths[0]}: tensor {quoted(t.name)} names a layer past the model's {n_layer}.")
-        if il >= n_layer - n_nextn:
-            nextn_bytes += t.n_bytes
-            names[il].add(suffix)
-            continue
-        quant[t.type_name] += t.n_bytes
-        role = tensor_role(suffix)
-        layers[il][role] += t.n_bytes
-        names[il].add(suffix)
-        if role == "expert":
-            expert_tensors[il][t.name] = t.n_bytes
+    t = _TensorBytes.walk(header, n_layer, n_nextn)
+    layers, names, expert_tensors, nextn_bytes = t.layers, t.names, t.expert_tensors, t.nextn_bytes
+    global_bytes, quant = t.global_bytes, t.quant
     expert_bytes = sum(layer["expert"] for layer in layers)
     if expert_bytes and not (n_expert and n_expert_used):
         raise MoeplaceError(f"{header.paths[0]}: has expert tensors but no {arch}.expert_count/expert_used_count.")
@@ -355,77 +372,3 @@ def from_constants(name: str, constants: dict[str, Any]) -> SeedModel:
         layers=[Layer(il, per_layer) for il in range(n_layer)],
         files=[],
     )
-
-
-def layer_kinds(meta: ModelMeta) -> dict[str, int]:
-    """How many layers of each kind: attention (full), sliding-window, recurrent; MoE, dense FFN."""
-    layers = meta.layers
-    return {
-        "attention": sum(1 for layer in layers if layer.has_kv and not layer.swa),
-        "sliding-window": sum(1 for layer in layers if layer.swa),
-        "recurrent": sum(1 for layer in layers if layer.state_bytes),
-        "MoE": sum(1 for layer in layers if layer.expert_bytes),
-        "dense": sum(1 for layer in layers if layer.bytes["dense_ffn"]),
-    }
-
-
-def structure(meta: ModelMeta) -> str:
-    """One line: the layer kinds with their attention (MLA, window), recurrent state and experts."""
-    att, kinds = meta.attention, layer_kinds(meta)
-    state = sum(layer.state_bytes for layer in meta.layers)
-    mla = f" (MLA rank {att.kv_lora_rank})" if att.mla else ""
-    mixers = {
-        "attention": f"{kinds['attention']} full attention{mla}",
-        "sliding-window": f"{kinds['sliding-window']} sliding-window ({att.sliding_window} tokens)",
-        "recurrent": f"{kinds['recurrent']} recurrent ({state / 2**20:.2f} MiB state per sequence)",
-    }
-    shared = f", {meta.n_expert_shared} shared" if meta.n_expert_shared else ""
-    ffn = {
-        "MoE": f"{kinds['MoE']} MoE ({meta.n_expert_used} of {meta.n_expert} experts{shared})",
-        "dense": f"{kinds['dense']} dense FFN",
-    }
-    parts = [", ".join(text for kind, text in group.items() if kinds[kind]) for group in (mixers, ffn)]
-    nextn = meta.n_layer_nextn
-    count = f"{meta.n_layer - nextn} layers (+{nextn} NextN, not loaded)" if nextn else f"{meta.n_layer} layers"
-    return f"{count}: " + "; ".join(p for p in parts if p)
-
-
-def describe(meta: ModelMeta) -> str:
-    """`moeplace inspect`'s text: the model, its bytes by role, its attention and each layer."""
-    att = meta.attention
-    lines = [f"{meta.name}  ({meta.architecture}, {meta.n_layer} layers, trained context {meta.n_ctx_train})"]
-    lines.append(structure(meta))
-    if meta.n_expert:
-        lines.append(f"experts: {meta.n_expert} routed, {meta.n_expert_used} used per token, "
-                     f"{meta.n_expert_shared} shared")  # fmt: skip
-    else:
-        lines.append("dense model: no routed experts")
-    sizes = (meta.expert_bytes / GB, meta.non_expert_bytes / GB, meta.total_bytes / GB)
-    lines.append("bytes: expert {:.3f} GB, non-expert {:.3f} GB, total {:.3f} GB".format(*sizes))
-    lines.append("quant types: " + ", ".join(f"{k} {v / GB:.3f} GB" for k, v in meta.quant_types.items()))
-    n_nextn = meta.n_layer_nextn
-    if n_nextn:
-        lines.append(
-            f"NextN/MTP layers {meta.n_layer - n_nextn}-{meta.n_layer - 1}: {meta.nextn_bytes / GB:.3f} GB "
-            "in the file, not loaded by llama.cpp without --mtp (not in the bytes above)"
-        )
-    lines.append(
-        f"attention: {att.n_head} heads, KV heads {att.n_head_kv}, key/value length "
-        f"{att.key_length}/{att.value_length}"
-        + (f", MLA rank {att.kv_lora_rank}" if att.mla else "")
-        + (f", sliding window {att.sliding_window}" if att.sliding_window else "")
-    )
-    state = sum(layer.state_bytes for layer in meta.layers)
-    if state:
-        lines.append(f"recurrent state: {state / 2**20:.2f} MiB per sequence")
-    lines.append(f"{'layer':>5} {'experts MB':>11} {'attn MB':>8} {'shexp MB':>8} {'dense MB':>8} {'router MB':>9}  kv")
-    for layer in meta.layers:
-        b = layer.bytes
-        kv = (
-            ("swa" if layer.swa else "full")
-            if layer.has_kv
-            else ("state" if layer.state_bytes else "nextn" if layer.index >= meta.n_layer - n_nextn else "none")
-        )
-        mb = [b[role] / 1e6 for role in ("expert", "attention", "shared_expert", "dense_ffn", "router")]
-        lines.append("{:>5} {:>11.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>9.3f}  {}".format(layer.index, *mb, kv))
-    return "\n".join(lines)

@@ -14,9 +14,10 @@ from typing import Any
 import pandas as pd
 
 from ..core.units import GB
+from .describe import structure
 from .kvcache import kv_bytes
 from .memory import state_bytes
-from .metadata import inspect_model, structure
+from .metadata import inspect_model
 from .twin import load_spec, write_twin
 
 CONTEXT = 32768

@@ -18,9 +18,10 @@ from typing import Any
 from ..core.config import Device
 from ..core.errors import MoeplaceError
 from ..core.units import GB, parse_size
+from ..model.describe import structure
 from ..model.memory import NO_PINS, Pins, Workload, host_bytes
 from ..model.meta import ModelMeta
-from ..model.metadata import from_constants, inspect_model, structure
+from ..model.metadata import from_constants, inspect_model
 from . import budget as budget_mod
 from . import commands
 from .assumed import (
