@@ -160,7 +160,7 @@ def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
     from moeplace.model.memory import Workload
     from moeplace.plan.budget import plan
     from moeplace.plan.offload import optimal_placement
-    from moeplace.plan.optimal import rank_placements
+    from moeplace.plan.optimal import OnDevice, rank_placements
     from moeplace.plan.speed import prior
 
     device = Device(16 * 10**9, 10**9)
@@ -170,21 +170,23 @@ def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
     assert qwen3.expert_bytes - tensor_bytes(qwen3, host) <= p["budget_bytes"]  # it fits
     model = certain(prior(Bandwidths(640, 57.6)))
     ranked = rank_placements(
-        qwen3, device, ask("decode"), 32768, "rpc", model, choices=choices([("f16", "f16")], [512])
+        OnDevice(qwen3, device, "rpc"), ask("decode"), 32768, model, choices=choices([("f16", "f16")], [512])
     )
     assert [r["placement"] for r in ranked] == ["optimal", "ncmoe"] and ranked[0]["score"] > ranked[1]["score"]
     # a quantized KV cache leaves room for more experts on the card: faster still, and ranked first
     ranked = rank_placements(
-        qwen3, device, ask("decode"), 32768, "rpc", model, choices=choices([("f16", "f16"), ("q8_0", "q8_0")], [512])
+        OnDevice(qwen3, device, "rpc"),
+        ask("decode"),
+        32768,
+        model,
+        choices=choices([("f16", "f16"), ("q8_0", "q8_0")], [512]),
     )
     assert ranked[0]["type_k"] == "q8_0"
     assert (
         rank_placements(
-            qwen3,
-            device,
+            OnDevice(qwen3, device, "rpc"),
             ask("prefill"),
             32768,
-            "rpc",
             prior(Bandwidths(640, 57.6)),
             choices=choices([("f16", "f16")], [512]),
         )[0]["score"]
@@ -198,16 +200,20 @@ def test_a_gain_inside_the_uncertainty_keeps_the_users_kv_type_and_ncmoe(qwen3):
     --n-cpu-moe lead, the others marked equivalent. As if exact, the same gains decide."""
     from moeplace.core.config import Device
     from moeplace.plan.learned_prior import Machine, speed_model
-    from moeplace.plan.optimal import rank_placements
+    from moeplace.plan.optimal import OnDevice, rank_placements
 
     model = speed_model(qwen3, Machine("cuda", 672, 60, 31.5, 44.1))
     kv_types = [("f16", "f16"), ("q8_0", "q8_0")]
     device = Device(16 * 10**9, 10**9)
-    ranked = rank_placements(qwen3, device, ask("decode"), 32768, "rpc", model, choices=choices(kv_types, [512]))
+    ranked = rank_placements(
+        OnDevice(qwen3, device, "rpc"), ask("decode"), 32768, model, choices=choices(kv_types, [512])
+    )
     best = max(ranked, key=lambda r: r["score"])
     assert best["type_k"] == "q8_0" and best["score"] < ranked[0]["score"] * model.equivalence_factor("tg")
     assert (ranked[0]["type_k"], ranked[0]["placement"]) == ("f16", "ncmoe") and all(r["equivalent"] for r in ranked)
-    sure = rank_placements(qwen3, device, ask("decode"), 32768, "rpc", certain(model), choices=choices(kv_types, [512]))
+    sure = rank_placements(
+        OnDevice(qwen3, device, "rpc"), ask("decode"), 32768, certain(model), choices=choices(kv_types, [512])
+    )
     key = ("placement", "type_k", "ubatch", "score")
     assert [sure[0][k] for k in key] == [best[k] for k in key] and not all(r["equivalent"] for r in sure)
 
@@ -255,16 +261,15 @@ def test_decode_ranks_the_placement_that_pays_for_its_hops_first(qwen3):
     adds a host layer per tensor: at 20 us a hop it is slower than --n-cpu-moe, and the knapsack that prices the
     hops finds a placement faster than both, with no more layers on the host than --n-cpu-moe."""
     from moeplace.core.config import Bandwidths, Device
-    from moeplace.plan.optimal import rank_placements
+    from moeplace.plan.optimal import OnDevice, rank_placements
     from moeplace.plan.speed import host_layer_bytes, prior
 
     model = certain(prior(Bandwidths(640, 57.6, measured_hop_s=20e-6)))
     # 2 hops of 20 us over (8/128 read) x (1/57.6 - 1/640) s/GB: 38.6 MiB
     assert host_layer_bytes(qwen3, model) == pytest.approx(40e-6 / (8 / 128 * (1 / 57.6 - 1 / 640) / 1e9))
     assert host_layer_bytes(qwen3, prior(Bandwidths(640, 57.6))) == 0  # no hop priced: bytes alone
-    ranked = rank_placements(
-        qwen3, Device(16 * 10**9, 10**9), ask("decode"), 32768, "rpc", model, choices=choices([("f16", "f16")], [512])
-    )
+    on = OnDevice(qwen3, Device(16 * 10**9, 10**9), "rpc")
+    ranked = rank_placements(on, ask("decode"), 32768, model, choices=choices([("f16", "f16")], [512]))
     layers = [len(host_layers(r["host_tensors"])) or r["n_cpu_moe"] for r in ranked]
     ncmoe = next(i for i, r in enumerate(ranked) if r["placement"] == "ncmoe")
     assert len(ranked) == 3 and ncmoe == 1
@@ -334,15 +339,13 @@ def test_ranking_searches_ubatch_with_its_compute_buffer(qwen3):
     """A larger ubatch's compute buffer (its logits alone: 151,936 x ubatch x 4 bytes) pushes experts to the host:
     for decode the smaller ubatch ranks first, even when given second."""
     from moeplace.core.config import Bandwidths, Device
-    from moeplace.plan.optimal import rank_placements
+    from moeplace.plan.optimal import OnDevice, rank_placements
     from moeplace.plan.speed import prior
 
     ranked = rank_placements(
-        qwen3,
-        Device(16 * 10**9, 0),
+        OnDevice(qwen3, Device(16 * 10**9, 0), "rpc"),
         ask("decode"),
         32768,
-        "rpc",
         certain(prior(Bandwidths(640, 57.6))),
         choices=choices([("f16", "f16")], [2048, 512]),
     )

@@ -24,7 +24,7 @@ from moeplace.model.twin import load_spec, write_twin
 from moeplace.plan import budget
 from moeplace.plan.fixes import fixes
 from moeplace.plan.offload import read_pins
-from moeplace.plan.optimal import fits, rank_placements
+from moeplace.plan.optimal import OnDevice, fits, rank_placements
 from moeplace.plan.request import Request, rope_args
 from moeplace.plan.speed import Bandwidths, prior
 
@@ -105,9 +105,10 @@ def test_every_optimal_placement_fits_by_the_plain_plans_own_budget(metas, drawn
     request = request.with_(objective=objective, placement="optimal")
     ctx = request.contexts[0]
     model = prior(Bandwidths(640, 57.6))
-    for row in rank_placements(meta, device, request, ctx, backend, model):
+    on = OnDevice(meta, device, backend)
+    for row in rank_placements(on, request, ctx, model):
         asked = request.with_(type_k=row["type_k"], type_v=row["type_v"], ubatch=row["ubatch"])
-        assert fits(meta, device, asked, ctx, backend, frozenset(row["host_tensors"]))
+        assert fits(on, asked, ctx, frozenset(row["host_tensors"]))
         if row["placement"] == "ncmoe":  # the plain plan of that request: the same n
             assert row["n_cpu_moe"] == budget.plan(meta, device, asked.workload(ctx, backend))["n_cpu_moe"]
         assert not (request.flash_attn == "off" and row["type_v"] != "f16")  # llama.cpp would refuse it

@@ -17,8 +17,6 @@ allocated 6-9 MiB more than it at ubatch 256 and 4K, and 1-9 MiB less at ubatch 
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,12 +25,10 @@ from typing import TYPE_CHECKING, Any
 from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
 from ..model.kvcache import layer_kv_bytes, pad
-from ..model.memory import Workload, estimate_compute, host_bytes, minimum_n
-from ..model.meta import ModelMeta
-from . import commands
+from ..model.memory import Workload, estimate_compute, minimum_n
+from ..model.meta import Layer, ModelMeta
 from .budget import DOES_NOT_FIT, FITS, budget_frame
 from .offload import expert_tensors, ot_value
-from .request import DEVICE_PREFIX, Request
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -85,7 +81,7 @@ class MultiPlan:
         return ot_value(self.host_tensors(meta), separator)
 
 
-def _non_expert(layer: dict[str, Any]) -> int:
+def _non_expert(layer: Layer) -> int:
     return sum(layer.bytes.values()) - layer.expert_bytes
 
 
@@ -96,12 +92,12 @@ def _output_bytes(meta: ModelMeta) -> int:
     return (g.get("output", 0) or g.get("token_embd", 0)) + g.get("output_norm", 0)
 
 
-def device_share(meta: ModelMeta, w: Workload, index: int, device: Device, first: int, end: int, output: bool,
-                 compute: int, host_layers: frozenset[int] | None = None) -> DevicePlan:  # fmt: skip
-    """Device `index` holding layers [first, end) (and the output layer if `output`), keeping the experts of as many
+def device_share(meta: ModelMeta, w: Workload, index: int, device: Device, span: range, output: bool, compute: int,
+                 host_layers: frozenset[int] | None = None) -> DevicePlan:  # fmt: skip
+    """Device `index` holding the layers in `span` (and the output layer if `output`), keeping the experts of as many
     of its last layers as fit beside its other buffers and margin, or, given `host_layers`, of every layer not in it."""
-    layers = meta.layers[first:end]
-    kv_per_layer = layer_kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch)[first:end]
+    layers = meta.layers[span.start : span.stop]
+    kv_per_layer = layer_kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch)[span.start : span.stop]
     kv = (sum(kv_per_layer) + sum(layer.state_bytes for layer in layers)) * w.parallel
     weights = sum(_non_expert(layer) for layer in layers) + (_output_bytes(meta) if output else 0)
     room = device.vram_bytes - device.overhead_bytes - weights - kv - compute
@@ -116,15 +112,15 @@ def device_share(meta: ModelMeta, w: Workload, index: int, device: Device, first
         room -= layer.expert_bytes
         kept.append(layer.index)
     weights += sum(meta.layers[il].expert_bytes for il in kept)
-    return DevicePlan(index, device.vram_bytes, device.overhead_bytes, first, end, tuple(sorted(kept)), weights, kv,
-                      compute, output)  # fmt: skip
+    return DevicePlan(index, device.vram_bytes, device.overhead_bytes, span.start, span.stop, tuple(sorted(kept)),
+                      weights, kv, compute, output)  # fmt: skip
 
 
 def _split(meta: ModelMeta, w: Workload, devices: list[Device], bounds: list[int],
            compute: Callable[[int], int], host_layers: frozenset[int] | None = None) -> MultiPlan:  # fmt: skip
     edges = [0, *bounds, meta.n_layer]
     last = len(devices) - 1
-    shares = tuple(device_share(meta, w, i, d, edges[i], edges[i + 1], i == last, compute(i), host_layers)
+    shares = tuple(device_share(meta, w, i, d, range(edges[i], edges[i + 1]), i == last, compute(i), host_layers)
                    for i, d in enumerate(devices))  # fmt: skip
     resident = {il for d in shares for il in d.expert_layers}
     return MultiPlan(shares, tuple(il for il in range(meta.n_layer) if il not in resident))
@@ -320,89 +316,3 @@ def devices_budget_table(meta: ModelMeta, model_path: str, manifest: dict[str, A
                            reserved_plan(meta, w, devices, names, manifest, model_path, rpc, log_path), "llama.cpp")
                 for w in workloads]  # fmt: skip
     return budget_frame(rows, DEVICE_COLUMNS)
-
-
-def _layers_text(layers: tuple[int, ...] | list[int]) -> str:
-    """0-4, 7, 9-11."""
-    runs: list[list[int]] = []
-    for il in sorted(layers):
-        if runs and il == runs[-1][1] + 1:
-            runs[-1][1] = il
-        else:
-            runs.append([il, il])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs) or "none"
-
-
-def describe(meta: ModelMeta, plan: MultiPlan, backend: str) -> list[str]:
-    """Per device what it holds, in MiB, and what stays on the host: the lines recommend prints."""
-    mib = 2**20
-    lines = []
-    for d in plan.devices:
-        name = f"{DEVICE_PREFIX.get(backend, backend)}{d.index}"
-        layers = f"layers {d.first}-{d.end - 1}" if d.end > d.first else "no layers"
-        buffers = ", ".join(f"{what} {size / mib:.0f} MiB" for what, size in (
-            ("weights", d.weights), ("KV", d.kv), ("compute", d.compute), ("margin", d.margin_bytes),
-            ("free", d.free_bytes)))  # fmt: skip
-        size = f"{d.vram_bytes / 2**30:.1f} GiB" if d.vram_bytes >= 2**30 else f"{d.vram_bytes / mib:.0f} MiB"
-        lines.append(f"{name} ({size}): {layers}{' and the output' if d.output else ''}, "
-                     f"the experts of {_layers_text(d.expert_layers)}; {buffers}")  # fmt: skip
-    lines.append(f"host: the experts of {_layers_text(plan.host_expert_layers)} "
-                 f"({host_bytes(meta, plan.host_tensors(meta)) / mib:.0f} MiB with the input embedding)")  # fmt: skip
-    return lines
-
-
-def plan_json(meta: ModelMeta, plan: MultiPlan, w: Workload) -> dict[str, Any]:
-    return {
-        "ctx": w.ctx,
-        "fits": plan.fits,
-        "tensor_split": list(plan.tensor_split),
-        "override_tensor": plan.host_rule(meta),
-        "devices": [{**d.__dict__, "free_bytes": d.free_bytes} for d in plan.devices],
-        "host_expert_layers": list(plan.host_expert_layers),
-        "host_bytes": host_bytes(meta, plan.host_tensors(meta)),
-    }
-
-
-# A plan's expected speeds (assumed.expected) and the line that says them, for its host experts, workload and hops.
-Speed = Callable[[frozenset[str], Workload, int], tuple[dict[str, Any], str]]
-
-
-def several_devices(request: Request, meta: ModelMeta, sizes: list[int], where: str, backend: str,
-                    margin_bytes: int, path: str, speed: Speed) -> int:  # fmt: skip
-    """recommend on several devices (--vram A,B,... or auto on a machine with several cards, `sizes` from `where`):
-    per context the plan over them in llama.cpp's order, each device's share, its expected speeds and the command
-    line (`path`: the file llama.cpp loads)."""
-    devices = [Device(size, margin_bytes) for size in sizes]
-    failed, plans = 0, []
-    for ctx in request.contexts:
-        w = request.workload(ctx, backend)
-        p = plan_devices(meta, devices, w)
-        expected, said = speed(frozenset(p.host_tensors(meta)), w, p.device_hops) if p.fits else (None, "")
-        flags = commands.request_flags(meta, ctx, None, False, "bench" if request.emit == "bench" else "server")
-        plans.append(plan_json(meta, p, w) | {"speed": expected})
-        if not p.fits:
-            failed += 1
-            short = ", ".join(f"device {d.index} by {-d.free_bytes / 2**20:.0f} MiB" for d in p.devices
-                              if d.free_bytes < 0)  # fmt: skip
-            print(f"moeplace: context {ctx} does not fit on these devices even with every expert on the host "
-                  f"({short}); reduce the context or quantize the KV cache.", file=sys.stderr)  # fmt: skip
-            continue
-        rule = p.host_rule(meta, ";" if request.emit == "bench" else ",")
-        if request.emit == "bench":
-            line = commands.llama_bench(path, ctx, 0, request.cache(), [rule] if rule else None, p.tensor_split, flags)
-        else:
-            line = commands.llama_server_split(path, ctx, p.tensor_split, rule, request.cache(), flags)
-        plans[-1]["command"] = line
-        if request.as_json:
-            continue
-        if request.emit == "server":
-            print(f"context {ctx} on {len(devices)} devices (llama.cpp's layer split, -ts as layer counts; "
-                  f"sizes: {where}):")  # fmt: skip
-            for text in describe(meta, p, backend):
-                print("  " + text)
-            print(f"  expected: {said}; each step from one card to the next priced as a host hop")
-        print("  " + line if request.emit == "server" else line)
-    if request.as_json:
-        json.dump(plans, sys.stdout, indent=1)
-        print()
-    return 1 if failed else 0

@@ -19,6 +19,18 @@ from .request import Request
 
 
 @dataclass(frozen=True)
+class OnDevice:
+    """The model on one device as every placement shares it: the backend that runs it, the bytes beside the model
+    (a vision projector's file), the user's -ot pins."""
+
+    meta: ModelMeta
+    device: Device
+    backend: str
+    extra_bytes: int = 0
+    pins: Pins = Pins()
+
+
+@dataclass(frozen=True)
 class Setting:
     """What the optimiser may change beside the placement: the KV cache type and the ubatch."""
 
@@ -49,15 +61,13 @@ def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, f
     return 1 / (weight / tg["tok_s"] + (1 - weight) / pp["tok_s"])
 
 
-def fits(meta: ModelMeta, device: Device, request: Request, ctx: int, backend: str, host: frozenset[str],
-         extra_bytes: int = 0) -> bool:  # fmt: skip
+def fits(on: OnDevice, request: Request, ctx: int, host: frozenset[str]) -> bool:
     """Whether this host set fits the device for the request at `ctx`, by the plain plan's own budget."""
-    need = device_need(meta, request.workload(ctx, backend), 0, None, extra_bytes, Pins(host=host))
-    return need.total + device.overhead_bytes <= device.vram_bytes
+    need = device_need(on.meta, request.workload(ctx, on.backend), 0, None, on.extra_bytes, Pins(host=host))
+    return need.total + on.device.overhead_bytes <= on.device.vram_bytes
 
 
-def rank_placements(meta: ModelMeta, device: Device, request: Request, ctx: int, backend: str, model: Any,
-                    extra_bytes: int = 0, pins: Pins = Pins(),
+def rank_placements(on: OnDevice, request: Request, ctx: int, model: Any,
                     choices: list[Setting] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Every placement that fits at `ctx` for each of `choices` (default settings(request)): --n-cpu-moe at the
     budget's minimum, and where they differ from it the knapsack's -ot placements (the most expert bytes on the
@@ -69,17 +79,18 @@ def rank_placements(meta: ModelMeta, device: Device, request: Request, ctx: int,
     placement's whole host set, pins included."""
     from .speed import Run, host_layer_bytes, prefill_up_to
 
+    meta, pins = on.meta, on.pins
     order = []  # as given
     hop_bytes = host_layer_bytes(meta, model)
     for s in choices or settings(request):
         asked = request.with_(type_k=s.type_k, type_v=s.type_v, ubatch=s.ubatch)
-        p = plan(meta, device, asked.workload(ctx, backend), None, extra_bytes, pins)
+        p = plan(meta, on.device, asked.workload(ctx, on.backend), None, on.extra_bytes, pins)
         if p["n_cpu_moe"] is None:
             continue
         candidates = [("ncmoe", p["n_cpu_moe"], pins.host_set(meta, p["n_cpu_moe"]))]
         for cost in dict.fromkeys([0.0, hop_bytes]):
             host = frozenset(optimal_placement(meta, p["budget_bytes"], cost, pins))
-            if all(host != c[2] for c in candidates) and fits(meta, device, asked, ctx, backend, host, extra_bytes):
+            if all(host != c[2] for c in candidates) and fits(on, asked, ctx, host):
                 candidates.append(("optimal", 0, host))
         for name, n, host in candidates:
             tg = model.predict(meta, Run(0, ctx, "tg", 128, s.ubatch, s.type_k, s.type_v, host))

@@ -38,11 +38,11 @@ from .assumed import (
     speed_text,
 )
 from .cards import card_named
-from .devices import Speed, several_devices
 from .fixes import fixes, longest_context
 from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
 from .offload import host_layers, ot_value, read_pins
 from .request import DEVICE_PREFIX, Request, check_trained_context
+from .several_devices import Speed, several_devices
 
 MAX_LONGEST = 1 << 20  # --ctx max on a model that states no trained context: the longest it looks for
 
@@ -248,10 +248,10 @@ def _ollama(setup: Setup, p: dict[str, Any]) -> str:
 def _placements(setup: Setup, ctx: int, model: Any) -> list[dict[str, Any]]:
     """--placement optimal's ranked placements at `ctx`, each with its -ot value (the plan's own patterns; the
     user's pins stay as written, before them) and its llama-server line."""
-    from .optimal import rank_placements
+    from .optimal import OnDevice, rank_placements
 
-    ranked = rank_placements(setup.meta, setup.device, setup.request, ctx, setup.backend, model, setup.extra_bytes,
-                             setup.pins)  # fmt: skip
+    on = OnDevice(setup.meta, setup.device, setup.backend, setup.extra_bytes, setup.pins)
+    ranked = rank_placements(on, setup.request, ctx, model)
     for row in ranked:
         rest = set(row["host_tensors"]) - setup.pins.host
         row["override_tensor"] = (ot_value(rest, separator=",") or None) if row["placement"] != "ncmoe" else None
