@@ -4,7 +4,7 @@ figure)."""
 import pandas as pd
 
 from moeplace.core.config import Bandwidths, BenchSettings
-from moeplace.measure.ceilings import measured_prior
+from moeplace.plan.measured_prior import measured_prior
 from moeplace.report.fidelity import fidelity_figure, fidelity_table, summary
 from moeplace.runtime.outputs import read_json, read_jsonl, stage, write_csv
 

@@ -3,7 +3,7 @@
 import pandas as pd
 
 from moeplace.core.config import Bandwidths, BenchSettings
-from moeplace.measure.ceilings import measured_prior, with_ceilings
+from moeplace.plan.measured_prior import measured_prior, with_ceilings
 from moeplace.plan.predict import predict_table
 from moeplace.runtime.outputs import read_json, stage, write_csv
 

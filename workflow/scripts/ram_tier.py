@@ -5,8 +5,8 @@ from pathlib import Path
 import pandas as pd
 
 from moeplace.core.config import RamTierSettings
-from moeplace.measure.ceilings import measured_bandwidths
 from moeplace.measure.ram_tier import plot_ram_tier, predicted_column, ram_tier_table, run_ram_tier
+from moeplace.plan.measured_prior import measured_bandwidths
 from moeplace.runtime.outputs import read_json, stage, write_csv, write_jsonl
 
 with stage(snakemake.log[0]) as log:
