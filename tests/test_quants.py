@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from moeplace.measure.quants import plot_quants, quant_row, quants_table
+from moeplace.measure.quants import quant_row, quants_table
+from moeplace.report.figures.quants import quants_figure
 
 
 def meta(expert_bytes: int, non_expert: int) -> dict:
@@ -46,5 +47,5 @@ def test_unmeasured_speeds_stay_empty(tmp_path):
     ]
     table = quants_table(rows)
     assert math.isnan(table.tok_s_ratio.iloc[1]) and "no memory cgroup" in table.problems.iloc[0]
-    plot_quants(table, tmp_path / "q.png", "no cgroups here")
+    quants_figure(table, tmp_path / "q.png", "no cgroups here")
     assert (tmp_path / "q.png").stat().st_size > 10_000

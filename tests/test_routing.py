@@ -13,11 +13,11 @@ from moeplace.measure.routing import (
     RoutingTrace,
     load_trace,
     parse_trace,
-    plot_routing,
     routing_table,
     save_trace,
     trace_routing,
 )
+from moeplace.report.figures.routing import routing_figure
 
 
 def synthetic(ids: np.ndarray, n_expert: int, n_prompt: int = 0) -> RoutingTrace:
@@ -118,7 +118,7 @@ def test_parse_rejects(text: str, message: str):
 def test_plot(tmp_path: Path):
     trace = synthetic(uniform_ids(40, 6, 16, 2), 16, n_prompt=30)
     out = tmp_path / "routing.png"
-    plot_routing(trace, routing_table(trace), out, "synthetic")
+    routing_figure(trace, routing_table(trace), out, "synthetic")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

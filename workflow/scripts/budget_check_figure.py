@@ -2,14 +2,8 @@
 
 import pandas as pd
 
-from moeplace.measure.budget_check import (
-    check_table,
-    devices_figure,
-    devices_summary,
-    devices_table,
-    figure,
-    summary,
-)
+from moeplace.measure.budget_check import check_table, devices_summary, devices_table, summary
+from moeplace.report.figures.budget_check import budget_check_figure, devices_figure
 from moeplace.runtime.outputs import stage, write_csv
 
 with stage(snakemake.log[0]) as log:
@@ -23,5 +17,5 @@ with stage(snakemake.log[0]) as log:
         table = check_table(table.to_dict("records"))
         write_csv(snakemake.output.table, table)
         device = table.device.dropna().iloc[0] if table.device.notna().any() else "the device"
-        figure(table, snakemake.output.figure, device)
+        budget_check_figure(table, snakemake.output.figure, device)
         log.info("budget check: %s", summary(table))

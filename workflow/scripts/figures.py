@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from moeplace.report.figures import ncmoe_figure
+from moeplace.report.figures.ncmoe import ncmoe_figure
 from moeplace.runtime.outputs import stage
 
 with stage(snakemake.log[0]) as log:
