@@ -1,4 +1,4 @@
-"""Stage 'placement': variants table -> results/figures/variants_{label}.png."""
+"""Stage 'placement' (its figure, one context): variants table -> results/figures/variants_{ctx}.png."""
 
 import pandas as pd
 

@@ -1,4 +1,5 @@
-"""Stage 'figures': one context's tables -> results/figures/ncmoe_{ctx}.png and ncmoe_{ctx}_pp.png."""
+"""Stage 'figures' (rule figure_ncmoe): one context's aggregate tables -> results/figures/ncmoe_{ctx}.png
+and ncmoe_{ctx}_pp.png."""
 
 import pandas as pd
 
