@@ -180,20 +180,6 @@ def save_trace(trace: RoutingTrace, path: str | Path) -> None:
         )
 
 
-def load_trace(path: str | Path) -> RoutingTrace:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            trace = RoutingTrace(
-                z["ids"].astype(np.int32),
-                [int(x) for x in z["layers"]],
-                int(z["n_expert"]),
-                int(z["n_token_prompt"]),
-            )
-    except (OSError, KeyError, ValueError) as e:
-        raise MoeplaceError(f"{path}: not a routing trace ({e}).") from None
-    return _check(trace, str(path))
-
-
 def _fewest_covering(counts: np.ndarray, share: Fraction) -> int:
     """Fewest experts whose activations add up to `share` of the total (exact integers: no rounding surprises)."""
     total = int(counts.sum())
