@@ -1,4 +1,4 @@
-"""`moeplace publish merge`: decode speed by host and device, from several published folders merged."""
+"""`moeplace merge`: decode speed by host and device, from several published folders merged."""
 
 from __future__ import annotations
 
