@@ -85,7 +85,7 @@ def rule_graph() -> list[tuple[str, str]]:
         ).stdout
     names = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)"', dot, re.MULTILINE))
     edges = {(names[a], names[b]) for a, b in re.findall(r"^\s*(\d+) -> (\d+)", dot, re.MULTILINE)}
-    edges.add(("bench", "aggregate_context"))
+    edges.add(("bench", "aggregate"))
     return sorted(e for e in edges if e[1] != "all")
 
 

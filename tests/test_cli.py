@@ -76,10 +76,10 @@ def test_recommend_gguf_mode_json_and_server_command(small_moe):
 
 def test_inspect_json_has_the_documented_keys(small_moe):
     out = moeplace("inspect", str(small_moe), "--json")
-    meta = json.loads(out.stdout)
+    stored = json.loads(out.stdout)
     for key in ("architecture", "n_layer", "n_expert", "n_expert_used", "expert_bytes", "non_expert_bytes", "layers"):
-        assert key in meta
-    assert "expert_bytes" in meta["layers"][0]
+        assert key in stored
+    assert "expert_bytes" in stored["layers"][0]
 
 
 def test_bad_inputs_give_one_line_not_a_traceback(tmp_path):

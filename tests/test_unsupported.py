@@ -70,6 +70,7 @@ def test_the_budget_check_over_two_devices_records_a_refused_cell_and_checks_the
     import moeplace.runtime.device as device
     from moeplace.measure import budget_check
     from moeplace.plan.devices import plan_devices
+    from moeplace.report.figures.budget_check import devices_figure
 
     path, meta = twin
     reserved, loads = [], []
@@ -109,7 +110,7 @@ def test_the_budget_check_over_two_devices_records_a_refused_cell_and_checks_the
 
     again = budget_check.devices_table(pd.read_csv(tmp_path / "t.csv").to_dict("records"))
     assert budget_check.devices_summary(again) == budget_check.devices_summary(table)
-    budget_check.devices_figure(again, tmp_path / "f.png")
+    devices_figure(again, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 10_000
 
 
@@ -172,7 +173,7 @@ def test_the_tune_rule_records_a_kv_type_llamacpp_refuses_without_a_probe(twin, 
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from moeplace.report.figures import matrix_figure
+    from moeplace.report.figures.matrix import matrix_figure
 
     ok = {**record, "cache_type": "f16", "status": "ok", "chosen_n": 2, "chosen_tg_tok_s": 30.0, "predicted_n": 2}
     figures: list[Figure] = []

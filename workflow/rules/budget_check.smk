@@ -17,7 +17,7 @@ rule budget_check_model:
         device=params(SETTINGS.device),
         memory=params(SETTINGS.memory),
     script:
-        "../scripts/budget_check.py"
+        "../scripts/budget_check_model.py"
 
 
 rule budget_check:
@@ -39,4 +39,4 @@ rule budget_check:
     conda:
         "../../environment.yml"
     script:
-        "../scripts/budget_check_figure.py"
+        "../scripts/budget_check.py"

@@ -4,9 +4,9 @@ ceilings stage's measured bandwidths and attention cost, where it ran, are the p
 import pandas as pd
 
 from moeplace.core.config import Bandwidths, BenchSettings
-from moeplace.measure.ceilings import measured_prior
 from moeplace.model.meta import read_metadata
 from moeplace.plan.calibrate import calibration_file
+from moeplace.plan.measured_prior import measured_prior
 from moeplace.runtime.outputs import read_jsonl, stage, write_json
 
 with stage(snakemake.log[0]) as log:

@@ -4,9 +4,10 @@ figure)."""
 import pandas as pd
 
 from moeplace.core.config import Bandwidths, BenchSettings
-from moeplace.measure.ceilings import measured_prior
 from moeplace.model.meta import read_metadata
-from moeplace.report.fidelity import fidelity_figure, fidelity_table, summary
+from moeplace.plan.measured_prior import measured_prior
+from moeplace.report.fidelity import fidelity_table, summary
+from moeplace.report.figures.fidelity import fidelity_figure
 from moeplace.runtime.outputs import read_jsonl, stage, write_csv
 
 with stage(snakemake.log[0]) as log:

@@ -3,8 +3,8 @@
 import pandas as pd
 
 from moeplace.core.config import Bandwidths, BenchSettings
-from moeplace.measure.ceilings import measured_prior, with_ceilings
 from moeplace.model.meta import read_metadata
+from moeplace.plan.measured_prior import measured_prior, with_ceilings
 from moeplace.plan.predict import predict_table
 from moeplace.runtime.outputs import stage, write_csv
 

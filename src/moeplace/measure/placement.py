@@ -10,7 +10,7 @@ from typing import Any
 
 from ..core.errors import MoeplaceError
 from ..model.meta import ModelMeta
-from ..plan.offload import expert_tensors, matching_tensors, optimal_placement, ot_value, tensor_bytes, variants
+from ..plan.offload import expert_tensors, matching_tensors, optimal_placement, ot_value, variants
 from .bench import BenchJob, Rig, run_bench
 
 
@@ -177,77 +177,3 @@ def require_placed_as_asked(check: Any, log_path: str) -> None:
         raise MoeplaceError(
             f"llama.cpp placed {len(bad)} variant(s) otherwise than asked ({runs}); their tensors are in {log_path}."
         )
-
-
-def compare_devices(*, model_path: str, meta: ModelMeta, workload: Any, caps: list[int],
-                    manifest: dict[str, Any], log_path: Any, slowdown: float = 8.0, rounds: int = 3,
-                    repetitions: int = 3, gen: int = 32) -> list[dict[str, Any]]:  # fmt: skip
-    """Decode at `workload`'s full context over emulated devices capped to `caps` (one RPC server each, on the
-    device's CPU; the host side slowed `slowdown` times while timed, as in the bench stage) under three placements:
-    moeplace's per-device plan (-ts layer counts, one -ot rule for the host's experts), the lowest --n-cpu-moe that
-    loads with llama.cpp's own split, and llama-fit-params' placement (its -ngl, -ts and -ot). The placements take
-    turns, one llama-bench process each per round, so a slow spell of the host falls on all alike. One row per
-    placement: its arguments, the expert bytes it keeps on the host, its decode samples and median with a 95%
-    interval, and its ratio to the plan's median."""
-    import statistics
-    from contextlib import ExitStack
-
-    from ..core.config import Device
-    from ..core.stats import median_interval
-    from ..plan.devices import reserved_plan
-    from ..runtime.allocation import fitted_placement, load_probe
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import DeviceSetup, attached, host_side
-    from ..runtime.llamacpp import require_binary
-    from ..runtime.llamacpp_args import cache_args
-    from ..runtime.process import run
-    from ..runtime.tool_output import bench_records
-    from .budget_check import fitted_host_experts
-    from .tune import search
-
-    w, cpus = workload, split_cpus(True)
-    device = DeviceSetup("emulated", "emulated devices", caps[0], host_slowdown=slowdown, other_caps=tuple(caps[1:]))
-    with ExitStack() as stack:
-        rpc = stack.enter_context(attached(device, manifest, cpus, log_path))
-        plan = reserved_plan(meta, w, [Device(c, 0) for c in caps], rpc.split(","), manifest, model_path, rpc,
-                             log_path)  # fmt: skip
-        if not plan.fits:
-            raise MoeplaceError(f"{model_path} does not fit on devices of {caps} bytes at {w.ctx} tokens.")
-
-        def loads(n: int) -> tuple[str, None]:
-            return load_probe(manifest, model_path, w.llama_args(), n, rpc, log_path)[0], None
-
-        n_cpu_moe = search(len(plan.host_expert_layers), meta.n_layer, loads, spill_ratio=0.0).lowest_n
-        fit_ngl, fit_ot, fit_ts = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
-        if n_cpu_moe is None or fit_ngl is None:
-            raise MoeplaceError(f"no --n-cpu-moe loads, or llama-fit-params found no placement, where the plan fits "
-                                f"({w.ctx} tokens on devices of {caps} bytes); see {log_path}.")  # fmt: skip
-        placements = {  # name: (llama-bench's arguments, the expert tensors it keeps on the host)
-            "per-device plan": (["-ngl", "99", "-ts", "/".join(map(str, plan.tensor_split))]
-                                + (["-ot", plan.host_rule(meta, ";")] if plan.host_expert_layers else []),
-                                plan.host_tensors(meta)),
-            f"-ncmoe {n_cpu_moe}, llama.cpp's split": (["-ngl", "99", "-ncmoe", str(n_cpu_moe)],
-                                                       expert_tensors(meta, list(range(n_cpu_moe)))),
-            "llama-fit-params": (["-ngl", str(fit_ngl)] + (["-ts", fit_ts] if fit_ts else [])
-                                 + (["-ot", fit_ot] if fit_ot else []),
-                                 fitted_host_experts(meta, fit_ngl, fit_ot)),
-        }  # fmt: skip
-        bench = [str(require_binary(manifest, "llama-bench")), "--rpc", rpc, "-m", model_path, "-p", "0",
-                 "-n", str(gen), "-d", str(w.ctx - gen), "-r", str(repetitions), "-t", "1", "-o", "jsonl",
-                 "--progress", *cache_args(w.type_k, w.type_v, w.flash_attn, w.ubatch)]  # fmt: skip
-        samples: dict[str, list[float]] = {name: [] for name in placements}
-        host = stack.enter_context(host_side(device, cpus.bench, log_path))
-        for _ in range(rounds):
-            for name, (args, _) in placements.items():
-                done = run([*bench, *args], timeout_s=1800, log_path=log_path, before_exec=host.enter,
-                           on_stderr_line=host.on_line)  # fmt: skip
-                for record in bench_records(done.stdout):
-                    samples[name] += record.get("samples_ts") or []
-    plan_median = statistics.median(samples["per-device plan"]) if samples["per-device plan"] else math.nan
-    rows = []
-    for name, (args, on_host) in placements.items():
-        median, low, high = median_interval(samples[name])
-        rows.append({"placement": name, "host_expert_mib": tensor_bytes(meta, on_host) / 2**20, "args": " ".join(args),
-                     "samples": len(samples[name]), "tg_median": median, "ci95_low": low, "ci95_high": high,
-                     "vs_plan": median / plan_median})  # fmt: skip
-    return rows

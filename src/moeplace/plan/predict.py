@@ -38,7 +38,7 @@ def token_seconds(
 def predict_table(meta: ModelMeta, bw: Bandwidths, model: SpeedModel | None = None) -> pd.DataFrame:
     """Seed 000's table (tok_s, from theoretical bandwidths) and the speed model's decode before any calibration
     (tg_tok_s with its interval, at an empty context): `model`, the prior the ceilings stage measured
-    (ceilings.measured_prior), else the prior of `bw`."""
+    (measured_prior.measured_prior), else the prior of `bw`."""
     import pandas as pd  # here, not at the top: it is half a second of every CLI start
 
     from .speed import Run, prior  # the speed model builds on this module's byte counts
