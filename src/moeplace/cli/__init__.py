@@ -306,7 +306,9 @@ def _twin_and_inspect_parsers(sub: Any) -> None:
         help="none: sparse file, header-faithful; random: F16 random weights llama.cpp can run; blocks: random "
         "quantized blocks in the spec's types (a full-size model llama.cpp can run, no F16 copy)",
     )
-    tw.add_argument("--seed", type=int, default=0, help="random seed for --weights random or blocks")
+    tw.add_argument(
+        "--seed", type=int, default=default("models.*.seed"), help="random seed for --weights random or blocks"
+    )
     tw.add_argument(
         "--shard-size", help="split a header-only twin into shards of at most this size (e.g. 50GB), as gguf-split does"
     )
