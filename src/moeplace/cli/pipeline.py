@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from ..core.config import Settings, parse_settings, validate_config
+from ..core.config import ModelEntry, Settings, parse_settings, validate_config
 from ..core.errors import MoeplaceError
 from ..measure.bench import auto_sweep
 from ..measure.placement import DEVICE_VARIANTS, VARIANTS
@@ -71,7 +71,7 @@ def start(config: dict[str, Any], workdir: Path, main_process: bool) -> Pipeline
     return _pipeline(settings, json.loads(json.dumps(config, default=str)))
 
 
-def _on_disk(m: Any, workdir: Path) -> Any:
+def _on_disk(m: ModelEntry, workdir: Path) -> ModelEntry:
     """A model entry whose gguf (ollama:, lmstudio: and hf: references too) and twin spec are files."""
     if m.gguf is not None:  # references become the file they name
         try:
@@ -107,7 +107,7 @@ def _check_sweep(settings: Settings) -> None:
                 )
 
 
-def layer_count(m: Any) -> int:
+def layer_count(m: ModelEntry) -> int:
     """Layers of a model before any job runs: from its twin spec or its GGUF header."""
     try:
         return load_spec(m.twin).n_layer if m.twin is not None else inspect_model(m.gguf)["n_layer"]
