@@ -26,21 +26,44 @@ DEFAULT_CONFIG = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 
 # (object, its default, the schema's setting): each pair is one setting read in two places
 TYPED = [
-    *[(BenchSettings, f, s) for f, s in [("type_k", "cache_type_k"), ("type_v", "cache_type_v"),
-      ("noisy_cv", "bench.noisy_cv"), ("precision", "bench.precision"), ("time_budget_s", "bench.time_budget_s"),
-      ("ubatch", "ubatch"), ("flash_attn", "flash_attn")]],
+    *[
+        (BenchSettings, f, s)
+        for f, s in [
+            ("type_k", "cache_type_k"),
+            ("type_v", "cache_type_v"),
+            ("noisy_cv", "bench.noisy_cv"),
+            ("precision", "bench.precision"),
+            ("time_budget_s", "bench.time_budget_s"),
+            ("ubatch", "ubatch"),
+            ("flash_attn", "flash_attn"),
+        ]
+    ],
     *[(ModelEntry, f, f"models.*.{f}") for f in ("weights", "quant", "seed", "bench")],
-    *[(Request, f, s) for f, s in [("type_k", "cache_type_k"), ("type_v", "cache_type_v"), ("ubatch", "ubatch"),
-      ("flash_attn", "flash_attn")]],
-]  # fmt: skip
+    *[
+        (Request, f, s)
+        for f, s in [
+            ("type_k", "cache_type_k"),
+            ("type_v", "cache_type_v"),
+            ("ubatch", "ubatch"),
+            ("flash_attn", "flash_attn"),
+        ]
+    ],
+]
 # (subcommand, option's dest, the schema's setting)
 OPTIONS = [
-    *[(cmd, dest, s) for cmd in ("recommend", "tune", "predict") for dest, s in [("ubatch", "ubatch"),
-      ("cache_type_k", "cache_type_k"), ("cache_type_v", "cache_type_v")]],
-    ("recommend", "flash_attn", "flash_attn"), ("tune", "flash_attn", "flash_attn"), ("tune", "margin", "tune.margin"),
-    ("tune", "threads", "bench.threads"), ("tune", "device", "device.kind"), ("doctor", "backend", "llamacpp.backend"),
+    *[
+        (cmd, dest, s)
+        for cmd in ("recommend", "tune", "predict")
+        for dest, s in [("ubatch", "ubatch"), ("cache_type_k", "cache_type_k"), ("cache_type_v", "cache_type_v")]
+    ],
+    ("recommend", "flash_attn", "flash_attn"),
+    ("tune", "flash_attn", "flash_attn"),
+    ("tune", "margin", "tune.margin"),
+    ("tune", "threads", "bench.threads"),
+    ("tune", "device", "device.kind"),
+    ("doctor", "backend", "llamacpp.backend"),
     ("twin", "seed", "models.*.seed"),
-]  # fmt: skip
+]
 # Defaults in the typed settings that are not the config's, on purpose: what a run outside the pipeline gets.
 NOT_THE_CONFIGS = {
     "max_repetitions": "0: exactly `repetitions` (the config's bench.max_repetitions applies to auto only)",
