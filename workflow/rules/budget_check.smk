@@ -9,11 +9,11 @@ rule budget_check_model:
         "logs/budget_check/{model}.log",
     conda:
         "../../environment.yml"
-    threads: config["bench"]["threads"]
+    threads: SETTINGS.bench.threads
     resources:
         bench_device=1,
     params:
-        grid=config["budget_check"],
+        grid=params(SETTINGS.budget_check),
         device=params(SETTINGS.device),
         memory=params(SETTINGS.memory),
     script:

@@ -10,7 +10,7 @@ rule placement:
         "logs/variants/{model}/{ctx}/{variant}.log",
     conda:
         "../../environment.yml"
-    threads: config["bench"]["threads"]
+    threads: SETTINGS.bench.threads
     resources:
         bench_device=1,
     params:

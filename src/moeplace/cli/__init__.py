@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..core.config import Device
+from ..core.config import Device, default
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
 from ..model.describe import describe
@@ -20,6 +20,7 @@ from ..plan import commands
 from ..plan.assumed import speed_model
 from ..plan.machine import DEFAULT_BANDWIDTHS
 from ..plan.request import Request, check_ubatch, parse_contexts
+from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_FLASH_ATTN, DEFAULT_UBATCH
 from .options import MODEL_HELP, speed_options
 from .options import speeds as speeds_of
 from .prior import add_parser as prior_parser
@@ -235,14 +236,18 @@ def _tune_parser(sub: Any) -> None:
     tu.add_argument("model", help="a .gguf file, ollama:NAME, lmstudio:PUBLISHER/REPO or a cached hf:ORG/REPO")
     tu.add_argument("--ctx", type=int, required=True, help="target context length in tokens")
     tu.add_argument("--vram", required=True, help="device memory, e.g. 16GB (the emulated device's cap)")
-    tu.add_argument("--device", choices=("auto", "gpu", "emulated"), default="auto")
-    tu.add_argument("--margin", type=int, default=0, help="whole layers added to the lowest feasible n")
+    tu.add_argument("--device", choices=("auto", "gpu", "emulated"), default=default("device.kind"))
+    tu.add_argument(
+        "--margin", type=int, default=default("tune.margin"), help="whole layers added to the lowest feasible n"
+    )
     tu.add_argument("--bin-dir", help="your llama.cpp build's bin/ (default: the pinned build, built once)")
-    tu.add_argument("--threads", type=int, default=2)
-    tu.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
-    tu.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
-    tu.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub) the probes run with")
-    tu.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa the probes run with")
+    tu.add_argument("--threads", type=int, default=default("bench.threads"))
+    tu.add_argument("--cache-type-k", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
+    tu.add_argument("--cache-type-v", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
+    tu.add_argument("--ubatch", type=int, default=DEFAULT_UBATCH, help="llama.cpp's ubatch (-ub) the probes run with")
+    tu.add_argument(
+        "--flash-attn", choices=FLASH_ATTN, default=DEFAULT_FLASH_ATTN, help="llama.cpp's -fa the probes run with"
+    )
     tu.add_argument("--record", help="append the result to this CSV, e.g. results/tables/tune.csv")
     tu.add_argument("--log", default="moeplace-tune.log", help="llama.cpp's output goes here")
     tu.add_argument(
@@ -262,9 +267,9 @@ def _predict_and_calibrate_parsers(sub: Any) -> None:
     pr.add_argument("model", help=MODEL_HELP + " (header only is read)")
     pr.add_argument("--depth", default="0", help="tokens already in the KV cache (llama-bench -d), e.g. 0,32768")
     pr.add_argument("--n-cpu-moe", help="n values: 12, 0,8,16 or 0-48 (default: every n)")
-    pr.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub) for prefill")
-    pr.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
-    pr.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
+    pr.add_argument("--ubatch", type=int, default=DEFAULT_UBATCH, help="llama.cpp's ubatch (-ub) for prefill")
+    pr.add_argument("--cache-type-k", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
+    pr.add_argument("--cache-type-v", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
     pr.add_argument("--json", action="store_true", help="print a JSON list of objects")
     pr.add_argument(
         "--backend",
@@ -301,7 +306,9 @@ def _twin_and_inspect_parsers(sub: Any) -> None:
         help="none: sparse file, header-faithful; random: F16 random weights llama.cpp can run; blocks: random "
         "quantized blocks in the spec's types (a full-size model llama.cpp can run, no F16 copy)",
     )
-    tw.add_argument("--seed", type=int, default=0, help="random seed for --weights random or blocks")
+    tw.add_argument(
+        "--seed", type=int, default=default("models.*.seed"), help="random seed for --weights random or blocks"
+    )
     tw.add_argument(
         "--shard-size", help="split a header-only twin into shards of at most this size (e.g. 50GB), as gguf-split does"
     )
@@ -311,7 +318,9 @@ def _twin_and_inspect_parsers(sub: Any) -> None:
 def _tool_parsers(sub: Any) -> None:
     """doctor, explain, verify and merge."""
     do = sub.add_parser("doctor", help="which llama.cpp backend this machine will build and use, and why")
-    do.add_argument("--backend", choices=("auto", "cpu", "cuda", "hip", "vulkan", "lavapipe"), default="auto")
+    do.add_argument(
+        "--backend", choices=("auto", "cpu", "cuda", "hip", "vulkan", "lavapipe"), default=default("llamacpp.backend")
+    )
     do.add_argument("--json", action="store_true")
     do.set_defaults(func=cmd_doctor)
     ex = sub.add_parser("explain", help="what a llama.cpp log put on each device, and why it ran out of memory")

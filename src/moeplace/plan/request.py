@@ -18,7 +18,7 @@ from ..core.units import parse_size
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, SERVER, Workload
 from ..model.meta import ModelMeta
-from ..runtime.llamacpp_args import DEFAULT_UBATCH, cache_args, refusal
+from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_FLASH_ATTN, DEFAULT_UBATCH, cache_args, refusal
 from .budget import OP_OFFLOAD
 from .offload import override_rules
 
@@ -144,9 +144,10 @@ def is_projector(path: str) -> bool:
 class Cache:
     """The KV cache types, flash attention, ubatch and server slots a command line runs with."""
 
-    type_k: str = "f16"
-    type_v: str = "f16"
-    flash_attn: str = "auto"
+    type_k: str = DEFAULT_CACHE_TYPE
+    type_v: str = DEFAULT_CACHE_TYPE
+    flash_attn: str = DEFAULT_FLASH_ATTN
+
     ubatch: int = DEFAULT_UBATCH
     parallel: int = 1
 
@@ -171,9 +172,9 @@ class Request:
     backend: str = "auto"
     margin_mib: int | None = None
     ram: str | None = None
-    type_k: str = "f16"
-    type_v: str = "f16"
-    flash_attn: str = "auto"
+    type_k: str = DEFAULT_CACHE_TYPE
+    type_v: str = DEFAULT_CACHE_TYPE
+    flash_attn: str = DEFAULT_FLASH_ATTN
     ubatch: int = DEFAULT_UBATCH
     parallel: int = 1
     mmproj: str | None = None
