@@ -113,7 +113,10 @@ def get_final_outputs():
         )
     ]
     if BENCH_MODELS:
-        outputs += [rules.aggregate.output.measured, rules.aggregate.output.compare]
+        outputs += [
+            rules.aggregate_table.output.measured,
+            rules.aggregate_table.output.compare,
+        ]
         outputs.append(rules.precision.output[0])
         outputs += [rules.calibrate.output[0].format(model=m) for m in BENCH_MODELS]
         outputs += [rules.fidelity.output.table, rules.fidelity.output.figure]

@@ -147,7 +147,6 @@ class Cache:
     type_k: str = DEFAULT_CACHE_TYPE
     type_v: str = DEFAULT_CACHE_TYPE
     flash_attn: str = DEFAULT_FLASH_ATTN
-
     ubatch: int = DEFAULT_UBATCH
     parallel: int = 1
 
