@@ -201,7 +201,7 @@ def test_the_lowest_ncmoe_across_two_devices_is_what_loads(tmp_path):
     from llamacpp_helpers import manifest, rpc_servers, tiny_twin
 
     from moeplace.core.config import DeviceTarget
-    from moeplace.plan.devices import devices_budget_table
+    from moeplace.plan.devices_budget import devices_budget_table
     from moeplace.runtime.allocation import load_probe
     from moeplace.runtime.cpus import split_cpus
     from moeplace.runtime.device import attached, device_setup

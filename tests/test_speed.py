@@ -20,19 +20,8 @@ from moeplace.core.units import GB
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
 from moeplace.plan.calibrate import calibrate, runs_from_records
-from moeplace.plan.speed import (
-    TESTS,
-    Run,
-    SpeedModel,
-    anchored,
-    features,
-    fit,
-    kv_read_gb,
-    leave_one_out,
-    prior,
-    two_point,
-    zero_fit_notes,
-)
+from moeplace.plan.speed import TESTS, Run, SpeedModel, features, kv_read_gb, prior, zero_fit_notes
+from moeplace.plan.speed_fit import anchored, fit, leave_one_out, two_point
 from moeplace.report.fidelity import fidelity_table, summary
 
 TRUE = {"layers": 3e-4, "device_gb": 1 / 20, "host_gb": 1 / 8, "hops": 2e-5, "kv_gb": 0.5}

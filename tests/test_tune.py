@@ -74,7 +74,8 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
 
 def speed_calibration(meta: dict, folder) -> str:
     """A calibration of both tests (from two made-up runs each: this checks the wiring, not the fit)."""
-    from moeplace.plan.speed import Run, fit
+    from moeplace.plan.speed import Run
+    from moeplace.plan.speed_fit import fit
     from moeplace.runtime.outputs import write_json
 
     made_up = [(0, "tg", 128, 50.0), (8, "tg", 128, 20.0), (0, "pp", 512, 500.0), (8, "pp", 512, 200.0)]

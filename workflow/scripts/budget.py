@@ -7,7 +7,7 @@ from moeplace.core.config import DeviceTarget
 from moeplace.model.memory import Workload
 from moeplace.model.meta import read_metadata
 from moeplace.plan.budget import budget_table, compute_from_llamacpp
-from moeplace.plan.devices import devices_budget_table
+from moeplace.plan.devices_budget import devices_budget_table
 from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:

@@ -78,9 +78,17 @@ def check_model(
         compute = reserved_compute(manifest, model_path, rpc, log_path)
 
         for i, w in enumerate(workloads):
-            row = {"model": model, "n_layer": meta.n_layer, "ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k,
-                   "flash_attn": w.flash_attn, "device": setup.label, "vram_bytes": setup.cap_bytes,
-                   "margin_bytes": overhead_bytes}  # fmt: skip
+            row = {
+                "model": model,
+                "n_layer": meta.n_layer,
+                "ctx": w.ctx,
+                "ubatch": w.ubatch,
+                "type_k": w.type_k,
+                "flash_attn": w.flash_attn,
+                "device": setup.label,
+                "vram_bytes": setup.cap_bytes,
+                "margin_bytes": overhead_bytes,
+            }
             if refusal(w.flash_attn, w.type_v):
                 rows.append({**row, "status": UNSUPPORTED})
                 continue
@@ -93,13 +101,27 @@ def check_model(
 
             measured = search(start, meta.n_layer, probe, spill_ratio=0.0)
             ngl, overrides, _ = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
-            row |= {"predicted_n": predicted, "measured_n": measured.lowest_n,
-                    "fit_params_n": fitted_n(meta, ngl, overrides), "fit_params_ngl": ngl,
-                    "load_probes": measured.loads, "compute_mib": p["compute_bytes"] / 2**20,
-                    "kv_mib": p["kv_bytes"] / 2**20, "status": "ok"}  # fmt: skip
+            row |= {
+                "predicted_n": predicted,
+                "measured_n": measured.lowest_n,
+                "fit_params_n": fitted_n(meta, ngl, overrides),
+                "fit_params_ngl": ngl,
+                "load_probes": measured.loads,
+                "compute_mib": p["compute_bytes"] / 2**20,
+                "kv_mib": p["kv_bytes"] / 2**20,
+                "status": "ok",
+            }
             if i < depth_checks and w.ubatch == 512:  # llama-bench's default batch: the sweep's own runs
-                settings = BenchSettings(prompt=0, gen=4, repetitions=1, threads=threads, timeout_s=3600,
-                                         type_k=w.type_k, type_v=w.type_v, flash_attn=w.flash_attn)  # fmt: skip
+                settings = BenchSettings(
+                    prompt=0,
+                    gen=4,
+                    repetitions=1,
+                    threads=threads,
+                    timeout_s=3600,
+                    type_k=w.type_k,
+                    type_v=w.type_v,
+                    flash_attn=w.flash_attn,
+                )
 
                 def deep(n: int, w: Workload = w, settings: BenchSettings = settings) -> tuple[str, float | None]:
                     job = BenchJob(model, model_path, meta.file_records(), w.ctx, n, "budget-check")
@@ -134,17 +156,25 @@ def check_devices(
 
     rows = []
     with ExitStack() as stack:
-        endpoints = [stack.enter_context(rpc_device(manifest, cap, (i % 2,), log_path.with_suffix(f".rpc{i}.log")))
-                     for i, cap in enumerate(caps)]  # fmt: skip
+        endpoints = [
+            stack.enter_context(rpc_device(manifest, cap, (i % 2,), log_path.with_suffix(f".rpc{i}.log")))
+            for i, cap in enumerate(caps)
+        ]
 
         def load(p: MultiPlan, w: Workload) -> tuple[str, Any]:
             args, rule = plan_args(meta, p, w)
-            return load_probe(manifest, model_path, args + (["-ot", rule] if rule else []), 0, ",".join(endpoints),
-                              log_path)  # fmt: skip
+            return load_probe(
+                manifest, model_path, args + (["-ot", rule] if rule else []), 0, ",".join(endpoints), log_path
+            )
 
         for w in workloads:
-            cell = {"ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k, "flash_attn": w.flash_attn,
-                    "caps_mib": "/".join(f"{c / 2**20:.2f}" for c in caps)}  # fmt: skip
+            cell = {
+                "ctx": w.ctx,
+                "ubatch": w.ubatch,
+                "type_k": w.type_k,
+                "flash_attn": w.flash_attn,
+                "caps_mib": "/".join(f"{c / 2**20:.2f}" for c in caps),
+            }
             if refusal(w.flash_attn, w.type_v):  # llama-fit-params would abort on it
                 rows.append({**cell, "status": UNSUPPORTED})
                 continue
@@ -159,21 +189,42 @@ def check_devices(
                     kept = tuple(il for il in p.host_expert_layers if il != max(host_here))
                     one_more.append(load(replace(p, host_expert_layers=kept), w)[0])
             logged = [sum(buffers.device(e).values()) if buffers else None for e in endpoints]
-            rows.append({**cell,
-                "tensor_split": "/".join(map(str, p.tensor_split)), "host_expert_layers": len(p.host_expert_layers),
-                "fits": p.fits, "status": status, "one_more": "/".join(one_more),
-                "exact": (status == "ok") == p.fits and all(s != "ok" for s in one_more),
-                "planned_mib": "/".join(f"{(d.weights + d.kv + d.compute) / 2**20:.2f}" for d in p.devices),
-                "logged_mib": "/".join("-" if b is None else f"{b / 2**20:.2f}" for b in logged),
-            })  # fmt: skip
+            rows.append(
+                {
+                    **cell,
+                    "tensor_split": "/".join(map(str, p.tensor_split)),
+                    "host_expert_layers": len(p.host_expert_layers),
+                    "fits": p.fits,
+                    "status": status,
+                    "one_more": "/".join(one_more),
+                    "exact": (status == "ok") == p.fits and all(s != "ok" for s in one_more),
+                    "planned_mib": "/".join(f"{(d.weights + d.kv + d.compute) / 2**20:.2f}" for d in p.devices),
+                    "logged_mib": "/".join("-" if b is None else f"{b / 2**20:.2f}" for b in logged),
+                }
+            )
     return rows
 
 
 COLUMNS = [
-    "model", "ctx", "ubatch", "type_k", "flash_attn", "predicted_n", "measured_n", "fit_params_n", "depth_n",
-    "status", "n_layer", "fit_params_ngl", "load_probes", "compute_mib", "kv_mib", "vram_bytes", "margin_bytes",
+    "model",
+    "ctx",
+    "ubatch",
+    "type_k",
+    "flash_attn",
+    "predicted_n",
+    "measured_n",
+    "fit_params_n",
+    "depth_n",
+    "status",
+    "n_layer",
+    "fit_params_ngl",
+    "load_probes",
+    "compute_mib",
+    "kv_mib",
+    "vram_bytes",
+    "margin_bytes",
     "device",
-]  # fmt: skip
+]
 
 
 def check_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -199,9 +250,21 @@ def summary(table: pd.DataFrame) -> dict[str, Any]:
 
 
 DEVICE_COLUMNS = [
-    "model", "ctx", "ubatch", "type_k", "flash_attn", "tensor_split", "host_expert_layers", "fits", "status",
-    "one_more", "exact", "planned_mib", "logged_mib", "caps_mib",
-]  # fmt: skip
+    "model",
+    "ctx",
+    "ubatch",
+    "type_k",
+    "flash_attn",
+    "tensor_split",
+    "host_expert_layers",
+    "fits",
+    "status",
+    "one_more",
+    "exact",
+    "planned_mib",
+    "logged_mib",
+    "caps_mib",
+]
 
 
 def devices_table(rows: list[dict[str, Any]], model: str | None = None) -> pd.DataFrame:

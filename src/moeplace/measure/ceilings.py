@@ -15,7 +15,7 @@
   expert on the host; the extra time per GB of KV cache a token's attention reads (its bytes and its compute)
   is the speed model's prior for the depth term, which two runs at one depth cannot tell; at the first depth the
   probe also runs with no routed expert on the host where that fits, and the two placements' times anchor the
-  prior's fixed time and host term (speed.anchored), which then replace the default and the link probe's hop.
+  prior's fixed time and host term (speed_fit.anchored), which then replace the default and the link probe's hop.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def _placement_rows(
                 "n_cpu_moe": n,
                 "depths": str(depth),
                 "detail": f"llama-bench {test} on {device} at this depth, {where}, {len(rounds)} processes, median; "
-                "the prior's fixed time and host cost come from these (speed.anchored); value_sd: the spread of "
+                "the prior's fixed time and host cost come from these (speed_fit.anchored); value_sd: the spread of "
                 "each round's median",
             }
         )
@@ -187,7 +187,7 @@ def attention_rows(
     prediction carrying this cost to another depth inherits.
     At the first depth a run with every routed expert on the device takes its turn too, where it fits: with the
     host placement's time there (rows time_tg, time_pp) it gives the prior its fixed time and the cost of
-    placing experts on the host (speed.anchored)."""
+    placing experts on the host (speed_fit.anchored)."""
     n_layer = meta.n_layer
     depths = tuple(sorted(set(depths) | ({depths[0] // 8} if len(depths) == 1 else set())))
     if len(depths) < 2 or not any(layer.has_kv for layer in meta.layers):
@@ -205,9 +205,16 @@ def attention_rows(
 
 
 def _timed_rounds(
-    manifest: dict[str, Any], name: str, model: Path, bench: BenchSettings, placements: list[tuple[int, int]],
-    rpc: str | None, host: HostSide, threads: int, log_file: Path,
-) -> dict[str, dict[tuple[int, int, int], list[float]]]:  # fmt: skip
+    manifest: dict[str, Any],
+    name: str,
+    model: Path,
+    bench: BenchSettings,
+    placements: list[tuple[int, int]],
+    rpc: str | None,
+    host: HostSide,
+    threads: int,
+    log_file: Path,
+) -> dict[str, dict[tuple[int, int, int], list[float]]]:
     """Per test, the seconds per token of each repetition by (round, depth, n_cpu_moe): the placements take
     turns, ATTENTION_ROUNDS times, one llama-bench process each; one that fails is not tried again."""
     samples: dict[str, dict[tuple[int, int, int], list[float]]] = {test: {} for test in TESTS}
@@ -217,9 +224,14 @@ def _timed_rounds(
             continue
         cmd = bench_command(manifest, str(model), depth, n, bench, rpc, threads=threads)
         try:
-            out = run_checked(cmd, f"timing {name} at depth {depth} with -ncmoe {n}", log_file,
-                              timeout_s=bench.timeout_s, before_exec=host.enter,
-                              on_stderr_line=host.on_line)  # fmt: skip
+            out = run_checked(
+                cmd,
+                f"timing {name} at depth {depth} with -ncmoe {n}",
+                log_file,
+                timeout_s=bench.timeout_s,
+                before_exec=host.enter,
+                on_stderr_line=host.on_line,
+            )
         except MoeplaceError as e:  # e.g. this depth does not fit even with every expert on the host
             log.warning("%s", e)
             failed.add((depth, n))
@@ -232,9 +244,14 @@ def _timed_rounds(
 
 
 def _attention_cost(
-    name: str, test: str, timed_runs: dict[tuple[int, int, int], list[float]], meta: ModelMeta,
-    bench: BenchSettings, threads: int, label: str,
-) -> list[dict[str, Any]]:  # fmt: skip
+    name: str,
+    test: str,
+    timed_runs: dict[tuple[int, int, int], list[float]],
+    meta: ModelMeta,
+    bench: BenchSettings,
+    threads: int,
+    label: str,
+) -> list[dict[str, Any]]:
     """The attention row of one test: the slope of median seconds per token over the KV cache's GB, with every
     expert on the host, and the spread of each round's own slope (none where fewer than two depths ran)."""
     n_layer = meta.n_layer
@@ -248,11 +265,19 @@ def _attention_cost(
         return float(np.polyfit([kv[d] for d in seconds], list(seconds.values()), 1)[0])
 
     seconds = {d: statistics.median(x for (_, dd), s in by_run.items() if dd == d for x in s) for d in timed}
-    rounds = [{d: statistics.median(by_run[r, d]) for d in timed} for r in range(ATTENTION_ROUNDS)
-              if all((r, d) in by_run for d in timed)]  # fmt: skip
+    rounds = [
+        {d: statistics.median(by_run[r, d]) for d in timed}
+        for r in range(ATTENTION_ROUNDS)
+        if all((r, d) in by_run for d in timed)
+    ]
     cost, per_round = slope(seconds), [slope(r) for r in rounds]
-    log.info("%s %s on the device, median ms per token by depth: %s; each round's s/GB: %s", name, test,
-             {d: round(t * 1e3, 3) for d, t in seconds.items()}, [round(x, 4) for x in per_round])  # fmt: skip
+    log.info(
+        "%s %s on the device, median ms per token by depth: %s; each round's s/GB: %s",
+        name,
+        test,
+        {d: round(t * 1e3, 3) for d, t in seconds.items()},
+        [round(x, 4) for x in per_round],
+    )
     return [
         {
             "ceiling": f"attention_{test}",

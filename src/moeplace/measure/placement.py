@@ -90,8 +90,7 @@ def variant_n(meta: ModelMeta, budget_n: int | None, several: bool = False) -> i
     return budget_n if budget_n else meta.n_layer // 2
 
 
-def run_variant(variant: str, meta: ModelMeta, n: int, budget: dict[str, Any], job: BenchJob,
-                rig: Rig) -> list[dict]:  # fmt: skip
+def run_variant(variant: str, meta: ModelMeta, n: int, budget: dict[str, Any], job: BenchJob, rig: Rig) -> list[dict]:
     """One variant's llama-bench run of `job`'s model and context, with its placement checked against llama.cpp's
     load log. `budget` is the context's row of the budget table (the room for experts; over several devices the
     per-device plan). On one device each variant is paired with --n-cpu-moe n; over several that one runs out of
@@ -113,8 +112,10 @@ def run_variant(variant: str, meta: ModelMeta, n: int, budget: dict[str, Any], j
             fit_ngl, overrides, split = fitted_placement(rig.manifest, job.model_path, args, rpc, rig.log_path)
             overrides = portable_rules(overrides, rpc)
         if fit_ngl is None:
-            raise MoeplaceError(f"llama-fit-params found no placement for {job.model_path} at {job.ctx} tokens on "
-                                f"{rig.device.label}; see {rig.log_path}.")  # fmt: skip
+            raise MoeplaceError(
+                f"llama-fit-params found no placement for {job.model_path} at {job.ctx} tokens on "
+                f"{rig.device.label}; see {rig.log_path}."
+            )
         ngl, intended = fit_ngl, matching_tensors(overrides, list(sizes))
     elif variant == "device_plan":  # from the budget table, where an empty cell reads as NaN
         overrides, split = _text(budget["device_plan_override"]) or None, _text(budget["tensor_split"])
@@ -127,8 +128,18 @@ def run_variant(variant: str, meta: ModelMeta, n: int, budget: dict[str, Any], j
         overrides = None if variant == "first_n" else ot_value(intended) or None
     paired = None if variant == "first_n" or rig.device.other_caps else n  # -ncmoe n interleaved with it
     first_n = n if variant == "first_n" else 0
-    records = run_bench(replace(job, n_cpu_moe=first_n, variant=variant, overrides=overrides, paired_n_cpu_moe=paired,
-                                tensor_split=split, n_gpu_layers=ngl), rig)  # fmt: skip
+    records = run_bench(
+        replace(
+            job,
+            n_cpu_moe=first_n,
+            variant=variant,
+            overrides=overrides,
+            paired_n_cpu_moe=paired,
+            tensor_split=split,
+            n_gpu_layers=ngl,
+        ),
+        rig,
+    )
     for r in records:
         check = check_placement(intended, r["tensor_buffers"])
         r.update(

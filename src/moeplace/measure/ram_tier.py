@@ -263,8 +263,9 @@ def run_ram_tier(
     with sigterm_raises(), readahead_control(files, settings.readahead_kb) as ra:
         shim = build_native("pagelock", log_path, shared=True)
         site = None if skip else site
-        tier = _Tier(model_name, model_path, manifest, settings, files, site, shim, non_expert_ranges(model_path),
-                     log_path, ra)  # fmt: skip
+        tier = _Tier(
+            model_name, model_path, manifest, settings, files, site, shim, non_expert_ranges(model_path), log_path, ra
+        )
         tier.common = _common(tier, meta, workdir)
         return _rows(tier, skip)
 
@@ -301,16 +302,31 @@ class _Tier:
         lock_targets = self.targets if locking else [(path, []) for path, _ in self.targets]
         preload = " ".join(filter(None, [str(self.shim), os.environ.get("LD_PRELOAD", "")]))
         env = {**os.environ, "LD_PRELOAD": preload, **shim_env(lock_targets, self.readahead.madvise)}
-        row = _measure(cmd_for=self.command, gen=self.settings.gen, env=env, files=self.files, site=self.site,
-                       cap_bytes=cap.get("cap_bytes"), expect_locked=self.locked_bytes if locking else 0,
-                       model_bytes=self.model_bytes, timeout_s=self.settings.timeout_s,
-                       log_path=self.log_path)  # fmt: skip
+        row = _measure(
+            cmd_for=self.command,
+            gen=self.settings.gen,
+            env=env,
+            files=self.files,
+            site=self.site,
+            cap_bytes=cap.get("cap_bytes"),
+            expect_locked=self.locked_bytes if locking else 0,
+            model_bytes=self.model_bytes,
+            timeout_s=self.settings.timeout_s,
+            log_path=self.log_path,
+        )
         record = {**self.common, "cap_pct": cap_pct, "lock": lock, **row, **cap}
         record["lock_expected_bytes"] = self.locked_bytes if locking else 0
         shown = "none" if cap_pct is None else f"{cap_pct}%"
-        log.info("ram tier %s cap %s lock %s: %s, %s tok/s (%s marginal), %s faults/token", self.model_name, shown,
-                 lock, record["status"], record["tok_s"], record["tok_s_marginal"],
-                 record["faults_per_token"])  # fmt: skip
+        log.info(
+            "ram tier %s cap %s lock %s: %s, %s tok/s (%s marginal), %s faults/token",
+            self.model_name,
+            shown,
+            lock,
+            record["status"],
+            record["tok_s"],
+            record["tok_s_marginal"],
+            record["faults_per_token"],
+        )
         return record
 
 

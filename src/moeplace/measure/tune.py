@@ -155,7 +155,8 @@ def calibrate_runs(model_path: str, meta: ModelMeta, workload: Workload, target:
                    workdir: Any) -> list[dict[str, Any]]:  # fmt: skip
     """Decode and prefill with `workload`'s KV cache type, ubatch and flash attention at the chosen n and with every
     expert on the host (half of them where that is the chosen n), at an empty context, in one llama-bench process:
-    two placements give the speed model's fixed time and host terms (speed.fit); its depth term stays the prior's."""
+    two placements give the speed model's fixed time and host terms (speed_fit.fit); its depth term stays the
+    prior's."""
     from ..runtime.device import device_setup
     from .bench import BenchJob, Rig, run_sweep
 

@@ -46,8 +46,9 @@ def describe(meta: ModelMeta) -> str:
     lines = [f"{meta.name}  ({meta.architecture}, {meta.n_layer} layers, trained context {meta.n_ctx_train})"]
     lines.append(structure(meta))
     if meta.n_expert:
-        lines.append(f"experts: {meta.n_expert} routed, {meta.n_expert_used} used per token, "
-                     f"{meta.n_expert_shared} shared")  # fmt: skip
+        lines.append(
+            f"experts: {meta.n_expert} routed, {meta.n_expert_used} used per token, {meta.n_expert_shared} shared"
+        )
     else:
         lines.append("dense model: no routed experts")
     sizes = (meta.expert_bytes / GB, meta.non_expert_bytes / GB, meta.total_bytes / GB)

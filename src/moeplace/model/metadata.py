@@ -243,8 +243,13 @@ class _TensorBytes:
 
     @classmethod
     def walk(cls, header: GGUFHeader, n_layer: int, n_nextn: int) -> _TensorBytes:
-        out = cls([dict.fromkeys(ROLES, 0) for _ in range(n_layer)], [set() for _ in range(n_layer)],
-                  [{} for _ in range(n_layer)], dict.fromkeys(GLOBALS, 0), Counter())  # fmt: skip
+        out = cls(
+            [dict.fromkeys(ROLES, 0) for _ in range(n_layer)],
+            [set() for _ in range(n_layer)],
+            [{} for _ in range(n_layer)],
+            dict.fromkeys(GLOBALS, 0),
+            Counter(),
+        )
         for t in header.tensors:
             m = _LAYER.match(t.name)
             if m is None:
@@ -253,8 +258,9 @@ class _TensorBytes:
                 continue
             il, suffix = int(m[1]), m[2]
             if il >= n_layer:
-                raise MoeplaceError(f"{header.paths[0]}: tensor {quoted(t.name)} names a layer past the model's "
-                                    f"{n_layer}.")  # fmt: skip
+                raise MoeplaceError(
+                    f"{header.paths[0]}: tensor {quoted(t.name)} names a layer past the model's {n_layer}."
+                )
             out.names[il].add(suffix)
             if il >= n_layer - n_nextn:
                 out.nextn_bytes += t.n_bytes
@@ -271,8 +277,10 @@ def from_header(header: GGUFHeader) -> ModelMeta:
     arch = header.architecture
     n_layer = _required_int(header, "block_count")
     if n_layer < 1:
-        raise MoeplaceError(f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}; a model has at "
-                            "least one layer: the file is damaged.")  # fmt: skip
+        raise MoeplaceError(
+            f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}; a model has at "
+            "least one layer: the file is damaged."
+        )
     if n_layer > len(header.tensors):  # every layer has tensors of its own: the count lies
         raise MoeplaceError(
             f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}, more layers than the file's "

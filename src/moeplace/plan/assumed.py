@@ -43,8 +43,9 @@ def resolve_backend(request: Request) -> tuple[str, str]:
     if request.backend != "auto":
         if request.card and request.backend not in (card := card_named(request.card)).backends:
             runs = f"{', '.join(card.backends[:-1])} or {card.backends[-1]}"
-            raise MoeplaceError(f"--backend {request.backend}: the {card.name} runs llama.cpp's {runs} backend, "
-                                f"not {request.backend}.")  # fmt: skip
+            raise MoeplaceError(
+                f"--backend {request.backend}: the {card.name} runs llama.cpp's {runs} backend, not {request.backend}."
+            )
         return request.backend, "--backend"
     if request.card:
         return card_named(request.card).backend, f"--card {request.card}"
@@ -61,8 +62,10 @@ def box_note(request: Request) -> str | None:
         return None
     given = request.vram[0].strip()
     number = given[:-2].strip()
-    return (f"note: --vram {given} is planned as {parse_size(given, '--vram') / 2**30:.2f} GiB (GB are powers of "
-            f"ten); a card sold as {given} holds {number} GiB: say --vram {number}GiB, or --card NAME.")  # fmt: skip
+    return (
+        f"note: --vram {given} is planned as {parse_size(given, '--vram') / 2**30:.2f} GiB (GB are powers of "
+        f"ten); a card sold as {given} holds {number} GiB: say --vram {number}GiB, or --card NAME."
+    )
 
 
 def _vram(request: Request, backend: str) -> tuple[int, str, str | None]:
@@ -103,9 +106,16 @@ def _speeds(request: Request, card: str | None) -> tuple[float, float, float, st
         (vram, ddr), tflops = DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
         source = "moeplace's defaults, the seed's workstation; --card, or --bw-vram/--bw-ddr/--card-tflops for yours"
     host, host_measured = s.host
-    given = [flag for flag, value in (("--bw-vram", s.bw_vram_gbps), ("--bw-ddr", s.bw_ddr_gbps),
-                                      ("--bw-ddr-measured", s.bw_ddr_measured_gbps), ("--card-tflops", s.card_tflops))
-             if value]  # fmt: skip
+    given = [
+        flag
+        for flag, value in (
+            ("--bw-vram", s.bw_vram_gbps),
+            ("--bw-ddr", s.bw_ddr_gbps),
+            ("--bw-ddr-measured", s.bw_ddr_measured_gbps),
+            ("--card-tflops", s.card_tflops),
+        )
+        if value
+    ]
     if given:
         source = f"{'/'.join(given)} as given; otherwise {source}"
     measured = host_measured if host else measured
@@ -118,8 +128,10 @@ def assumptions(request: Request) -> Assumptions:
     vram, vram_source, card = _vram(request, backend)
     margin, margin_source = margin_bytes(request, backend)
     if margin >= vram:
-        raise MoeplaceError(f"--margin {margin >> 20} MiB: as much as the card's {vram >> 20} MiB ({vram_source}); "
-                            "give the MiB to keep free beyond llama.cpp's buffers, e.g. --margin 768.")  # fmt: skip
+        raise MoeplaceError(
+            f"--margin {margin >> 20} MiB: as much as the card's {vram >> 20} MiB ({vram_source}); "
+            "give the MiB to keep free beyond llama.cpp's buffers, e.g. --margin 768."
+        )
     measured = False
     if request.speeds.calibration:
         bw: tuple[float | None, ...] = (None, None, None)
@@ -130,12 +142,19 @@ def assumptions(request: Request) -> Assumptions:
         speed += f"; the host figure {'measured' if measured else 'a datasheet figure'}; efficiencies learned from "
         speed += f"published sweeps of real cards ({prior})"
     ram, ram_source = host_ram(request.ram)
-    return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram,
-                       ram_source, measured)  # fmt: skip
+    return Assumptions(
+        backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram, ram_source, measured
+    )
 
 
-def speed_model(speeds: Speeds, meta: ModelMeta, bw: tuple[float | None, float | None] | None = None,  # noqa: ANN201
-                backend: str = "cuda", tflops: float | None = None, host_measured: bool | None = None):  # fmt: skip
+def speed_model(
+    speeds: Speeds,
+    meta: ModelMeta,
+    bw: tuple[float | None, float | None] | None = None,  # noqa: ANN201
+    backend: str = "cuda",
+    tflops: float | None = None,
+    host_measured: bool | None = None,
+):
     """--calibration's fitted model, else the prior (--prior's, or the one learned from the shipped sweeps) for these
     bandwidths and card compute (each, where not given, the flag's or moeplace's default); the host figure measured
     or a datasheet's as `host_measured` says (None: as the flags say)."""
@@ -152,10 +171,14 @@ def speed_model(speeds: Speeds, meta: ModelMeta, bw: tuple[float | None, float |
         return SpeedModel.from_json(data, f"--calibration {speeds.calibration}")
     vram, ddr = bw or (None, None)
     host, measured = speeds.host
-    machine = Machine(backend, vram or speeds.bw_vram_gbps or DEFAULT_BANDWIDTHS[0],
-                      ddr or host or DEFAULT_BANDWIDTHS[1], speeds.bw_link_gbps or DEFAULT_LINK_GBPS,
-                      tflops or speeds.card_tflops or DEFAULT_CARD_TFLOPS,
-                      measured if host_measured is None else host_measured)  # fmt: skip
+    machine = Machine(
+        backend,
+        vram or speeds.bw_vram_gbps or DEFAULT_BANDWIDTHS[0],
+        ddr or host or DEFAULT_BANDWIDTHS[1],
+        speeds.bw_link_gbps or DEFAULT_LINK_GBPS,
+        tflops or speeds.card_tflops or DEFAULT_CARD_TFLOPS,
+        measured if host_measured is None else host_measured,
+    )
     return learned(meta, machine, load_prior(speeds.prior))
 
 

@@ -70,8 +70,14 @@ def _constants_plan(meta: ModelMeta, device: Device, w: Workload) -> dict[str, A
     budget = device.vram_bytes - meta.non_expert_bytes - kv - device.overhead_bytes
     fits = budget >= 0
     resident = resident_layers(meta, budget) if fits else 0
-    return {"kv_bytes": kv, "budget_bytes": budget, "weights_bytes": None, "compute_bytes": None,
-            "compute_source": "overhead", "n_cpu_moe": meta.n_layer - resident if fits else None}  # fmt: skip
+    return {
+        "kv_bytes": kv,
+        "budget_bytes": budget,
+        "weights_bytes": None,
+        "compute_bytes": None,
+        "compute_source": "overhead",
+        "n_cpu_moe": meta.n_layer - resident if fits else None,
+    }
 
 
 def plan(
@@ -84,9 +90,15 @@ def plan(
 ) -> dict[str, Any]:
     """One workload's budget: each device buffer at the minimum n_cpu_moe (at n = all layers where nothing
     fits), the room left for experts, and that n, with the user's -ot pins applied before --n-cpu-moe."""
-    row: dict[str, Any] = {"ctx": w.ctx, "cells": pad(w.ctx) * w.parallel, "ubatch": w.ubatch,
-                           "flash_attn": w.flash_attn, "parallel": w.parallel, "cache_type_k": w.type_k,
-                           "cache_type_v": w.type_v}  # fmt: skip
+    row: dict[str, Any] = {
+        "ctx": w.ctx,
+        "cells": pad(w.ctx) * w.parallel,
+        "ubatch": w.ubatch,
+        "flash_attn": w.flash_attn,
+        "parallel": w.parallel,
+        "cache_type_k": w.type_k,
+        "cache_type_v": w.type_v,
+    }
     if is_seed(meta):
         row |= _constants_plan(meta, device, w)
     else:
@@ -126,8 +138,7 @@ def does_not_fit_message(p: dict[str, Any], vram_bytes: int) -> str:
     parts = f"its KV cache ({p['kv_bytes'] / GB:.2f} GB)"
     if p.get("compute_bytes") is not None:
         parts += f", compute buffer ({p['compute_bytes'] / GB:.2f} GB)"
-    advice = ("reduce the context or quantize the KV cache." if p["compute_source"] == "overhead"
-              else "what would fit:")  # fmt: skip
+    advice = "reduce the context or quantize the KV cache." if p["compute_source"] == "overhead" else "what would fit:"
     return (
         f"context {p['ctx']} does not fit in {vram_bytes / GB:.2f} GB even with every expert on the host: {parts} "
         f"plus the non-expert weights and margin exceed the card by {-p['budget_bytes'] / GB:.2f} GB; {advice}"
@@ -168,18 +179,35 @@ def reserved_compute(
         buffers = reserve(manifest, model_path, w.llama_args(), n_cpu_moe, rpc, log_path, pins)
         device = buffers.only_device()
         if "compute" not in device:
-            raise MoeplaceError(f"llama-fit-params logged no compute buffer on the device for {model_path} at "
-                                f"--n-cpu-moe {n_cpu_moe}; see {log_path}.")  # fmt: skip
+            raise MoeplaceError(
+                f"llama-fit-params logged no compute buffer on the device for {model_path} at "
+                f"--n-cpu-moe {n_cpu_moe}; see {log_path}."
+            )
         return device["compute"]
 
     return compute
 
 
 COLUMNS = [
-    "ctx", "cells", "kv_gb", "compute_gb", "budget_gb", "resident_layers", "n_cpu_moe", "status", "kv_bytes",
-    "weights_bytes", "compute_bytes", "compute_source", "margin_bytes", "budget_bytes", "ubatch", "flash_attn",
-    "cache_type_k", "cache_type_v",
-]  # fmt: skip
+    "ctx",
+    "cells",
+    "kv_gb",
+    "compute_gb",
+    "budget_gb",
+    "resident_layers",
+    "n_cpu_moe",
+    "status",
+    "kv_bytes",
+    "weights_bytes",
+    "compute_bytes",
+    "compute_source",
+    "margin_bytes",
+    "budget_bytes",
+    "ubatch",
+    "flash_attn",
+    "cache_type_k",
+    "cache_type_v",
+]
 
 
 def budget_table(meta: ModelMeta, device: Device, workloads: list[Workload], compute: Compute = None) -> pd.DataFrame:

@@ -15,7 +15,8 @@ from ..core.errors import MoeplaceError
 from ..model.meta import ModelMeta
 from ..runtime.llamacpp_args import DEFAULT_BATCH, DEFAULT_UBATCH
 from .offload import matching_tensors
-from .speed import Run, SpeedModel, fit
+from .speed import Run, SpeedModel
+from .speed_fit import fit
 
 
 def runs_from_records(meta: ModelMeta, records: list[dict[str, Any]]) -> list[Run]:

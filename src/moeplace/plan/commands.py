@@ -51,8 +51,11 @@ def request_flags(
 
 
 # The environment llama-server reads for those flags (common/arg.cpp's set_env), for Ollama's server.
-_FLAG_ENV = {"--rope-scaling": "LLAMA_ARG_ROPE_SCALING_TYPE", "--rope-scale": "LLAMA_ARG_ROPE_SCALE",
-             "--yarn-orig-ctx": "LLAMA_ARG_YARN_ORIG_CTX"}  # fmt: skip
+_FLAG_ENV = {
+    "--rope-scaling": "LLAMA_ARG_ROPE_SCALING_TYPE",
+    "--rope-scale": "LLAMA_ARG_ROPE_SCALE",
+    "--yarn-orig-ctx": "LLAMA_ARG_YARN_ORIG_CTX",
+}
 
 
 def flags_env(flags: tuple[str, ...]) -> list[str]:

@@ -22,16 +22,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.config import Device, DeviceTarget
-from ..core.errors import MoeplaceError
-from ..model.kvcache import layer_kv_bytes, pad
+from ..core.config import Device
+from ..model.kvcache import layer_kv_bytes
 from ..model.memory import Workload, estimate_compute, minimum_n
 from ..model.meta import Layer, ModelMeta
-from .budget import DOES_NOT_FIT, FITS, budget_frame
 from .offload import expert_tensors, ot_value
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 
 @dataclass(frozen=True)
@@ -92,8 +90,16 @@ def _output_bytes(meta: ModelMeta) -> int:
     return (g.get("output", 0) or g.get("token_embd", 0)) + g.get("output_norm", 0)
 
 
-def device_share(meta: ModelMeta, w: Workload, index: int, device: Device, span: range, output: bool, compute: int,
-                 host_layers: frozenset[int] | None = None) -> DevicePlan:  # fmt: skip
+def device_share(
+    meta: ModelMeta,
+    w: Workload,
+    index: int,
+    device: Device,
+    span: range,
+    output: bool,
+    compute: int,
+    host_layers: frozenset[int] | None = None,
+) -> DevicePlan:
     """Device `index` holding the layers in `span` (and the output layer if `output`), keeping the experts of as many
     of its last layers as fit beside its other buffers and margin, or, given `host_layers`, of every layer not in it."""
     layers = meta.layers[span.start : span.stop]
@@ -112,16 +118,34 @@ def device_share(meta: ModelMeta, w: Workload, index: int, device: Device, span:
         room -= layer.expert_bytes
         kept.append(layer.index)
     weights += sum(meta.layers[il].expert_bytes for il in kept)
-    return DevicePlan(index, device.vram_bytes, device.overhead_bytes, span.start, span.stop, tuple(sorted(kept)),
-                      weights, kv, compute, output)  # fmt: skip
+    return DevicePlan(
+        index,
+        device.vram_bytes,
+        device.overhead_bytes,
+        span.start,
+        span.stop,
+        tuple(sorted(kept)),
+        weights,
+        kv,
+        compute,
+        output,
+    )
 
 
-def _split(meta: ModelMeta, w: Workload, devices: list[Device], bounds: list[int],
-           compute: Callable[[int], int], host_layers: frozenset[int] | None = None) -> MultiPlan:  # fmt: skip
+def _split(
+    meta: ModelMeta,
+    w: Workload,
+    devices: list[Device],
+    bounds: list[int],
+    compute: Callable[[int], int],
+    host_layers: frozenset[int] | None = None,
+) -> MultiPlan:
     edges = [0, *bounds, meta.n_layer]
     last = len(devices) - 1
-    shares = tuple(device_share(meta, w, i, d, range(edges[i], edges[i + 1]), i == last, compute(i), host_layers)
-                   for i, d in enumerate(devices))  # fmt: skip
+    shares = tuple(
+        device_share(meta, w, i, d, range(edges[i], edges[i + 1]), i == last, compute(i), host_layers)
+        for i, d in enumerate(devices)
+    )
     resident = {il for d in shares for il in d.expert_layers}
     return MultiPlan(shares, tuple(il for il in range(meta.n_layer) if il not in resident))
 
@@ -131,8 +155,9 @@ def _score(plan: MultiPlan) -> tuple[bool, int]:
     return plan.fits, sum(d.weights for d in plan.devices)
 
 
-def plan_devices(meta: ModelMeta, devices: list[Device], w: Workload,
-                 compute: Callable[[int], int] | None = None) -> MultiPlan:  # fmt: skip
+def plan_devices(
+    meta: ModelMeta, devices: list[Device], w: Workload, compute: Callable[[int], int] | None = None
+) -> MultiPlan:
     """The layer split over `devices` (in llama.cpp's device order) that fits each and keeps the most expert bytes
     on them: from a split proportional to each device's memory, each boundary moved while that gains (a coordinate
     search; layers alike make the gain flat once every device's room is used). `compute(i)` is device i's compute
@@ -163,8 +188,9 @@ def plan_devices(meta: ModelMeta, devices: list[Device], w: Workload,
 Reserve = Callable[[MultiPlan, bool], tuple[int, ...]]
 
 
-def plan_devices_reserved(meta: ModelMeta, devices: list[Device], w: Workload, reserve: Reserve,
-                          tries: int = 6) -> MultiPlan:  # fmt: skip
+def plan_devices_reserved(
+    meta: ModelMeta, devices: list[Device], w: Workload, reserve: Reserve, tries: int = 6
+) -> MultiPlan:
     """plan_devices checked against llama.cpp's reserve (`reserve(plan, pipelined)`: each device's compute buffer for
     exactly that plan, in device order): a candidate counts when it fits beside the buffers reserved for it, and
     the next one is planned with those buffers, until a candidate repeats. The buffers follow the split and which
@@ -179,8 +205,9 @@ def plan_devices_reserved(meta: ModelMeta, devices: list[Device], w: Workload, r
 
     def checked(candidate: MultiPlan, pipelined: bool = False) -> MultiPlan:
         compute = reserve(candidate, pipelined)
-        return MultiPlan(tuple(replace(d, compute=c) for d, c in zip(candidate.devices, compute)),
-                         candidate.host_expert_layers)  # fmt: skip
+        return MultiPlan(
+            tuple(replace(d, compute=c) for d, c in zip(candidate.devices, compute)), candidate.host_expert_layers
+        )
 
     candidate, counted = plan_devices(meta, devices, w), []
     for _ in range(tries):
@@ -205,13 +232,15 @@ def default_split(n_layer: int, free: list[int]) -> list[int]:
 
     splits = np.cumsum(np.asarray(free, dtype=np.float32), dtype=np.float32)
     splits /= splits[-1]
-    device = [int(np.searchsorted(splits, np.float32(il) / np.float32(n_layer + 1), side="right"))
-              for il in range(n_layer)]  # fmt: skip
+    device = [
+        int(np.searchsorted(splits, np.float32(il) / np.float32(n_layer + 1), side="right")) for il in range(n_layer)
+    ]
     return [sum(1 for d in device if d <= i) for i in range(len(free) - 1)]
 
 
-def ncmoe_plan(meta: ModelMeta, devices: list[Device], w: Workload, n: int,
-               compute: Callable[[int], int] | None = None) -> MultiPlan:  # fmt: skip
+def ncmoe_plan(
+    meta: ModelMeta, devices: list[Device], w: Workload, n: int, compute: Callable[[int], int] | None = None
+) -> MultiPlan:
     """--n-cpu-moe n over `devices` as llama.cpp runs it with no -ts: its own split, the first n layers' experts on
     the host (all on the first devices), every other layer's with its layer. `compute(i)` as in plan_devices."""
     compute = compute or (lambda i: estimate_compute(meta, w, meta.n_layer))
@@ -219,9 +248,12 @@ def ncmoe_plan(meta: ModelMeta, devices: list[Device], w: Workload, n: int,
     return _split(meta, w, devices, bounds, compute, frozenset(range(n)))
 
 
-def minimum_ncmoe(meta: ModelMeta, devices: list[Device], w: Workload,
-                  compute_at: Callable[[int], Callable[[int], int]] | None = None,
-                  ) -> tuple[int | None, MultiPlan]:  # fmt: skip
+def minimum_ncmoe(
+    meta: ModelMeta,
+    devices: list[Device],
+    w: Workload,
+    compute_at: Callable[[int], Callable[[int], int]] | None = None,
+) -> tuple[int | None, MultiPlan]:
     """The lowest --n-cpu-moe that fits every device under llama.cpp's own split (None: none), and its plan (with
     every layer's experts on the host where none fits); `compute_at(n)` is each device's compute buffer at n."""
 
@@ -242,8 +274,16 @@ def plan_args(meta: ModelMeta, p: MultiPlan, w: Workload) -> tuple[list[str], st
     return [*w.llama_args(), "-ts", ",".join(map(str, p.tensor_split))], p.host_rule(meta) or None
 
 
-def reserved_plan(meta: ModelMeta, w: Workload, devices: list[Device], names: list[str],
-                  manifest: dict[str, Any], model_path: str, rpc: str | None, log_path: Path) -> MultiPlan:  # fmt: skip
+def reserved_plan(
+    meta: ModelMeta,
+    w: Workload,
+    devices: list[Device],
+    names: list[str],
+    manifest: dict[str, Any],
+    model_path: str,
+    rpc: str | None,
+    log_path: Path,
+) -> MultiPlan:
     """The plan over the attached `devices` (llama.cpp's `names` for them: RPC endpoints or CUDA0, ...), each
     candidate's compute buffers reserved by llama.cpp for exactly that candidate (plan_devices_reserved)."""
     from ..runtime.allocation import reserve
@@ -256,9 +296,16 @@ def reserved_plan(meta: ModelMeta, w: Workload, devices: list[Device], names: li
     return plan_devices_reserved(meta, devices, w, reserved)
 
 
-def reserved_ncmoe(meta: ModelMeta, w: Workload, devices: list[Device], names: list[str],
-                   manifest: dict[str, Any], model_path: str, rpc: str | None,
-                   log_path: Path) -> tuple[int | None, MultiPlan]:  # fmt: skip
+def reserved_ncmoe(
+    meta: ModelMeta,
+    w: Workload,
+    devices: list[Device],
+    names: list[str],
+    manifest: dict[str, Any],
+    model_path: str,
+    rpc: str | None,
+    log_path: Path,
+) -> tuple[int | None, MultiPlan]:
     """minimum_ncmoe on the attached `devices`, each candidate n's compute buffers reserved by llama.cpp (at n = 0
     unpipelined: llama.cpp falls back to that where the pipelined buffers do not fit)."""
     from ..runtime.allocation import reserve
@@ -268,51 +315,3 @@ def reserved_ncmoe(meta: ModelMeta, w: Workload, devices: list[Device], names: l
         return lambda i: buffers.device(names[i]).get("compute", 0)
 
     return minimum_ncmoe(meta, devices, w, compute_at)
-
-
-DEVICE_COLUMNS = ("devices_mib", "ncmoe_free_mib", "device_plan_fits", "tensor_split", "device_plan_override",
-                  "device_plan_host_layers")  # fmt: skip
-
-
-def budget_row(meta: ModelMeta, devices: list[Device], w: Workload, ncmoe: tuple[int | None, MultiPlan],
-                plan: MultiPlan, compute_source: str) -> dict[str, Any]:  # fmt: skip
-    """One context's budget over several devices: the lowest --n-cpu-moe under llama.cpp's own split (what the
-    sweep's n means) with its buffers summed over the devices, and beside it moeplace's per-device plan (-ts,
-    its host rule), which the placement stage runs as a variant."""
-    n, at_n = ncmoe
-    kept = sum(meta.layers[il].expert_bytes for d in at_n.devices for il in d.expert_layers)
-    return {
-        "ctx": w.ctx, "cells": pad(w.ctx) * w.parallel, "ubatch": w.ubatch, "flash_attn": w.flash_attn,
-        "cache_type_k": w.type_k, "cache_type_v": w.type_v,
-        "kv_bytes": sum(d.kv for d in at_n.devices), "weights_bytes": sum(d.weights for d in at_n.devices),
-        "compute_bytes": sum(d.compute for d in at_n.devices), "compute_source": compute_source,
-        "margin_bytes": devices[0].overhead_bytes, "budget_bytes": sum(d.free_bytes for d in at_n.devices) + kept,
-        "n_cpu_moe": n, "resident_layers": meta.n_layer - n if n is not None else 0,
-        "status": FITS if n is not None else DOES_NOT_FIT,
-        "devices_mib": "/".join(f"{d.vram_bytes / 2**20:.0f}" for d in devices),
-        "ncmoe_free_mib": "/".join(f"{d.free_bytes / 2**20:.1f}" for d in at_n.devices),
-        "device_plan_fits": plan.fits, "tensor_split": "/".join(map(str, plan.tensor_split)),
-        "device_plan_override": plan.host_rule(meta, ";"),
-        "device_plan_host_layers": " ".join(map(str, plan.host_expert_layers)),
-    }  # fmt: skip
-
-
-def devices_budget_table(meta: ModelMeta, model_path: str, manifest: dict[str, Any], target: DeviceTarget,
-                         margin_bytes: int, workloads: list[Workload], log_path: Path) -> pd.DataFrame:  # fmt: skip
-    """The budget stage over several devices (device.vram a list): per workload, budget_row with every compute
-    buffer as llama.cpp reserves it on the devices, started for the duration."""
-    if model_path is None:
-        raise MoeplaceError("device.vram lists several devices, which needs a model file (gguf or twin) to plan "
-                            "their layers; the seed's constants have none: give one device.")  # fmt: skip
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import attached, device_setup
-
-    setup = device_setup(target, manifest)
-    devices = [Device(cap, margin_bytes) for cap in setup.caps]
-    with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
-        names = rpc.split(",") if rpc else [g.split(":")[0] for g in manifest["gpu_devices"][: len(devices)]]
-        rows = [budget_row(meta, devices, w, reserved_ncmoe(meta, w, devices, names, manifest, model_path, rpc,
-                                                            log_path),
-                           reserved_plan(meta, w, devices, names, manifest, model_path, rpc, log_path), "llama.cpp")
-                for w in workloads]  # fmt: skip
-    return budget_frame(rows, DEVICE_COLUMNS)

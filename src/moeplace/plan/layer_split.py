@@ -31,9 +31,13 @@ def _layer_bytes(meta: ModelMeta, layer: dict[str, Any]) -> float:
 
 
 def ngl_features(
-    meta: ModelMeta, n_gpu_layers: int, depth: int = 0, n_gen: int = 128, type_k: str = "f16",
+    meta: ModelMeta,
+    n_gpu_layers: int,
+    depth: int = 0,
+    n_gen: int = 128,
+    type_k: str = "f16",
     type_v: str = "f16",
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """speed.features("tg") of -ngl n_gpu_layers: the last n_gpu_layers layers on the card, the rest on the host."""
     n_layer = meta.n_layer
     g = min(max(n_gpu_layers, 0), n_layer + 1)
@@ -49,14 +53,24 @@ def ngl_features(
     kv_all = kv_read_gb(meta, mean_depth, type_k, type_v)
     kv_card = kv_read_gb(replace(meta, layers=on_card), mean_depth, type_k, type_v)
     hops = 2.0 if g <= n_layer else 0.0  # to the card and back, unless the output is on the card too
-    return {"layers": float(n_layer), "device_gb": device / GB, "host_gb": host / GB + (kv_all - kv_card),
-            "hops": hops, "kv_gb": kv_card}  # fmt: skip
+    return {
+        "layers": float(n_layer),
+        "device_gb": device / GB,
+        "host_gb": host / GB + (kv_all - kv_card),
+        "hops": hops,
+        "kv_gb": kv_card,
+    }
 
 
 def predict_ngl(
-    meta: ModelMeta, model: SpeedModel, n_gpu_layers: int, depth: int = 0, n_gen: int = 128,
-    type_k: str = "f16", type_v: str = "f16",
-) -> dict[str, float] | None:  # fmt: skip
+    meta: ModelMeta,
+    model: SpeedModel,
+    n_gpu_layers: int,
+    depth: int = 0,
+    n_gen: int = 128,
+    type_k: str = "f16",
+    type_v: str = "f16",
+) -> dict[str, float] | None:
     """Decode tok/s of -ngl n_gpu_layers (no --n-cpu-moe) with its ~95% interval, as SpeedModel.predict gives one
     for an expert placement; None where the model has no decode terms."""
     tg = model.tests.get("tg")

@@ -1,6 +1,6 @@
 """The speed model's prior from this host's measured ceilings (results/tables/ceilings.csv, written by the
 ceilings stage): the bandwidths the config's measured: section leaves unset, each model's attention cost with its
-spread, and the fixed time and host cost of the attention probe's own runs (speed.anchored). Without a ceilings
+spread, and the fixed time and host cost of the attention probe's own runs (speed_fit.anchored). Without a ceilings
 table, the prior of the configured bandwidths alone."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pandas as pd
 
 from ..core.config import Bandwidths, BenchSettings
 from ..model.meta import ModelMeta
-from .speed import Run, SpeedModel, anchored, prior
+from .speed import Run, SpeedModel, prior
+from .speed_fit import anchored
 
 
 def probe_run(bench: BenchSettings, n_cpu_moe: int, depth: int, test: str) -> Run:

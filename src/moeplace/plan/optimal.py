@@ -44,8 +44,9 @@ def settings(request: Request) -> list[Setting]:
     llama.cpp runs them (a quantized V cache needs flash attention)."""
     kv_types = dict.fromkeys([(request.type_k, request.type_v), ("q8_0", "q8_0")])
     ubatches = dict.fromkeys([request.ubatch, 512, 2048])
-    return [Setting(k, v, u) for (k, v), u in itertools.product(kv_types, ubatches)
-            if not refusal(request.flash_attn, v)]  # fmt: skip
+    return [
+        Setting(k, v, u) for (k, v), u in itertools.product(kv_types, ubatches) if not refusal(request.flash_attn, v)
+    ]
 
 
 def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, float] | None) -> float | None:
@@ -67,8 +68,9 @@ def fits(on: OnDevice, request: Request, ctx: int, host: frozenset[str]) -> bool
     return need.total + on.device.overhead_bytes <= on.device.vram_bytes
 
 
-def rank_placements(on: OnDevice, request: Request, ctx: int, model: Any,
-                    choices: list[Setting] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def rank_placements(
+    on: OnDevice, request: Request, ctx: int, model: Any, choices: list[Setting] | None = None
+) -> list[dict[str, Any]]:
     """Every placement that fits at `ctx` for each of `choices` (default settings(request)): --n-cpu-moe at the
     budget's minimum, and where they differ from it the knapsack's -ot placements (the most expert bytes on the
     device, prefill's best, and the same less the hops the model prices, decode's best), each checked by the plain
@@ -95,9 +97,19 @@ def rank_placements(on: OnDevice, request: Request, ctx: int, model: Any,
         for name, n, host in candidates:
             tg = model.predict(meta, Run(0, ctx, "tg", 128, s.ubatch, s.type_k, s.type_v, host))
             pp = model.predict(meta, prefill_up_to(0, ctx, s.ubatch, s.type_k, s.type_v, host))
-            order.append({"placement": name, "n_cpu_moe": n, "host_tensors": sorted(host), "type_k": s.type_k,
-                          "type_v": s.type_v, "ubatch": s.ubatch, "tg": tg, "pp": pp,
-                          "score": objective_score(request.objective, tg, pp)})  # fmt: skip
+            order.append(
+                {
+                    "placement": name,
+                    "n_cpu_moe": n,
+                    "host_tensors": sorted(host),
+                    "type_k": s.type_k,
+                    "type_v": s.type_v,
+                    "ubatch": s.ubatch,
+                    "tg": tg,
+                    "pp": pp,
+                    "score": objective_score(request.objective, tg, pp),
+                }
+            )
     ranked = sorted(order, key=lambda r: -(r["score"] or 0.0))
     if not ranked or ranked[0]["score"] is None:
         return ranked

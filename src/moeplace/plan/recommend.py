@@ -54,8 +54,10 @@ def check_pins(pins: Pins, backend: str) -> None:
     for rule in pins.rules:
         buffer = rule.rpartition("=")[2]
         if buffer != "CPU" and buffer != device and not (backend == "rpc" and buffer.startswith("RPC")):
-            raise MoeplaceError(f"-ot {rule!r}: this plan has one device, {device} ({backend}); pin to CPU or "
-                                f"{device}, or plan several cards with --vram A,B.")  # fmt: skip
+            raise MoeplaceError(
+                f"-ot {rule!r}: this plan has one device, {device} ({backend}); pin to CPU or "
+                f"{device}, or plan several cards with --vram A,B."
+            )
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,9 @@ class Setup:
 
     def fitted(self, r: Request, ctx: int) -> int | None:
         """The budget's minimum --n-cpu-moe for request `r` at `ctx` (None: nothing fits), by the estimate."""
-        return budget_mod.plan(self.meta, self.device, r.workload(ctx, self.backend), None, self.extra_bytes,
-                               self.pins)["n_cpu_moe"]  # fmt: skip
+        return budget_mod.plan(
+            self.meta, self.device, r.workload(ctx, self.backend), None, self.extra_bytes, self.pins
+        )["n_cpu_moe"]
 
 
 def recommend(request: Request) -> int:
@@ -89,8 +92,16 @@ def recommend(request: Request) -> int:
     if len(sizes) > 1:
         backend = resolve_backend(request)[0]
         margin = margin_bytes(request, backend)[0]
-        return several_devices(request, meta, sizes, where, backend, margin, model_path(meta, request.model),
-                               cards_speed(request, meta, backend))  # fmt: skip
+        return several_devices(
+            request,
+            meta,
+            sizes,
+            where,
+            backend,
+            margin,
+            model_path(meta, request.model),
+            cards_speed(request, meta, backend),
+        )
     a = assumptions(request)
     pins = read_pins(meta, list(request.overrides))
     check_pins(pins, a.backend)
@@ -101,8 +112,10 @@ def recommend(request: Request) -> int:
         limit = meta.n_ctx_train or MAX_LONGEST
         found = longest_context(request, limit, setup.fitted)
         if found is None:
-            raise MoeplaceError(f"--ctx max: no context fits {a.vram_bytes / GB:.2f} GB even with every expert on "
-                                "the host; see the fixes with a short --ctx, e.g. --ctx 4096.")  # fmt: skip
+            raise MoeplaceError(
+                f"--ctx max: no context fits {a.vram_bytes / GB:.2f} GB even with every expert on "
+                "the host; see the fixes with a short --ctx, e.g. --ctx 4096."
+            )
         contexts = [found]
     return _output(setup, contexts, rope)
 
@@ -115,8 +128,10 @@ def cards_speed(request: Request, meta: ModelMeta, backend: str) -> Speed:
     model = speed_model(s, meta, bw, backend, tflops)
     if request.emit == "server" and not request.as_json and not s.calibration:
         given = "--bw-vram/--bw-ddr" if s.bw_vram_gbps or s.host[0] else "moeplace's defaults"
-        print(f"speeds: {bw[0]:g} GB/s and {tflops:g} TFLOPS on every card, {bw[1]:g} GB/s host RAM ({given}); "
-              "efficiencies learned from published sweeps of real cards (docs/speed-prior.md)")  # fmt: skip
+        print(
+            f"speeds: {bw[0]:g} GB/s and {tflops:g} TFLOPS on every card, {bw[1]:g} GB/s host RAM ({given}); "
+            "efficiencies learned from published sweeps of real cards (docs/speed-prior.md)"
+        )
 
     def speed(host: frozenset[str], w: Workload, device_hops: int) -> tuple[dict[str, Any], str]:
         expected_ = expected(meta, model, host, w, device_hops)
@@ -170,11 +185,16 @@ def _output(setup: Setup, contexts: list[int], rope: str | None) -> int:
     """Plan every context, then print what --emit asks for: 1 where some context does not fit."""
     r, meta = setup.request, setup.meta
     with llamacpp_compute(r, setup.pins) as compute:
-        plans = [budget_mod.plan(meta, setup.device, r.workload(c, setup.backend), compute, setup.extra_bytes,
-                                 setup.pins) for c in contexts]  # fmt: skip
+        plans = [
+            budget_mod.plan(meta, setup.device, r.workload(c, setup.backend), compute, setup.extra_bytes, setup.pins)
+            for c in contexts
+        ]
     a = setup.a
-    model = (speed_model(r.speeds, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops, a.ddr_measured)
-             if a else None)  # fmt: skip
+    model = (
+        speed_model(r.speeds, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops, a.ddr_measured)
+        if a
+        else None
+    )
     for p in plans:
         _complete(setup, p, model)
     failed = [p for p in plans if p["status"] != budget_mod.FITS]
@@ -216,8 +236,14 @@ def _complete(setup: Setup, p: dict[str, Any], model: Any) -> None:
         p["placements"] = _placements(setup, p["ctx"], model)
 
 
-def _server_line(setup: Setup, ctx: int, n_cpu_moe: int, overrides: str | None = None,
-                 kv: tuple[str, str] | None = None, ubatch: int | None = None) -> str:  # fmt: skip
+def _server_line(
+    setup: Setup,
+    ctx: int,
+    n_cpu_moe: int,
+    overrides: str | None = None,
+    kv: tuple[str, str] | None = None,
+    ubatch: int | None = None,
+) -> str:
     """The llama-server line of this placement: --n-cpu-moe n, or an -ot placement's own patterns after the pins."""
     r = setup.request
     flags = commands.request_flags(setup.meta, ctx, r.mmproj, r.no_kv_offload)
@@ -241,8 +267,9 @@ def _ollama(setup: Setup, p: dict[str, Any]) -> str:
     source = ref.removeprefix("ollama:") if ref.startswith("ollama:") else r.model
     flags = commands.request_flags(setup.meta, p["ctx"], r.mmproj, r.no_kv_offload)
     pins = list(setup.pins.rules)
-    return commands.ollama_modelfile(source, p["ctx"], p["n_cpu_moe"], r.type_k, pins, ollama_version(), p["command"],
-                                     flags)  # fmt: skip
+    return commands.ollama_modelfile(
+        source, p["ctx"], p["n_cpu_moe"], r.type_k, pins, ollama_version(), p["command"], flags
+    )
 
 
 def _placements(setup: Setup, ctx: int, model: Any) -> list[dict[str, Any]]:
@@ -255,8 +282,9 @@ def _placements(setup: Setup, ctx: int, model: Any) -> list[dict[str, Any]]:
     for row in ranked:
         rest = set(row["host_tensors"]) - setup.pins.host
         row["override_tensor"] = (ot_value(rest, separator=",") or None) if row["placement"] != "ncmoe" else None
-        row["command"] = _server_line(setup, ctx, row["n_cpu_moe"], row["override_tensor"],
-                                      (row["type_k"], row["type_v"]), row["ubatch"])  # fmt: skip
+        row["command"] = _server_line(
+            setup, ctx, row["n_cpu_moe"], row["override_tensor"], (row["type_k"], row["type_v"]), row["ubatch"]
+        )
     return ranked
 
 
@@ -278,13 +306,15 @@ def describe_assumptions(a: Assumptions) -> str:
     bandwidths = ""
     if a.bw_vram_gbps:
         bandwidths = f"{a.bw_vram_gbps:g} GB/s and {a.card_tflops:g} TFLOPS card, {a.bw_ddr_gbps:g} GB/s host, "
-    return "\n".join([
-        "assumed:",
-        f"  card: {a.backend} ({a.backend_source}), {a.vram_bytes / GB:.2f} GB ({a.vram_source})",
-        f"  margin: {a.margin_bytes / 2**20:.0f} MiB kept free ({a.margin_source})",
-        f"  speeds: {bandwidths}{a.speed_source}",
-        f"  host RAM: {ram}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "assumed:",
+            f"  card: {a.backend} ({a.backend_source}), {a.vram_bytes / GB:.2f} GB ({a.vram_source})",
+            f"  margin: {a.margin_bytes / 2**20:.0f} MiB kept free ({a.margin_source})",
+            f"  speeds: {bandwidths}{a.speed_source}",
+            f"  host RAM: {ram}",
+        ]
+    )
 
 
 def _label(ctx: int) -> str:
@@ -295,10 +325,13 @@ def _label(ctx: int) -> str:
 
 def _print_plan(setup: Setup, p: dict[str, Any]) -> None:
     """One context's plan as text: the buffers, the n, the server line and the expected speeds."""
-    compute = (f"compute={p['compute_bytes'] / GB:5.2f} GB ({p['compute_source']})  "
-               if p["compute_bytes"] is not None else "")  # fmt: skip
-    print(f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  {compute}budget={p['budget_bytes'] / GB:5.2f} GB  "
-          f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}")  # fmt: skip
+    compute = (
+        f"compute={p['compute_bytes'] / GB:5.2f} GB ({p['compute_source']})  " if p["compute_bytes"] is not None else ""
+    )
+    print(
+        f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  {compute}budget={p['budget_bytes'] / GB:5.2f} GB  "
+        f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
+    )
     if setup.a is None:
         return
     print("  " + p["command"])
@@ -316,13 +349,19 @@ def _print_placements(r: Request, ctx: int, ranked: list[dict[str, Any]]) -> Non
         why = "the speed model gives no prefill" if r.objective != "decode" else "nothing fits"
         print(f"  placements by {r.objective}: cannot rank ({why}).")
         return
-    print(f"  placements by {r.objective} at {ctx} tokens, best first; '~' marks those the speed model cannot "
-          "tell from the best (its uncertainty on a ratio), of which yours as given leads:")  # fmt: skip
+    print(
+        f"  placements by {r.objective} at {ctx} tokens, best first; '~' marks those the speed model cannot "
+        "tell from the best (its uncertainty on a ratio), of which yours as given leads:"
+    )
     for row in ranked:
         tensors, layers = len(row["host_tensors"]), len(host_layers(row["host_tensors"]))
-        what = (f"--n-cpu-moe {row['n_cpu_moe']}" if row["placement"] == "ncmoe"
-                else f"-ot {shlex.quote(row['override_tensor'])} ({tensors} expert tensors on the host, in {layers} "
-                     "layers)")  # fmt: skip
-        print(f"  {'~' if row['equivalent'] else ' '} {what}, KV {row['type_k']}/{row['type_v']}, -ub {row['ubatch']}: "
-              f"decode {speed_text(row['tg'])}, prefill {speed_text(row['pp'])}")  # fmt: skip
+        what = (
+            f"--n-cpu-moe {row['n_cpu_moe']}"
+            if row["placement"] == "ncmoe"
+            else f"-ot {shlex.quote(row['override_tensor'])} ({tensors} expert tensors on the host, in {layers} layers)"
+        )
+        print(
+            f"  {'~' if row['equivalent'] else ' '} {what}, KV {row['type_k']}/{row['type_v']}, -ub {row['ubatch']}: "
+            f"decode {speed_text(row['tg'])}, prefill {speed_text(row['pp'])}"
+        )
     print("  " + ranked[0]["command"])

@@ -48,9 +48,12 @@ class Speeds:
     prior: str | None = None  # a prior from `moeplace prior learn` (None: the shipped one)
 
     def __post_init__(self) -> None:
-        for flag, value, example in (("--bw-vram", self.bw_vram_gbps, 448), ("--bw-ddr", self.bw_ddr_gbps, 57.6),
-                                     ("--bw-link", self.bw_link_gbps, 31.5),
-                                     ("--bw-ddr-measured", self.bw_ddr_measured_gbps, 40)):  # fmt: skip
+        for flag, value, example in (
+            ("--bw-vram", self.bw_vram_gbps, 448),
+            ("--bw-ddr", self.bw_ddr_gbps, 57.6),
+            ("--bw-link", self.bw_link_gbps, 31.5),
+            ("--bw-ddr-measured", self.bw_ddr_measured_gbps, 40),
+        ):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise MoeplaceError(f"{flag} {value:g}: a bandwidth is a positive number of GB/s, e.g. {example}.")
         if self.card_tflops is not None and not (math.isfinite(self.card_tflops) and self.card_tflops > 0):
@@ -62,8 +65,10 @@ class Speeds:
         if self.prior is not None and not Path(self.prior).is_file():
             raise MoeplaceError(f"--prior {self.prior}: no such file; give a `moeplace prior learn` JSON.")
         if self.bw_ddr_gbps and self.bw_ddr_measured_gbps:
-            raise MoeplaceError("--bw-ddr and --bw-ddr-measured: give one, the host RAM's datasheet figure (--bw-ddr) "
-                                "or a measured one (--bw-ddr-measured).")  # fmt: skip
+            raise MoeplaceError(
+                "--bw-ddr and --bw-ddr-measured: give one, the host RAM's datasheet figure (--bw-ddr) "
+                "or a measured one (--bw-ddr-measured)."
+            )
 
     @property
     def host(self) -> tuple[float | None, bool]:
@@ -84,9 +89,12 @@ class Constants:
     overhead_gb: float = 1.0
 
     def __post_init__(self) -> None:
-        for flag, value in (("--vram-gb", self.vram_gb), ("--non-expert-gb", self.non_expert_gb),
-                            ("--expert-gb", self.expert_gb),
-                            ("--kv-bytes-per-token", self.kv_bytes_per_token)):  # fmt: skip
+        for flag, value in (
+            ("--vram-gb", self.vram_gb),
+            ("--non-expert-gb", self.non_expert_gb),
+            ("--expert-gb", self.expert_gb),
+            ("--kv-bytes-per-token", self.kv_bytes_per_token),
+        ):
             if not (math.isfinite(value) and value > 0):
                 raise MoeplaceError(f"{flag} {value:g}: must be a positive number.")
         if self.layers < 1:
@@ -204,11 +212,14 @@ class Request:
         for ctx in self.contexts:
             if not 1 <= ctx <= MAX_CONTEXT:
                 raise MoeplaceError(f"--ctx {ctx}: give a positive token count below {MAX_CONTEXT}, e.g. 32768.")
-        for flag, value, allowed in (("--cache-type-k", self.type_k, CACHE_TYPES),
-                                     ("--cache-type-v", self.type_v, CACHE_TYPES),
-                                     ("--flash-attn", self.flash_attn, FLASH_ATTN),
-                                     ("--backend", self.backend, ("auto", *BACKENDS)), ("--emit", self.emit, EMITS),
-                                     ("--placement", self.placement, PLACEMENTS)):  # fmt: skip
+        for flag, value, allowed in (
+            ("--cache-type-k", self.type_k, CACHE_TYPES),
+            ("--cache-type-v", self.type_v, CACHE_TYPES),
+            ("--flash-attn", self.flash_attn, FLASH_ATTN),
+            ("--backend", self.backend, ("auto", *BACKENDS)),
+            ("--emit", self.emit, EMITS),
+            ("--placement", self.placement, PLACEMENTS),
+        ):
             if value not in allowed:
                 raise MoeplaceError(f"{flag} {value}: choose one of {', '.join(allowed)}.")
         check_ubatch(self.ubatch)
@@ -227,33 +238,51 @@ class Request:
             if not Path(self.mmproj).is_file():
                 raise MoeplaceError(f"--mmproj {self.mmproj}: no such file; give the projector .gguf the server loads.")
             if not is_projector(self.mmproj):
-                raise MoeplaceError(f"--mmproj {self.mmproj}: not a multimodal projector (its general.architecture is "
-                                    "not clip); give the mmproj .gguf published beside the model.")  # fmt: skip
+                raise MoeplaceError(
+                    f"--mmproj {self.mmproj}: not a multimodal projector (its general.architecture is "
+                    "not clip); give the mmproj .gguf published beside the model."
+                )
 
     def _check_combinations(self) -> None:
         if self.constants is not None:
             if self.model or self.vram or self.auto or self.card:
-                raise MoeplaceError("--vram-gb and the other constants describe a model without its file: give either "
-                                    "a MODEL.gguf with --vram/--card, or the constants alone.")  # fmt: skip
+                raise MoeplaceError(
+                    "--vram-gb and the other constants describe a model without its file: give either "
+                    "a MODEL.gguf with --vram/--card, or the constants alone."
+                )
             if self.longest or self.placement != "ncmoe" or self.emit not in ("server", "json") or self.mmproj:
-                raise MoeplaceError("the constants mode plans --n-cpu-moe only: --ctx max, --placement optimal, "
-                                    "--emit bench/llama-swap/ollama and --mmproj need a MODEL.gguf.")  # fmt: skip
+                raise MoeplaceError(
+                    "the constants mode plans --n-cpu-moe only: --ctx max, --placement optimal, "
+                    "--emit bench/llama-swap/ollama and --mmproj need a MODEL.gguf."
+                )
         elif self.model is None:
-            raise MoeplaceError("give a MODEL.gguf (or ollama:/lmstudio:/hf: reference), or the seed's constants "
-                                "(--vram-gb, --non-expert-gb, --expert-gb, --layers, "
-                                "--kv-bytes-per-token).")  # fmt: skip
+            raise MoeplaceError(
+                "give a MODEL.gguf (or ollama:/lmstudio:/hf: reference), or the seed's constants "
+                "(--vram-gb, --non-expert-gb, --expert-gb, --layers, "
+                "--kv-bytes-per-token)."
+            )
         elif sum(bool(x) for x in (self.vram, self.auto, self.card)) != 1:
-            raise MoeplaceError("give the card once: --vram 16GiB (its memory), --vram auto (this machine's) or "
-                                "--card NAME (e.g. --card 'RTX 4070 Ti SUPER').")  # fmt: skip
+            raise MoeplaceError(
+                "give the card once: --vram 16GiB (its memory), --vram auto (this machine's) or "
+                "--card NAME (e.g. --card 'RTX 4070 Ti SUPER')."
+            )
         if why := refusal(self.flash_attn, self.type_v):
             raise MoeplaceError(f"--cache-type-v {self.type_v}: {why}; drop --flash-attn off.")
         if self.emit == "ollama" and (len(self.contexts) > 1 or self.longest):
             raise MoeplaceError("--emit ollama: a Modelfile holds one context; give one --ctx value per Modelfile.")
-        if len(self.vram or ()) > 1 and (self.overrides or self.placement == "optimal" or self.mmproj
-                        or self.emit in ("llama-swap", "ollama") or self.no_kv_offload or self.longest):  # fmt: skip
-            raise MoeplaceError("--vram A,B plans a layer split over several devices; -ot pins, --placement optimal, "
-                                "--mmproj, -nkvo, --ctx max and --emit llama-swap/ollama take one device for now: "
-                                "give one --vram.")  # fmt: skip
+        if len(self.vram or ()) > 1 and (
+            self.overrides
+            or self.placement == "optimal"
+            or self.mmproj
+            or self.emit in ("llama-swap", "ollama")
+            or self.no_kv_offload
+            or self.longest
+        ):
+            raise MoeplaceError(
+                "--vram A,B plans a layer split over several devices; -ot pins, --placement optimal, "
+                "--mmproj, -nkvo, --ctx max and --emit llama-swap/ollama take one device for now: "
+                "give one --vram."
+            )
 
     @property
     def as_json(self) -> bool:
@@ -267,9 +296,17 @@ class Request:
         """What the run asks of the device's memory at `ctx` tokens per slot, on `backend` (whose op offload copies
         host experts into the compute buffer): a server reserves logits for one token per slot, llama-bench (what
         --emit bench prints) for a whole batch."""
-        w = Workload(ctx, self.ubatch, self.flash_attn, self.type_k, self.type_v, self.parallel,
-                     "batch" if self.emit == "bench" else SERVER, backend in OP_OFFLOAD,
-                     self.no_kv_offload)  # fmt: skip
+        w = Workload(
+            ctx,
+            self.ubatch,
+            self.flash_attn,
+            self.type_k,
+            self.type_v,
+            self.parallel,
+            "batch" if self.emit == "bench" else SERVER,
+            backend in OP_OFFLOAD,
+            self.no_kv_offload,
+        )
         return replace(w, **changes)
 
 

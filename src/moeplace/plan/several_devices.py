@@ -34,14 +34,25 @@ def describe(meta: ModelMeta, plan: MultiPlan, backend: str) -> list[str]:
     for d in plan.devices:
         name = f"{DEVICE_PREFIX.get(backend, backend)}{d.index}"
         layers = f"layers {d.first}-{d.end - 1}" if d.end > d.first else "no layers"
-        buffers = ", ".join(f"{what} {size / mib:.0f} MiB" for what, size in (
-            ("weights", d.weights), ("KV", d.kv), ("compute", d.compute), ("margin", d.margin_bytes),
-            ("free", d.free_bytes)))  # fmt: skip
+        buffers = ", ".join(
+            f"{what} {size / mib:.0f} MiB"
+            for what, size in (
+                ("weights", d.weights),
+                ("KV", d.kv),
+                ("compute", d.compute),
+                ("margin", d.margin_bytes),
+                ("free", d.free_bytes),
+            )
+        )
         size = f"{d.vram_bytes / 2**30:.1f} GiB" if d.vram_bytes >= 2**30 else f"{d.vram_bytes / mib:.0f} MiB"
-        lines.append(f"{name} ({size}): {layers}{' and the output' if d.output else ''}, "
-                     f"the experts of {_layers_text(d.expert_layers)}; {buffers}")  # fmt: skip
-    lines.append(f"host: the experts of {_layers_text(plan.host_expert_layers)} "
-                 f"({host_bytes(meta, plan.host_tensors(meta)) / mib:.0f} MiB with the input embedding)")  # fmt: skip
+        lines.append(
+            f"{name} ({size}): {layers}{' and the output' if d.output else ''}, "
+            f"the experts of {_layers_text(d.expert_layers)}; {buffers}"
+        )
+    lines.append(
+        f"host: the experts of {_layers_text(plan.host_expert_layers)} "
+        f"({host_bytes(meta, plan.host_tensors(meta)) / mib:.0f} MiB with the input embedding)"
+    )
     return lines
 
 
@@ -61,8 +72,16 @@ def plan_json(meta: ModelMeta, plan: MultiPlan, w: Workload) -> dict[str, Any]:
 Speed = Callable[[frozenset[str], Workload, int], tuple[dict[str, Any], str]]
 
 
-def several_devices(request: Request, meta: ModelMeta, sizes: list[int], where: str, backend: str,
-                    margin_bytes: int, path: str, speed: Speed) -> int:  # fmt: skip
+def several_devices(
+    request: Request,
+    meta: ModelMeta,
+    sizes: list[int],
+    where: str,
+    backend: str,
+    margin_bytes: int,
+    path: str,
+    speed: Speed,
+) -> int:
     """recommend on several devices (--vram A,B,... or auto on a machine with several cards, `sizes` from `where`):
     per context the plan over them in llama.cpp's order, each device's share, its expected speeds and the command
     line (`path`: the file llama.cpp loads)."""
@@ -76,10 +95,14 @@ def several_devices(request: Request, meta: ModelMeta, sizes: list[int], where: 
         plans.append(plan_json(meta, p, w) | {"speed": expected})
         if not p.fits:
             failed += 1
-            short = ", ".join(f"device {d.index} by {-d.free_bytes / 2**20:.0f} MiB" for d in p.devices
-                              if d.free_bytes < 0)  # fmt: skip
-            print(f"moeplace: context {ctx} does not fit on these devices even with every expert on the host "
-                  f"({short}); reduce the context or quantize the KV cache.", file=sys.stderr)  # fmt: skip
+            short = ", ".join(
+                f"device {d.index} by {-d.free_bytes / 2**20:.0f} MiB" for d in p.devices if d.free_bytes < 0
+            )
+            print(
+                f"moeplace: context {ctx} does not fit on these devices even with every expert on the host "
+                f"({short}); reduce the context or quantize the KV cache.",
+                file=sys.stderr,
+            )
             continue
         rule = p.host_rule(meta, ";" if request.emit == "bench" else ",")
         if request.emit == "bench":
@@ -90,8 +113,10 @@ def several_devices(request: Request, meta: ModelMeta, sizes: list[int], where: 
         if request.as_json:
             continue
         if request.emit == "server":
-            print(f"context {ctx} on {len(devices)} devices (llama.cpp's layer split, -ts as layer counts; "
-                  f"sizes: {where}):")  # fmt: skip
+            print(
+                f"context {ctx} on {len(devices)} devices (llama.cpp's layer split, -ts as layer counts; "
+                f"sizes: {where}):"
+            )
             for text in describe(meta, p, backend):
                 print("  " + text)
             print(f"  expected: {said}; each step from one card to the next priced as a host hop")

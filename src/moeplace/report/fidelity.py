@@ -6,7 +6,7 @@ fit to all the others; "prior" predicts every point from what the ceilings stage
 model's attention cost, and its fixed time and host cost from the probe's own runs) or else the datasheet's
 bandwidths, fitted to no run of the sweep (prefill only where the probe ran both placements). Predictions at a depth a
 fit never saw take the depth term from the prior: the attention cost the ceilings stage measured (scaled with
-the fit's fixed time where the probe measured that too: speed._shares), or the KV bytes over the device's
+the fit's fixed time where the probe measured that too: speed_fit._shares), or the KV bytes over the device's
 bandwidth. Errors are (predicted - measured) / measured. A two-point row names the
 coefficients its fit pushed to zero (`fit_at_zero`): two runs where more experts on the host ran as fast make
 that fit flat across placements.
@@ -23,12 +23,25 @@ import pandas as pd
 from ..core.errors import MoeplaceError
 from ..model.meta import ModelMeta
 from ..plan.calibrate import runs_from_records
-from ..plan.speed import SpeedModel, leave_one_out, two_point
+from ..plan.speed import SpeedModel
+from ..plan.speed_fit import leave_one_out, two_point
 
 COLUMNS = [
-    "model", "ctx", "depth", "test", "n_cpu_moe", "overrides", "measured_tok_s", "predicted_tok_s",
-    "predicted_low", "predicted_high", "error_pct", "fit", "fit_depth", "fit_at_zero",
-]  # fmt: skip
+    "model",
+    "ctx",
+    "depth",
+    "test",
+    "n_cpu_moe",
+    "overrides",
+    "measured_tok_s",
+    "predicted_tok_s",
+    "predicted_low",
+    "predicted_high",
+    "error_pct",
+    "fit",
+    "fit_depth",
+    "fit_at_zero",
+]
 
 
 def fidelity_table(
@@ -53,13 +66,22 @@ def fidelity_table(
         r, run = ok[i], runs[i]
         rows.append(
             {
-                "model": r["model"], "ctx": r["ctx"], "depth": run.depth, "test": run.test,
-                "n_cpu_moe": run.n_cpu_moe, "overrides": r.get("overrides") or "", "measured_tok_s": run.tok_s,
-                "predicted_tok_s": pred["tok_s"], "predicted_low": pred["low"], "predicted_high": pred["high"],
-                "error_pct": 100 * (pred["tok_s"] - run.tok_s) / run.tok_s, "fit": how, "fit_depth": fit_depth,
+                "model": r["model"],
+                "ctx": r["ctx"],
+                "depth": run.depth,
+                "test": run.test,
+                "n_cpu_moe": run.n_cpu_moe,
+                "overrides": r.get("overrides") or "",
+                "measured_tok_s": run.tok_s,
+                "predicted_tok_s": pred["tok_s"],
+                "predicted_low": pred["low"],
+                "predicted_high": pred["high"],
+                "error_pct": 100 * (pred["tok_s"] - run.tok_s) / run.tok_s,
+                "fit": how,
+                "fit_depth": fit_depth,
                 "fit_at_zero": at_zero,
             }
-        )  # fmt: skip
+        )
 
     for depth in sorted({r.depth for r in runs}):
         try:
@@ -95,8 +117,14 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
         err = g.error_pct.abs()
         inside = g.measured_tok_s.between(g.predicted_low, g.predicted_high)
         out.append(
-            {"fit": keys[0], "test": keys[1], "depth": keys[2], "points": len(g),
-             "median_abs_error_pct": float(err.median()), "p90_abs_error_pct": float(np.percentile(err, 90)),
-             "covered_pct": 100 * float(inside.mean())}
-        )  # fmt: skip
+            {
+                "fit": keys[0],
+                "test": keys[1],
+                "depth": keys[2],
+                "points": len(g),
+                "median_abs_error_pct": float(err.median()),
+                "p90_abs_error_pct": float(np.percentile(err, 90)),
+                "covered_pct": 100 * float(inside.mean()),
+            }
+        )
     return pd.DataFrame(out)

@@ -19,8 +19,10 @@ def budget_check_figure(table: pd.DataFrame, path: str | Path, device: str) -> N
     fig, ax = plt.subplots(figsize=(7, 5.4))
     top = int(max(cells[["measured_n", "predicted_n"]].max().max(), 1)) if len(cells) else 1
     ax.plot([0, top], [0, top], color="0.7", lw=1, label="exact")
-    for column, marker, label, offset in (("predicted_n", "o", "moeplace budget", 8),
-                                          ("fit_params_n", "x", "llama-fit-params (-fitt 0)", -14)):  # fmt: skip
+    for column, marker, label, offset in (
+        ("predicted_n", "o", "moeplace budget", 8),
+        ("fit_params_n", "x", "llama-fit-params (-fitt 0)", -14),
+    ):
         points = cells[cells[column].notna()].groupby(["measured_n", column]).size()
         xs, ys = zip(*points.index) if len(points) else ((), ())
         ax.scatter(xs, ys, marker=marker, s=50, label=label, zorder=3)

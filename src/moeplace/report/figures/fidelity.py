@@ -22,8 +22,14 @@ def fidelity_figure(table: pd.DataFrame, out: str | Path, device: str) -> None:
         err = g.error_pct.abs()
         name = fit.replace("two_point", "two-point")
         label = f"{test} {name}: median |error| {err.median():.1f}%, p90 {np.percentile(err, 90):.1f}%"
-        ax.scatter(g.measured_tok_s, g.predicted_tok_s, marker=markers.get(fit, "."), label=label,
-                   color="C0" if test == "tg" else "C1", alpha=0.7)  # fmt: skip
+        ax.scatter(
+            g.measured_tok_s,
+            g.predicted_tok_s,
+            marker=markers.get(fit, "."),
+            label=label,
+            color="C0" if test == "tg" else "C1",
+            alpha=0.7,
+        )
     values = pd.concat([table.measured_tok_s, table.predicted_tok_s]).dropna()
     if len(values):
         lo, hi = values.min() / 1.3, values.max() * 1.3

@@ -38,26 +38,53 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
             edge = ok.n_cpu_moe.min() if len(ok) else n_max + 0.5
             ax.axvspan(-0.5, edge - 0.5, color="tab:red", alpha=0.08, label="does not fit (measured OOM)")
             for r in failed.itertuples():
-                ax.annotate(r.status.upper(), (r.n_cpu_moe, 0), xytext=(0, 4), textcoords="offset points",
-                            ha="center", fontsize=8, color="tab:red", xycoords=("data", "axes fraction"))  # fmt: skip
+                ax.annotate(
+                    r.status.upper(),
+                    (r.n_cpu_moe, 0),
+                    xytext=(0, 4),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=8,
+                    color="tab:red",
+                    xycoords=("data", "axes fraction"),
+                )
         low, high = _interval(ok)
         few = " (± sd below 6)" if (ok.repetitions < 6).any() else ""
         label = f"measured {test}: median, 95% interval{few} ({_reps(ok.repetitions)} repetitions)"
-        ax.errorbar(ok.n_cpu_moe, ok.median_ts, yerr=[ok.median_ts - low, high - ok.median_ts], fmt="o",
-                    color="tab:blue", capsize=3, label=label)  # fmt: skip
+        ax.errorbar(
+            ok.n_cpu_moe,
+            ok.median_ts,
+            yerr=[ok.median_ts - low, high - ok.median_ts],
+            fmt="o",
+            color="tab:blue",
+            capsize=3,
+            label=label,
+        )
         p = c[c[f"predicted_{test}_tok_s"].notna()] if len(c) else c
         if len(p):
             err = p[f"{test}_error_pct"].abs().median()
-            ax.plot(p.n_cpu_moe, p[f"predicted_{test}_tok_s"], "-", color="tab:orange",
-                    label=f"speed model, each point fitted without it (median |error| {err:.1f}%)")  # fmt: skip
-            ax.fill_between(p.n_cpu_moe, p[f"predicted_{test}_low"], p[f"predicted_{test}_high"], color="tab:orange",
-                            alpha=0.2, label="~95% prediction interval")  # fmt: skip
+            ax.plot(
+                p.n_cpu_moe,
+                p[f"predicted_{test}_tok_s"],
+                "-",
+                color="tab:orange",
+                label=f"speed model, each point fitted without it (median |error| {err:.1f}%)",
+            )
+            ax.fill_between(
+                p.n_cpu_moe,
+                p[f"predicted_{test}_low"],
+                p[f"predicted_{test}_high"],
+                color="tab:orange",
+                alpha=0.2,
+                label="~95% prediction interval",
+            )
         if test == "tg" and len(c) and pd.notna(c.knee_measured.iloc[0]):
             k = int(c.knee_measured.iloc[0])
             y = ok.set_index("n_cpu_moe").median_ts.get(k, float("nan"))
             # hollow, so the point and its interval show through
-            ax.plot([k], [y], "*", ms=18, mfc="none", mec="tab:green", mew=1.5, label=f"measured knee (n = {k})",
-                    zorder=5)  # fmt: skip
+            ax.plot(
+                [k], [y], "*", ms=18, mfc="none", mec="tab:green", mew=1.5, label=f"measured knee (n = {k})", zorder=5
+            )
         if len(c) and pd.notna(c.budget_min_n.iloc[0]):
             n_min = int(c.budget_min_n.iloc[0])
             ax.axvline(n_min, color="tab:purple", lw=1.2, label=f"budget minimum (n = {n_min})")
@@ -94,5 +121,13 @@ def _scale_to_measured(ax: plt.Axes, ok: pd.DataFrame, predicted: pd.DataFrame, 
     if len(predicted):
         cut = predicted[predicted[f"predicted_{test}_high"] > top]
         if len(cut):
-            ax.plot(cut.n_cpu_moe, [top] * len(cut), "^", color="tab:orange", ms=7, clip_on=False, zorder=6,
-                    label="prediction or its interval runs above the axis (cut)")  # fmt: skip
+            ax.plot(
+                cut.n_cpu_moe,
+                [top] * len(cut),
+                "^",
+                color="tab:orange",
+                ms=7,
+                clip_on=False,
+                zorder=6,
+                label="prediction or its interval runs above the axis (cut)",
+            )

@@ -35,8 +35,16 @@ def ram_tier_figure(table: pd.DataFrame, path: str | Path, title: str) -> None:
             ok = c[c.status == "ok"]
             ax.plot(ok.cap_pct, ok[column], "o-", color=f"C{k}", label=labels[lock] if len(ok) else None)
             for r in c[c.status != "ok"].itertuples():
-                ax.annotate(str(r.status).upper(), (r.cap_pct, 0), xytext=(0, 4 + 10 * k), textcoords="offset points",
-                            xycoords=("data", "axes fraction"), ha="center", fontsize=8, color="tab:red")  # fmt: skip
+                ax.annotate(
+                    str(r.status).upper(),
+                    (r.cap_pct, 0),
+                    xytext=(0, 4 + 10 * k),
+                    textcoords="offset points",
+                    xycoords=("data", "axes fraction"),
+                    ha="center",
+                    fontsize=8,
+                    color="tab:red",
+                )
         values = pd.concat([ref[column], capped[column]]).dropna()
         positive = values[values > 0]
         if column == "tok_s" and len(positive) and positive.max() / positive.min() > 30:
