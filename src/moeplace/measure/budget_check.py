@@ -12,18 +12,24 @@ Over a grid of contexts, ubatch sizes, KV cache types and flash attention, on th
 from __future__ import annotations
 
 import itertools
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from ..core.config import Device, DeviceTarget
+from ..core.config import BenchSettings, Device, DeviceTarget
 from ..model.memory import Workload
 from ..model.meta import ModelMeta
 from ..plan.budget import plan, reserved_compute
 from ..plan.devices import MultiPlan, plan_args, reserved_plan
 from ..plan.offload import expert_tensors, matching_tensors
+from ..runtime.allocation import fitted_placement, load_probe
+from ..runtime.cpus import split_cpus
+from ..runtime.device import attached, device_setup, rpc_device
 from ..runtime.llamacpp_args import UNSUPPORTED, refusal
+from .bench import BenchJob, Rig, run_bench
 from .tune import search
 
 
@@ -65,11 +71,6 @@ def check_model(
     threads: int = 2,
 ) -> list[dict[str, Any]]:
     """One row per grid cell; the deep checks' runs carry the revision of the pipeline in the working folder."""
-    from ..core.config import BenchSettings
-    from ..runtime.allocation import fitted_placement, load_probe
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import attached, device_setup
-    from .bench import BenchJob, Rig, run_bench
 
     setup = device_setup(target, manifest)
     device = Device(setup.cap_bytes, overhead_bytes)
@@ -148,11 +149,6 @@ def check_devices(
     plan that fits loads, one that does not fit runs out of memory) and the plan keeps no expert on the host that a
     device could hold: each device that leaves some of its layers' experts on the host runs out of memory with one
     more of them. A cell llama.cpp refuses (runtime/llamacpp_args.refusal) is recorded UNSUPPORTED, not run."""
-    from contextlib import ExitStack
-    from dataclasses import replace
-
-    from ..runtime.allocation import load_probe
-    from ..runtime.device import rpc_device
 
     rows = []
     with ExitStack() as stack:

@@ -9,15 +9,21 @@ from dataclasses import replace
 from typing import Any
 
 from ..core.errors import MoeplaceError
+from ..core.stats import delta_interval, min_detectable_effect
+from ..model.gguf_file import read_header
 from ..model.meta import ModelMeta
 from ..plan.offload import expert_tensors, matching_tensors, optimal_placement, ot_value, variants
+from ..runtime.allocation import fitted_placement
+from ..runtime.cpus import split_cpus
+from ..runtime.device import attached, portable_rules
+from ..runtime.llama_log import is_host
+from ..runtime.llamacpp_args import cache_args, refusal
 from .bench import BenchJob, Rig, run_bench
 
 
 def check_placement(intended: set[str], buffers: dict[str, str]) -> dict[str, Any]:
     """Compare the intended host set with where llama.cpp's 'buffer type overridden' lines put each tensor:
     every intended tensor must go to a host buffer, and no other tensor may."""
-    from ..runtime.llama_log import is_host
 
     observed = {name for name, buffer in buffers.items() if is_host(buffer)}
     return {
@@ -33,11 +39,8 @@ def variants_table(records: list[dict[str, Any]]) -> Any:
     """Per model, context and test: each variant's tok/s and its difference from --n-cpu-moe at the same bytes,
     against the -ncmoe runs interleaved with it (paired) where it has them, else the first_n variant's own
     runs; with the difference's 95% Welch interval and the smallest difference the runs could have detected."""
-    import math
 
     import pandas as pd
-
-    from ..core.stats import delta_interval, min_detectable_effect
 
     rows = []
     by_key = {(r["model"], r["ctx"], r["variant"], r["test"]): r for r in records}
@@ -95,11 +98,6 @@ def run_variant(variant: str, meta: ModelMeta, n: int, budget: dict[str, Any], j
     load log. `budget` is the context's row of the budget table (the room for experts; over several devices the
     per-device plan). On one device each variant is paired with --n-cpu-moe n; over several that one runs out of
     memory at the plan's host bytes, so the variants are compared with the first_n variant's own runs."""
-    from ..model.gguf_file import read_header
-    from ..runtime.allocation import fitted_placement
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import attached, portable_rules
-    from ..runtime.llamacpp_args import cache_args, refusal
 
     sizes = {t.name: t.n_bytes for t in read_header(job.model_path).tensors}
     split, ngl = None, 99

@@ -13,10 +13,15 @@ from ..core.errors import MoeplaceError
 from ..core.units import GB, parse_size
 from ..model.memory import Workload
 from ..model.meta import ModelMeta
+from ..runtime.backend import detected_gpu_backend, free_gpu_memory
 from . import budget as budget_mod
 from .cards import card_named
+from .learned_prior import Machine
+from .learned_prior import speed_model as learned
 from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS, host_ram, this_machine
+from .prior_learn import load_prior
 from .request import Request, Speeds
+from .speed import Run, SpeedModel, prefill_up_to
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,6 @@ def resolve_backend(request: Request) -> tuple[str, str]:
         return request.backend, "--backend"
     if request.card:
         return card_named(request.card).backend, f"--card {request.card}"
-    from ..runtime.backend import detected_gpu_backend
 
     if found := detected_gpu_backend():
         return found, "the GPU on this machine"
@@ -74,8 +78,6 @@ def _vram(request: Request, backend: str) -> tuple[int, str, str | None]:
         card = card_named(request.card)
         return card.memory_bytes, f"--card {request.card}: {card.name}, {card.memory_bytes >> 30} GiB", card.name
     if request.auto:
-        from ..runtime.backend import free_gpu_memory
-
         free, name, what = free_gpu_memory(backend)
         return free, f"free on {what} now (--vram auto)", name
     return parse_size(request.vram[0], "--vram"), f"--vram {request.vram[0]}, as given", None
@@ -158,10 +160,6 @@ def speed_model(
     """--calibration's fitted model, else the prior (--prior's, or the one learned from the shipped sweeps) for these
     bandwidths and card compute (each, where not given, the flag's or moeplace's default); the host figure measured
     or a datasheet's as `host_measured` says (None: as the flags say)."""
-    from .learned_prior import Machine
-    from .learned_prior import speed_model as learned
-    from .prior_learn import load_prior
-    from .speed import SpeedModel
 
     if speeds.calibration:
         try:
@@ -186,7 +184,6 @@ def expected(meta: ModelMeta, model: Any, host: frozenset[str], w: Workload, dev
     """Decode at an empty context and at w.ctx, prefill of a prompt's last batch up to w.ctx, with these expert
     tensors in host RAM (and over several cards, `device_hops` card boundaries): tok/s with ~95% intervals (None:
     unknown)."""
-    from .speed import Run, prefill_up_to
 
     kv = (w.type_k, w.type_v)
     return {

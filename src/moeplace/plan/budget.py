@@ -29,6 +29,9 @@ from ..model.memory import (
     minimum_n,
 )
 from ..model.meta import ModelMeta, is_seed
+from ..runtime.allocation import reserve
+from ..runtime.cpus import split_cpus
+from ..runtime.device import attached, device_setup
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -160,8 +163,6 @@ def compute_from_llamacpp(
             raise MoeplaceError("device.vram is auto, which needs a model file and a GPU; give the card's size.")
         yield Device(**memory), None
         return
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import attached, device_setup
 
     setup = device_setup(target, manifest)
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
@@ -173,7 +174,6 @@ def reserved_compute(
 ) -> Compute:
     """The device compute buffer as llama.cpp reserves it for a workload and placement (the user's -ot `pins`
     first), on the attached device."""
-    from ..runtime.allocation import reserve
 
     def compute(w: Workload, n_cpu_moe: int) -> int:
         buffers = reserve(manifest, model_path, w.llama_args(), n_cpu_moe, rpc, log_path, pins)

@@ -22,10 +22,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..core.config import Device
 from ..model.kvcache import layer_kv_bytes
 from ..model.memory import Workload, estimate_compute, minimum_n
 from ..model.meta import Layer, ModelMeta
+from ..runtime.allocation import reserve
 from .offload import expert_tensors, ot_value
 
 if TYPE_CHECKING:
@@ -228,7 +231,6 @@ def default_split(n_layer: int, free: list[int]) -> list[int]:
     load_tensors): shares by each device's free memory as it reports it (an emulated device: its cap), summed and
     normalised in float32; layer il, the output layer counted as n_layer, goes to the first device whose share
     exceeds il / (n_layer + 1)."""
-    import numpy as np
 
     splits = np.cumsum(np.asarray(free, dtype=np.float32), dtype=np.float32)
     splits /= splits[-1]
@@ -286,7 +288,6 @@ def reserved_plan(
 ) -> MultiPlan:
     """The plan over the attached `devices` (llama.cpp's `names` for them: RPC endpoints or CUDA0, ...), each
     candidate's compute buffers reserved by llama.cpp for exactly that candidate (plan_devices_reserved)."""
-    from ..runtime.allocation import reserve
 
     def reserved(p: MultiPlan, pipelined: bool) -> tuple[int, ...]:
         args, rule = plan_args(meta, p, w)
@@ -308,7 +309,6 @@ def reserved_ncmoe(
 ) -> tuple[int | None, MultiPlan]:
     """minimum_ncmoe on the attached `devices`, each candidate n's compute buffers reserved by llama.cpp (at n = 0
     unpipelined: llama.cpp falls back to that where the pipelined buffers do not fit)."""
-    from ..runtime.allocation import reserve
 
     def compute_at(n: int) -> Callable[[int], int]:
         buffers = reserve(manifest, model_path, w.llama_args(), n, rpc, log_path, None if n else UNPIPELINED)

@@ -15,6 +15,8 @@ import re
 from collections import defaultdict
 from collections.abc import Collection
 
+import numpy as np
+
 from ..core.errors import MoeplaceError
 from ..model.memory import Pins
 from ..model.meta import ModelMeta
@@ -167,7 +169,6 @@ def optimal_placement(
     them; on ties later layers stay on the device, so a model whose layers are alike gets --n-cpu-moe N plus at
     most a partial layer.
     """
-    import numpy as np
 
     sizes = {name: size for layer in meta.layers for name, size in layer.expert_tensors.items()}
     layers: dict[int, list[tuple[set[str], int]]] = defaultdict(list)

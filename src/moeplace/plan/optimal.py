@@ -16,6 +16,7 @@ from ..runtime.llamacpp_args import refusal
 from .budget import plan
 from .offload import optimal_placement
 from .request import Request
+from .speed import Run, host_layer_bytes, prefill_up_to
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,6 @@ def rank_placements(
     `equivalent` to it: which is faster is not known, so the first of those in the order given leads (the user's KV
     cache type and ubatch, --n-cpu-moe before -ot), not a gain inside the uncertainty. `host_tensors` is each
     placement's whole host set, pins included."""
-    from .speed import Run, host_layer_bytes, prefill_up_to
 
     meta, pins = on.meta, on.pins
     order = []  # as given

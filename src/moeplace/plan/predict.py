@@ -16,6 +16,7 @@ from ..core.errors import MoeplaceError
 from ..core.units import GB
 from ..model.meta import ModelMeta, is_seed
 from ..model.reads import active_fraction, bytes_per_token, disk_share, read_bytes, unread_bytes
+from .speed import Run, prior
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,8 +41,6 @@ def predict_table(meta: ModelMeta, bw: Bandwidths, model: SpeedModel | None = No
     (tg_tok_s with its interval, at an empty context): `model`, the prior the ceilings stage measured
     (measured_prior.measured_prior), else the prior of `bw`."""
     import pandas as pd  # here, not at the top: it is half a second of every CLI start
-
-    from .speed import Run, prior  # the speed model builds on this module's byte counts
 
     model = model or prior(bw)
     dense_tok_s = bw.ddr_gbps * GB / meta.total_bytes

@@ -15,13 +15,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.config import Device
+from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
-from ..core.units import GB, parse_size
+from ..core.units import GB, Context, parse_size
 from ..model.describe import structure
 from ..model.memory import NO_PINS, Pins, Workload, host_bytes
 from ..model.meta import ModelMeta
 from ..model.metadata import from_constants, inspect_model
+from ..runtime.backend import gpu_free_memory
+from ..runtime.cpus import split_cpus
+from ..runtime.device import attached, device_setup
+from ..runtime.llamacpp import PINNED, provision
+from ..runtime.model_ref import ollama_version
 from . import budget as budget_mod
 from . import commands
 from .assumed import (
@@ -41,6 +46,7 @@ from .cards import card_named
 from .fixes import fixes, longest_context
 from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
 from .offload import host_layers, ot_value, read_pins
+from .optimal import OnDevice, rank_placements
 from .request import DEVICE_PREFIX, Request, check_trained_context
 from .several_devices import Speed, several_devices
 
@@ -144,8 +150,6 @@ def _several_cards(request: Request) -> tuple[list[int], str]:
     """--vram A,B,... as given, or with auto every card of this machine's free memory, in llama.cpp's order, and
     where the sizes came from. One size: a plan for one device."""
     if request.auto:
-        from ..runtime.backend import gpu_free_memory
-
         cards, tool = gpu_free_memory(resolve_backend(request)[0])
         return [free for free, _ in cards], "free now on " + ", ".join(name for _, name in cards) + f" ({tool})"
     if request.card:
@@ -161,10 +165,6 @@ def llamacpp_compute(request: Request, pins: Pins) -> Iterator[budget_mod.Comput
     if not request.reserve:
         yield None
         return
-    from ..core.config import DeviceTarget
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import attached, device_setup
-    from ..runtime.llamacpp import PINNED, provision
 
     log_path = Path(tempfile.gettempdir()) / "moeplace-recommend.log"
     manifest = provision({"bin_dir": request.bin_dir} if request.bin_dir else PINNED, log_path)
@@ -260,7 +260,6 @@ def _bench_line(setup: Setup, p: dict[str, Any]) -> str:
 
 
 def _ollama(setup: Setup, p: dict[str, Any]) -> str:
-    from ..runtime.model_ref import ollama_version
 
     r = setup.request
     ref = r.model_ref or r.model
@@ -275,7 +274,6 @@ def _ollama(setup: Setup, p: dict[str, Any]) -> str:
 def _placements(setup: Setup, ctx: int, model: Any) -> list[dict[str, Any]]:
     """--placement optimal's ranked placements at `ctx`, each with its -ot value (the plan's own patterns; the
     user's pins stay as written, before them) and its llama-server line."""
-    from .optimal import OnDevice, rank_placements
 
     on = OnDevice(setup.meta, setup.device, setup.backend, setup.extra_bytes, setup.pins)
     ranked = rank_placements(on, setup.request, ctx, model)
@@ -318,7 +316,6 @@ def describe_assumptions(a: Assumptions) -> str:
 
 
 def _label(ctx: int) -> str:
-    from ..core.units import Context
 
     return Context(ctx).label
 

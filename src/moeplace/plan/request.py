@@ -15,6 +15,7 @@ from typing import Any
 
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
+from ..model.gguf_file import read_header
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, SERVER, Workload
 from ..model.meta import ModelMeta
@@ -143,7 +144,6 @@ def check_ubatch(ubatch: int) -> None:
 
 def is_projector(path: str) -> bool:
     """A GGUF whose architecture is llama.cpp's multimodal projector ('clip'), as llama-server's --mmproj takes."""
-    from ..model.gguf_file import read_header
 
     return read_header(path).metadata.get("general.architecture") == "clip"
 

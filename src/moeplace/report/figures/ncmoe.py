@@ -33,21 +33,7 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
         failed = m[m.status.isin(FAILED)]
         device = m.device.iloc[0] if len(m) else ""
         n_max = int(m.n_cpu_moe.max()) if len(m) else 0
-        if len(failed):
-            # Everything below the smallest n that ran is infeasible on this device.
-            edge = ok.n_cpu_moe.min() if len(ok) else n_max + 0.5
-            ax.axvspan(-0.5, edge - 0.5, color="tab:red", alpha=0.08, label="does not fit (measured OOM)")
-            for r in failed.itertuples():
-                ax.annotate(
-                    r.status.upper(),
-                    (r.n_cpu_moe, 0),
-                    xytext=(0, 4),
-                    textcoords="offset points",
-                    ha="center",
-                    fontsize=8,
-                    color="tab:red",
-                    xycoords=("data", "axes fraction"),
-                )
+        _mark_failed(ax, ok, failed, n_max)
         low, high = _interval(ok)
         few = " (± sd below 6)" if (ok.repetitions < 6).any() else ""
         label = f"measured {test}: median, 95% interval{few} ({_reps(ok.repetitions)} repetitions)"
@@ -61,23 +47,7 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
             label=label,
         )
         p = c[c[f"predicted_{test}_tok_s"].notna()] if len(c) else c
-        if len(p):
-            err = p[f"{test}_error_pct"].abs().median()
-            ax.plot(
-                p.n_cpu_moe,
-                p[f"predicted_{test}_tok_s"],
-                "-",
-                color="tab:orange",
-                label=f"speed model, each point fitted without it (median |error| {err:.1f}%)",
-            )
-            ax.fill_between(
-                p.n_cpu_moe,
-                p[f"predicted_{test}_low"],
-                p[f"predicted_{test}_high"],
-                color="tab:orange",
-                alpha=0.2,
-                label="~95% prediction interval",
-            )
+        _plot_predicted(ax, p, test)
         if test == "tg" and len(c) and pd.notna(c.knee_measured.iloc[0]):
             k = int(c.knee_measured.iloc[0])
             y = ok.set_index("n_cpu_moe").median_ts.get(k, float("nan"))
@@ -102,6 +72,43 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
     with atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=130, format="png", bbox_inches="tight")  # the legends below the axes whole
     plt.close(fig)
+
+
+def _mark_failed(ax: plt.Axes, ok: pd.DataFrame, failed: pd.DataFrame, n_max: int) -> None:
+    """Shade what does not fit: everything below the smallest n that ran is infeasible on this device; each failed
+    run's status at its n."""
+    if not len(failed):
+        return
+    edge = ok.n_cpu_moe.min() if len(ok) else n_max + 0.5
+    ax.axvspan(-0.5, edge - 0.5, color="tab:red", alpha=0.08, label="does not fit (measured OOM)")
+    for r in failed.itertuples():
+        ax.annotate(
+            r.status.upper(),
+            (r.n_cpu_moe, 0),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            fontsize=8,
+            color="tab:red",
+            xycoords=("data", "axes fraction"),
+        )
+
+
+def _plot_predicted(ax: plt.Axes, p: pd.DataFrame, test: str) -> None:
+    """The speed model's out-of-sample prediction of each point (`p`: the rows that have one), with its band."""
+    if not len(p):
+        return
+    err = p[f"{test}_error_pct"].abs().median()
+    label = f"speed model, each point fitted without it (median |error| {err:.1f}%)"
+    ax.plot(p.n_cpu_moe, p[f"predicted_{test}_tok_s"], "-", color="tab:orange", label=label)
+    ax.fill_between(
+        p.n_cpu_moe,
+        p[f"predicted_{test}_low"],
+        p[f"predicted_{test}_high"],
+        color="tab:orange",
+        alpha=0.2,
+        label="~95% prediction interval",
+    )
 
 
 def _interval(ok: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
