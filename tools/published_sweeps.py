@@ -34,6 +34,8 @@ BACKENDS = {"CUDA": "cuda", "ROCm": "rocm", "ROCm/HIP": "rocm", "Vulkan": "vulka
 # Sources (source_id) that are one machine: a left-out score leaves the machine out, all its sources together.
 MACHINES = {
     "ik_llama-disc357": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+    "ik_llama-issue437": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+    "ik_llama-issue490": "ikawrakow: Ryzen 9 7950X + RTX 4080",
     "ik_llama-disc758": "ikawrakow: Ryzen 9 7950X + RTX 4080",
     "ik_llama-pr841": "ikawrakow: Ryzen 9 7950X + RTX 4080",
 }
