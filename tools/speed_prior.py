@@ -45,6 +45,8 @@ BUILD_PAIRS = (
     ("qwen36-35b-a3b-udq4km-rtxa1000-ik4706", "qwen36-35b-a3b-udq4km-rtxa1000-ik4749"),
     ("qwen3-30b-a3b-iq4xs-rtx4080-mainline-hybrid14", "qwen3-30b-a3b-iq4xs-rtx4080-iklcpp-hybrid14"),
     ("qwen35-35b-a3b-q4km-rtx5060ti-b8125", "qwen35-35b-a3b-q4km-rtx5060ti-iksm120"),
+    ("qwen3-30b-a3b-iq4kr4-rtx4080-iklcpp-cpumoe-24c010b3", "qwen3-30b-a3b-iq4kr4-rtx4080-iklcpp-cpumoe-f6d5fbdc"),
+    ("gptoss120b-mxfp4-gb10-forum-b7486", "gptoss120b-mxfp4-gb10-forum-pr17906"),
 )
 # The pairs of BUILD_PAIRS that are mainline llama.cpp (first) against ik_llama.cpp (second).
 FORK_PAIRS = (
