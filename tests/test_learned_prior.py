@@ -49,18 +49,18 @@ def test_decode_before_any_run_on_setups_it_did_not_learn_from(points):
     prior = load()
     left_out = [e for _, e in held_out_errors("tg", points["sweeps"])]
     median, inside = scored(left_out, prior["tg"].log_q95, "decode, each source left out")
-    # The bar is 25%: not met (docs/speed-prior.md). This guard only catches a regression of the method: 36.6% with 60
-    # setups from 21 machines (it was 39.8% with 49 setups from 17, and 33.6% with 37 setups from 11, before a machine's
-    # sources were left out together), so it is 37.
-    assert median <= 37 and 0.9 <= inside <= 0.99
+    # Issue 55's bar: 25%, met (24.7% with 70 setups from 25 machines, each machine's sources left out together;
+    # docs/speed-prior.md). It was 39.8% with 49 setups from 17 sources: the full-GPU setups (DGX Spark, an RTX 3090, a
+    # Strix Halo on ROCm) and the hybrid sweeps added since carry the card's share the left-out fits lacked.
+    assert median <= 25 and 0.9 <= inside <= 0.99
     errors = [e for _, e in errors_against(prior, [p for p in points["heldout"] if p.test == "tg"])]
     median, inside = scored(errors, prior["tg"].log_q95, "decode, held-out sweeps")
-    # Issue 55's bar: median <= 20% and 80-97% inside the ~90% interval, met (19.7%, 82%; docs/speed-prior.md).
+    # Issue 55's bar: median <= 20% and 80-97% inside the ~90% interval, met (19.1%, 82%; docs/speed-prior.md).
     q90 = prior["tg"].log_q95 * 1.645 / Z95
     assert median <= 20 and 0.8 <= np.mean(np.abs(errors) <= q90) <= 0.97
-    # The bars on the interval's width are not met: its half-width is +81% (bar +40%), and each source left out the
-    # ~90% factor is x1.98 (bar x1.5). These guards catch a regression beyond that.
-    assert math.expm1(q90) <= 0.85 and math.exp(np.quantile(np.abs(left_out), 0.9)) <= 2.0
+    # The bars on the interval's width are not met: its half-width is +76% (bar +40%), and each source left out the
+    # ~90% factor is x1.77 (bar x1.5). These guards catch a regression beyond that.
+    assert math.expm1(q90) <= 0.8 and math.exp(np.quantile(np.abs(left_out), 0.9)) <= 1.8
 
 
 def test_one_machines_sources_are_left_out_together(points):
