@@ -32,6 +32,17 @@ SWEEP = ["setup", "model", "test", "size", "ubatch", "flash_attn", "type_k", "ty
 # (Core Ultra 7 265K, Ryzen 7000/9000) run at their rated speed.
 ASSUMED_HOST_GBPS = 89.6
 BACKENDS = {"CUDA": "cuda", "ROCm": "rocm", "ROCm/HIP": "rocm", "Vulkan": "vulkan", "SYCL": "sycl"}
+# Sources (source_id) that are one machine: a left-out score leaves the machine out, all its sources together.
+MACHINES = {
+    "ik_llama-disc357": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+    "ik_llama-issue437": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+    "ik_llama-issue490": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+    "ik_llama-disc758": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+    "ik_llama-pr841": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+}
+# A server's decode rate where the source does not say how many tokens it generated: decode speed hardly depends
+# on the count, so such a point is taken as llama-bench's default tg128.
+UNSTATED_N_GEN = 128
 
 
 def published(csv: str = "sweeps.csv", host: str = "datasheet") -> pd.DataFrame:
@@ -54,8 +65,10 @@ def published(csv: str = "sweeps.csv", host: str = "datasheet") -> pd.DataFrame:
     if host == "measured":
         measured = t.setup.map(hosts.measured_gbps) if "measured_gbps" in hosts else pd.Series(np.nan, index=t.index)
         t = t[measured.notna()].assign(host_gbps=measured[measured.notna()], host_measured=True)
-    # A left-out score leaves a whole source out: every setup of its author (one person's machines, or machine).
-    t["machine"] = t.source_id
+    # A left-out score leaves a whole source out: every setup of its author (one person's machines, or machine),
+    # and every source of one machine (MACHINES).
+    t["machine"] = t.source_id.map(MACHINES).fillna(t.source_id)
+    t["n_gen"] = t.n_gen.where(t.n_gen.notna() | (t.test != "tg"), UNSTATED_N_GEN)
     t["n_depth"] = t.n_depth.fillna(0).astype(int)
     t["ubatch"] = t.ubatch.fillna(512).astype(int)
     t[["type_k", "type_v"]] = t[["type_k", "type_v"]].fillna("f16")

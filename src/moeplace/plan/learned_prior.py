@@ -1,9 +1,9 @@
 """The speed model before any run: its terms learned from published --n-cpu-moe sweeps of real cards.
 
 A datasheet gives a card's and a host's bandwidth; it does not give how far below them llama.cpp reads, nor the
-fixed time per token, nor how fast a card computes a prompt. Published sweeps do (tools/published/, 40-odd
-setups on NVIDIA, AMD and Intel cards and Strix Halo iGPUs; a user's published runs pooled with them by
-prior_learn). Per token, with the features of speed.features:
+fixed time per token, nor how fast a card computes a prompt. Published sweeps do (tools/published/, 70-odd
+setups from 25 machines: NVIDIA, AMD and Intel cards, Strix Halo and DGX Spark unified memory; a user's published
+runs pooled with them by prior_learn). Per token, with the features of speed.features:
 
 decode   t = t0 * L + a_card[backend] * V / B_card + a_host * D / B_host + h * hops + a_kv * KV / B_card
          (a_host_measured * D / B_host instead where B_host is a measured figure, not a datasheet's)
