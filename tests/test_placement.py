@@ -172,7 +172,8 @@ def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
     ranked = rank_placements(
         OnDevice(qwen3, device, "rpc"), ask("decode"), 32768, model, choices=choices([("f16", "f16")], [512])
     )
-    assert [r["placement"] for r in ranked] == ["optimal", "ncmoe"] and ranked[0]["score"] > ranked[1]["score"]
+    # whole layers on the host (-ngl) read their attention from RAM too: slower than either expert placement
+    assert [r["placement"] for r in ranked] == ["optimal", "ncmoe", "ngl"] and ranked[0]["score"] > ranked[1]["score"]
     # a quantized KV cache leaves room for more experts on the card: faster still, and ranked first
     ranked = rank_placements(
         OnDevice(qwen3, device, "rpc"),
@@ -210,7 +211,8 @@ def test_a_gain_inside_the_uncertainty_keeps_the_users_kv_type_and_ncmoe(qwen3):
     )
     best = max(ranked, key=lambda r: r["score"])
     assert best["type_k"] == "q8_0" and best["score"] < ranked[0]["score"] * model.equivalence_factor("tg")
-    assert (ranked[0]["type_k"], ranked[0]["placement"]) == ("f16", "ncmoe") and all(r["equivalent"] for r in ranked)
+    experts = [r for r in ranked if r["placement"] != "ngl"]  # whole layers on the host: slower beyond doubt
+    assert (ranked[0]["type_k"], ranked[0]["placement"]) == ("f16", "ncmoe") and all(r["equivalent"] for r in experts)
     sure = rank_placements(
         OnDevice(qwen3, device, "rpc"), ask("decode"), 32768, certain(model), choices=choices(kv_types, [512])
     )
@@ -270,6 +272,7 @@ def test_decode_ranks_the_placement_that_pays_for_its_hops_first(qwen3):
     assert host_layer_bytes(qwen3, prior(Bandwidths(640, 57.6))) == 0  # no hop priced: bytes alone
     on = OnDevice(qwen3, Device(16 * 10**9, 10**9), "rpc")
     ranked = rank_placements(on, ask("decode"), 32768, model, choices=choices([("f16", "f16")], [512]))
+    ranked = [r for r in ranked if r["placement"] != "ngl"]  # the expert placements (whole layers: another test)
     layers = [len(host_layers(r["host_tensors"])) or r["n_cpu_moe"] for r in ranked]
     ncmoe = next(i for i, r in enumerate(ranked) if r["placement"] == "ncmoe")
     assert len(ranked) == 3 and ncmoe == 1

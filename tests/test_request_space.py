@@ -108,6 +108,11 @@ def test_every_optimal_placement_fits_by_the_plain_plans_own_budget(metas, drawn
     on = OnDevice(meta, device, backend)
     for row in rank_placements(on, request, ctx, model):
         asked = request.with_(type_k=row["type_k"], type_v=row["type_v"], ubatch=row["ubatch"])
+        if row["placement"] == "ngl":  # whole layers on the host: the layers left on the card fit it by their bytes
+            on_card = meta.layers[meta.n_layer - row["n_gpu_layers"] :]
+            assert row["n_gpu_layers"] <= meta.n_layer
+            assert sum(sum(layer.bytes.values()) for layer in on_card) < device.vram_bytes
+            continue
         assert fits(on, asked, ctx, frozenset(row["host_tensors"]))
         if row["placement"] == "ncmoe":  # the plain plan of that request: the same n
             assert row["n_cpu_moe"] == budget.plan(meta, device, asked.workload(ctx, backend))["n_cpu_moe"]
@@ -297,3 +302,21 @@ def test_optimal_rows_show_the_ot_value_a_user_can_copy(metas, capsys):
     shown = [shlex.split(line.split(" (")[0].strip().lstrip("~ "))[1] for line in _cli(capsys, *args)[1].splitlines()
              if line.strip().lstrip("~ ").startswith("-ot ")]  # fmt: skip
     assert values and shown == values
+
+
+def test_optimal_ranks_the_whole_layer_split_with_a_line_that_runs_it(metas, capsys):
+    """Beside the expert placements, --placement optimal ranks the largest -ngl that fits (issue 55: on some cards
+    a layer split is as fast): its line keeps the last G layers on the card, no --n-cpu-moe and no -ot; G leaves
+    as many layers' own bytes on the card as the card holds, and one layer more would not fit them."""
+    meta = metas["qwen3-coder-30b-a3b"]
+    args = ["recommend", meta.files[0].path, "--vram", "16GiB", "--ctx", "32768", "--placement", "optimal", "--json"]
+    (plan,) = json.loads(_cli(capsys, *args)[1])
+    row = next(r for r in plan["placements"] if r["placement"] == "ngl" and r["type_k"] == "f16" and r["ubatch"] == 512)
+    flags = shlex.split(row["command"])
+    g = int(flags[flags.index("-ngl") + 1])
+    assert g == row["n_gpu_layers"] < meta.n_layer and "--n-cpu-moe" not in flags and "-ot" not in flags
+    assert row["pp"] is None and row["tg"]["tok_s"] > 0  # a layer split's prefill is not predicted
+    # a layer on the card: its weights and its f16 K and V rows for 32768 cells (from the header's shapes)
+    on_card = [sum(layer.bytes.values()) + 32768 * (layer.k_dim + layer.v_dim) * 2 for layer in meta.layers]
+    room = 16 * 2**30 - plan["margin_bytes"]
+    assert sum(on_card[-g:]) < room < sum(on_card[-g - 1 :]) + 2**30  # one layer more: over, a compute buffer aside

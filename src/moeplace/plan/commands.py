@@ -11,14 +11,21 @@ from .request import Cache, rope_args
 
 
 def llama_server(
-    model: str, ctx: int, n_cpu_moe: int | None, cache: Cache, rules: tuple[str, ...] = (), extra: tuple[str, ...] = ()
+    model: str,
+    ctx: int,
+    n_cpu_moe: int | None,
+    cache: Cache,
+    rules: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+    n_gpu_layers: int = 99,
 ) -> str:
     """`llama-server` at this placement: the -ot `rules` (the user's own first: llama.cpp's first matching rule
     wins), joined with ',' as llama-server reads them, then `--n-cpu-moe N` (None: the rules are the placement).
-    `extra`: the request's other flags (request_flags)."""
+    `extra`: the request's other flags (request_flags). `n_gpu_layers`: a whole-layer split's -ngl (99: every
+    layer on the card)."""
     placement = ["-ot", ",".join(rules)] if rules else []
     placement += [] if n_cpu_moe is None else ["--n-cpu-moe", str(n_cpu_moe)]
-    return _server(model, ctx, placement, cache, extra)
+    return _server(model, ctx, placement, cache, extra, n_gpu_layers)
 
 
 def llama_server_split(
@@ -29,11 +36,13 @@ def llama_server_split(
     return _server(model, ctx, placement, cache, extra)
 
 
-def _server(model: str, ctx: int, placement: list[str], cache: Cache, extra: tuple[str, ...]) -> str:
+def _server(
+    model: str, ctx: int, placement: list[str], cache: Cache, extra: tuple[str, ...], n_gpu_layers: int = 99
+) -> str:
     """-c holds every slot's context; --parallel is always given, since llama-server's own default (4 slots
     sharing one cache) would change the KV cache the plan counted."""
     source = ["-mu", model] if is_remote(model) else ["-m", model]  # -mu downloads it
-    cmd = ["llama-server", *source, "-c", str(ctx * cache.parallel), "-ngl", "99", *placement]
+    cmd = ["llama-server", *source, "-c", str(ctx * cache.parallel), "-ngl", str(n_gpu_layers), *placement]
     cmd += [*cache.args(), "--parallel", str(cache.parallel), *extra]
     return shlex.join(cmd)
 

@@ -7,26 +7,29 @@ to the card and back once. On some cards that is as fast as --n-cpu-moe at the s
 sweep: -ngl 30 as fast as --n-cpu-moe 18), so a ranking of placements should weigh both.
 
 The same decode model prices it (speed.FEATURES["tg"]: fixed time per layer, device bytes, host bytes, hops, KV),
-with the host layers' KV bytes read from host RAM. Prefill of a layer split is not predicted: llama.cpp computes
-the host layers on the CPU for a small batch and copies their weights for a large one, which no published sweep
-this prior learned from measures.
+with the host layers' KV bytes read from host RAM. Its memory is a device's share of a layer split
+(plan/devices.device_share: the card's layers whole, their KV cache, a compute buffer as for every expert on the
+host). Prefill of a layer split is not predicted: llama.cpp computes the host layers on the CPU for a small batch
+and copies their weights for a large one, which no published sweep this prior learned from measures.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
 
+from ..core.config import Device
 from ..core.units import GB
-from ..model.meta import ModelMeta
+from ..model.memory import Workload, estimate_compute
+from ..model.meta import Layer, ModelMeta
 from ..model.reads import active_fraction
+from .devices import device_share
 from .speed import Z95, SpeedModel, kv_read_gb
 
 
-def _layer_bytes(meta: ModelMeta, layer: dict[str, Any]) -> float:
+def _layer_bytes(meta: ModelMeta, layer: Layer) -> float:
     """Bytes one decode step reads of a layer: its non-expert weights and its routed experts' active share."""
-    own = sum(b for role, b in (layer.bytes or {}).items() if role != "expert")
+    own = sum(b for role, b in layer.bytes.items() if role != "expert")
     return own + active_fraction(meta) * layer.expert_bytes
 
 
@@ -82,3 +85,15 @@ def predict_ngl(
         return None
     spread = math.exp(Z95 * tg.relative_sd(x))
     return {"tok_s": 1 / t, "low": 1 / (t * spread), "high": spread / t}
+
+
+def largest_ngl(meta: ModelMeta, device: Device, w: Workload) -> int | None:
+    """The most layers -ngl keeps on the card within its memory and margin (n_layer + 1: the output layer too), or
+    None where not one layer fits."""
+    n_layer = meta.n_layer
+    compute = estimate_compute(meta, w, n_layer)
+    for g in range(n_layer + 1, 0, -1):
+        span = range(n_layer - min(g, n_layer), n_layer)
+        if device_share(meta, w, 0, device, span, g > n_layer, compute, frozenset()).free_bytes >= 0:
+            return g
+    return None

@@ -14,6 +14,7 @@ from ..model.memory import Pins, device_need
 from ..model.meta import ModelMeta
 from ..runtime.llamacpp_args import refusal
 from .budget import plan
+from .layer_split import largest_ngl, predict_ngl
 from .offload import optimal_placement
 from .request import Request
 from .speed import Run, host_layer_bytes, prefill_up_to
@@ -79,10 +80,11 @@ def rank_placements(
     by the request's objective. A placement whose score is within the model's equivalence factor of the best is
     `equivalent` to it: which is faster is not known, so the first of those in the order given leads (the user's KV
     cache type and ubatch, --n-cpu-moe before -ot), not a gain inside the uncertainty. `host_tensors` is each
-    placement's whole host set, pins included."""
+    placement's whole host set, pins included. Where experts go to the host and the user pins none, the largest
+    whole-layer split that fits (-ngl, `n_gpu_layers`) is ranked beside them by its decode (layer_split)."""
 
     meta, pins = on.meta, on.pins
-    order = []  # as given
+    order: list[dict[str, Any]] = []  # as given
     hop_bytes = host_layer_bytes(meta, model)
     for s in choices or settings(request):
         asked = request.with_(type_k=s.type_k, type_v=s.type_v, ubatch=s.ubatch)
@@ -97,19 +99,9 @@ def rank_placements(
         for name, n, host in candidates:
             tg = model.predict(meta, Run(0, ctx, "tg", 128, s.ubatch, s.type_k, s.type_v, host))
             pp = model.predict(meta, prefill_up_to(0, ctx, s.ubatch, s.type_k, s.type_v, host))
-            order.append(
-                {
-                    "placement": name,
-                    "n_cpu_moe": n,
-                    "host_tensors": sorted(host),
-                    "type_k": s.type_k,
-                    "type_v": s.type_v,
-                    "ubatch": s.ubatch,
-                    "tg": tg,
-                    "pp": pp,
-                    "score": objective_score(request.objective, tg, pp),
-                }
-            )
+            order.append(_row(name, s, tg, pp, request.objective) | {"n_cpu_moe": n, "host_tensors": sorted(host)})
+        if p["n_cpu_moe"] and not pins.rules:  # some experts on the host: whole layers there instead
+            order += _layer_split(on, asked, ctx, model, s)
     ranked = sorted(order, key=lambda r: -(r["score"] or 0.0))
     if not ranked or ranked[0]["score"] is None:
         return ranked
@@ -119,3 +111,29 @@ def rank_placements(
         r["equivalent"] = r["score"] is not None and r["score"] * factor >= ranked[0]["score"]
     given = [r for r in order if r["equivalent"]]
     return [given[0]] + [r for r in ranked if r is not given[0]]
+
+
+def _row(
+    placement: str, s: Setting, tg: dict[str, float] | None, pp: dict[str, float] | None, objective: str
+) -> dict[str, Any]:
+    """A ranked placement's settings, speeds and score (the placement's own fields added by the caller)."""
+    score = objective_score(objective, tg, pp)
+    return {
+        "placement": placement,
+        "type_k": s.type_k,
+        "type_v": s.type_v,
+        "ubatch": s.ubatch,
+        "tg": tg,
+        "pp": pp,
+        "score": score,
+    }
+
+
+def _layer_split(on: OnDevice, asked: Request, ctx: int, model: Any, s: Setting) -> list[dict[str, Any]]:
+    """The largest -ngl that fits the device at `ctx` (none, or every layer: nothing to add), decode only."""
+    device = Device(on.device.vram_bytes - on.extra_bytes, on.device.overhead_bytes)
+    g = largest_ngl(on.meta, device, asked.workload(ctx, on.backend))
+    if g is None or g > on.meta.n_layer:
+        return []
+    tg = predict_ngl(on.meta, model, g, ctx, 128, s.type_k, s.type_v)
+    return [_row("ngl", s, tg, None, asked.objective) | {"n_cpu_moe": None, "n_gpu_layers": g, "host_tensors": []}]

@@ -47,7 +47,7 @@ from .fixes import fixes, longest_context
 from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
 from .offload import host_layers, ot_value, read_pins
 from .optimal import OnDevice, rank_placements
-from .request import DEVICE_PREFIX, Request, check_trained_context
+from .request import DEVICE_PREFIX, Cache, Request, check_trained_context
 from .several_devices import Speed, several_devices
 
 MAX_LONGEST = 1 << 20  # --ctx max on a model that states no trained context: the longest it looks for
@@ -239,17 +239,18 @@ def _complete(setup: Setup, p: dict[str, Any], model: Any) -> None:
 def _server_line(
     setup: Setup,
     ctx: int,
-    n_cpu_moe: int,
+    n_cpu_moe: int | None,
     overrides: str | None = None,
-    kv: tuple[str, str] | None = None,
-    ubatch: int | None = None,
+    cache: Cache | None = None,
+    n_gpu_layers: int = 99,
 ) -> str:
-    """The llama-server line of this placement: --n-cpu-moe n, or an -ot placement's own patterns after the pins."""
+    """The llama-server line of this placement: --n-cpu-moe n, an -ot placement's own patterns after the pins, or
+    a whole-layer split's -ngl (n None); `cache`: a ranked placement's own KV type and ubatch (else the request's)."""
     r = setup.request
     flags = commands.request_flags(setup.meta, ctx, r.mmproj, r.no_kv_offload)
     rules = (*setup.pins.rules, *([overrides] if overrides else []))
     path, n = model_path(setup.meta, r.model), None if overrides else n_cpu_moe
-    return commands.llama_server(path, ctx, n, r.cache(kv, ubatch), rules, flags)
+    return commands.llama_server(path, ctx, n, cache or r.cache(), rules, flags, n_gpu_layers)
 
 
 def _bench_line(setup: Setup, p: dict[str, Any]) -> str:
@@ -279,10 +280,10 @@ def _placements(setup: Setup, ctx: int, model: Any) -> list[dict[str, Any]]:
     ranked = rank_placements(on, setup.request, ctx, model)
     for row in ranked:
         rest = set(row["host_tensors"]) - setup.pins.host
-        row["override_tensor"] = (ot_value(rest, separator=",") or None) if row["placement"] != "ncmoe" else None
-        row["command"] = _server_line(
-            setup, ctx, row["n_cpu_moe"], row["override_tensor"], (row["type_k"], row["type_v"]), row["ubatch"]
-        )
+        row["override_tensor"] = (ot_value(rest, separator=",") or None) if row["placement"] == "optimal" else None
+        cache = setup.request.cache((row["type_k"], row["type_v"]), row["ubatch"])
+        ngl = row.get("n_gpu_layers", 99)
+        row["command"] = _server_line(setup, ctx, row["n_cpu_moe"], row["override_tensor"], cache, ngl)
     return ranked
 
 
@@ -352,11 +353,12 @@ def _print_placements(r: Request, ctx: int, ranked: list[dict[str, Any]]) -> Non
     )
     for row in ranked:
         tensors, layers = len(row["host_tensors"]), len(host_layers(row["host_tensors"]))
-        what = (
-            f"--n-cpu-moe {row['n_cpu_moe']}"
-            if row["placement"] == "ncmoe"
-            else f"-ot {shlex.quote(row['override_tensor'])} ({tensors} expert tensors on the host, in {layers} layers)"
-        )
+        what = {
+            "ncmoe": f"--n-cpu-moe {row['n_cpu_moe']}",
+            "ngl": f"-ngl {row.get('n_gpu_layers')} (whole layers on the host: decode only)",
+            "optimal": f"-ot {shlex.quote(row['override_tensor'] or '')} ({tensors} expert tensors on the host, in "
+            f"{layers} layers)",
+        }[row["placement"]]
         print(
             f"  {'~' if row['equivalent'] else ' '} {what}, KV {row['type_k']}/{row['type_v']}, -ub {row['ubatch']}: "
             f"decode {speed_text(row['tg'])}, prefill {speed_text(row['pp'])}"
