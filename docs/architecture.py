@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 PACKAGE = ROOT / "src" / "moeplace"
 # Modules every stage uses; listing them beside each stage would say nothing.
-SHARED = {"runtime/outputs", "core/config", "core/errors", "core/units"}
+# Read by nearly every script (its outputs, its settings, the stored model): left out of the stage table.
+SHARED = {"runtime/outputs", "core/config", "core/errors", "core/units", "model/meta"}
 # The package's layers, lowest first: each imports only itself and the layers before it (cli.py sits on top).
 LAYERS = ("core", "runtime", "model", "plan", "measure", "report")
 
@@ -54,7 +55,7 @@ def modules_of(script: str) -> list[str]:
     """The library modules a workflow script calls, shared ones left out."""
     text = (ROOT / "workflow" / "scripts" / f"{script}.py").read_text()
     names = re.findall(r"^from moeplace\.([\w.]+) import", text, re.MULTILINE)
-    return sorted({n.replace(".", "/") for n in names if n not in SHARED})
+    return sorted({n.replace(".", "/") for n in names} - SHARED)
 
 
 def module_imports(path: Path) -> set[str]:
@@ -85,7 +86,7 @@ def rule_graph() -> list[tuple[str, str]]:
         ).stdout
     names = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)"', dot, re.MULTILINE))
     edges = {(names[a], names[b]) for a, b in re.findall(r"^\s*(\d+) -> (\d+)", dot, re.MULTILINE)}
-    edges.add(("bench", "aggregate_context"))
+    edges.add(("bench", "aggregate"))
     return sorted(e for e in edges if e[1] != "all")
 
 
@@ -102,6 +103,15 @@ def render() -> str:
         "Data flows one way: GGUF -> metadata JSON -> predicted/budget tables -> bench JSONL -> aggregate CSVs ->",
         "figures/report. The package's folders show that flow (what the model is, what to do, what was measured,",
         "what is reported) over the machinery (processes, devices, builds, provenance) in `runtime/`: see Layers.",
+        "",
+        "## Following a stage",
+        "",
+        "Start at a rule in `workflow/rules/<stage>.smk`: its `script:` is `workflow/scripts/<stage>.py`, a thin",
+        "adapter that reads the rule's inputs (a stored model is `model.meta.read_metadata`; settings arrive typed",
+        "from `core/config.py` through `params:`) and calls the library module(s) of the table below, which hold the",
+        "logic and never import Snakemake. The Snakefile's start-up (`cli/pipeline.py`) validates the config once",
+        "against `core/config.schema.yaml`, the one place every setting's default is written. The modules every",
+        "script reads (`runtime/outputs`, `core/config`, `core/errors`, `core/units`, `model/meta`) are left out.",
         "",
         "## Stages",
         "",

@@ -134,7 +134,7 @@ def placed(twin: Twin, fact: dict[str, Any], w: Workload) -> tuple[Any, float, f
     the bytes the placement keeps on the host beyond that: non-expert tensors the rules send to the CPU, and what
     -ngl at or below the layer count leaves there."""
     meta, p = twin.meta, fact.get("placement", {})
-    experts = {name for layer in meta["layers"] for name in layer["expert_tensors"]}
+    experts = {name for layer in meta.layers for name in layer.expert_tensors}
     n = p.get("n_cpu_moe", 0)
     ruled = {name for name in twin.tensors if first_target(name, p.get("ot", [])) == "CPU"}
     pins = Pins(host=frozenset((ruled & experts) | (experts if p.get("experts") == "all" else set())))
@@ -144,8 +144,8 @@ def placed(twin: Twin, fact: dict[str, Any], w: Workload) -> tuple[Any, float, f
     if host:
         what.append(f"{len(host)} non-expert tensors the -ot rules send to the CPU (routers, norms)")
     ngl = p.get("ngl")
-    if ngl is not None and ngl <= meta["n_layer"]:
-        start = meta["n_layer"] - ngl
+    if ngl is not None and ngl <= meta.n_layer:
+        start = meta.n_layer - ngl
         layers = {name for name in twin.tensors if (m := re.match(r"blk\.(\d+)\.", name)) and int(m[1]) < start}
         host |= layers | {"output.weight", "output_norm.weight"}
         what.append(
@@ -165,7 +165,7 @@ def expected_kv(twin: Twin, fact: dict[str, Any], w: Workload, ours_kv: float) -
     meta = twin.meta
     per_seq_state = state_bytes(meta) * w.parallel
     if "kv_cells" in fact:
-        assert not any(layer["swa"] for layer in meta["layers"]), "kv_cells: full-attention models only"
+        assert not any(layer.swa for layer in meta.layers), "kv_cells: full-attention models only"
         per_cell = kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch) / pad(w.ctx)
         theirs = (per_cell * fact["kv_cells"] + per_seq_state) / MiB
         return theirs - ours_kv, (
@@ -174,13 +174,11 @@ def expected_kv(twin: Twin, fact: dict[str, Any], w: Workload, ours_kv: float) -
         )
     if fact.get("kv_unified"):
         total = 0
-        for layer in meta["layers"]:
-            if layer["has_kv"]:
-                window = meta["attention"]["sliding_window"] if layer["swa"] else 0
+        for layer in meta.layers:
+            if layer.has_kv:
+                window = meta.attention.sliding_window if layer.swa else 0
                 n = cells(w.ctx * w.parallel, window, w.ubatch, w.parallel)
-                total += n * (
-                    row_size(w.type_k, layer["k_dim"]) + (row_size(w.type_v, layer["v_dim"]) if layer["v_dim"] else 0)
-                )
+                total += n * (row_size(w.type_k, layer.k_dim) + (row_size(w.type_v, layer.v_dim) if layer.v_dim else 0))
         theirs = (total + per_seq_state) / MiB
         return theirs - ours_kv, (
             f"one unified cache for {w.parallel} sequences (kv_unified): its sliding-window "

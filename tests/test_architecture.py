@@ -100,6 +100,23 @@ def test_the_graph_sees_imports_inside_functions():
     assert "plan.speed" in GRAPH["plan.assumed"]
 
 
+def outside_packages(path) -> set[str]:
+    """The top-level names of the packages outside moeplace a file imports, lazy imports included."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {"moeplace"}
+
+
+def test_no_figure_is_drawn_outside_report():
+    """Figures are report/'s job: no module elsewhere imports a plotting library."""
+    drawing = sorted(module_name(p) for p in SOURCES if outside_packages(p) & {"matplotlib", "seaborn"})
+    assert drawing and all(m.startswith("report.") for m in drawing), drawing
+
+
 def test_functions_stay_short():
     """No function over 80 lines or 10 parameters, except a port that says so in its docstring."""
     long = []

@@ -36,7 +36,7 @@ def bench(
     path: Path, tmp_path: Path, ctx: int, cap: int, n: int = 0, settings: BenchSettings = QUICK, **extra
 ) -> list[dict]:
     meta = inspect_model(path)
-    job = BenchJob(path.stem, str(path), meta["files"], ctx, n, **extra)
+    job = BenchJob(path.stem, str(path), meta.files, ctx, n, **extra)
     return run_bench(job, Rig(settings, DeviceSetup("emulated", "test device", cap), manifest(), tmp_path / "bench.log",
                               ROOT))  # fmt: skip
 

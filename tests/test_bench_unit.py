@@ -168,8 +168,7 @@ def test_a_run_that_fails_mid_copy_keeps_the_copies_it_finished(tmp_path):
     for r in records:
         assert r["status"] == "crash" and r["partial"] and r["repetitions"] == 6 and r["target_reached"] is False
         assert r["samples_ts"] and r["error"] == "stopped after 6 repetitions: killed by SIGSEGV"
-    meta = {"layers": [], "n_layer": 0}
-    assert calibration_file(meta, records, None)["left_out_partial"] == 2
+    assert calibration_file(from_constants("m", SEED_CONSTANTS), records, None)["left_out_partial"] == 2
 
 
 FAKE_SWEEP = """#!{python}

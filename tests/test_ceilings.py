@@ -8,16 +8,11 @@ from conftest import ROOT, SEED_CONSTANTS
 
 from moeplace.core.config import Bandwidths, BenchSettings
 from moeplace.core.units import GB
-from moeplace.measure.ceilings import (
-    attention_costs,
-    bound,
-    disk_read_mbps,
-    measured_bandwidths,
-    measured_prior,
-)
+from moeplace.measure.ceilings import bound, disk_read_mbps
 from moeplace.model.metadata import from_constants, inspect_model
 from moeplace.model.reads import bytes_per_token
 from moeplace.model.twin import load_spec, write_twin
+from moeplace.plan.measured_prior import attention_costs, measured_bandwidths, measured_prior
 from moeplace.plan.predict import predict_table, ram_tier_tok_s
 from moeplace.runtime.native import ram_read_gbps
 

@@ -12,6 +12,8 @@ import time
 import yaml
 from conftest import ROOT
 
+from moeplace.model.meta import from_json
+
 SEED_ARGS = [
     "--vram-gb",
     "16",
@@ -74,10 +76,10 @@ def test_recommend_gguf_mode_json_and_server_command(small_moe):
 
 def test_inspect_json_has_the_documented_keys(small_moe):
     out = moeplace("inspect", str(small_moe), "--json")
-    meta = json.loads(out.stdout)
+    stored = json.loads(out.stdout)
     for key in ("architecture", "n_layer", "n_expert", "n_expert_used", "expert_bytes", "non_expert_bytes", "layers"):
-        assert key in meta
-    assert "expert_bytes" in meta["layers"][0]
+        assert key in stored
+    assert "expert_bytes" in stored["layers"][0]
 
 
 def test_bad_inputs_give_one_line_not_a_traceback(tmp_path):
@@ -100,9 +102,9 @@ def test_twin_command_writes_a_sparse_header_faithful_file(tmp_path):
         "twin", str(ROOT / "config/models/tiny-qwen3moe.yaml"), str(tmp_path / "t.gguf"), "--weights", "none"
     )
     assert out.returncode == 0, out.stderr
-    meta = json.loads(moeplace("inspect", str(tmp_path / "t.gguf"), "--json").stdout)
+    meta = from_json(json.loads(moeplace("inspect", str(tmp_path / "t.gguf"), "--json").stdout))
     # attn_output rows are 2 heads x 64 = 128 long, not a whole Q4_K block: llama.cpp falls back to Q5_0.
-    assert meta["n_layer"] == 8 and meta["quant_types"].keys() == {"F32", "Q4_K", "Q5_0", "Q6_K"}
+    assert meta.n_layer == 8 and meta.quant_types.keys() == {"F32", "Q4_K", "Q5_0", "Q6_K"}
 
 
 def test_inspect_reads_a_split_400_gb_deepseek_v3_header_twin_from_any_shard(tmp_path):
@@ -117,11 +119,11 @@ def test_inspect_reads_a_split_400_gb_deepseek_v3_header_twin_from_any_shard(tmp
     started = time.perf_counter()
     done = moeplace("inspect", str(shards[4]), "--json")
     seconds = time.perf_counter() - started
-    meta = json.loads(done.stdout)
-    print(f"moeplace inspect on a {meta['total_bytes'] / 1e9:.0f} GB split twin: {seconds:.2f} s")
-    assert meta["total_bytes"] > 400e9 and len(meta["files"]) == 9 and meta["n_layer"] == 61
-    assert meta["attention"]["mla"] and meta["n_expert"] == 256 and meta["n_expert_used"] == 8
-    assert [layer["expert_bytes"] > 0 for layer in meta["layers"]] == [False] * 3 + [True] * 58  # 3 dense leads
+    meta = from_json(json.loads(done.stdout))  # the JSON reads back as the model it describes
+    print(f"moeplace inspect on a {meta.total_bytes / 1e9:.0f} GB split twin: {seconds:.2f} s")
+    assert meta.total_bytes > 400e9 and len(meta.files) == 9 and meta.n_layer == 61
+    assert meta.attention.mla and meta.n_expert == 256 and meta.n_expert_used == 8
+    assert [layer.expert_bytes > 0 for layer in meta.layers] == [False] * 3 + [True] * 58  # 3 dense leads
 
 
 def _plan(model, *args: str) -> dict:
@@ -138,7 +140,7 @@ def test_recommend_counts_every_device_buffer_and_honours_the_margin_exactly(sma
     meta = inspect_model(small_moe)
     base = _plan(small_moe, "--vram", "1GiB", "--ctx", "4096")
     # The input embedding stays on the host (llama.cpp's input layer); every other tensor is on the card at n=0.
-    assert base["weights_bytes"] == meta["total_bytes"] - meta["global_bytes"]["token_embd"]
+    assert base["weights_bytes"] == meta.total_bytes - meta.global_bytes["token_embd"]
     need = base["weights_bytes"] + base["kv_bytes"] + base["compute_bytes"]
     # A card of exactly that plus the margin fits n=0; one byte less does not.
     card = need + 2**20

@@ -111,7 +111,7 @@ def sweep() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def test_ncmoe_figures_say_the_device_and_the_out_of_sample_prediction(drawn, tmp_path):
-    from moeplace.report.figures import ncmoe_figure
+    from moeplace.report.figures.ncmoe import ncmoe_figure
 
     measured, compare = sweep()
     ncmoe_figure(compare, measured, 32768, "tg", tmp_path / "x.png")
@@ -129,7 +129,7 @@ def test_ncmoe_figures_say_the_device_and_the_out_of_sample_prediction(drawn, tm
 def test_a_wide_interval_is_cut_at_the_top_and_marked_never_flattening_the_points(drawn, tmp_path):
     """The default run's tiny-gpt-oss panel once had a leave-one-out interval reaching 27,000 tok/s at n = 0,
     which pressed its measured 100-150 tok/s onto the x axis."""
-    from moeplace.report.figures import ncmoe_figure
+    from moeplace.report.figures.ncmoe import ncmoe_figure
 
     measured, compare = sweep()
     compare.loc[compare.n_cpu_moe == 1, "predicted_tg_high"] = 27_000.0
@@ -144,7 +144,7 @@ def test_a_wide_interval_is_cut_at_the_top_and_marked_never_flattening_the_point
 
 def test_variants_figure_says_what_it_cannot_tell_apart(drawn, tmp_path):
     from moeplace.measure.placement import variants_table
-    from moeplace.report.figures import variants_figure
+    from moeplace.report.figures.variants import variants_figure
 
     base = {"model": "tiny", "ctx": 4096, "status": "ok", "overrides": "", "device": EMULATED}
     records = [
@@ -164,11 +164,14 @@ def test_matrix_fidelity_quants_ram_tier_and_routing_figures_plot_their_tables(d
     from test_ram_tier import synthetic_records
     from test_routing import synthetic
 
-    from moeplace.measure.quants import plot_quants, quant_row, quants_table
-    from moeplace.measure.ram_tier import plot_ram_tier, ram_tier_table
-    from moeplace.measure.routing import plot_routing, routing_table
-    from moeplace.report.fidelity import fidelity_figure
-    from moeplace.report.figures import matrix_figure
+    from moeplace.measure.quants import quant_row, quants_table
+    from moeplace.measure.ram_tier import ram_tier_table
+    from moeplace.measure.routing import routing_table
+    from moeplace.report.figures.fidelity import fidelity_figure
+    from moeplace.report.figures.matrix import matrix_figure
+    from moeplace.report.figures.quants import quants_figure
+    from moeplace.report.figures.ram_tier import ram_tier_figure
+    from moeplace.report.figures.routing import routing_figure
 
     matrix = pd.DataFrame(
         [
@@ -216,7 +219,7 @@ def test_matrix_fidelity_quants_ram_tier_and_routing_figures_plot_their_tables(d
     assert ax.get_xscale() == ax.get_yscale() == "log" and "tokens/s" in ax.get_xlabel() + ax.get_ylabel()
     q = [quant_row(name, meta(b, 10**8), records(t, c, f), 50) for name, b, t, c, f in
          (("Q4_K_M", 10**9, 10.0, 1.0, 300.0), ("Q2_K", 6 * 10**8, 14.0, 1.5, 200.0))]  # fmt: skip
-    plot_quants(quants_table(q), tmp_path / "x.png", "tiny: quant types")
+    quants_figure(quants_table(q), tmp_path / "x.png", "tiny: quant types")
     check(drawn[-1], "Q2_K")
     # The speed panel's bars are the runs' decode speeds, Q4_K_M then Q2_K: 10 and 14 tok/s with plenty of RAM,
     # 1 and 1.5 under the cap.
@@ -224,7 +227,7 @@ def test_matrix_fidelity_quants_ram_tier_and_routing_figures_plot_their_tables(d
     heights = {bars.get_label(): [bar.get_height() for bar in bars] for bars in speed.containers}
     assert heights == {"plenty of RAM": [10.0, 14.0], "RAM capped at 50%": [1.0, 1.5]}
     assert [t.get_text().split("\n")[0] for t in speed.get_xticklabels()] == ["Q4_K_M", "Q2_K"]
-    plot_ram_tier(ram_tier_table(synthetic_records()), tmp_path / "x.png", "tiny under a RAM cap")
+    ram_tier_figure(ram_tier_table(synthetic_records()), tmp_path / "x.png", "tiny under a RAM cap")
     check(drawn[-1], "readahead: 128 KiB", "OOM")
     # tests/test_ram_tier.py's records: 25 tok/s uncapped; 10 and 3 tok/s (300 and 900 faults a token) at 50% and
     # 25% unlocked; 12.5 tok/s (120 faults) at 50% with the non-expert tensors locked, OOM at 25%.
@@ -241,7 +244,7 @@ def test_matrix_fidelity_quants_ram_tier_and_routing_figures_plot_their_tables(d
         locked: [(50, 120)],
     }
     trace = synthetic(np.random.default_rng(0).integers(0, 8, size=(40, 3, 2)), 8, 10)
-    plot_routing(trace, routing_table(trace), tmp_path / "x.png", "Expert routing of tiny (random-weight twin)")
+    routing_figure(trace, routing_table(trace), tmp_path / "x.png", "Expert routing of tiny (random-weight twin)")
     check(drawn[-1], "random-weight twin")
     # Left: each layer's row holds its experts' shares of its 40 x 2 activations, largest first (they sum to 1).
     # Right: the reuse lines are the table's columns, layer by layer.

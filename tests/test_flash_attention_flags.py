@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from moeplace.core.config import BenchSettings
 from moeplace.plan import commands
+from moeplace.plan.request import Cache
 from moeplace.runtime.llamacpp import bench_command
 
 
@@ -19,8 +20,8 @@ def test_flash_attention_is_asked_for_alike_everywhere(tmp_path):
         ("f16", "q8_0", True),
         ("q8_0", "q4_0", True),
     ):
-        server = commands.llama_server("m.gguf", 4096, 3, type_k, type_v)
-        bench_line = commands.llama_bench("m.gguf", 4096, 3, type_k, type_v)
+        server = commands.llama_server("m.gguf", 4096, 3, Cache(type_k, type_v))
+        bench_line = commands.llama_bench("m.gguf", 4096, 3, Cache(type_k, type_v))
         settings = BenchSettings(16, 4, 1, 2, 60, type_k=type_k, type_v=type_v)
         pipeline = " ".join(bench_command(manifest, "m.gguf", 4096, 3, settings, None))
         assert [("-fa on" in cmd) for cmd in (server, bench_line, pipeline)] == [fa] * 3, (type_k, type_v)

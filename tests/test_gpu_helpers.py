@@ -108,7 +108,7 @@ def test_the_link_probe_measures_every_fact_and_the_prior_takes_the_card_and_the
     import pandas as pd
 
     from moeplace.core.config import Bandwidths
-    from moeplace.measure.ceilings import measured_bandwidths
+    from moeplace.plan.measured_prior import measured_bandwidths
     from moeplace.plan.speed import prior
     from moeplace.runtime.device import LINK_FACTS, link_facts
 

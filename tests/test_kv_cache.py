@@ -25,7 +25,7 @@ def test_kv_cache_types_and_padding(qwen3_twin):
 def test_sliding_window_layers_hold_only_their_window(tmp_path):
     spec = load_spec(ROOT / "tests/specs/tiny-gpt-oss.yaml")
     meta = inspect_model(write_twin(spec, tmp_path / "swa.gguf"))
-    assert [layer["swa"] for layer in meta["layers"]] == [True, False] * (spec.n_layer // 2)
+    assert [layer.swa for layer in meta.layers] == [True, False] * (spec.n_layer // 2)
     per_layer = layer_kv_bytes(meta, 32768)
     row = 2 * spec.n_head_kv * spec.head_dim * 2
     assert per_layer[0] == cells(32768, spec.sliding_window) * row == 768 * row  # pad(128 + 512, 256)
@@ -35,10 +35,10 @@ def test_sliding_window_layers_hold_only_their_window(tmp_path):
 def test_mla_caches_only_the_latent(tmp_path):
     spec = load_spec(ROOT / "config/models/tiny-deepseek2.yaml")
     meta = inspect_model(write_twin(spec, tmp_path / "mla.gguf"))
-    assert meta["attention"]["mla"]
+    assert meta.attention.mla
     assert kv_bytes(meta, 4096) == spec.n_layer * 4096 * (spec.kv_lora_rank + spec.qk_rope_head_dim) * 2
-    assert meta["layers"][0]["bytes"]["dense_ffn"] > 0 and meta["layers"][0]["expert_bytes"] == 0
-    assert meta["layers"][1]["bytes"]["shared_expert"] > 0
+    assert meta.layers[0].bytes["dense_ffn"] > 0 and meta.layers[0].expert_bytes == 0
+    assert meta.layers[1].bytes["shared_expert"] > 0
 
 
 def test_hybrid_layers_keep_a_recurrent_state_per_sequence(tmp_path):
@@ -55,7 +55,7 @@ def test_hybrid_layers_keep_a_recurrent_state_per_sequence(tmp_path):
     ]
     meta = inspect_model(write_gguf(tmp_path / "hybrid.gguf", "nemotron_h", keys, tensors))
     state = 4 * (3 * (8192 + 2 * 8 * 128) + 128 * 8192)
-    assert [layer["state_bytes"] for layer in meta["layers"]] == [state, 0]
-    assert [layer["has_kv"] for layer in meta["layers"]] == [False, True]
+    assert [layer.state_bytes for layer in meta.layers] == [state, 0]
+    assert [layer.has_kv for layer in meta.layers] == [False, True]
     one, two = (device_need(meta, Workload(4096, parallel=n), 0).kv for n in (1, 2))
     assert one == kv_bytes(meta, 4096) + state and two == 2 * one

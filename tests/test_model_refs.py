@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Q, write_gguf
 
+from moeplace.model.meta import from_json
 from moeplace.model.twin import load_spec, write_twin
 
 
@@ -172,8 +173,8 @@ def test_remote_split_model_reads_every_shards_header(tmp_path):
     write_gguf(tmp_path / "m-00002-of-00002.gguf", "qwen3moe", {}, experts, {"split.no": 1, **split})
     server = RangeServer(tmp_path)
     try:
-        meta = inspect_json(f"{server.url}/m-00002-of-00002.gguf")
-        assert meta["expert_bytes"] == 256 * 4 * 144 and len(meta["files"]) == 2
+        meta = from_json(inspect_json(f"{server.url}/m-00002-of-00002.gguf"))
+        assert meta.expert_bytes == 256 * 4 * 144 and len(meta.files) == 2
     finally:
         server.shutdown()
 

@@ -16,10 +16,11 @@ import pytest
 from conftest import ROOT
 from llamacpp_helpers import manifest
 
+from moeplace.model.describe import layer_kinds
 from moeplace.model.gguf_file import read_header
 from moeplace.model.kvcache import kv_bytes, layer_kv_bytes
 from moeplace.model.memory import state_bytes
-from moeplace.model.metadata import inspect_model, layer_kinds
+from moeplace.model.metadata import inspect_model
 from moeplace.model.recipe import PRESETS, UNQUANTIZED
 from moeplace.model.twin import load_spec, make_twin, tensor_type_args, twin_types, write_twin
 from moeplace.runtime.llamacpp import PINNED
@@ -105,21 +106,21 @@ def test_the_gemma4_26b_header_twin_is_the_published_model(tmp_path):
     expert_params = sum(math.prod(t.shape) for t in header.tensors if "_exps" in t.name)
     assert round(params / 1e9, 1) == 25.2 and round((params - expert_params * 120 / 128) / 1e9, 1) == 3.8
     # print_info: n_layer 30, n_expert 128, n_expert_used 8, n_swa 1024; sliding_window_pattern [true x 5, false, ...]
-    assert (meta["n_layer"], meta["n_expert"], meta["n_expert_used"], meta["n_ff_exp"]) == (30, 128, 8, 704)
-    assert meta["attention"]["sliding_window"] == 1024
-    assert [layer["swa"] for layer in meta["layers"]] == [il % 6 != 5 for il in range(30)]
+    assert (meta.n_layer, meta.n_expert, meta.n_expert_used, meta.n_ff_exp) == (30, 128, 8, 704)
+    assert meta.attention.sliding_window == 1024
+    assert [layer.swa for layer in meta.layers] == [il % 6 != 5 for il in range(30)]
     assert layer_kinds(meta) == {"attention": 5, "sliding-window": 25, "recurrent": 0, "MoE": 30, "dense": 30}
     # "gemma4 26B.A4B Q4_K - Medium | 15.63 GiB | 25.23 B" (llama-bench on lmstudio-community's Q4_K_M)
-    assert round(meta["total_bytes"] / 2**30, 2) == 15.63
+    assert round(meta.total_bytes / 2**30, 2) == 15.63
     # Expert bytes at Q4_K_M: gate_up Q4_K in all 30 layers; down (704-element rows, not whole 256-element K
     # blocks: llama-quantize's fallback) Q8_0 for Q6_K in its 14 "more bits" layers (0-2, 5, 8, ..., 23, 26-29),
     # Q5_0 for Q4_K in the other 16; the per-expert scales F32.
     gate_up, down = 2816 * 1408 * 128, 704 * 2816 * 128
-    assert meta["expert_bytes"] == 30 * gate_up // 256 * 144 + (14 * 34 + 16 * 22) * down // 32 + 30 * 128 * 4
+    assert meta.expert_bytes == 30 * gate_up // 256 * 144 + (14 * 34 + 16 * 22) * down // 32 + 30 * 128 * 4
     # llama-server -c 8192 -ub 2048 on a gemma-4-26B-A4B GGUF (b9849): "creating non-SWA KV cache, size = 8192
     # cells ... KV buffer size = 160.00 MiB", "creating SWA KV cache, size = 3072 cells ... 600.00 MiB"
     per_layer = layer_kv_bytes(meta, 8192, n_ubatch=2048)
-    full = sum(b for b, layer in zip(per_layer, meta["layers"]) if not layer["swa"])
+    full = sum(b for b, layer in zip(per_layer, meta.layers) if not layer.swa)
     assert (full, sum(per_layer) - full) == (160 * 2**20, 600 * 2**20)
 
 

@@ -9,6 +9,7 @@ from conftest import ROOT
 
 from moeplace.measure.bench import BenchJob, Rig
 from moeplace.measure.placement import run_variant
+from moeplace.model.meta import Layer, ModelMeta
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
 from moeplace.plan.offload import (
@@ -66,7 +67,7 @@ def test_layer_ranges_match_exactly(lo, hi):
 
 
 def test_first_n_as_ot_places_exactly_what_ncmoe_places(qwen3):
-    names = [n for layer in qwen3["layers"] for n in layer["expert_tensors"]] + ["blk.1.ffn_gate_inp.weight"]
+    names = [n for layer in qwen3.layers for n in layer.expert_tensors] + ["blk.1.ffn_gate_inp.weight"]
     for n in (1, 12, 18, 27, 48):
         value = ot_value(expert_tensors(qwen3, list(range(n))))
         ncmoe = {name for name in names if any(re.search(NCMOE.format(i), name) for i in range(n))}
@@ -82,7 +83,7 @@ def test_variants_hold_about_the_same_host_bytes(qwen3):
     up_down = variants(qwen3, 18)["up_down"]
     assert all("gate" not in t for t in up_down)
     value = ot_value(up_down)
-    assert matched(value, [n for layer in qwen3["layers"] for n in layer["expert_tensors"]]) == up_down
+    assert matched(value, [n for layer in qwen3.layers for n in layer.expert_tensors]) == up_down
 
 
 def test_delta_interval_is_welch():
@@ -104,7 +105,7 @@ def test_every_variant_is_placed_as_intended_by_llamacpp(tmp_path):
     path = tiny_twin(tmp_path)
     meta = inspect_model(path)
     for variant in VARIANTS:
-        job = BenchJob("m", str(path), meta["files"], 1024, 0)
+        job = BenchJob("m", str(path), meta.files, 1024, 0)
         rig = Rig(BenchSettings(32, 8, 1, 2, 300), DeviceSetup("emulated", "test", 2**30), manifest(),
                   tmp_path / f"{variant}.log", ROOT)  # fmt: skip
         records = run_variant(variant, meta, 4, {"budget_bytes": 15 * 10**6}, job, rig)
@@ -118,19 +119,29 @@ def test_every_variant_is_placed_as_intended_by_llamacpp(tmp_path):
         )
 
 
-def uniform_meta(n_layer: int = 8, size: int = 100) -> dict:
+def uniform_meta(n_layer: int = 8, size: int = 100) -> ModelMeta:
+    """A model of n_layer alike layers, each with three expert tensors of `size` bytes."""
     layers = [
-        {"index": il, "expert_tensors": {f"blk.{il}.ffn_{k}_exps.weight": size for k in ("gate", "up", "down")}}
+        Layer(il, 3 * size, expert_tensors={f"blk.{il}.ffn_{k}_exps.weight": size for k in ("gate", "up", "down")})
         for il in range(n_layer)
     ]
-    return {
-        "n_layer": n_layer,
-        "layers": layers,
-        "n_expert": 8,
-        "n_expert_used": 2,
-        "non_expert_bytes": 50,
-        "expert_bytes": 3 * size * n_layer,
-    }
+    return ModelMeta(
+        name="uniform",
+        architecture="qwen3moe",
+        n_layer=n_layer,
+        n_expert=8,
+        n_expert_used=2,
+        n_expert_shared=0,
+        n_ctx_train=0,
+        expert_bytes=3 * size * n_layer,
+        non_expert_bytes=50,
+        total_bytes=50 + 3 * size * n_layer,
+        global_bytes={},
+        quant_types={},
+        layers=layers,
+        files=[],
+        attention=None,
+    )
 
 
 def test_optimal_placement_reduces_to_a_clean_n_when_layers_are_alike():
@@ -149,31 +160,34 @@ def test_optimal_placement_beats_ncmoe_on_the_real_recipe(qwen3):
     from moeplace.model.memory import Workload
     from moeplace.plan.budget import plan
     from moeplace.plan.offload import optimal_placement
-    from moeplace.plan.optimal import rank_placements
+    from moeplace.plan.optimal import OnDevice, rank_placements
     from moeplace.plan.speed import prior
 
     device = Device(16 * 10**9, 10**9)
     p = plan(qwen3, device, Workload(32768))
     host = optimal_placement(qwen3, p["budget_bytes"])
     assert tensor_bytes(qwen3, expert_tensors(qwen3, list(range(p["n_cpu_moe"])))) >= tensor_bytes(qwen3, host)
-    assert qwen3["expert_bytes"] - tensor_bytes(qwen3, host) <= p["budget_bytes"]  # it fits
+    assert qwen3.expert_bytes - tensor_bytes(qwen3, host) <= p["budget_bytes"]  # it fits
     model = certain(prior(Bandwidths(640, 57.6)))
     ranked = rank_placements(
-        qwen3, device, ask("decode"), 32768, "rpc", model, choices=choices([("f16", "f16")], [512])
+        OnDevice(qwen3, device, "rpc"), ask("decode"), 32768, model, choices=choices([("f16", "f16")], [512])
     )
-    assert [r["placement"] for r in ranked] == ["optimal", "ncmoe"] and ranked[0]["score"] > ranked[1]["score"]
+    # whole layers on the host (-ngl) read their attention from RAM too: slower than either expert placement
+    assert [r["placement"] for r in ranked] == ["optimal", "ncmoe", "ngl"] and ranked[0]["score"] > ranked[1]["score"]
     # a quantized KV cache leaves room for more experts on the card: faster still, and ranked first
     ranked = rank_placements(
-        qwen3, device, ask("decode"), 32768, "rpc", model, choices=choices([("f16", "f16"), ("q8_0", "q8_0")], [512])
+        OnDevice(qwen3, device, "rpc"),
+        ask("decode"),
+        32768,
+        model,
+        choices=choices([("f16", "f16"), ("q8_0", "q8_0")], [512]),
     )
     assert ranked[0]["type_k"] == "q8_0"
     assert (
         rank_placements(
-            qwen3,
-            device,
+            OnDevice(qwen3, device, "rpc"),
             ask("prefill"),
             32768,
-            "rpc",
             prior(Bandwidths(640, 57.6)),
             choices=choices([("f16", "f16")], [512]),
         )[0]["score"]
@@ -187,16 +201,21 @@ def test_a_gain_inside_the_uncertainty_keeps_the_users_kv_type_and_ncmoe(qwen3):
     --n-cpu-moe lead, the others marked equivalent. As if exact, the same gains decide."""
     from moeplace.core.config import Device
     from moeplace.plan.learned_prior import Machine, speed_model
-    from moeplace.plan.optimal import rank_placements
+    from moeplace.plan.optimal import OnDevice, rank_placements
 
     model = speed_model(qwen3, Machine("cuda", 672, 60, 31.5, 44.1))
     kv_types = [("f16", "f16"), ("q8_0", "q8_0")]
     device = Device(16 * 10**9, 10**9)
-    ranked = rank_placements(qwen3, device, ask("decode"), 32768, "rpc", model, choices=choices(kv_types, [512]))
+    ranked = rank_placements(
+        OnDevice(qwen3, device, "rpc"), ask("decode"), 32768, model, choices=choices(kv_types, [512])
+    )
     best = max(ranked, key=lambda r: r["score"])
     assert best["type_k"] == "q8_0" and best["score"] < ranked[0]["score"] * model.equivalence_factor("tg")
-    assert (ranked[0]["type_k"], ranked[0]["placement"]) == ("f16", "ncmoe") and all(r["equivalent"] for r in ranked)
-    sure = rank_placements(qwen3, device, ask("decode"), 32768, "rpc", certain(model), choices=choices(kv_types, [512]))
+    experts = [r for r in ranked if r["placement"] != "ngl"]  # whole layers on the host: slower beyond doubt
+    assert (ranked[0]["type_k"], ranked[0]["placement"]) == ("f16", "ncmoe") and all(r["equivalent"] for r in experts)
+    sure = rank_placements(
+        OnDevice(qwen3, device, "rpc"), ask("decode"), 32768, certain(model), choices=choices(kv_types, [512])
+    )
     key = ("placement", "type_k", "ubatch", "score")
     assert [sure[0][k] for k in key] == [best[k] for k in key] and not all(r["equivalent"] for r in sure)
 
@@ -205,8 +224,8 @@ def test_optimal_placement_weighs_scattered_tensors_against_their_hops():
     from moeplace.plan.offload import optimal_placement
 
     meta = uniform_meta(n_layer=4)
-    for layer in meta["layers"]:  # 2 + 2 + 3 MiB a layer, 28 MiB in all
-        layer["expert_tensors"] = {n: (3 if "down" in n else 2) * 2**20 for n in layer["expert_tensors"]}
+    for layer in meta.layers:  # 2 + 2 + 3 MiB a layer, 28 MiB in all
+        layer.expert_tensors.update({n: (3 if "down" in n else 2) * 2**20 for n in layer.expert_tensors})
     room = 22 * 2**20  # one layer on the host leaves 21 MiB on the card; two down tensors leave 22
 
     cheap = optimal_placement(meta, room, host_layer_bytes=0.5 * 2**20)  # a host layer's hops cost less than 1 MiB
@@ -225,9 +244,9 @@ def test_optimal_placement_finds_the_best_placement_by_brute_force():
     rng = random.Random(7)
     for _ in range(20):
         meta = uniform_meta(n_layer=4)
-        for layer in meta["layers"]:
-            layer["expert_tensors"] = {n: rng.randint(1, 6) * 2**20 for n in layer["expert_tensors"]}
-        sizes = {n: b for layer in meta["layers"] for n, b in layer["expert_tensors"].items()}
+        for layer in meta.layers:
+            layer.expert_tensors.update({n: rng.randint(1, 6) * 2**20 for n in layer.expert_tensors})
+        sizes = {n: b for layer in meta.layers for n, b in layer.expert_tensors.items()}
         budget, hop = rng.randint(3, 50) * 2**20, rng.choice([0, 0.5, 2, 5]) * 2**20
 
         def value(host: set[str]) -> float | None:
@@ -244,16 +263,16 @@ def test_decode_ranks_the_placement_that_pays_for_its_hops_first(qwen3):
     adds a host layer per tensor: at 20 us a hop it is slower than --n-cpu-moe, and the knapsack that prices the
     hops finds a placement faster than both, with no more layers on the host than --n-cpu-moe."""
     from moeplace.core.config import Bandwidths, Device
-    from moeplace.plan.optimal import rank_placements
+    from moeplace.plan.optimal import OnDevice, rank_placements
     from moeplace.plan.speed import host_layer_bytes, prior
 
     model = certain(prior(Bandwidths(640, 57.6, measured_hop_s=20e-6)))
     # 2 hops of 20 us over (8/128 read) x (1/57.6 - 1/640) s/GB: 38.6 MiB
     assert host_layer_bytes(qwen3, model) == pytest.approx(40e-6 / (8 / 128 * (1 / 57.6 - 1 / 640) / 1e9))
     assert host_layer_bytes(qwen3, prior(Bandwidths(640, 57.6))) == 0  # no hop priced: bytes alone
-    ranked = rank_placements(
-        qwen3, Device(16 * 10**9, 10**9), ask("decode"), 32768, "rpc", model, choices=choices([("f16", "f16")], [512])
-    )
+    on = OnDevice(qwen3, Device(16 * 10**9, 10**9), "rpc")
+    ranked = rank_placements(on, ask("decode"), 32768, model, choices=choices([("f16", "f16")], [512]))
+    ranked = [r for r in ranked if r["placement"] != "ngl"]  # the expert placements (whole layers: another test)
     layers = [len(host_layers(r["host_tensors"])) or r["n_cpu_moe"] for r in ranked]
     ncmoe = next(i for i, r in enumerate(ranked) if r["placement"] == "ncmoe")
     assert len(ranked) == 3 and ncmoe == 1
@@ -309,7 +328,7 @@ def test_a_wrong_placement_is_caught_from_llamacpps_own_log(tmp_path, monkeypatc
     monkeypatch.setattr(placement, "ot_value", lambda host, separator=";": real(set(sorted(host)[1:]), separator))
     path = tiny_twin(tmp_path)
     meta = inspect_model(path)
-    job = BenchJob("m", str(path), meta["files"], 1024, 0)
+    job = BenchJob("m", str(path), meta.files, 1024, 0)
     rig = Rig(BenchSettings(32, 8, 1, 2, 300), DeviceSetup("emulated", "test", 2**30), manifest(), tmp_path / "v.log",
               ROOT)  # fmt: skip
     records = placement.run_variant("last_n", meta, 4, {"budget_bytes": 15 * 10**6}, job, rig)
@@ -323,15 +342,13 @@ def test_ranking_searches_ubatch_with_its_compute_buffer(qwen3):
     """A larger ubatch's compute buffer (its logits alone: 151,936 x ubatch x 4 bytes) pushes experts to the host:
     for decode the smaller ubatch ranks first, even when given second."""
     from moeplace.core.config import Bandwidths, Device
-    from moeplace.plan.optimal import rank_placements
+    from moeplace.plan.optimal import OnDevice, rank_placements
     from moeplace.plan.speed import prior
 
     ranked = rank_placements(
-        qwen3,
-        Device(16 * 10**9, 0),
+        OnDevice(qwen3, Device(16 * 10**9, 0), "rpc"),
         ask("decode"),
         32768,
-        "rpc",
         certain(prior(Bandwidths(640, 57.6))),
         choices=choices([("f16", "f16")], [2048, 512]),
     )

@@ -3,6 +3,8 @@ constants, the speed model's decode column against the twin's bytes by hand, and
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from conftest import SEED_CONSTANTS
 
@@ -65,8 +67,8 @@ def test_budget_reproduces_seed_minimum_n():
 
 
 def test_budget_counts_real_per_layer_bytes():
-    meta = from_constants("m", {**SEED_CONSTANTS, "layers": 4, "expert": "4GB"})
-    for layer, size in zip(meta["layers"], [4e9, 1e9, 1e9, 1e9]):  # a heavy first layer
-        layer["expert_bytes"] = size
+    even = from_constants("m", {**SEED_CONSTANTS, "layers": 4, "expert": "4GB"})
+    heavy_first = [replace(layer, expert_bytes=size) for layer, size in zip(even.layers, [4e9, 1e9, 1e9, 1e9])]
+    meta = replace(even, layers=heavy_first)
     table = budget_table(meta, Device(5 * GB, 0), [Workload(1)])
     assert table.resident_layers[0] == 3 and table.n_cpu_moe[0] == 1

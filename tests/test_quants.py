@@ -6,18 +6,30 @@ import math
 
 import pytest
 
-from moeplace.measure.quants import plot_quants, quant_row, quants_table
+from moeplace.measure.quants import quant_row, quants_table
+from moeplace.model.meta import Layer, ModelFile, ModelMeta
+from moeplace.report.figures.quants import quants_figure
 
 
-def meta(expert_bytes: int, non_expert: int) -> dict:
-    return {
-        "n_expert": 64,
-        "n_expert_used": 8,
-        "expert_bytes": expert_bytes,
-        "non_expert_bytes": non_expert,
-        "global_bytes": {},
-        "files": [{"size": expert_bytes + non_expert}],
-    }
+def meta(expert_bytes: int, non_expert: int) -> ModelMeta:
+    """A one-file model of 64 experts, 8 used, with these bytes (its layers play no part in the row)."""
+    return ModelMeta(
+        name="m",
+        architecture="qwen3moe",
+        n_layer=1,
+        n_expert=64,
+        n_expert_used=8,
+        n_expert_shared=0,
+        n_ctx_train=0,
+        expert_bytes=expert_bytes,
+        non_expert_bytes=non_expert,
+        total_bytes=expert_bytes + non_expert,
+        global_bytes={},
+        quant_types={},
+        layers=[Layer(0, expert_bytes)],
+        files=[ModelFile("m.gguf", expert_bytes + non_expert, "")],
+        attention=None,
+    )
 
 
 def records(tok_s: float | None, capped: float | None, faults: float | None) -> list[dict]:
@@ -46,5 +58,5 @@ def test_unmeasured_speeds_stay_empty(tmp_path):
     ]
     table = quants_table(rows)
     assert math.isnan(table.tok_s_ratio.iloc[1]) and "no memory cgroup" in table.problems.iloc[0]
-    plot_quants(table, tmp_path / "q.png", "no cgroups here")
+    quants_figure(table, tmp_path / "q.png", "no cgroups here")
     assert (tmp_path / "q.png").stat().st_size > 10_000

@@ -18,12 +18,12 @@ from moeplace.measure import ram_tier
 from moeplace.measure.ram_tier import (
     classify_run,
     non_expert_ranges,
-    plot_ram_tier,
     ram_tier_table,
     run_capped,
     run_ram_tier,
 )
 from moeplace.model.metadata import inspect_model
+from moeplace.report.figures.ram_tier import ram_tier_figure
 from moeplace.runtime import cgroup, pagecache
 from moeplace.runtime.cgroup import cgroup_support
 from moeplace.runtime.native import build_native
@@ -79,7 +79,7 @@ def test_non_expert_ranges_hold_every_non_expert_byte_and_no_expert_page(small_m
     meta = inspect_model(small_moe)
     ((path, exact),) = non_expert_ranges(small_moe, page=1)
     assert path == small_moe
-    assert sum(n for _, n in exact) == meta["non_expert_bytes"]
+    assert sum(n for _, n in exact) == meta.non_expert_bytes
     from gguf import GGUFReader
 
     experts = [
@@ -199,7 +199,7 @@ def test_the_prediction_uses_the_room_the_cap_really_left_for_the_model(small_mo
 
 def test_figure_is_written(tmp_path):
     out = tmp_path / "ram_tier.png"
-    plot_ram_tier(ram_tier_table(synthetic_records()), out, "m: decode under a RAM cap")
+    ram_tier_figure(ram_tier_table(synthetic_records()), out, "m: decode under a RAM cap")
     assert out.stat().st_size > 10_000
 
 
@@ -269,7 +269,7 @@ def test_without_cgroups_the_uncapped_reference_still_runs_and_the_caps_are_skip
     assert all(r["error"] == "no memory cgroup: test" for r in records[1:])
     table = ram_tier_table(records)
     assert table.status.tolist() == ["ok"] + ["skipped"] * 4
-    plot_ram_tier(table, tmp_path / "skipped.png", "skipped")
+    ram_tier_figure(table, tmp_path / "skipped.png", "skipped")
 
 
 @pytest.mark.llamacpp
@@ -280,7 +280,7 @@ def test_a_failed_reference_gives_one_error_row_for_all_the_caps(tmp_path, twin)
         (None, None, "error"),
     ]
     assert records[1]["error"].startswith("the uncapped reference run failed")
-    plot_ram_tier(ram_tier_table(records), tmp_path / "failed.png", "failed")
+    ram_tier_figure(ram_tier_table(records), tmp_path / "failed.png", "failed")
 
 
 @needs_cgroups
@@ -368,7 +368,7 @@ def test_a_capped_sweep_on_the_tiny_twin(tmp_path, twin):
     assert ref["anon_peak_bytes"] > 0 and ref["evict_left_bytes"] == 0 and ref["other_charged_bytes"] >= 0
     assert ref["readahead"].startswith("128 KiB (device ") or ref["readahead"] == "madvise random"
     non_expert = sum(n for _, ranges in non_expert_ranges(twin) for _, n in ranges)
-    assert meta["non_expert_bytes"] <= non_expert < meta["non_expert_bytes"] + 2 * PAGE * (4 + 4 * meta["n_layer"])
+    assert meta.non_expert_bytes <= non_expert < meta.non_expert_bytes + 2 * PAGE * (4 + 4 * meta.n_layer)
     for r in capped:
         assert r["cap_bytes"] == ref["anon_peak_bytes"] + 4 * 2**20 + round(0.5 * r["model_bytes"])
         assert r["anon_peak_bytes"] == ref["anon_peak_bytes"]
@@ -387,4 +387,4 @@ def test_a_capped_sweep_on_the_tiny_twin(tmp_path, twin):
     assert our_cgroups() == []
     table = ram_tier_table(records)
     assert len(table) == 3 and table.model_room_pct.notna().tolist() == [False, True, True]
-    plot_ram_tier(table, tmp_path / "ram_tier.png", "tiny-qwen3moe under a RAM cap")
+    ram_tier_figure(table, tmp_path / "ram_tier.png", "tiny-qwen3moe under a RAM cap")

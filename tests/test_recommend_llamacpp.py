@@ -100,7 +100,7 @@ def check_log(log: str, meta: dict, plan: dict, pins: list[str], server: bool) -
     slot) and within our estimate's tolerance of the server's own estimate."""
     report = read_log(log)
     host = read_pins(meta, pins).host_set(meta, plan["n_cpu_moe"])
-    experts = {t for layer in meta["layers"] for t in layer["expert_tensors"]}
+    experts = {t for layer in meta.layers for t in layer.expert_tensors}
     on_host = {t for t, buffer in report.overridden.items() if is_host(buffer) and t in experts}
     assert on_host == host, (sorted(on_host ^ host), plan["n_cpu_moe"])
     contexts = [b for load in report.loads for b in load.each_context() if b.n_ctx == plan["cells"]]
@@ -113,12 +113,12 @@ def check_log(log: str, meta: dict, plan: dict, pins: list[str], server: bool) -
     else:
         assert device["compute"] <= plan["compute_bytes"] + PRINTED * MiB, (device, plan)
         ours = estimate_compute(meta, Workload(CTX, outputs=SERVER), plan["n_cpu_moe"])
-        print(f"{meta['name']}: llama-server compute {device['compute'] / MiB:.2f} MiB, ours {ours / MiB:.2f} MiB")
+        print(f"{meta.name}: llama-server compute {device['compute'] / MiB:.2f} MiB, ours {ours / MiB:.2f} MiB")
     assert report.status == "ok"
 
 
 def expert_layers(meta: dict) -> list[int]:
-    return [layer["index"] for layer in meta["layers"] if layer["expert_tensors"]]
+    return [layer.index for layer in meta.layers if layer.expert_tensors]
 
 
 def last_layer_pin(meta: dict) -> str:
@@ -153,7 +153,7 @@ def test_the_server_line_loads_serves_and_places_as_planned(spec, twins, tmp_pat
     pins = [last_layer_pin(meta)]
     cap = a_plan_between(model, meta, pins, tmp_path)
     plan, text = planned(model, "--vram", f"{cap}B", "--ctx", str(CTX), "-ot", pins[0])
-    assert 0 < plan["n_cpu_moe"] < meta["n_layer"], plan
+    assert 0 < plan["n_cpu_moe"] < meta.n_layer, plan
     line = next(s.strip() for s in text.splitlines() if s.strip().startswith("llama-server "))
     assert f"-ot '{pins[0]}'" in line
     with rpc_device(manifest(), cap, (0,), tmp_path / "rpc.log") as rpc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,13 @@ from hypothesis import strategies as st
 
 from moeplace.core.config import Device
 from moeplace.model.memory import Pins, device_need
+from moeplace.model.meta import RopeYarn
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
 from moeplace.plan import budget
 from moeplace.plan.fixes import fixes
 from moeplace.plan.offload import read_pins
-from moeplace.plan.optimal import fits, rank_placements
+from moeplace.plan.optimal import OnDevice, fits, rank_placements
 from moeplace.plan.request import Request, rope_args
 from moeplace.plan.speed import Bandwidths, prior
 
@@ -66,9 +68,9 @@ def requests(draw: st.DrawFn) -> tuple[str, Request, Device, str]:
 def _pins(meta: dict, draw_layer: int | None) -> Pins:
     if draw_layer is None:
         return Pins()
-    layer = draw_layer % meta["n_layer"]
-    name = next(iter(meta["layers"][layer]["expert_tensors"]), None) or next(
-        t for layer_ in meta["layers"] for t in layer_["expert_tensors"]
+    layer = draw_layer % meta.n_layer
+    name = next(iter(meta.layers[layer].expert_tensors), None) or next(
+        t for layer_ in meta.layers for t in layer_.expert_tensors
     )
     return read_pins(meta, [f"{name.replace('.', chr(92) + '.')}=CPU"])
 
@@ -88,7 +90,7 @@ def test_the_plain_plan_fits_and_one_layer_less_does_not(metas, drawn, pin_layer
     p = budget.plan(meta, device, w, None, extra, pins)
     n = p["n_cpu_moe"]
     if n is None:
-        assert not _fits(meta, device, w, meta["n_layer"], pins, extra)
+        assert not _fits(meta, device, w, meta.n_layer, pins, extra)
         return
     assert _fits(meta, device, w, n, pins, extra)
     if n > 0:
@@ -103,9 +105,15 @@ def test_every_optimal_placement_fits_by_the_plain_plans_own_budget(metas, drawn
     request = request.with_(objective=objective, placement="optimal")
     ctx = request.contexts[0]
     model = prior(Bandwidths(640, 57.6))
-    for row in rank_placements(meta, device, request, ctx, backend, model):
+    on = OnDevice(meta, device, backend)
+    for row in rank_placements(on, request, ctx, model):
         asked = request.with_(type_k=row["type_k"], type_v=row["type_v"], ubatch=row["ubatch"])
-        assert fits(meta, device, asked, ctx, backend, frozenset(row["host_tensors"]))
+        if row["placement"] == "ngl":  # whole layers on the host: the layers left on the card fit it by their bytes
+            on_card = meta.layers[meta.n_layer - row["n_gpu_layers"] :]
+            assert row["n_gpu_layers"] <= meta.n_layer
+            assert sum(sum(layer.bytes.values()) for layer in on_card) < device.vram_bytes
+            continue
+        assert fits(on, asked, ctx, frozenset(row["host_tensors"]))
         if row["placement"] == "ncmoe":  # the plain plan of that request: the same n
             assert row["n_cpu_moe"] == budget.plan(meta, device, asked.workload(ctx, backend))["n_cpu_moe"]
         assert not (request.flash_attn == "off" and row["type_v"] != "f16")  # llama.cpp would refuse it
@@ -163,9 +171,9 @@ def _as_planned(meta: dict, request: Request, ctx: int, n: int, line: str) -> No
         assert int(parsed["cells"]) == ctx * request.parallel and int(parsed["parallel"]) == request.parallel
         assert parsed.get("mmproj") == request.mmproj
         rope = rope_args(meta, ctx)
-        assert ("rope" in parsed) == bool(rope) and (not rope or parsed["yarn_orig_ctx"] == str(meta["n_ctx_train"]))
+        assert ("rope" in parsed) == bool(rope) and (not rope or parsed["yarn_orig_ctx"] == str(meta.n_ctx_train))
         if rope:
-            assert float(parsed["rope_scale"]) * meta["n_ctx_train"] >= ctx
+            assert float(parsed["rope_scale"]) * meta.n_ctx_train >= ctx
     else:  # the prefill test holds exactly ctx cells
         assert int(parsed["depth"]) + int(parsed["prompt"]) == ctx
 
@@ -195,7 +203,7 @@ def test_every_emitted_form_parses_back_to_the_plan(metas, tmp_path_factory, cap
     from gguf import GGMLQuantizationType as Q
 
     meta = metas["qwen3-coder-30b-a3b"]
-    path = meta["files"][0]["path"]
+    path = meta.files[0].path
     folder = tmp_path_factory.mktemp("proj")
     mmproj = str(write_gguf(folder / "mmproj.gguf", "clip", {"vision.block_count": 1},
                             [("mm.0.weight", (1024, 1024), Q.F16)])) if with_projector else None  # fmt: skip
@@ -238,33 +246,33 @@ def test_every_emitted_form_parses_back_to_the_plan(metas, tmp_path_factory, cap
 def test_a_context_past_the_trained_one_is_planned_with_yarn(metas, capsys):
     """Qwen's own model card runs Qwen3 at 131,072 tokens with YaRN; the plan carries llama.cpp's flags for it."""
     meta = metas["qwen3-coder-30b-a3b"]
-    trained = meta["n_ctx_train"]
-    code, out, err = _cli(capsys, "recommend", meta["files"][0]["path"], "--vram", "24GiB", "--ctx", str(2 * trained),
+    trained = meta.n_ctx_train
+    code, out, err = _cli(capsys, "recommend", meta.files[0].path, "--vram", "24GiB", "--ctx", str(2 * trained),
                           "-ctk", "q4_0", "-ctv", "q4_0")  # fmt: skip
     assert code == 0, err
     (server,) = [line.strip() for line in out.splitlines() if line.strip().startswith("llama-server")]
     parsed = parse_line(server)
     assert (parsed["rope"], parsed["rope_scale"], parsed["yarn_orig_ctx"]) == ("yarn", "2", str(trained))
     # gpt-oss's file has YaRN already (factor 32 from 4096): a longer context stretches that further
-    yarn = {**metas["gpt-oss-20b"], "rope_yarn": {"factor": 32.0, "original_ctx": 4096}}
-    assert rope_args(yarn, 2 * yarn["n_ctx_train"]) == ["--rope-scaling", "yarn", "--rope-scale", "64",
+    yarn = replace(metas["gpt-oss-20b"], rope_yarn=RopeYarn(32.0, 4096))
+    assert rope_args(yarn, 2 * yarn.n_ctx_train) == ["--rope-scaling", "yarn", "--rope-scale", "64",
                                                          "--yarn-orig-ctx", "4096"]  # fmt: skip
 
 
 def test_ctx_max_is_the_longest_context_that_fits(metas, capsys):
     meta = metas["gpt-oss-20b"]
-    code, out, err = _cli(capsys, "recommend", meta["files"][0]["path"], "--vram", "12GiB", "--ctx", "max", "--json")
+    code, out, err = _cli(capsys, "recommend", meta.files[0].path, "--vram", "12GiB", "--ctx", "max", "--json")
     assert code == 0, err
     (plan,) = json.loads(out)
     device = Device(12 * GiB, 768 * 2**20)
     request = Request((plan["ctx"],), "m", vram=("12GiB",))
     assert budget.plan(meta, device, request.workload(plan["ctx"], "cuda"))["n_cpu_moe"] is not None
-    if plan["ctx"] < meta["n_ctx_train"]:  # 256 tokens more would not fit
+    if plan["ctx"] < meta.n_ctx_train:  # 256 tokens more would not fit
         assert budget.plan(meta, device, request.workload(plan["ctx"] + 256, "cuda"))["n_cpu_moe"] is None
 
 
 def test_the_card_by_name_and_the_size_on_its_box(metas, capsys):
-    path = metas["qwen3-coder-30b-a3b"]["files"][0]["path"]
+    path = metas["qwen3-coder-30b-a3b"].files[0].path
     by_name = json.loads(_cli(capsys, "recommend", path, "--card", "4070 Ti Super", "--ctx", "32768", "--json")[1])
     in_gib = json.loads(_cli(capsys, "recommend", path, "--vram", "16GiB", "--ctx", "32768", "--json")[1])
     assert by_name[0]["n_cpu_moe"] == in_gib[0]["n_cpu_moe"]
@@ -277,7 +285,7 @@ def test_the_card_by_name_and_the_size_on_its_box(metas, capsys):
 
 def test_the_fixes_go_on_past_q8_0(metas, capsys):
     """--vram 8GB at 131072 tokens: the q8_0 request is offered q4_0 and -nkvo, never q8_0 again."""
-    path = metas["qwen3-coder-30b-a3b"]["files"][0]["path"]
+    path = metas["qwen3-coder-30b-a3b"].files[0].path
     code, _, err = _cli(capsys, "recommend", path, "--vram", "8GB", "--ctx", "131072", "-ctk", "q8_0", "-ctv", "q8_0")
     fix_lines = [line for line in err.splitlines() if line.startswith("  fix: ")]
     assert code == 1 and fix_lines
@@ -287,10 +295,28 @@ def test_the_fixes_go_on_past_q8_0(metas, capsys):
 
 def test_optimal_rows_show_the_ot_value_a_user_can_copy(metas, capsys):
     """Each -ot row of --placement optimal prints the value as a shell reads it, the same as its JSON."""
-    path = metas["qwen3-coder-30b-a3b"]["files"][0]["path"]
+    path = metas["qwen3-coder-30b-a3b"].files[0].path
     args = ["recommend", path, "--vram", "16GiB", "--ctx", "32768", "--placement", "optimal"]
     (plan,) = json.loads(_cli(capsys, *args, "--json")[1])
     values = [row["override_tensor"] for row in plan["placements"] if row["override_tensor"]]
     shown = [shlex.split(line.split(" (")[0].strip().lstrip("~ "))[1] for line in _cli(capsys, *args)[1].splitlines()
              if line.strip().lstrip("~ ").startswith("-ot ")]  # fmt: skip
     assert values and shown == values
+
+
+def test_optimal_ranks_the_whole_layer_split_with_a_line_that_runs_it(metas, capsys):
+    """Beside the expert placements, --placement optimal ranks the largest -ngl that fits (issue 55: on some cards
+    a layer split is as fast): its line keeps the last G layers on the card, no --n-cpu-moe and no -ot; G leaves
+    as many layers' own bytes on the card as the card holds, and one layer more would not fit them."""
+    meta = metas["qwen3-coder-30b-a3b"]
+    args = ["recommend", meta.files[0].path, "--vram", "16GiB", "--ctx", "32768", "--placement", "optimal", "--json"]
+    (plan,) = json.loads(_cli(capsys, *args)[1])
+    row = next(r for r in plan["placements"] if r["placement"] == "ngl" and r["type_k"] == "f16" and r["ubatch"] == 512)
+    flags = shlex.split(row["command"])
+    g = int(flags[flags.index("-ngl") + 1])
+    assert g == row["n_gpu_layers"] < meta.n_layer and "--n-cpu-moe" not in flags and "-ot" not in flags
+    assert row["pp"] is None and row["tg"]["tok_s"] > 0  # a layer split's prefill is not predicted
+    # a layer on the card: its weights and its f16 K and V rows for 32768 cells (from the header's shapes)
+    on_card = [sum(layer.bytes.values()) + 32768 * (layer.k_dim + layer.v_dim) * 2 for layer in meta.layers]
+    room = 16 * 2**30 - plan["margin_bytes"]
+    assert sum(on_card[-g:]) < room < sum(on_card[-g - 1 :]) + 2**30  # one layer more: over, a compute buffer aside

@@ -20,19 +20,8 @@ from moeplace.core.units import GB
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
 from moeplace.plan.calibrate import calibrate, runs_from_records
-from moeplace.plan.speed import (
-    TESTS,
-    Run,
-    SpeedModel,
-    anchored,
-    features,
-    fit,
-    kv_read_gb,
-    leave_one_out,
-    prior,
-    two_point,
-    zero_fit_notes,
-)
+from moeplace.plan.speed import TESTS, Run, SpeedModel, features, kv_read_gb, prior, zero_fit_notes
+from moeplace.plan.speed_fit import anchored, fit, leave_one_out, two_point
 from moeplace.report.fidelity import fidelity_table, summary
 
 TRUE = {"layers": 3e-4, "device_gb": 1 / 20, "host_gb": 1 / 8, "hops": 2e-5, "kv_gb": 0.5}
@@ -77,12 +66,12 @@ def test_prefill_copies_host_experts_once_per_ubatch_of_the_prompt(tiny):
     """Op offload copies a ubatch's routed host experts once: a 512-token prompt is one ubatch at -ub 2048 too,
     a 2,048-token one is four at -ub 512; a 32-token ubatch copies only the experts its tokens route to (98.6% of
     them for 4 of 32), a 16-token one nothing (the host computes them)."""
-    host = sum(layer["expert_bytes"] for layer in tiny["layers"][:4]) / GB
+    host = sum(layer.expert_bytes for layer in tiny.layers[:4]) / GB
     sizes = ((512, 512), (512, 2048), (2048, 512), (2048, 2048), (32, 32), (16, 16))
     link = {(n, u): features(tiny, Run(4, 0, "pp", n, u))["link_gb"] for n, u in sizes}
     assert link[512, 2048] == pytest.approx(link[512, 512]) == pytest.approx(host / 512)
     assert link[2048, 2048] == pytest.approx(link[2048, 512] / 4)
-    assert (tiny["n_expert_used"], tiny["n_expert"]) == (4, 32)
+    assert (tiny.n_expert_used, tiny.n_expert) == (4, 32)
     assert link[32, 32] == pytest.approx(host / 32 * (1 - (7 / 8) ** 32)) and link[16, 16] == 0
 
 
@@ -183,7 +172,7 @@ def test_an_attention_costs_spread_widens_predictions_at_another_depth_only(tiny
     fits = {sd: two_point(tiny, depth_4k, 4096, prior(Bandwidths(20, 20), {"tg": TRUE["kv_gb"]}, {"tg": sd}))[0]
             for sd in (0.0, 0.1)}  # fmt: skip
     near, far = (next(r for r in runs if r.depth == d and r.n_cpu_moe == 4) for d in (4096, 32768))
-    assert fits[0.1].tests["tg"].lever["kv_gb"][0] == pytest.approx(features(tiny, near)["kv_gb"] / tiny["n_layer"])
+    assert fits[0.1].tests["tg"].lever["kv_gb"][0] == pytest.approx(features(tiny, near)["kv_gb"] / tiny.n_layer)
     model, base = fits[0.1].tests["tg"], fits[0.0].tests["tg"]
     assert model.relative_sd(features(tiny, near)) == pytest.approx(base.relative_sd(features(tiny, near)))
     x = features(tiny, far)
@@ -308,7 +297,7 @@ def published_sweeps(tmp_path_factory) -> list[tuple[str, str, dict, list[Run], 
     out = []
     for (setup, _, test, size, ubatch, _, type_k, type_v), meta, g in sweeps(published(), metas):
         base = prior(Bandwidths(float(g.gpu_gbps.iloc[0]), 50))
-        runs = [Run(min(int(r.n_cpu_moe), meta["n_layer"]), r.n_depth, test, int(size), ubatch, type_k, type_v,
+        runs = [Run(min(int(r.n_cpu_moe), meta.n_layer), r.n_depth, test, int(size), ubatch, type_k, type_v,
                     tok_s=r.tok_s) for r in g.itertuples()]  # fmt: skip
         out.append((setup, test, meta, runs, base))
     return out
@@ -406,7 +395,7 @@ def test_predict_cli_answers_json_fast_on_a_large_split_header_twin(tmp_path):
     big = TwinSpec(**{**spec.__dict__, "name": "big", "n_layer": 94, "n_expert": 256, "n_ff_exp": 1536})
     path = write_twin(big, tmp_path / "big.gguf", "none")
     meta = inspect_model(path)
-    assert meta["total_bytes"] > 90 * GB
+    assert meta.total_bytes > 90 * GB
     code = ("import time, sys; from moeplace.cli import main; t = time.perf_counter(); "
             f"main(['predict', {str(path)!r}, '--depth', '0,32768', '--json']); "
             "print(time.perf_counter() - t, file=sys.stderr)")  # fmt: skip
@@ -415,7 +404,7 @@ def test_predict_cli_answers_json_fast_on_a_large_split_header_twin(tmp_path):
     assert len(rows) == 2 * 95 and {"n_cpu_moe", "depth", "tg_tok_s", "pp_tok_s", "tg_low", "tg_high"} <= set(rows[0])
     assert rows[0]["tg_tok_s"] > rows[-1]["tg_tok_s"] and rows[0]["pp_tok_s"] > rows[-1]["pp_tok_s"]
     seconds = float(out.stderr.strip().splitlines()[-1])
-    print(f"moeplace predict on a {meta['total_bytes'] / GB:.0f} GB twin: {seconds:.2f} s")
+    print(f"moeplace predict on a {meta.total_bytes / GB:.0f} GB twin: {seconds:.2f} s")
     assert math.isfinite(seconds)
 
 

@@ -57,24 +57,25 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     ctx, cap = 8192, 50 * 10**6  # holds the 8K context and about half the experts
     device = DeviceSetup("emulated", "test device", cap)
     exhaustive = []
-    for n in range(meta["n_layer"] + 1):
-        job = BenchJob("m", str(path), meta["files"], ctx, n, depth=ctx - PROBE_TOKENS)
+    for n in range(meta.n_layer + 1):
+        job = BenchJob("m", str(path), meta.files, ctx, n, depth=ctx - PROBE_TOKENS)
         (record,) = run_bench(job, Rig(probe_settings(2, 300), device, manifest(), tmp_path / "sweep.log", ROOT))
         exhaustive.append(record["status"])
     lowest = exhaustive.index("ok")
-    assert 0 < lowest < meta["n_layer"], exhaustive  # the cliff lies inside the range
+    assert 0 < lowest < meta.n_layer, exhaustive  # the cliff lies inside the range
     assert all(s == "ok" for s in exhaustive[lowest:]) and all(s == "oom" for s in exhaustive[:lowest])
     predicted = plan(meta, Device(cap, 0), Workload(ctx))["n_cpu_moe"]
     probing = Probing(TuneSettings(0, 3600, 2), manifest(), tmp_path / "tune.log", ROOT)
-    result = tune(str(path), Workload(ctx), device, meta["n_layer"], predicted, probing)
+    result = tune(str(path), Workload(ctx), device, meta.n_layer, predicted, probing)
     assert result.lowest_n == lowest
     assert result.loads < len(exhaustive)
-    assert result.loads <= (2 if predicted == lowest else math.ceil(math.log2(meta["n_layer"] + 1)) + 2)
+    assert result.loads <= (2 if predicted == lowest else math.ceil(math.log2(meta.n_layer + 1)) + 2)
 
 
 def speed_calibration(meta: dict, folder) -> str:
     """A calibration of both tests (from two made-up runs each: this checks the wiring, not the fit)."""
-    from moeplace.plan.speed import Run, fit
+    from moeplace.plan.speed import Run
+    from moeplace.plan.speed_fit import fit
     from moeplace.runtime.outputs import write_json
 
     made_up = [(0, "tg", 128, 50.0), (8, "tg", 128, 20.0), (0, "pp", 512, 500.0), (8, "pp", 512, 200.0)]
@@ -124,7 +125,7 @@ def test_tune_prints_the_speed_its_calibration_expects_at_the_chosen_n(tmp_path)
     assert done.returncode == 0, done.stderr
     chosen = int(done.stdout.split("chosen n = ")[1].split()[0])
     model = SpeedModel.from_json(__import__("json").loads((tmp_path / "calibration.json").read_text()))
-    host = frozenset(name for layer in meta["layers"][:chosen] for name in layer["expert_tensors"])
+    host = frozenset(name for layer in meta.layers[:chosen] for name in layer.expert_tensors)
     line = "  expected: " + describe_speed(expected(meta, model, host, Workload(8192)), 8192)
     assert line in done.stdout.splitlines() and "prefill unknown" not in line
 
@@ -164,13 +165,13 @@ def test_tune_calibrates_the_speed_model_and_plans_with_it(tmp_path):
             n, rest = line.removeprefix("  calibrating: --n-cpu-moe ").split(", ", 1)
             test, speed = rest.split(": ")
             measured[int(n), test] = float(speed.split()[0])
-    assert {n for n, _ in measured} == {chosen, meta["n_layer"]} and len(measured) == 4
+    assert {n for n, _ in measured} == {chosen, meta.n_layer} and len(measured) == 4
     for (n, test), tok_s in measured.items():
         if model.tests[test].at_zero:
             continue
         run = Run(n, 0, test, 32 if test == "tg" else 512)
         assert model.predict(meta, run)["tok_s"] == pytest.approx(tok_s, rel=0.02), (n, test)
-    host = frozenset(name for layer in meta["layers"][:chosen] for name in layer["expert_tensors"])
+    host = frozenset(name for layer in meta.layers[:chosen] for name in layer.expert_tensors)
     assert (
         "  expected: " + describe_speed(expected(meta, model, host, Workload(8192)), 8192) in done.stdout.splitlines()
     )

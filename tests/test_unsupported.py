@@ -66,10 +66,9 @@ def test_the_budget_check_over_two_devices_records_a_refused_cell_and_checks_the
     """On two devices, a grid cell llama.cpp refuses (a q8_0 V cache without flash attention, on which the
     llama-fit-params reserve aborts; it once stopped the DAG) is a row "unsupported" with no llama.cpp run, and the
     other cells are planned, reserved and loaded as before; the stage's table, summary and figure take it."""
-    import moeplace.runtime.allocation as allocation
-    import moeplace.runtime.device as device
     from moeplace.measure import budget_check
     from moeplace.plan.devices import plan_devices
+    from moeplace.report.figures.budget_check import devices_figure
 
     path, meta = twin
     reserved, loads = [], []
@@ -89,9 +88,10 @@ def test_the_budget_check_over_two_devices_records_a_refused_cell_and_checks_the
         loads.append(args)
         return "ok", None
 
-    monkeypatch.setattr(device, "rpc_device", rpc_device)
+    # budget_check imports them by name: the stand-ins go where it looks them up
+    monkeypatch.setattr(budget_check, "rpc_device", rpc_device)
     monkeypatch.setattr(budget_check, "reserved_plan", reserved_plan)
-    monkeypatch.setattr(allocation, "load_probe", load_probe)
+    monkeypatch.setattr(budget_check, "load_probe", load_probe)
     workloads = budget_check.grid([4096], [256], ["f16", "q8_0"], ["on", "off"])
     rows = budget_check.check_devices(model_path=str(path), meta=meta, workloads=workloads, caps=CAPS, manifest={},
                                       log_path=tmp_path / "check.log")  # fmt: skip
@@ -109,7 +109,7 @@ def test_the_budget_check_over_two_devices_records_a_refused_cell_and_checks_the
 
     again = budget_check.devices_table(pd.read_csv(tmp_path / "t.csv").to_dict("records"))
     assert budget_check.devices_summary(again) == budget_check.devices_summary(table)
-    budget_check.devices_figure(again, tmp_path / "f.png")
+    devices_figure(again, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 10_000
 
 
@@ -172,7 +172,7 @@ def test_the_tune_rule_records_a_kv_type_llamacpp_refuses_without_a_probe(twin, 
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from moeplace.report.figures import matrix_figure
+    from moeplace.report.figures.matrix import matrix_figure
 
     ok = {**record, "cache_type": "f16", "status": "ok", "chosen_n": 2, "chosen_tg_tok_s": 30.0, "predicted_n": 2}
     figures: list[Figure] = []

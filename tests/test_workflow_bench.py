@@ -178,8 +178,8 @@ def test_reruns_only_what_changed_and_never_for_a_commit(tmp_path):
     cfg["device"]["bw_vram_gbps"] = 2 * cfg["device"]["bw_vram_gbps"]
     (wd / "config/config.yaml").write_text(yaml.safe_dump(cfg))
     plan = planned_jobs(wd)  # a bandwidth re-predicts; nothing is measured again, the budget stays
-    assert plan["predict"] == 2 and plan["aggregate_context"] == 1  # (its out-of-sample fits use the priors)
-    assert not {"bench", "variant", "tune", "ceilings", "budget", "metadata", "twin"} & set(plan), plan
+    assert plan["predict"] == 2 and plan["aggregate"] == 1  # (its out-of-sample fits use the priors)
+    assert not {"bench", "placement", "tune", "ceilings", "budget", "metadata", "twin"} & set(plan), plan
     cfg["contexts"] = [1024, 2048]
     (wd / "config/config.yaml").write_text(yaml.safe_dump(cfg))
     plan = planned_jobs(wd)

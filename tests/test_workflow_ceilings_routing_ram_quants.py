@@ -63,7 +63,7 @@ def test_ceilings_feed_the_uncalibrated_prediction(wd):
     attention = ceilings[ceilings.ceiling.str.startswith("attention_")].set_index("ceiling")
     assert set(attention.index) == {"attention_tg", "attention_pp"} and (attention.subject == "tiny-qwen3moe").all()
     depth = 1024 - max(CFG["bench"]["prompt"], CFG["bench"]["gen"])  # 896 with the default run's 128-token prompt
-    assert (attention.depths == f"{depth // 8} {depth}").all() and (attention.n_cpu_moe == meta["n_layer"]).all()
+    assert (attention.depths == f"{depth // 8} {depth}").all() and (attention.n_cpu_moe == meta.n_layer).all()
     assert attention.value.notna().all() and (attention.unit == "s/GB").all()
     assert (attention.value_sd > 0).all()  # three rounds, each with its own slope
     # At the first depth the probe also ran with no expert on the host: the prior's fixed time and host cost.

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from moeplace.model.memory import device_weight_bytes
+from moeplace.model.meta import ModelMeta
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
 from moeplace.plan.learned_prior import Machine, Point, point_features
@@ -31,6 +32,17 @@ SWEEP = ["setup", "model", "test", "size", "ubatch", "flash_attn", "type_k", "ty
 # (Core Ultra 7 265K, Ryzen 7000/9000) run at their rated speed.
 ASSUMED_HOST_GBPS = 89.6
 BACKENDS = {"CUDA": "cuda", "ROCm": "rocm", "ROCm/HIP": "rocm", "Vulkan": "vulkan", "SYCL": "sycl"}
+# Sources (source_id) that are one machine: a left-out score leaves the machine out, all its sources together.
+MACHINES = {
+    "ik_llama-disc357": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+    "ik_llama-issue437": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+    "ik_llama-issue490": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+    "ik_llama-disc758": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+    "ik_llama-pr841": "ikawrakow: Ryzen 9 7950X + RTX 4080",
+}
+# A server's decode rate where the source does not say how many tokens it generated: decode speed hardly depends
+# on the count, so such a point is taken as llama-bench's default tg128.
+UNSTATED_N_GEN = 128
 
 
 def published(csv: str = "sweeps.csv", host: str = "datasheet") -> pd.DataFrame:
@@ -53,8 +65,10 @@ def published(csv: str = "sweeps.csv", host: str = "datasheet") -> pd.DataFrame:
     if host == "measured":
         measured = t.setup.map(hosts.measured_gbps) if "measured_gbps" in hosts else pd.Series(np.nan, index=t.index)
         t = t[measured.notna()].assign(host_gbps=measured[measured.notna()], host_measured=True)
-    # A left-out score leaves a whole source out: every setup of its author (one person's machines, or machine).
-    t["machine"] = t.source_id
+    # A left-out score leaves a whole source out: every setup of its author (one person's machines, or machine),
+    # and every source of one machine (MACHINES).
+    t["machine"] = t.source_id.map(MACHINES).fillna(t.source_id)
+    t["n_gen"] = t.n_gen.where(t.n_gen.notna() | (t.test != "tg"), UNSTATED_N_GEN)
     t["n_depth"] = t.n_depth.fillna(0).astype(int)
     t["ubatch"] = t.ubatch.fillna(512).astype(int)
     t[["type_k", "type_v"]] = t[["type_k", "type_v"]].fillna("f16")
@@ -68,21 +82,21 @@ def published(csv: str = "sweeps.csv", host: str = "datasheet") -> pd.DataFrame:
     return t[warm | ~point.isin(set(point[warm]))]
 
 
-def spilled(meta: dict, point: pd.Series) -> bool:
+def spilled(meta: ModelMeta, point: pd.Series) -> bool:
     """Whether a published point's device weights alone (the twin's, scaled to the file's size where the source
     gives it) exceed the card's memory: it ran only because the driver spilled to system RAM (Windows does by
     default), which the speed model does not cover, so it is neither fitted nor scored."""
-    scale = point.model_size_gib * 2**30 / meta["total_bytes"] if point.model_size_gib > 0 else 1.0
-    n = min(int(point.n_cpu_moe), meta["n_layer"])
+    scale = point.model_size_gib * 2**30 / meta.total_bytes if point.model_size_gib > 0 else 1.0
+    n = min(int(point.n_cpu_moe), meta.n_layer)
     return device_weight_bytes(meta, n) * scale > point.gpu_vram_gib * 2**30
 
 
-def twins(tmp: Path) -> dict[Path, dict]:
+def twins(tmp: Path) -> dict[Path, ModelMeta]:
     """Each spec's header-only twin, inspected."""
     return {spec: inspect_model(write_twin(load_spec(spec), tmp / spec.name, "none")) for spec in set(SPECS.values())}
 
 
-def sweeps(table: pd.DataFrame, metas: dict[Path, dict]):
+def sweeps(table: pd.DataFrame, metas: dict[Path, ModelMeta]):
     """Each published sweep (see SWEEP): its key, its model's twin and its points, repeated runs of a point
     averaged, spilled points left out."""
     for key, g in table.groupby(SWEEP):
@@ -110,17 +124,17 @@ def sweeps(table: pd.DataFrame, metas: dict[Path, dict]):
 WEIGHT_FEATURES = ("device_gb", "host_gb", "link_gb", "active_gb")
 
 
-def prior_points(table: pd.DataFrame, metas: dict[Path, dict]) -> list[Point]:
+def prior_points(table: pd.DataFrame, metas: dict[Path, ModelMeta]) -> list[Point]:
     """The published points as the learned prior takes them; where the source gives the file's size, the weight
     bytes scaled from the twin's quant to the file's (a Q2_K file reads a third less than the twin's Q4_K_M)."""
     out = []
     for (setup, _, test, size, ubatch, _, type_k, type_v), meta, g in sweeps(table, metas):
         for r in g.itertuples():
-            run = Run(min(int(r.n_cpu_moe), meta["n_layer"]), r.n_depth, test, int(size), ubatch, type_k, type_v)
+            run = Run(min(int(r.n_cpu_moe), meta.n_layer), r.n_depth, test, int(size), ubatch, type_k, type_v)
             machine = Machine(
                 BACKENDS[r.backend], r.gpu_gbps, r.host_gbps, r.link_gbps, r.gpu_tflops, bool(r.host_measured)
             )
-            scale = r.model_size_gib * 2**30 / meta["total_bytes"] if r.model_size_gib > 0 else 1.0
+            scale = r.model_size_gib * 2**30 / meta.total_bytes if r.model_size_gib > 0 else 1.0
             x = {k: v * scale if k in WEIGHT_FEATURES else v for k, v in point_features(meta, run).items()}
             out.append(Point(setup, test, machine, x, r.tok_s, r.machine.strip()))
     return out

@@ -1,4 +1,4 @@
-rule aggregate_context:
+rule aggregate:
     input:
         bench=get_context_bench,
         metadata=expand(rules.metadata.output[0], model=BENCH_MODELS),
@@ -18,11 +18,11 @@ rule aggregate_context:
         "../scripts/aggregate.py"
 
 
-rule aggregate:
+rule aggregate_table:
     input:
-        measured=expand(rules.aggregate_context.output.measured, ctx=CONTEXTS),
-        compare=expand(rules.aggregate_context.output.compare, ctx=CONTEXTS),
-        memory_check=expand(rules.aggregate_context.output.memory_check, ctx=CONTEXTS),
+        measured=expand(rules.aggregate.output.measured, ctx=CONTEXTS),
+        compare=expand(rules.aggregate.output.compare, ctx=CONTEXTS),
+        memory_check=expand(rules.aggregate.output.memory_check, ctx=CONTEXTS),
     output:
         measured=report(
             "results/tables/measured.csv",
@@ -49,8 +49,8 @@ rule aggregate:
 
 rule precision:
     input:
-        measured=rules.aggregate.output.measured,
-        variants=expand(rules.placement.output.variants, ctx=CONTEXTS),
+        measured=rules.aggregate_table.output.measured,
+        variants=expand(rules.placement_table.output.variants, ctx=CONTEXTS),
     output:
         report(
             "results/tables/precision.csv",

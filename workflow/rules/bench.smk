@@ -10,7 +10,7 @@ rule bench:
         "logs/bench/{model}/{ctx}.log",
     conda:
         "../../environment.yml"
-    threads: config["bench"]["threads"]
+    threads: SETTINGS.bench.threads
     resources:
         bench_device=1,
     params:

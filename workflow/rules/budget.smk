@@ -11,9 +11,9 @@ checkpoint budget:
         memory=params(SETTINGS.memory),
         device=params(SETTINGS.device),
         contexts=[c.tokens for c in SETTINGS.contexts],
-        cache_type_k=config["cache_type_k"],
-        cache_type_v=config["cache_type_v"],
-        ubatch=config["ubatch"],
-        flash_attn=config["flash_attn"],
+        cache_type_k=SETTINGS.bench.type_k,
+        cache_type_v=SETTINGS.bench.type_v,
+        ubatch=SETTINGS.bench.ubatch,
+        flash_attn=SETTINGS.bench.flash_attn,
     script:
         "../scripts/budget.py"

@@ -9,15 +9,15 @@ rule budget_check_model:
         "logs/budget_check/{model}.log",
     conda:
         "../../environment.yml"
-    threads: config["bench"]["threads"]
+    threads: SETTINGS.bench.threads
     resources:
         bench_device=1,
     params:
-        grid=config["budget_check"],
+        grid=params(SETTINGS.budget_check),
         device=params(SETTINGS.device),
         memory=params(SETTINGS.memory),
     script:
-        "../scripts/budget_check.py"
+        "../scripts/budget_check_model.py"
 
 
 rule budget_check:
@@ -39,4 +39,4 @@ rule budget_check:
     conda:
         "../../environment.yml"
     script:
-        "../scripts/budget_check_figure.py"
+        "../scripts/budget_check.py"

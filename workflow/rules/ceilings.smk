@@ -1,6 +1,6 @@
 rule dense_twin:
     input:
-        spec=config["ceilings"]["dense_twin"],
+        spec=SETTINGS.stages.dense_twin,
         llamacpp=rules.llamacpp.output[0],
     output:
         "resources/ceilings/dense.gguf",
@@ -31,7 +31,7 @@ rule ceilings:
         "logs/ceilings/ceilings.log",
     conda:
         "../../environment.yml"
-    threads: config["bench"]["threads"]
+    threads: SETTINGS.bench.threads
     resources:
         bench_device=1,
     params:

@@ -1,7 +1,7 @@
 rule figure_ncmoe:
     input:
-        measured=rules.aggregate_context.output.measured,
-        compare=rules.aggregate_context.output.compare,
+        measured=rules.aggregate.output.measured,
+        compare=rules.aggregate.output.compare,
     output:
         tg=report(
             "results/figures/ncmoe_{ctx}.png",
@@ -20,4 +20,4 @@ rule figure_ncmoe:
     params:
         ctx=ctx_tokens,
     script:
-        "../scripts/figures.py"
+        "../scripts/figure_ncmoe.py"

@@ -6,7 +6,7 @@ rule llamacpp:
     conda:
         "../../environment.yml"
     params:
-        llamacpp=config["llamacpp"],
+        llamacpp=params(SETTINGS.llamacpp),
         cache_layout=LLAMACPP_CACHE_LAYOUT,  # a new layout of the cached build makes a new manifest
     script:
         "../scripts/llamacpp.py"
@@ -21,5 +21,5 @@ use rule llamacpp as llamacpp_tools with:
     log:
         "logs/llamacpp/tools.log",
     params:
-        llamacpp={**config["llamacpp"], "bin_dir": None, "cmake_options": []},
+        llamacpp=params(replace(SETTINGS.llamacpp, bin_dir=None, cmake_options=[])),
         cache_layout=LLAMACPP_CACHE_LAYOUT,

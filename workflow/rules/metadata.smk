@@ -8,6 +8,6 @@ rule metadata:
     conda:
         "../../environment.yml"
     params:
-        constants=lambda wildcards: model_config(wildcards.model).get("constants"),
+        constants=lambda wildcards: model_config(wildcards.model).constants,
     script:
         "../scripts/metadata.py"

@@ -1,4 +1,4 @@
-rule variant:
+rule placement:
     input:
         model=get_model_gguf,
         metadata=rules.metadata.output[0],
@@ -10,7 +10,7 @@ rule variant:
         "logs/variants/{model}/{ctx}/{variant}.log",
     conda:
         "../../environment.yml"
-    threads: config["bench"]["threads"]
+    threads: SETTINGS.bench.threads
     resources:
         bench_device=1,
     params:
@@ -18,13 +18,13 @@ rule variant:
         device=params(SETTINGS.device),
         ctx=ctx_tokens,
     script:
-        "../scripts/variant.py"
+        "../scripts/placement.py"
 
 
-rule placement:
+rule placement_table:
     input:
         expand(
-            rules.variant.output[0],
+            rules.placement.output[0],
             model=BENCH_MODELS,
             variant=RUN_VARIANTS,
             allow_missing=True,
@@ -37,12 +37,12 @@ rule placement:
     conda:
         "../../environment.yml"
     script:
-        "../scripts/placement.py"
+        "../scripts/placement_table.py"
 
 
 rule figure_variants:
     input:
-        variants=rules.placement.output.variants,
+        variants=rules.placement_table.output.variants,
     output:
         report(
             "results/figures/variants_{ctx}.png",

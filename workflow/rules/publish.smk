@@ -2,8 +2,8 @@ rule publish:
     input:
         unpack(get_publish_inputs),
     output:
-        folder=directory(f"publish/{config['publish']['name']}"),
-        archive=f"publish/{config['publish']['name']}.tar.gz",
+        folder=directory(f"publish/{SETTINGS.publish_name}"),
+        archive=f"publish/{SETTINGS.publish_name}.tar.gz",
     log:
         "logs/publish/publish.log",
     conda:
@@ -11,7 +11,7 @@ rule publish:
     params:
         captions=get_publish_captions,
         missing=get_publish_missing,
-        config=plain_config(),
+        config=PIPELINE.plain_config,
         configfiles=[str(f) for f in workflow.overwrite_configfiles or []],
     script:
         "../scripts/publish.py"

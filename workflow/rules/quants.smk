@@ -3,7 +3,7 @@ rule quants:
         quants=expand(
             "resources/quants/{model}/{quant}.gguf",
             model=QUANTS_MODEL,
-            quant=config["quants"]["types"],
+            quant=SETTINGS.quants.types,
         ),
         llamacpp=rules.llamacpp.output[0],
     output:
@@ -22,18 +22,18 @@ rule quants:
         "logs/quants/quants.log",
     conda:
         "../../environment.yml"
-    threads: config["bench"]["threads"]
+    threads: SETTINGS.bench.threads
     resources:
         bench_device=1,
     params:
         model=QUANTS_MODEL,
-        types=config["quants"]["types"],
-        cap_pct=config["quants"]["cap_pct"],
+        types=SETTINGS.quants.types,
+        cap_pct=SETTINGS.quants.cap_pct,
         # the RAM tier's sweep: plenty of RAM, and this one cap without locking
         settings=params(
             replace(
                 SETTINGS.ram_tier,
-                caps_pct=(config["quants"]["cap_pct"],),
+                caps_pct=(SETTINGS.quants.cap_pct,),
                 lock_modes=("none",),
             )
         ),

@@ -16,7 +16,7 @@ rule ram_tier:
         "logs/ram_tier/{model}.log",
     conda:
         "../../environment.yml"
-    threads: config["bench"]["threads"]
+    threads: SETTINGS.bench.threads
     resources:
         bench_device=1,
     params:

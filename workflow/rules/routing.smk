@@ -2,7 +2,7 @@ rule routing:
     input:
         model=get_model_gguf,
         llamacpp=get_tools_manifest(),
-        prompt=config["routing"]["prompt"],
+        prompt=SETTINGS.routing.prompt,
     output:
         trace="results/routing/{model}.npz",
         table="results/tables/routing/{model}.csv",
@@ -15,13 +15,13 @@ rule routing:
         "logs/routing/{model}.log",
     conda:
         "../../environment.yml"
-    threads: config["bench"]["threads"]
+    threads: SETTINGS.bench.threads
     resources:
         bench_device=1,  # not a measurement, but it would disturb one running beside it
     params:
-        gen=config["routing"]["gen"],
-        timeout_s=config["routing"]["timeout_s"],
-        twin=lambda wildcards: "twin" in model_config(wildcards.model),
+        gen=SETTINGS.routing.gen,
+        timeout_s=SETTINGS.routing.timeout_s,
+        twin=lambda wildcards: model_config(wildcards.model).twin is not None,
     script:
         "../scripts/routing.py"
 

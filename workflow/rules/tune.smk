@@ -9,7 +9,7 @@ rule tune:
         "logs/tune/{model}/{ctx}_kv{kv}.log",
     conda:
         "../../environment.yml"
-    threads: config["bench"]["threads"]
+    threads: SETTINGS.bench.threads
     resources:
         bench_device=1,
     params:
@@ -17,8 +17,8 @@ rule tune:
         memory=params(SETTINGS.memory),
         tune=params(SETTINGS.tune),
         ctx=ctx_tokens,
-        ubatch=config["ubatch"],
-        flash_attn=config["flash_attn"],
+        ubatch=SETTINGS.bench.ubatch,
+        flash_attn=SETTINGS.bench.flash_attn,
     script:
         "../scripts/tune.py"
 
@@ -29,7 +29,7 @@ rule matrix:
             rules.tune.output[0],
             model=BENCH_MODELS,
             ctx=CONTEXTS,
-            kv=config["tune"]["cache_types"],
+            kv=SETTINGS.tune_cache_types,
         ),
     output:
         tune=report(

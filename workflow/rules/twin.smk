@@ -8,9 +8,9 @@ rule twin:
     conda:
         "../../environment.yml"
     params:
-        weights=lambda wildcards: model_config(wildcards.model)["weights"],
-        quant=lambda wildcards: model_config(wildcards.model)["quant"],
-        seed=lambda wildcards: model_config(wildcards.model)["seed"],
+        weights=lambda wildcards: model_config(wildcards.model).weights,
+        quant=lambda wildcards: model_config(wildcards.model).quant,
+        seed=lambda wildcards: model_config(wildcards.model).seed,
     script:
         "../scripts/twin.py"
 
@@ -18,7 +18,7 @@ rule twin:
 # The quant comparison: the same random F16 weights (same spec and seed give the same bytes) at another type.
 rule quant_twin:
     input:
-        spec=lambda wildcards: model_config(wildcards.model)["twin"],
+        spec=lambda wildcards: model_config(wildcards.model).twin,
         llamacpp=rules.llamacpp.output[0],
     output:
         "resources/quants/{model}/{quant}.gguf",
@@ -27,6 +27,6 @@ rule quant_twin:
     conda:
         "../../environment.yml"
     params:
-        seed=lambda wildcards: model_config(wildcards.model)["seed"],
+        seed=lambda wildcards: model_config(wildcards.model).seed,
     script:
         "../scripts/quant_twin.py"

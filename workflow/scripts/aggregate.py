@@ -3,14 +3,15 @@
 import pandas as pd
 
 from moeplace.core.config import Bandwidths
+from moeplace.model.meta import read_metadata
 from moeplace.plan.speed import prior
 from moeplace.report.aggregate import compare_table, measured_table, memory_check_table
-from moeplace.runtime.outputs import read_json, read_jsonl, stage, write_csv
+from moeplace.runtime.outputs import read_jsonl, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params
     records = [r for path in i.bench for r in read_jsonl(path)]
-    metadata = {m: read_json(path) for m, path in zip(p.models, i.metadata)}
+    metadata = {m: read_metadata(path) for m, path in zip(p.models, i.metadata)}
     budget = {m: pd.read_csv(path) for m, path in zip(p.models, i.budget)}
     measured = measured_table(records)
     write_csv(o.measured, measured)

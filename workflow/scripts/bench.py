@@ -5,15 +5,16 @@ from pathlib import Path
 
 from moeplace.core.config import BenchSettings, DeviceTarget
 from moeplace.measure.bench import BenchJob, Rig, run_sweep
+from moeplace.model.meta import read_metadata
 from moeplace.runtime.device import device_setup
 from moeplace.runtime.outputs import read_json, stage, write_jsonl
 
 with stage(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params
     manifest = read_json(snakemake.input.llamacpp)
-    meta = read_json(snakemake.input.metadata)
+    meta = read_metadata(snakemake.input.metadata)
     device = device_setup(DeviceTarget(**p.device), manifest)
-    job = BenchJob(w.model, snakemake.input.model[0], meta["files"], p.ctx, p.n_cpu_moe[0])
+    job = BenchJob(w.model, snakemake.input.model[0], meta.file_records(), p.ctx, p.n_cpu_moe[0])
     rig = Rig(BenchSettings(**p.settings), device, manifest, Path(snakemake.log[0]), Path.cwd())
     records = run_sweep(job, p.n_cpu_moe, rig)
     write_jsonl(snakemake.output[0], records)

@@ -5,13 +5,14 @@ from pathlib import Path
 
 from moeplace.core.config import DeviceTarget
 from moeplace.model.memory import Workload
+from moeplace.model.meta import read_metadata
 from moeplace.plan.budget import budget_table, compute_from_llamacpp
-from moeplace.plan.devices import devices_budget_table
+from moeplace.plan.devices_budget import devices_budget_table
 from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params
-    meta = read_json(i.metadata)
+    meta = read_metadata(i.metadata)
     workloads = [Workload(ctx, p.ubatch, p.flash_attn, p.cache_type_k, p.cache_type_v) for ctx in p.contexts]
     model, manifest = (i.model[0], read_json(i.llamacpp)) if "model" in i.keys() else (None, None)
     target, log_path = DeviceTarget(**p.device), Path(snakemake.log[0])

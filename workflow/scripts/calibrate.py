@@ -4,15 +4,16 @@ ceilings stage's measured bandwidths and attention cost, where it ran, are the p
 import pandas as pd
 
 from moeplace.core.config import Bandwidths, BenchSettings
-from moeplace.measure.ceilings import measured_prior
+from moeplace.model.meta import read_metadata
 from moeplace.plan.calibrate import calibration_file
-from moeplace.runtime.outputs import read_json, read_jsonl, stage, write_json
+from moeplace.plan.measured_prior import measured_prior
+from moeplace.runtime.outputs import read_jsonl, stage, write_json
 
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params
     records = [r for path in i.bench for r in read_jsonl(path)]
     ceilings = pd.read_csv(i.ceilings) if "ceilings" in i.keys() else None
-    meta = read_json(i.metadata)
+    meta = read_metadata(i.metadata)
     base, _, _ = measured_prior(
         Bandwidths(**p.bandwidths), ceilings, snakemake.wildcards.model, meta, BenchSettings(**p.bench)
     )

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from moeplace.core.config import BenchSettings, CeilingsSettings, DeviceTarget
 from moeplace.measure.ceilings import measure_ceilings
+from moeplace.model.meta import read_metadata
 from moeplace.model.metadata import inspect_model
 from moeplace.runtime.device import device_setup
 from moeplace.runtime.outputs import read_json, stage, write_csv
@@ -12,7 +13,7 @@ with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params
     manifest = read_json(i.llamacpp)
     device = device_setup(DeviceTarget(**p.device), manifest)
-    models = {m: (Path(i[f"model_{m}"][0]), read_json(i[f"metadata_{m}"])) for m in p.models}
+    models = {m: (Path(i[f"model_{m}"][0]), read_metadata(i[f"metadata_{m}"])) for m in p.models}
     table = measure_ceilings(
         manifest=manifest,
         dense=(Path(i.dense), inspect_model(i.dense)),

@@ -1,4 +1,5 @@
-"""Concatenate per-part tables: each named output is the rows of the input of the same name."""
+"""The *_table rules (aggregate_table, routing_table, ram_tier_table): per-part tables concatenated, each named
+output the rows of the input of the same name (results/tables/measured.csv from results/tables/measured/*.csv)."""
 
 import pandas as pd
 

@@ -4,9 +4,11 @@ figure)."""
 import pandas as pd
 
 from moeplace.core.config import Bandwidths, BenchSettings
-from moeplace.measure.ceilings import measured_prior
-from moeplace.report.fidelity import fidelity_figure, fidelity_table, summary
-from moeplace.runtime.outputs import read_json, read_jsonl, stage, write_csv
+from moeplace.model.meta import read_metadata
+from moeplace.plan.measured_prior import measured_prior
+from moeplace.report.fidelity import fidelity_table, summary
+from moeplace.report.figures.fidelity import fidelity_figure
+from moeplace.runtime.outputs import read_jsonl, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params
@@ -17,7 +19,7 @@ with stage(snakemake.log[0]) as log:
     parts = []
     bandwidths, bench = Bandwidths(**p.bandwidths), BenchSettings(**p.bench)
     for model, path in zip(p.models, i.metadata):
-        meta = read_json(path)
+        meta = read_metadata(path)
         base, probed, anchors = measured_prior(bandwidths, ceilings, model, meta, bench)
         log.info("%s: the prior, %s", model, {t: (m.coef, m.source) for t, m in base.tests.items()})
         mine = [r for r in records if r["model"] == model]

@@ -1,8 +1,8 @@
-"""Stage 'placement': variants table -> results/figures/variants_{label}.png."""
+"""Stage 'placement' (its figure, one context): variants table -> results/figures/variants_{ctx}.png."""
 
 import pandas as pd
 
-from moeplace.report.figures import variants_figure
+from moeplace.report.figures.variants import variants_figure
 from moeplace.runtime.outputs import stage
 
 with stage(snakemake.log[0]) as log:

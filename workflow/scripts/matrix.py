@@ -3,7 +3,7 @@
 import pandas as pd
 
 from moeplace.measure.tune import matrix_table
-from moeplace.report.figures import matrix_figure
+from moeplace.report.figures.matrix import matrix_figure
 from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:

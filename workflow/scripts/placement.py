@@ -1,13 +1,25 @@
-"""Stage 'placement' (one context): variant records -> variants and placement_check tables; a mismatch fails."""
+"""Stage 'placement' (one model, context and variant): the variant's llama-bench run, interleaved with -ncmoe at
+the same host bytes -> results/variants/{model}/{ctx}/{variant}.jsonl."""
 
-from moeplace.measure.placement import placement_check_table, require_placed_as_asked, variants_table
-from moeplace.runtime.outputs import read_jsonl, stage, write_csv
+from pathlib import Path
+
+import pandas as pd
+
+from moeplace.core.config import BenchSettings, DeviceTarget
+from moeplace.measure.bench import BenchJob, Rig
+from moeplace.measure.placement import run_variant, variant_n
+from moeplace.model.meta import read_metadata
+from moeplace.runtime.device import device_setup
+from moeplace.runtime.outputs import read_json, stage, write_jsonl
 
 with stage(snakemake.log[0]) as log:
-    records = [r for path in snakemake.input for r in read_jsonl(path)]
-    check = placement_check_table(records)
-    log.info("where llama.cpp put each variant's tensors:\n%s", check.to_string())
-    require_placed_as_asked(check, snakemake.log[0])
-    write_csv(snakemake.output.check, check)
-    write_csv(snakemake.output.variants, variants_table(records))
-    log.info("%d variant runs, all placed as asked", len(check))
+    i, p, w = snakemake.input, snakemake.params, snakemake.wildcards
+    manifest, meta, ctx = read_json(i.llamacpp), read_metadata(i.metadata), p.ctx
+    row = pd.read_csv(i.budget).set_index("ctx").loc[ctx]
+    device = device_setup(DeviceTarget(**p.device), manifest)
+    n = variant_n(meta, int(row.n_cpu_moe) if row.status == "ok" else None, bool(device.other_caps))
+    job = BenchJob(w.model, i.model[0], meta.file_records(), ctx, n)
+    rig = Rig(BenchSettings(**p.settings), device, manifest, Path(snakemake.log[0]), Path.cwd())
+    records = run_variant(w.variant, meta, n, row.to_dict(), job, rig)
+    log.info("%s at n=%d: placement %s", w.variant, n, "matches" if records[0]["placement_match"] else "DIFFERS")
+    write_jsonl(snakemake.output[0], records)

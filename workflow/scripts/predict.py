@@ -3,13 +3,14 @@
 import pandas as pd
 
 from moeplace.core.config import Bandwidths, BenchSettings
-from moeplace.measure.ceilings import measured_prior, with_ceilings
+from moeplace.model.meta import read_metadata
+from moeplace.plan.measured_prior import measured_prior, with_ceilings
 from moeplace.plan.predict import predict_table
-from moeplace.runtime.outputs import read_json, stage, write_csv
+from moeplace.runtime.outputs import stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params
-    meta = read_json(i.metadata)
+    meta = read_metadata(i.metadata)
     bw = Bandwidths(**p.bandwidths)
     ceilings = pd.read_csv(i.ceilings) if "ceilings" in i.keys() else None
     model, _, _ = measured_prior(bw, ceilings, snakemake.wildcards.model, meta, BenchSettings(**p.bench))

@@ -3,9 +3,10 @@
 from pathlib import Path
 
 from moeplace.core.config import RamTierSettings
-from moeplace.measure.quants import plot_quants, quant_row, quants_table
+from moeplace.measure.quants import quant_row, quants_table
 from moeplace.measure.ram_tier import run_ram_tier
 from moeplace.model.metadata import inspect_model
+from moeplace.report.figures.quants import quants_figure
 from moeplace.runtime.outputs import read_json, stage, write_csv, write_jsonl
 
 with stage(snakemake.log[0]) as log:
@@ -29,4 +30,4 @@ with stage(snakemake.log[0]) as log:
     log.info("quant comparison:\n%s", table.to_string())
     write_jsonl(o.records, all_records)
     write_csv(o.table, table)
-    plot_quants(table, o.figure, f"{p.model}: quant types, bytes per token vs decode speed (CPU)")
+    quants_figure(table, o.figure, f"{p.model}: quant types, bytes per token vs decode speed (CPU)")

@@ -5,13 +5,15 @@ from pathlib import Path
 import pandas as pd
 
 from moeplace.core.config import RamTierSettings
-from moeplace.measure.ceilings import measured_bandwidths
-from moeplace.measure.ram_tier import plot_ram_tier, predicted_column, ram_tier_table, run_ram_tier
+from moeplace.measure.ram_tier import predicted_column, ram_tier_table, run_ram_tier
+from moeplace.model.meta import read_metadata
+from moeplace.plan.measured_prior import measured_bandwidths
+from moeplace.report.figures.ram_tier import ram_tier_figure
 from moeplace.runtime.outputs import read_json, stage, write_csv, write_jsonl
 
 with stage(snakemake.log[0]) as log:
     i, o, p, w = snakemake.input, snakemake.output, snakemake.params, snakemake.wildcards
-    meta = read_json(i.metadata)
+    meta = read_metadata(i.metadata)
     records = run_ram_tier(
         model_name=w.model,
         model_path=i.model[0],
@@ -28,4 +30,4 @@ with stage(snakemake.log[0]) as log:
     log.info("RAM tier of %s:\n%s", w.model, table.to_string())
     write_jsonl(o.records, records)
     write_csv(o.table, table)
-    plot_ram_tier(table, o.figure, f"{w.model}: decode on the CPU with RAM smaller than the model")
+    ram_tier_figure(table, o.figure, f"{w.model}: decode on the CPU with RAM smaller than the model")

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from moeplace.measure.routing import plot_routing, routing_table, save_trace, trace_routing
+from moeplace.measure.routing import routing_table, save_trace, trace_routing
+from moeplace.report.figures.routing import routing_figure
 from moeplace.runtime.outputs import read_json, stage, write_csv
 
 with stage(snakemake.log[0]) as log:
@@ -23,4 +24,4 @@ with stage(snakemake.log[0]) as log:
         title += " (random-weight twin: not the trained model's routing)"
     save_trace(trace, o.trace)
     write_csv(o.table, table)
-    plot_routing(trace, table, o.figure, title)
+    routing_figure(trace, table, o.figure, title)

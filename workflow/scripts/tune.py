@@ -5,6 +5,7 @@ from pathlib import Path
 from moeplace.core.config import Device, DeviceTarget, TuneSettings
 from moeplace.measure.tune import tune_model
 from moeplace.model.memory import Workload
+from moeplace.model.meta import read_metadata
 from moeplace.runtime.outputs import read_json, stage, write_json
 
 with stage(snakemake.log[0]) as log:
@@ -12,7 +13,7 @@ with stage(snakemake.log[0]) as log:
     _, record = tune_model(
         model_name=w.model,
         model_path=i.model[0],
-        meta=read_json(i.metadata),
+        meta=read_metadata(i.metadata),
         workload=Workload(p.ctx, p.ubatch, p.flash_attn, w.kv, w.kv),
         target=DeviceTarget(**p.device),
         memory=Device(**p.memory),

@@ -9,8 +9,11 @@ import json
 import sys
 from typing import Any
 
+from ..core.config import default
 from ..core.units import parse_size
-from ..model.metadata import describe, inspect_model
+from ..model.describe import describe
+from ..model.meta import to_json
+from ..model.metadata import inspect_model
 from ..runtime import remote
 from .options import MODEL_HELP
 
@@ -32,7 +35,9 @@ def add_parser(sub: Any) -> None:
         help="none: sparse file, header-faithful; random: F16 random weights llama.cpp can run; blocks: random "
         "quantized blocks in the spec's types (a full-size model llama.cpp can run, no F16 copy)",
     )
-    tw.add_argument("--seed", type=int, default=0, help="random seed for --weights random or blocks")
+    tw.add_argument(
+        "--seed", type=int, default=default("models.*.seed"), help="random seed for --weights random or blocks"
+    )
     tw.add_argument(
         "--shard-size", help="split a header-only twin into shards of at most this size (e.g. 50GB), as gguf-split does"
     )
@@ -42,14 +47,14 @@ def add_parser(sub: Any) -> None:
 def cmd_inspect(args: argparse.Namespace) -> None:
     meta = inspect_model(args.model)
     if args.json:
-        json.dump(meta, sys.stdout, indent=1)
+        json.dump(to_json(meta), sys.stdout, indent=1)
         print()
         return
     if args.model != args.model_ref:
         print(f"{args.model_ref}: {args.model}")
     print(describe(meta))
     if remote.bytes_read:
-        size = sum(f["size"] for f in meta["files"])
+        size = sum(f.size for f in meta.files)
         print(f"read {remote.bytes_read / 2**20:.2f} MiB of {size / 2**30:.2f} GiB over HTTP (the header only)")
 
 

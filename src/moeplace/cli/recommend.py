@@ -11,7 +11,7 @@ from ..model.memory import FLASH_ATTN
 from ..plan import budget as budget_mod
 from ..plan.recommend import recommend
 from ..plan.request import Constants, Request, parse_contexts
-from ..runtime.llamacpp_args import DEFAULT_UBATCH
+from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_FLASH_ATTN, DEFAULT_UBATCH
 from .options import MODEL_HELP, speed_options, speeds
 
 _CONSTANTS = ("vram_gb", "non_expert_gb", "expert_gb", "layers", "kv_bytes_per_token")
@@ -86,7 +86,9 @@ def add_parser(sub: Any) -> None:
 def _llamacpp_options(rec: argparse.ArgumentParser) -> None:
     """What llama.cpp is run with (flash attention, slots, projector, pins, KV cache, ubatch, its own reserve) and
     what is printed."""
-    rec.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa (auto: on on GPUs)")
+    rec.add_argument(
+        "--flash-attn", choices=FLASH_ATTN, default=DEFAULT_FLASH_ATTN, help="llama.cpp's -fa (auto: on on GPUs)"
+    )
     rec.add_argument("--parallel", type=int, default=1, help="llama-server --parallel slots, each with --ctx tokens")
     rec.add_argument("--mmproj", help="a vision projector .gguf the server also loads onto the card")
     rec.add_argument(
@@ -101,8 +103,8 @@ def _llamacpp_options(rec: argparse.ArgumentParser) -> None:
     rec.add_argument(
         "-nkvo", "--no-kv-offload", action="store_true", help="keep the KV cache in host RAM (llama.cpp's -nkvo)"
     )
-    rec.add_argument("-ctk", "--cache-type-k", default="f16", choices=CACHE_TYPES)
-    rec.add_argument("-ctv", "--cache-type-v", default="f16", choices=CACHE_TYPES)
+    rec.add_argument("-ctk", "--cache-type-k", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
+    rec.add_argument("-ctv", "--cache-type-v", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
     rec.add_argument("--json", action="store_true", help="print the plan per context as JSON (= --emit json)")
     rec.add_argument(
         "--emit",

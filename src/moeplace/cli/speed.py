@@ -19,6 +19,7 @@ from ..plan.cards import card_named
 from ..plan.machine import DEFAULT_BANDWIDTHS
 from ..plan.request import check_ubatch, parse_contexts
 from ..plan.speed import UNITS, Run, prefill_run, prior, zero_fit_notes
+from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_UBATCH
 from .options import MODEL_HELP, speed_options
 from .options import speeds as speeds_of
 
@@ -29,9 +30,9 @@ def add_parser(sub: Any) -> None:
     pr.add_argument("model", help=MODEL_HELP + " (header only is read)")
     pr.add_argument("--depth", default="0", help="tokens already in the KV cache (llama-bench -d), e.g. 0,32768")
     pr.add_argument("--n-cpu-moe", help="n values: 12, 0,8,16 or 0-48 (default: every n)")
-    pr.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub) for prefill")
-    pr.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
-    pr.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
+    pr.add_argument("--ubatch", type=int, default=DEFAULT_UBATCH, help="llama.cpp's ubatch (-ub) for prefill")
+    pr.add_argument("--cache-type-k", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
+    pr.add_argument("--cache-type-v", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
     pr.add_argument("--json", action="store_true", help="print a JSON list of objects")
     pr.add_argument(
         "--backend",
@@ -78,7 +79,7 @@ def cmd_predict(args: argparse.Namespace) -> None:
     kv = (args.cache_type_k, args.cache_type_v)
     rows = []
     for depth in parse_contexts(args.depth, "--depth", allow_zero=True):
-        for n in _n_values(args.n_cpu_moe or f"0-{meta['n_layer']}", meta["n_layer"]):
+        for n in _n_values(args.n_cpu_moe or f"0-{meta.n_layer}", meta.n_layer):
             tg = model.predict(meta, Run(n, depth, "tg", 128, args.ubatch, *kv))
             pp = model.predict(meta, prefill_run(n, depth, args.ubatch, *kv))
             row = {"n_cpu_moe": n, "depth": depth, "ubatch": args.ubatch}

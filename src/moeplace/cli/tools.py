@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..core.config import default
 from ..report.explain import explain
 from ..report.explain_text import render
 from ..report.paste import read_text
@@ -18,7 +19,9 @@ from ..runtime.backend import build_tools, detect
 def add_parser(sub: Any) -> None:
     """doctor, explain, verify and merge."""
     do = sub.add_parser("doctor", help="which llama.cpp backend this machine will build and use, and why")
-    do.add_argument("--backend", choices=("auto", "cpu", "cuda", "hip", "vulkan", "lavapipe"), default="auto")
+    do.add_argument(
+        "--backend", choices=("auto", "cpu", "cuda", "hip", "vulkan", "lavapipe"), default=default("llamacpp.backend")
+    )
     do.add_argument("--json", action="store_true")
     do.set_defaults(func=cmd_doctor)
     ex = sub.add_parser("explain", help="what a llama.cpp log put on each device, and why it ran out of memory")

@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..core.config import Device, DeviceTarget, TuneSettings
+from ..core.config import Device, DeviceTarget, TuneSettings, default
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, NO_PINS
+from ..model.meta import ModelMeta
 from ..model.metadata import inspect_model
 from ..plan import commands
 from ..plan.assumed import describe_speed, expected, speed_model
@@ -21,6 +22,7 @@ from ..plan.calibrate import calibration_file
 from ..plan.request import Request
 from ..plan.speed import SpeedModel
 from ..runtime.llamacpp import PINNED, provision
+from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_FLASH_ATTN, DEFAULT_UBATCH
 from ..runtime.model_ref import is_remote
 from .options import speed_options
 from .options import speeds as speeds_of
@@ -32,14 +34,18 @@ def add_parser(sub: Any) -> None:
     tu.add_argument("model", help="a .gguf file, ollama:NAME, lmstudio:PUBLISHER/REPO or a cached hf:ORG/REPO")
     tu.add_argument("--ctx", type=int, required=True, help="target context length in tokens")
     tu.add_argument("--vram", required=True, help="device memory, e.g. 16GB (the emulated device's cap)")
-    tu.add_argument("--device", choices=("auto", "gpu", "emulated"), default="auto")
-    tu.add_argument("--margin", type=int, default=0, help="whole layers added to the lowest feasible n")
+    tu.add_argument("--device", choices=("auto", "gpu", "emulated"), default=default("device.kind"))
+    tu.add_argument(
+        "--margin", type=int, default=default("tune.margin"), help="whole layers added to the lowest feasible n"
+    )
     tu.add_argument("--bin-dir", help="your llama.cpp build's bin/ (default: the pinned build, built once)")
-    tu.add_argument("--threads", type=int, default=2)
-    tu.add_argument("--cache-type-k", default="f16", choices=CACHE_TYPES)
-    tu.add_argument("--cache-type-v", default="f16", choices=CACHE_TYPES)
-    tu.add_argument("--ubatch", type=int, default=512, help="llama.cpp's ubatch (-ub) the probes run with")
-    tu.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto", help="llama.cpp's -fa the probes run with")
+    tu.add_argument("--threads", type=int, default=default("bench.threads"))
+    tu.add_argument("--cache-type-k", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
+    tu.add_argument("--cache-type-v", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
+    tu.add_argument("--ubatch", type=int, default=DEFAULT_UBATCH, help="llama.cpp's ubatch (-ub) the probes run with")
+    tu.add_argument(
+        "--flash-attn", choices=FLASH_ATTN, default=DEFAULT_FLASH_ATTN, help="llama.cpp's -fa the probes run with"
+    )
     tu.add_argument("--record", help="append the result to this CSV, e.g. results/tables/tune.csv")
     tu.add_argument("--log", default="moeplace-tune.log", help="llama.cpp's output goes here")
     tu.add_argument(
@@ -63,12 +69,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     speeds = speed_model(request.speeds, meta)  # before the probes: a bad --calibration fails at once
     log_path = Path(args.log)
     manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
-    print(f"probing {meta['name']} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
+    print(f"probing {meta.name} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
     workload = request.workload(args.ctx, "rpc")  # the probe's own: llama-bench's logits, no op offload asked
     target = DeviceTarget(args.device, "", parse_size(args.vram, "--vram"))
     settings = TuneSettings(args.margin, 3600, args.threads)
     result, record = tune_model(
-        model_name=meta["name"],
+        model_name=meta.name,
         model_path=args.model,
         meta=meta,
         workload=workload,
@@ -129,7 +135,7 @@ def _checked_request(args: argparse.Namespace) -> Request:
 def _print_expected(
     args: argparse.Namespace,
     request: Request,
-    meta: dict[str, Any],
+    meta: ModelMeta,
     speeds: Any,
     workload: Any,
     n: int,
@@ -140,13 +146,11 @@ def _print_expected(
     print("  expected: " + describe_speed(expected(meta, speeds, host, workload), args.ctx))
     note = "  # add --rpc HOST:PORT for the emulated device" if record["device_kind"] == "emulated" else ""
     r = request
-    print("  " + commands.llama_server(args.model, args.ctx, n, r.type_k, r.type_v, (), r.flash_attn, r.ubatch) + note)
-    print("  " + commands.llama_bench(args.model, args.ctx, n, r.type_k, r.type_v, r.flash_attn, r.ubatch) + note)
+    print("  " + commands.llama_server(args.model, args.ctx, n, r.cache()) + note)
+    print("  " + commands.llama_bench(args.model, args.ctx, n, r.cache()) + note)
 
 
-def _calibrated_by_tune(
-    meta: dict[str, Any], records: list[dict[str, Any]], prior: Any, args: argparse.Namespace
-) -> Any:
+def _calibrated_by_tune(meta: ModelMeta, records: list[dict[str, Any]], prior: Any, args: argparse.Namespace) -> Any:
     """The speed model fitted to tune's calibrating runs, written to --calibration-out; the prior where they cannot
     calibrate."""
     for r in records:

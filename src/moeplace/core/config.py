@@ -1,113 +1,16 @@
-"""The pipeline's config: validated against workflow/schemas/config.schema.yaml (defaults filled, one clear
-line naming a bad field), then parsed once into typed settings."""
+"""The pipeline's config parsed once into typed settings: every section of it, validated against the schema
+(config_schema.py: the one definition of each setting's default and description, which the dataclasses here
+take their defaults from)."""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-import jsonschema
-import yaml
-from jsonschema import Draft202012Validator, validators
-
-from .errors import MoeplaceError
+from .config_schema import SCHEMA_PATH, default, validate_config
 from .units import Context, parse_size
 
-
-def _with_defaults(cls: type) -> type:
-    validate_properties = cls.VALIDATORS["properties"]
-
-    def set_defaults(validator, properties, instance, schema):  # noqa: ANN001 - jsonschema's signature
-        if isinstance(instance, dict):
-            for name, sub in properties.items():
-                if "default" in sub and name not in instance:
-                    instance[name] = copy.deepcopy(sub["default"])
-        yield from validate_properties(validator, properties, instance, schema)
-
-    return validators.extend(cls, {"properties": set_defaults})
-
-
-_Validator = _with_defaults(Draft202012Validator)
-
-
-def _field(error: jsonschema.ValidationError) -> str:
-    return ".".join(str(p) for p in error.absolute_path) or "(top level)"
-
-
-def _message(error: jsonschema.ValidationError) -> str:
-    where = _field(error)
-    if error.validator == "oneOf" and isinstance(error.instance, dict):
-        return f"{where}: give exactly one of gguf, twin or constants"
-    if error.validator == "additionalProperties":
-        return f"{where}: {error.message.replace('Additional properties are not allowed', 'unknown key(s)')}"
-    if error.validator == "pattern":
-        hint = error.schema.get("description", "")
-        return f"{where}: {error.instance!r} is not valid" + (f"; expected {hint}" if hint else "")
-    if error.validator == "dependentRequired":
-        needed = next(
-            k for k, v in error.validator_value.items() if k in error.instance and set(v) - set(error.instance)
-        )
-        missing = ", ".join(f"{where}.{m}" for m in error.validator_value[needed] if m not in error.instance)
-        return f"{where}.{needed} needs {missing} as well"
-    if error.validator == "propertyNames":
-        return f"{where}: model name {error.instance!r} may use only letters, digits, '.', '_' and '-'"
-    return f"{where}: {error.message}"
-
-
-_NOT_READ = object()
-_JSON_TYPE = {bool: "boolean", int: "integer", float: "number", type(None): "null"}
-
-
-def _read_string(text: str, types: str | list[str]) -> Any:
-    """`text` read as YAML, as config.yaml would be, if that gives one of the JSON `types`; else _NOT_READ."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return _NOT_READ
-    wanted = {types} if isinstance(types, str) else set(types)
-    kind = _JSON_TYPE.get(type(value))
-    return value if kind in wanted or (kind == "integer" and "number" in wanted) else _NOT_READ
-
-
-def _string_type_errors(errors: Iterable[jsonschema.ValidationError]) -> Iterator[jsonschema.ValidationError]:
-    """Every error, also those inside oneOf/anyOf branches, that is a string where another type is wanted."""
-    for error in errors:
-        if error.validator == "type" and isinstance(error.instance, str):
-            yield error
-        yield from _string_type_errors(error.context or ())
-
-
-def _read_strings(config: dict[str, Any], validator: jsonschema.protocols.Validator) -> None:
-    """Snakemake's --config gives what is inside a list or mapping as strings (contexts=[8192,32768] becomes
-    ['8192', '32768']): where the schema wants a number, boolean or null, such a string is read as YAML.
-    Each round turns strings into other values, so the rounds end."""
-    while True:
-        values: dict[tuple, Any] = {}
-        for error in _string_type_errors(validator.iter_errors(config)):
-            if (value := _read_string(error.instance, error.validator_value)) is not _NOT_READ:
-                values.setdefault(tuple(error.absolute_path), value)
-        if not values:
-            return
-        for (*parents, last), value in values.items():
-            container: Any = config
-            for key in parents:
-                container = container[key]
-            container[last] = value
-
-
-def validate_config(config: dict[str, Any], schema_path: str | Path) -> dict[str, Any]:
-    """Validate in place (filling defaults, reading numbers given as strings) and return the config;
-    MoeplaceError names the first bad field."""
-    validator = _Validator(yaml.safe_load(Path(schema_path).read_text()))
-    _read_strings(config, validator)
-    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), e.path))
-    if errors:
-        error = jsonschema.exceptions.best_match(errors)
-        raise MoeplaceError(f"config: {_message(error)}.")
-    return config
+__all__ = ["SCHEMA_PATH", "default", "validate_config"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +26,7 @@ class DeviceTarget:
     kind: str  # auto, gpu or emulated
     name: str
     vram_bytes: int | None  # None: auto, the free memory the GPU reports when a job starts
-    host_slowdown: float = 1.0  # emulated device: how much slower its host side computes than the device
+    host_slowdown: float = 1.0  # emulated device: how much slower its host side computes (1: not slowed)
     other_vram_bytes: tuple[int, ...] = ()  # several devices: the ones after the first, in llama.cpp's order
 
 
@@ -140,15 +43,15 @@ class BenchSettings:
     repetitions: int
     threads: int
     timeout_s: float
-    type_k: str = "f16"
-    type_v: str = "f16"
-    noisy_cv: float = 0.05
-    max_repetitions: int = 0  # 0: exactly `repetitions`
-    precision: float = 0.05
-    time_budget_s: float = 150
-    quiet_wait_s: float = 0
-    ubatch: int = 512
-    flash_attn: str = "auto"
+    type_k: str = default("cache_type_k")
+    type_v: str = default("cache_type_v")
+    noisy_cv: float = default("bench.noisy_cv")
+    max_repetitions: int = 0  # 0: exactly `repetitions` (the config's bench.max_repetitions applies to "auto")
+    precision: float = default("bench.precision")
+    time_budget_s: float = default("bench.time_budget_s")
+    quiet_wait_s: float = 0  # a probe run outside the pipeline starts at once (the pipeline's: bench.quiet_wait_s)
+    ubatch: int = default("ubatch")
+    flash_attn: str = default("flash_attn")
 
     @property
     def adaptive(self) -> bool:
@@ -217,6 +120,87 @@ class Bandwidths:
 
 
 @dataclass(frozen=True)
+class ModelEntry:
+    """One model of the config: exactly one of a GGUF file (`gguf`, resolved to a path on disk at start-up), a
+    twin spec (`twin`, made with `weights`, `quant`, `seed`) or the seed's `constants`."""
+
+    name: str
+    gguf: str | None = None
+    twin: str | None = None
+    constants: dict[str, Any] | None = None
+    weights: str = default("models.*.weights")
+    quant: str = default("models.*.quant")
+    seed: int = default("models.*.seed")
+    bench: bool = default("models.*.bench")
+
+    @property
+    def has_file(self) -> bool:
+        return self.constants is None
+
+    @property
+    def runs(self) -> bool:
+        """llama.cpp can run its weights: a real file or a weighted twin (not a header-only one)."""
+        return self.gguf is not None or (self.twin is not None and self.weights != "none")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The n values a benchmark sweeps: `values` given, or None (auto: around the budget's minimum, `step`)."""
+
+    values: tuple[int, ...] | None
+    step: int
+
+
+@dataclass(frozen=True)
+class BudgetCheckGrid:
+    """The budget_check target's grid (lists, as the config gives them: the rule's params)."""
+
+    models: list[str]
+    contexts: list[int]
+    ubatch: list[int]
+    cache_types: list[str]
+    flash_attn: list[str]
+    depth_checks: int
+
+
+@dataclass(frozen=True)
+class LlamacppSettings:
+    """Which llama.cpp runs the benchmarks (the rule's params: a new value makes a new manifest)."""
+
+    bin_dir: str | None
+    version: str
+    sha256: str
+    cmake_options: list[str]
+    backend: str
+
+
+@dataclass(frozen=True)
+class RoutingSettings:
+    prompt: str
+    gen: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class QuantsSettings:
+    model: str | None  # None: the first random-weight twin
+    types: list[str]
+    cap_pct: int
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Which optional stages the config asks for (each section's `enabled`), and their own model choices."""
+
+    ceilings: bool
+    dense_twin: str
+    routing: bool
+    ram_tier: bool
+    ram_tier_models: tuple[str, ...] | None  # None: every model with weights
+    quants: bool
+
+
+@dataclass(frozen=True)
 class Settings:
     contexts: tuple[Context, ...]
     device: DeviceTarget
@@ -226,6 +210,15 @@ class Settings:
     tune: TuneSettings
     ceilings: CeilingsSettings
     ram_tier: RamTierSettings
+    models: dict[str, ModelEntry]
+    sweep: Sweep
+    tune_cache_types: tuple[str, ...]
+    budget_check: BudgetCheckGrid
+    llamacpp: LlamacppSettings
+    routing: RoutingSettings
+    quants: QuantsSettings
+    stages: Stages
+    publish_name: str
 
 
 MIN_AUTO_REPETITIONS = 3  # a mean, a spread and one degree of freedom beyond
@@ -236,20 +229,14 @@ def params(value: Any) -> dict[str, Any]:
     return asdict(value)
 
 
-def parse_settings(config: dict[str, Any]) -> Settings:
-    """The validated config (defaults filled) as typed values; MoeplaceError names a bad field."""
-    dev, host, measured, bench = config["device"], config["host"], config["measured"], config["bench"]
-    threads = bench["threads"]
+def _bench(config: dict[str, Any]) -> BenchSettings:
+    bench = config["bench"]
     auto = bench["repetitions"] == "auto"
-    sizes = dev["vram"] if isinstance(dev["vram"], list) else [dev["vram"]]
-    vram, *others = [None if v == "auto" else parse_size(v, "config device.vram") for v in sizes]
-    ram_tier = config["ram_tier"]
-    contexts = tuple(Context(c) for c in config["contexts"])
-    bench_settings = BenchSettings(
+    return BenchSettings(
         prompt=bench["prompt"],
         gen=bench["gen"],
         repetitions=MIN_AUTO_REPETITIONS if auto else bench["repetitions"],
-        threads=threads,
+        threads=bench["threads"],
         timeout_s=bench["timeout_s"],
         type_k=config["cache_type_k"],
         type_v=config["cache_type_v"],
@@ -261,37 +248,92 @@ def parse_settings(config: dict[str, Any]) -> Settings:
         ubatch=config["ubatch"],
         flash_attn=config["flash_attn"],
     )
+
+
+def _bandwidths(config: dict[str, Any]) -> Bandwidths:
+    dev, host, measured = config["device"], config["host"], config["measured"]
+    return Bandwidths(
+        vram_gbps=dev["bw_vram_gbps"],
+        ddr_gbps=host["bw_ddr_gbps"],
+        measured_vram_gbps=measured.get("bw_vram_gbps"),
+        measured_ddr_gbps=measured.get("bw_ddr_gbps"),
+        disk_gbps=host.get("bw_disk_gbps"),
+        measured_disk_gbps=measured.get("bw_disk_gbps"),
+        ram_bytes=parse_size(host["ram"], "config host.ram") if "ram" in host else None,
+    )
+
+
+def _ceilings(config: dict[str, Any], bench: BenchSettings, contexts: tuple[Context, ...]) -> CeilingsSettings:
+    ceilings = config["ceilings"]
+    return CeilingsSettings(
+        ram_probe_bytes=parse_size(ceilings["ram_probe"], "config ceilings.ram_probe"),
+        seconds=ceilings["seconds"],
+        gen=ceilings["gen"],
+        repetitions=ceilings["repetitions"],
+        threads=bench.threads,
+        random_block_bytes=(config["ram_tier"]["readahead_kb"] or 4) * 1024,
+        attention_depths=tuple(sorted({bench.depth(c.tokens) for c in contexts})),
+    )
+
+
+def _ram_tier(config: dict[str, Any], threads: int) -> RamTierSettings:
+    ram_tier = config["ram_tier"]
+    return RamTierSettings(
+        caps_pct=tuple(ram_tier["caps_pct"]),
+        lock_modes=tuple(ram_tier["lock_modes"]),
+        readahead_kb=ram_tier["readahead_kb"],
+        gen=(ram_tier["gen"][0], ram_tier["gen"][1]),
+        timeout_s=ram_tier["timeout_s"],
+        slack_bytes=parse_size(ram_tier["slack"], "config ram_tier.slack"),
+        threads=threads,
+    )
+
+
+def _stages(config: dict[str, Any]) -> Stages:
+    ceilings, ram_tier = config["ceilings"], config["ram_tier"]
+    models = ram_tier["models"]
+    return Stages(
+        ceilings=ceilings["enabled"],
+        dense_twin=ceilings["dense_twin"],
+        routing=config["routing"]["enabled"],
+        ram_tier=ram_tier["enabled"],
+        ram_tier_models=None if models is None else tuple(models),
+        quants=config["quants"]["enabled"],
+    )
+
+
+def _sections(config: dict[str, Any]) -> dict[str, Any]:
+    """The sections each stage takes whole, typed."""
+    routing, quants, bench = config["routing"], config["quants"], config["bench"]
+    n_cpu_moe = bench["n_cpu_moe"]
+    return {
+        "models": {name: ModelEntry(name, **entry) for name, entry in config["models"].items()},
+        "sweep": Sweep(None if n_cpu_moe == "auto" else tuple(sorted(set(n_cpu_moe))), bench["sweep_step"]),
+        "tune_cache_types": tuple(config["tune"]["cache_types"]),
+        "budget_check": BudgetCheckGrid(**config["budget_check"]),
+        "llamacpp": LlamacppSettings(**config["llamacpp"]),
+        "routing": RoutingSettings(routing["prompt"], routing["gen"], routing["timeout_s"]),
+        "quants": QuantsSettings(quants["model"], quants["types"], quants["cap_pct"]),
+        "stages": _stages(config),
+        "publish_name": config["publish"]["name"],
+    }
+
+
+def parse_settings(config: dict[str, Any]) -> Settings:
+    """The validated config (defaults filled) as typed values; MoeplaceError names a bad field."""
+    dev = config["device"]
+    sizes = dev["vram"] if isinstance(dev["vram"], list) else [dev["vram"]]
+    vram, *others = [None if v == "auto" else parse_size(v, "config device.vram") for v in sizes]
+    contexts = tuple(Context(c) for c in config["contexts"])
+    bench = _bench(config)
     return Settings(
         contexts=contexts,
         device=DeviceTarget(dev["kind"], dev["name"], vram, dev["host_slowdown"], tuple(others)),
         memory=Device(vram, parse_size(dev["overhead"], "config device.overhead"), tuple(others)),
-        bandwidths=Bandwidths(
-            vram_gbps=dev["bw_vram_gbps"],
-            ddr_gbps=host["bw_ddr_gbps"],
-            measured_vram_gbps=measured.get("bw_vram_gbps"),
-            measured_ddr_gbps=measured.get("bw_ddr_gbps"),
-            disk_gbps=host.get("bw_disk_gbps"),
-            measured_disk_gbps=measured.get("bw_disk_gbps"),
-            ram_bytes=parse_size(host["ram"], "config host.ram") if "ram" in host else None,
-        ),
-        bench=bench_settings,
-        tune=TuneSettings(config["tune"]["margin"], config["tune"]["timeout_s"], threads),
-        ceilings=CeilingsSettings(
-            ram_probe_bytes=parse_size(config["ceilings"]["ram_probe"], "config ceilings.ram_probe"),
-            seconds=config["ceilings"]["seconds"],
-            gen=config["ceilings"]["gen"],
-            repetitions=config["ceilings"]["repetitions"],
-            threads=threads,
-            random_block_bytes=(ram_tier["readahead_kb"] or 4) * 1024,
-            attention_depths=tuple(sorted({bench_settings.depth(c.tokens) for c in contexts})),
-        ),
-        ram_tier=RamTierSettings(
-            caps_pct=tuple(ram_tier["caps_pct"]),
-            lock_modes=tuple(ram_tier["lock_modes"]),
-            readahead_kb=ram_tier["readahead_kb"],
-            gen=(ram_tier["gen"][0], ram_tier["gen"][1]),
-            timeout_s=ram_tier["timeout_s"],
-            slack_bytes=parse_size(ram_tier["slack"], "config ram_tier.slack"),
-            threads=threads,
-        ),
+        bandwidths=_bandwidths(config),
+        bench=bench,
+        tune=TuneSettings(config["tune"]["margin"], config["tune"]["timeout_s"], bench.threads),
+        ceilings=_ceilings(config, bench, contexts),
+        ram_tier=_ram_tier(config, bench.threads),
+        **_sections(config),
     )

@@ -12,17 +12,24 @@ Over a grid of contexts, ubatch sizes, KV cache types and flash attention, on th
 from __future__ import annotations
 
 import itertools
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from ..core.config import Device, DeviceTarget
+from ..core.config import BenchSettings, Device, DeviceTarget
 from ..model.memory import Workload
+from ..model.meta import ModelMeta
 from ..plan.budget import plan, reserved_compute
 from ..plan.devices import MultiPlan, plan_args, reserved_plan
 from ..plan.offload import expert_tensors, matching_tensors
+from ..runtime.allocation import fitted_placement, load_probe
+from ..runtime.cpus import split_cpus
+from ..runtime.device import attached, device_setup, rpc_device
 from ..runtime.llamacpp_args import UNSUPPORTED, refusal
+from .bench import BenchJob, Rig, run_bench
 from .tune import search
 
 
@@ -33,28 +40,28 @@ def grid(contexts: list[int], ubatches: list[int], cache_types: list[str], flash
     ]
 
 
-def fitted_host_experts(meta: dict[str, Any], ngl: int, overrides: str | None) -> set[str]:
+def fitted_host_experts(meta: ModelMeta, ngl: int, overrides: str | None) -> set[str]:
     """The expert tensors llama-fit-params keeps on the host: those of the layers below its -ngl (llama.cpp
     offloads the last -ngl layers, the output counting as one) and those its -ot value sends there."""
-    n_layer = meta["n_layer"]
+    n_layer = meta.n_layer
     first_on_device = 0 if ngl < 0 else max(n_layer + 1 - ngl, 0)
     below = expert_tensors(meta, list(range(min(first_on_device, n_layer))))
     return below | matching_tensors(overrides, sorted(expert_tensors(meta, list(range(n_layer)))))
 
 
-def fitted_n(meta: dict[str, Any], ngl: int | None, overrides: str | None) -> int | None:
+def fitted_n(meta: ModelMeta, ngl: int | None, overrides: str | None) -> int | None:
     """Layers with experts that llama-fit-params keeps on the host (it may keep part of a layer's)."""
     if ngl is None:
         return None
     host = fitted_host_experts(meta, ngl, overrides)
-    return sum(1 for layer in meta["layers"] if host & set(layer["expert_tensors"]))
+    return sum(1 for layer in meta.layers if host & set(layer.expert_tensors))
 
 
 def check_model(
     *,
     model: str,
     model_path: str,
-    meta: dict[str, Any],
+    meta: ModelMeta,
     workloads: list[Workload],
     target: DeviceTarget,
     overhead_bytes: int,
@@ -64,11 +71,6 @@ def check_model(
     threads: int = 2,
 ) -> list[dict[str, Any]]:
     """One row per grid cell; the deep checks' runs carry the revision of the pipeline in the working folder."""
-    from ..core.config import BenchSettings
-    from ..runtime.allocation import fitted_placement, load_probe
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import attached, device_setup
-    from .bench import BenchJob, Rig, run_bench
 
     setup = device_setup(target, manifest)
     device = Device(setup.cap_bytes, overhead_bytes)
@@ -77,35 +79,57 @@ def check_model(
         compute = reserved_compute(manifest, model_path, rpc, log_path)
 
         for i, w in enumerate(workloads):
-            row = {"model": model, "n_layer": meta["n_layer"], "ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k,
-                   "flash_attn": w.flash_attn, "device": setup.label, "vram_bytes": setup.cap_bytes,
-                   "margin_bytes": overhead_bytes}  # fmt: skip
+            row = {
+                "model": model,
+                "n_layer": meta.n_layer,
+                "ctx": w.ctx,
+                "ubatch": w.ubatch,
+                "type_k": w.type_k,
+                "flash_attn": w.flash_attn,
+                "device": setup.label,
+                "vram_bytes": setup.cap_bytes,
+                "margin_bytes": overhead_bytes,
+            }
             if refusal(w.flash_attn, w.type_v):
                 rows.append({**row, "status": UNSUPPORTED})
                 continue
             p = plan(meta, device, w, compute)
             predicted = p["n_cpu_moe"]
-            start = meta["n_layer"] if predicted is None else predicted
+            start = meta.n_layer if predicted is None else predicted
 
             def probe(n: int, w: Workload = w) -> tuple[str, None]:
                 return load_probe(manifest, model_path, w.llama_args(), n, rpc, log_path)[0], None
 
-            measured = search(start, meta["n_layer"], probe, spill_ratio=0.0)
+            measured = search(start, meta.n_layer, probe, spill_ratio=0.0)
             ngl, overrides, _ = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
-            row |= {"predicted_n": predicted, "measured_n": measured.lowest_n,
-                    "fit_params_n": fitted_n(meta, ngl, overrides), "fit_params_ngl": ngl,
-                    "load_probes": measured.loads, "compute_mib": p["compute_bytes"] / 2**20,
-                    "kv_mib": p["kv_bytes"] / 2**20, "status": "ok"}  # fmt: skip
+            row |= {
+                "predicted_n": predicted,
+                "measured_n": measured.lowest_n,
+                "fit_params_n": fitted_n(meta, ngl, overrides),
+                "fit_params_ngl": ngl,
+                "load_probes": measured.loads,
+                "compute_mib": p["compute_bytes"] / 2**20,
+                "kv_mib": p["kv_bytes"] / 2**20,
+                "status": "ok",
+            }
             if i < depth_checks and w.ubatch == 512:  # llama-bench's default batch: the sweep's own runs
-                settings = BenchSettings(prompt=0, gen=4, repetitions=1, threads=threads, timeout_s=3600,
-                                         type_k=w.type_k, type_v=w.type_v, flash_attn=w.flash_attn)  # fmt: skip
+                settings = BenchSettings(
+                    prompt=0,
+                    gen=4,
+                    repetitions=1,
+                    threads=threads,
+                    timeout_s=3600,
+                    type_k=w.type_k,
+                    type_v=w.type_v,
+                    flash_attn=w.flash_attn,
+                )
 
                 def deep(n: int, w: Workload = w, settings: BenchSettings = settings) -> tuple[str, float | None]:
-                    job = BenchJob(model, model_path, meta["files"], w.ctx, n, "budget-check")
+                    job = BenchJob(model, model_path, meta.file_records(), w.ctx, n, "budget-check")
                     (r,) = run_bench(job, Rig(settings, setup, manifest, log_path, Path.cwd()))
                     return r["status"], r["avg_ts"]
 
-                row["depth_n"] = search(start, meta["n_layer"], deep, spill_ratio=0.0).lowest_n
+                row["depth_n"] = search(start, meta.n_layer, deep, spill_ratio=0.0).lowest_n
             rows.append(row)
     return rows
 
@@ -113,7 +137,7 @@ def check_model(
 def check_devices(
     *,
     model_path: str,
-    meta: dict[str, Any],
+    meta: ModelMeta,
     workloads: list[Workload],
     caps: list[int],
     manifest: dict[str, Any],
@@ -125,25 +149,28 @@ def check_devices(
     plan that fits loads, one that does not fit runs out of memory) and the plan keeps no expert on the host that a
     device could hold: each device that leaves some of its layers' experts on the host runs out of memory with one
     more of them. A cell llama.cpp refuses (runtime/llamacpp_args.refusal) is recorded UNSUPPORTED, not run."""
-    from contextlib import ExitStack
-    from dataclasses import replace
-
-    from ..runtime.allocation import load_probe
-    from ..runtime.device import rpc_device
 
     rows = []
     with ExitStack() as stack:
-        endpoints = [stack.enter_context(rpc_device(manifest, cap, (i % 2,), log_path.with_suffix(f".rpc{i}.log")))
-                     for i, cap in enumerate(caps)]  # fmt: skip
+        endpoints = [
+            stack.enter_context(rpc_device(manifest, cap, (i % 2,), log_path.with_suffix(f".rpc{i}.log")))
+            for i, cap in enumerate(caps)
+        ]
 
         def load(p: MultiPlan, w: Workload) -> tuple[str, Any]:
             args, rule = plan_args(meta, p, w)
-            return load_probe(manifest, model_path, args + (["-ot", rule] if rule else []), 0, ",".join(endpoints),
-                              log_path)  # fmt: skip
+            return load_probe(
+                manifest, model_path, args + (["-ot", rule] if rule else []), 0, ",".join(endpoints), log_path
+            )
 
         for w in workloads:
-            cell = {"ctx": w.ctx, "ubatch": w.ubatch, "type_k": w.type_k, "flash_attn": w.flash_attn,
-                    "caps_mib": "/".join(f"{c / 2**20:.2f}" for c in caps)}  # fmt: skip
+            cell = {
+                "ctx": w.ctx,
+                "ubatch": w.ubatch,
+                "type_k": w.type_k,
+                "flash_attn": w.flash_attn,
+                "caps_mib": "/".join(f"{c / 2**20:.2f}" for c in caps),
+            }
             if refusal(w.flash_attn, w.type_v):  # llama-fit-params would abort on it
                 rows.append({**cell, "status": UNSUPPORTED})
                 continue
@@ -158,21 +185,42 @@ def check_devices(
                     kept = tuple(il for il in p.host_expert_layers if il != max(host_here))
                     one_more.append(load(replace(p, host_expert_layers=kept), w)[0])
             logged = [sum(buffers.device(e).values()) if buffers else None for e in endpoints]
-            rows.append({**cell,
-                "tensor_split": "/".join(map(str, p.tensor_split)), "host_expert_layers": len(p.host_expert_layers),
-                "fits": p.fits, "status": status, "one_more": "/".join(one_more),
-                "exact": (status == "ok") == p.fits and all(s != "ok" for s in one_more),
-                "planned_mib": "/".join(f"{(d.weights + d.kv + d.compute) / 2**20:.2f}" for d in p.devices),
-                "logged_mib": "/".join("-" if b is None else f"{b / 2**20:.2f}" for b in logged),
-            })  # fmt: skip
+            rows.append(
+                {
+                    **cell,
+                    "tensor_split": "/".join(map(str, p.tensor_split)),
+                    "host_expert_layers": len(p.host_expert_layers),
+                    "fits": p.fits,
+                    "status": status,
+                    "one_more": "/".join(one_more),
+                    "exact": (status == "ok") == p.fits and all(s != "ok" for s in one_more),
+                    "planned_mib": "/".join(f"{(d.weights + d.kv + d.compute) / 2**20:.2f}" for d in p.devices),
+                    "logged_mib": "/".join("-" if b is None else f"{b / 2**20:.2f}" for b in logged),
+                }
+            )
     return rows
 
 
 COLUMNS = [
-    "model", "ctx", "ubatch", "type_k", "flash_attn", "predicted_n", "measured_n", "fit_params_n", "depth_n",
-    "status", "n_layer", "fit_params_ngl", "load_probes", "compute_mib", "kv_mib", "vram_bytes", "margin_bytes",
+    "model",
+    "ctx",
+    "ubatch",
+    "type_k",
+    "flash_attn",
+    "predicted_n",
+    "measured_n",
+    "fit_params_n",
+    "depth_n",
+    "status",
+    "n_layer",
+    "fit_params_ngl",
+    "load_probes",
+    "compute_mib",
+    "kv_mib",
+    "vram_bytes",
+    "margin_bytes",
     "device",
-]  # fmt: skip
+]
 
 
 def check_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -197,45 +245,22 @@ def summary(table: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def figure(table: pd.DataFrame, path: str | Path, device: str) -> None:
-    """Predicted and llama-fit-params' minimum n against the measured one; each point says how many cells it is."""
-    import textwrap
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cells = table[(table.status == "ok") & table.measured_n.notna()]
-    fig, ax = plt.subplots(figsize=(7, 5.4))
-    top = int(max(cells[["measured_n", "predicted_n"]].max().max(), 1)) if len(cells) else 1
-    ax.plot([0, top], [0, top], color="0.7", lw=1, label="exact")
-    for column, marker, label, offset in (("predicted_n", "o", "moeplace budget", 8),
-                                          ("fit_params_n", "x", "llama-fit-params (-fitt 0)", -14)):  # fmt: skip
-        points = cells[cells[column].notna()].groupby(["measured_n", column]).size()
-        xs, ys = zip(*points.index) if len(points) else ((), ())
-        ax.scatter(xs, ys, marker=marker, s=50, label=label, zorder=3)
-        for (x, y), count in points.items():
-            ax.annotate(f"{count}", (x, y), textcoords="offset points", xytext=(6, offset), fontsize=8)
-    ax.set_xlabel("measured minimum --n-cpu-moe (load probes at the full context)")
-    ax.set_ylabel("predicted minimum --n-cpu-moe")
-    s = summary(table)
-    ax.set_title(
-        "Minimum --n-cpu-moe, predicted vs measured\n"
-        f"budget exact on {s['exact']} of {s['cells']} cells, below the measured on {s['below_measured']} "
-        f"({s['cells'] - len(cells)} cells where nothing fits are not drawn)\n" + textwrap.shorten(device, 80),
-        fontsize=9,
-    )
-    ax.legend(title="numbers: cells at the point", fontsize=8, title_fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 DEVICE_COLUMNS = [
-    "model", "ctx", "ubatch", "type_k", "flash_attn", "tensor_split", "host_expert_layers", "fits", "status",
-    "one_more", "exact", "planned_mib", "logged_mib", "caps_mib",
-]  # fmt: skip
+    "model",
+    "ctx",
+    "ubatch",
+    "type_k",
+    "flash_attn",
+    "tensor_split",
+    "host_expert_layers",
+    "fits",
+    "status",
+    "one_more",
+    "exact",
+    "planned_mib",
+    "logged_mib",
+    "caps_mib",
+]
 
 
 def devices_table(rows: list[dict[str, Any]], model: str | None = None) -> pd.DataFrame:
@@ -250,31 +275,3 @@ def devices_summary(table: pd.DataFrame) -> str:
     run = table[table.status != UNSUPPORTED]
     text = f"the per-device plan exact on {int(run.exact.fillna(False).sum())} of {len(run)} cells"
     return text + (f"; {len(table) - len(run)} {UNSUPPORTED} (not run)" if len(run) < len(table) else "")
-
-
-def devices_figure(table: pd.DataFrame, path: str | Path) -> None:
-    """Over several devices: each device's bytes as the plan has them against llama.cpp's logged ones, per cell
-    that loaded; the title says on how many cells the plan was exact."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 5.4))
-    loaded = table[table.status == "ok"]
-    caps = [float(c) for c in table.caps_mib.iloc[0].split("/")]
-    for i, cap in enumerate(caps):
-        planned = pd.to_numeric(loaded.planned_mib.str.split("/").str[i], errors="coerce")
-        logged = pd.to_numeric(loaded.logged_mib.str.split("/").str[i], errors="coerce")  # "-": none logged
-        ax.scatter(logged, planned, s=40, label=f"device {i} ({cap:.1f} MiB)", zorder=3)
-        ax.axhline(cap, color=f"C{i}", lw=0.8, ls=":")
-    ax.plot([0, max(caps)], [0, max(caps)], color="0.7", lw=1, label="exact")
-    ax.set_xlabel("each device's buffers as llama.cpp logged them (MiB)")
-    ax.set_ylabel("each device's buffers as planned (MiB)")
-    failed = int((~table.status.isin(["ok", UNSUPPORTED])).sum())
-    title = f"Per-device budget over {len(caps)} devices, planned vs loaded\n{devices_summary(table)}"
-    ax.set_title(f"{title} ({failed} did not load; dotted: each device's cap)", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -8,14 +8,14 @@
   1 -> T thread scaling it says whether decode is bandwidth- or compute-bound here;
 - on a CUDA card, its links (native/gpulink.c): device memory bandwidth (a device-to-device copy),
   host-to-device copies from pinned and from pageable memory, device-to-host, and the round trip of
-  one hop's activations; the speed model's prior takes the device bandwidth and the hop cost from them;
+  one hop's activations; the speed model's prior (plan/measured_prior.py) takes the card's bandwidth and hop from them;
 - on a GPU build, the dense model's decode fully on the device: a lower bound of its bandwidth,
   recorded for reference only (launch overheads keep it far below the card's bandwidth on small models);
 - each MoE model's attention on the device: decode and prefill at the benchmarks' depths with every routed
   expert on the host; the extra time per GB of KV cache a token's attention reads (its bytes and its compute)
   is the speed model's prior for the depth term, which two runs at one depth cannot tell; at the first depth the
   probe also runs with no routed expert on the host where that fits, and the two placements' times anchor the
-  prior's fixed time and host term (speed.anchored), which then replace the default and the link probe's hop.
+  prior's fixed time and host term (speed_fit.anchored), which then replace the default and the link probe's hop.
 """
 
 from __future__ import annotations
@@ -27,18 +27,19 @@ import os
 import random
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..core.config import Bandwidths, BenchSettings, CeilingsSettings
+from ..core.config import BenchSettings, CeilingsSettings
 from ..core.errors import MoeplaceError
 from ..core.units import GB
+from ..model.meta import ModelMeta
 from ..model.reads import bytes_per_token
-from ..plan.speed import TESTS, Run, SpeedModel, anchored, features, prior
+from ..plan.measured_prior import probe_run
+from ..plan.speed import TESTS, features
 from ..runtime.cpus import split_cpus
 from ..runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, HostSide, attached, host_side, link_facts
 from ..runtime.llamacpp import bench_command, require_binary
@@ -129,12 +130,6 @@ def decode_tok_s(
     return float(rows[0]["avg_ts"])
 
 
-def probe_run(bench: BenchSettings, n_cpu_moe: int, depth: int, test: str) -> Run:
-    """A run of the attention probe: llama-bench with the benchmarks' settings (see bench_command)."""
-    n_tokens = bench.gen if test == "tg" else bench.prompt
-    return Run(n_cpu_moe, depth, test, n_tokens, bench.ubatch, bench.type_k, bench.type_v)
-
-
 def _placement_rows(
     name: str,
     test: str,
@@ -164,7 +159,7 @@ def _placement_rows(
                 "n_cpu_moe": n,
                 "depths": str(depth),
                 "detail": f"llama-bench {test} on {device} at this depth, {where}, {len(rounds)} processes, median; "
-                "the prior's fixed time and host cost come from these (speed.anchored); value_sd: the spread of "
+                "the prior's fixed time and host cost come from these (speed_fit.anchored); value_sd: the spread of "
                 "each round's median",
             }
         )
@@ -175,7 +170,7 @@ def attention_rows(
     manifest: dict[str, Any],
     name: str,
     model: Path,
-    meta: dict[str, Any],
+    meta: ModelMeta,
     device: DeviceSetup,
     bench: BenchSettings,
     depths: tuple[int, ...],
@@ -192,10 +187,10 @@ def attention_rows(
     prediction carrying this cost to another depth inherits.
     At the first depth a run with every routed expert on the device takes its turn too, where it fits: with the
     host placement's time there (rows time_tg, time_pp) it gives the prior its fixed time and the cost of
-    placing experts on the host (speed.anchored)."""
-    n_layer = meta["n_layer"]
+    placing experts on the host (speed_fit.anchored)."""
+    n_layer = meta.n_layer
     depths = tuple(sorted(set(depths) | ({depths[0] // 8} if len(depths) == 1 else set())))
-    if len(depths) < 2 or not any(layer.get("has_kv") for layer in meta["layers"]):
+    if len(depths) < 2 or not any(layer.has_kv for layer in meta.layers):
         return []
     cpus = split_cpus(device.kind == "emulated")
     threads = min(bench.threads, len(cpus.bench))
@@ -210,9 +205,16 @@ def attention_rows(
 
 
 def _timed_rounds(
-    manifest: dict[str, Any], name: str, model: Path, bench: BenchSettings, placements: list[tuple[int, int]],
-    rpc: str | None, host: HostSide, threads: int, log_file: Path,
-) -> dict[str, dict[tuple[int, int, int], list[float]]]:  # fmt: skip
+    manifest: dict[str, Any],
+    name: str,
+    model: Path,
+    bench: BenchSettings,
+    placements: list[tuple[int, int]],
+    rpc: str | None,
+    host: HostSide,
+    threads: int,
+    log_file: Path,
+) -> dict[str, dict[tuple[int, int, int], list[float]]]:
     """Per test, the seconds per token of each repetition by (round, depth, n_cpu_moe): the placements take
     turns, ATTENTION_ROUNDS times, one llama-bench process each; one that fails is not tried again."""
     samples: dict[str, dict[tuple[int, int, int], list[float]]] = {test: {} for test in TESTS}
@@ -222,9 +224,14 @@ def _timed_rounds(
             continue
         cmd = bench_command(manifest, str(model), depth, n, bench, rpc, threads=threads)
         try:
-            out = run_checked(cmd, f"timing {name} at depth {depth} with -ncmoe {n}", log_file,
-                              timeout_s=bench.timeout_s, before_exec=host.enter,
-                              on_stderr_line=host.on_line)  # fmt: skip
+            out = run_checked(
+                cmd,
+                f"timing {name} at depth {depth} with -ncmoe {n}",
+                log_file,
+                timeout_s=bench.timeout_s,
+                before_exec=host.enter,
+                on_stderr_line=host.on_line,
+            )
         except MoeplaceError as e:  # e.g. this depth does not fit even with every expert on the host
             log.warning("%s", e)
             failed.add((depth, n))
@@ -237,12 +244,17 @@ def _timed_rounds(
 
 
 def _attention_cost(
-    name: str, test: str, timed_runs: dict[tuple[int, int, int], list[float]], meta: dict[str, Any],
-    bench: BenchSettings, threads: int, label: str,
-) -> list[dict[str, Any]]:  # fmt: skip
+    name: str,
+    test: str,
+    timed_runs: dict[tuple[int, int, int], list[float]],
+    meta: ModelMeta,
+    bench: BenchSettings,
+    threads: int,
+    label: str,
+) -> list[dict[str, Any]]:
     """The attention row of one test: the slope of median seconds per token over the KV cache's GB, with every
     expert on the host, and the spread of each round's own slope (none where fewer than two depths ran)."""
-    n_layer = meta["n_layer"]
+    n_layer = meta.n_layer
     by_run = {(round_, depth): s for (round_, depth, n), s in timed_runs.items() if n == n_layer}
     timed = sorted({d for _, d in by_run})
     if len(timed) < 2:
@@ -253,11 +265,19 @@ def _attention_cost(
         return float(np.polyfit([kv[d] for d in seconds], list(seconds.values()), 1)[0])
 
     seconds = {d: statistics.median(x for (_, dd), s in by_run.items() if dd == d for x in s) for d in timed}
-    rounds = [{d: statistics.median(by_run[r, d]) for d in timed} for r in range(ATTENTION_ROUNDS)
-              if all((r, d) in by_run for d in timed)]  # fmt: skip
+    rounds = [
+        {d: statistics.median(by_run[r, d]) for d in timed}
+        for r in range(ATTENTION_ROUNDS)
+        if all((r, d) in by_run for d in timed)
+    ]
     cost, per_round = slope(seconds), [slope(r) for r in rounds]
-    log.info("%s %s on the device, median ms per token by depth: %s; each round's s/GB: %s", name, test,
-             {d: round(t * 1e3, 3) for d, t in seconds.items()}, [round(x, 4) for x in per_round])  # fmt: skip
+    log.info(
+        "%s %s on the device, median ms per token by depth: %s; each round's s/GB: %s",
+        name,
+        test,
+        {d: round(t * 1e3, 3) for d, t in seconds.items()},
+        [round(x, 4) for x in per_round],
+    )
     return [
         {
             "ceiling": f"attention_{test}",
@@ -274,46 +294,6 @@ def _attention_cost(
             "attention reads, its bytes and its compute; value_sd: the spread of each round's own slope",
         }
     ]
-
-
-def attention_costs(
-    ceilings: pd.DataFrame, model: str
-) -> tuple[dict[str, float], dict[str, float], set[tuple[int, int]]]:
-    """`model`'s measured attention cost per test (s/GB of KV cache read; a slope that is not positive is
-    noise, left out), its spread between the probe's rounds where measured, and the (n_cpu_moe, depth)
-    configurations its probe ran."""
-    mine = ceilings[ceilings.subject == model]
-    rows = mine[mine.ceiling.str.startswith("attention_")]
-    costs, spreads = {}, {}
-    for r in rows.itertuples():
-        test = r.ceiling.removeprefix("attention_")
-        if r.value > 0:
-            costs[test] = float(r.value)
-            if pd.notna(getattr(r, "value_sd", None)):  # tables written before the spread was measured lack it
-                spreads[test] = float(r.value_sd)
-    probed = {(int(r.n_cpu_moe), int(float(d))) for r in rows.itertuples() for d in str(r.depths).split()}
-    return costs, spreads, probed
-
-
-def measured_prior(
-    bw: Bandwidths, ceilings: pd.DataFrame | None, model: str, meta: dict[str, Any], bench: BenchSettings
-) -> tuple[SpeedModel, set[tuple[int, int]], set[tuple[int, int]]]:
-    """The speed model's prior for `model` (`meta`): `bw` with the ceilings' measured values where the config
-    leaves them unset, the model's measured attention cost with its spread, and its fixed time and host cost
-    from the probe's own runs (made with `bench`); the (n_cpu_moe, depth) configurations the attention cost
-    came from (every fit carries it), and those the fixed time and host cost came from (the prior alone holds
-    them: a fit frees both). Without a ceilings table, the prior of `bw` alone."""
-    if ceilings is None:
-        return prior(bw), set(), set()
-    attention, spread, probed = attention_costs(ceilings, model)
-    times = ceilings[(ceilings.subject == model) & ceilings.ceiling.str.startswith("time_")]
-    anchors = [
-        replace(probe_run(bench, int(r.n_cpu_moe), int(r.depths), r.ceiling.removeprefix("time_")), tok_s=1 / r.value)
-        for r in times.itertuples()
-        if r.value > 0
-    ]
-    base = anchored(meta, prior(with_ceilings(bw, ceilings), attention, spread), anchors)
-    return base, probed, {(r.n_cpu_moe, r.depth) for r in anchors}
 
 
 def bound(fraction: float, scaling: float | None) -> str:
@@ -395,7 +375,7 @@ def measure_ceilings(
     dense_path, dense_meta = dense
     per_token = bytes_per_token(dense_meta)
     speeds = {t: decode_tok_s(manifest, dense_path, t, gen, repetitions, False, log_file) for t in thread_counts}
-    rows += _decode_rows("dense_decode", dense_meta["name"], speeds, per_token, ram, "dense model, all on the CPU")
+    rows += _decode_rows("dense_decode", dense_meta.name, speeds, per_token, ram, "dense model, all on the CPU")
     for name, (path, meta) in models.items():
         speeds = {t: decode_tok_s(manifest, path, t, gen, repetitions, False, log_file) for t in thread_counts}
         rows += _decode_rows("moe_decode", name, speeds, bytes_per_token(meta), ram, "MoE model, all on the CPU")
@@ -429,39 +409,3 @@ def measure_ceilings(
     table = pd.DataFrame(rows, columns=COLUMNS)
     table["host"] = host_facts()["host"]
     return table
-
-
-def measured_bandwidths(ceilings: pd.DataFrame) -> dict[str, float]:
-    """What the speed model's prior uses: the RAM ceiling at the most threads; the device's copy bandwidth
-    on a GPU, the RAM ceiling on the emulated device (its memory is this host's RAM); the hop's round trip;
-    the disk's random reads."""
-
-    def value(name: str) -> float | None:
-        values = ceilings[ceilings.ceiling == name].value.dropna()
-        return float(values.iloc[0]) if not values.empty else None
-
-    ram = ceilings[ceilings.ceiling == "ram_read"].sort_values("threads")
-    out: dict[str, float] = {}
-    if not ram.empty:
-        out["bw_ddr_gbps"] = float(ram.value.iloc[-1])
-    if value("device_copy"):
-        out["bw_vram_gbps"] = value("device_copy")
-    elif not ram.empty and not (ceilings.ceiling == "device_decode").any():  # the emulated device
-        out["bw_vram_gbps"] = out["bw_ddr_gbps"]
-    if value("hop_round_trip"):  # a round trip is two hops: activations to the host and back
-        out["hop_s"] = value("hop_round_trip") * 1e-6 / 2
-    if value("disk_random_read"):
-        out["bw_disk_gbps"] = value("disk_random_read") / 1e3
-    return out
-
-
-def with_ceilings(bw: Bandwidths, ceilings: pd.DataFrame) -> Bandwidths:
-    """`bw` with the measured values the config's measured: section leaves unset taken from the ceilings."""
-    m = measured_bandwidths(ceilings)
-    return replace(
-        bw,
-        measured_ddr_gbps=bw.measured_ddr_gbps or m.get("bw_ddr_gbps"),
-        measured_vram_gbps=bw.measured_vram_gbps or m.get("bw_vram_gbps"),
-        measured_disk_gbps=bw.measured_disk_gbps or m.get("bw_disk_gbps"),
-        measured_hop_s=bw.measured_hop_s or m.get("hop_s"),
-    )

@@ -9,14 +9,21 @@ from dataclasses import replace
 from typing import Any
 
 from ..core.errors import MoeplaceError
-from ..plan.offload import expert_tensors, matching_tensors, optimal_placement, ot_value, tensor_bytes, variants
+from ..core.stats import delta_interval, min_detectable_effect
+from ..model.gguf_file import read_header
+from ..model.meta import ModelMeta
+from ..plan.offload import expert_tensors, matching_tensors, optimal_placement, ot_value, variants
+from ..runtime.allocation import fitted_placement
+from ..runtime.cpus import split_cpus
+from ..runtime.device import attached, portable_rules
+from ..runtime.llama_log import is_host
+from ..runtime.llamacpp_args import cache_args, refusal
 from .bench import BenchJob, Rig, run_bench
 
 
 def check_placement(intended: set[str], buffers: dict[str, str]) -> dict[str, Any]:
     """Compare the intended host set with where llama.cpp's 'buffer type overridden' lines put each tensor:
     every intended tensor must go to a host buffer, and no other tensor may."""
-    from ..runtime.llama_log import is_host
 
     observed = {name for name, buffer in buffers.items() if is_host(buffer)}
     return {
@@ -32,11 +39,8 @@ def variants_table(records: list[dict[str, Any]]) -> Any:
     """Per model, context and test: each variant's tok/s and its difference from --n-cpu-moe at the same bytes,
     against the -ncmoe runs interleaved with it (paired) where it has them, else the first_n variant's own
     runs; with the difference's 95% Welch interval and the smallest difference the runs could have detected."""
-    import math
 
     import pandas as pd
-
-    from ..core.stats import delta_interval, min_detectable_effect
 
     rows = []
     by_key = {(r["model"], r["ctx"], r["variant"], r["test"]): r for r in records}
@@ -81,25 +85,19 @@ VARIANTS = ("first_n", "first_n_ot", "last_n", "up_down", "interleaved", "optima
 DEVICE_VARIANTS = ("first_n", "device_plan", "fit_params")
 
 
-def variant_n(meta: dict[str, Any], budget_n: int | None, several: bool = False) -> int:
+def variant_n(meta: ModelMeta, budget_n: int | None, several: bool = False) -> int:
     """The n the variants are compared at: the budget's minimum, or half the layers when everything fits (over
     several devices the minimum whatever it is: first_n is --n-cpu-moe as a user would run it there)."""
     if several and budget_n is not None:
         return budget_n
-    return budget_n if budget_n else meta["n_layer"] // 2
+    return budget_n if budget_n else meta.n_layer // 2
 
 
-def run_variant(variant: str, meta: dict[str, Any], n: int, budget: dict[str, Any], job: BenchJob,
-                rig: Rig) -> list[dict]:  # fmt: skip
+def run_variant(variant: str, meta: ModelMeta, n: int, budget: dict[str, Any], job: BenchJob, rig: Rig) -> list[dict]:
     """One variant's llama-bench run of `job`'s model and context, with its placement checked against llama.cpp's
     load log. `budget` is the context's row of the budget table (the room for experts; over several devices the
     per-device plan). On one device each variant is paired with --n-cpu-moe n; over several that one runs out of
     memory at the plan's host bytes, so the variants are compared with the first_n variant's own runs."""
-    from ..model.gguf_file import read_header
-    from ..runtime.allocation import fitted_placement
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import attached, portable_rules
-    from ..runtime.llamacpp_args import cache_args, refusal
 
     sizes = {t.name: t.n_bytes for t in read_header(job.model_path).tensors}
     split, ngl = None, 99
@@ -112,8 +110,10 @@ def run_variant(variant: str, meta: dict[str, Any], n: int, budget: dict[str, An
             fit_ngl, overrides, split = fitted_placement(rig.manifest, job.model_path, args, rpc, rig.log_path)
             overrides = portable_rules(overrides, rpc)
         if fit_ngl is None:
-            raise MoeplaceError(f"llama-fit-params found no placement for {job.model_path} at {job.ctx} tokens on "
-                                f"{rig.device.label}; see {rig.log_path}.")  # fmt: skip
+            raise MoeplaceError(
+                f"llama-fit-params found no placement for {job.model_path} at {job.ctx} tokens on "
+                f"{rig.device.label}; see {rig.log_path}."
+            )
         ngl, intended = fit_ngl, matching_tensors(overrides, list(sizes))
     elif variant == "device_plan":  # from the budget table, where an empty cell reads as NaN
         overrides, split = _text(budget["device_plan_override"]) or None, _text(budget["tensor_split"])
@@ -126,8 +126,18 @@ def run_variant(variant: str, meta: dict[str, Any], n: int, budget: dict[str, An
         overrides = None if variant == "first_n" else ot_value(intended) or None
     paired = None if variant == "first_n" or rig.device.other_caps else n  # -ncmoe n interleaved with it
     first_n = n if variant == "first_n" else 0
-    records = run_bench(replace(job, n_cpu_moe=first_n, variant=variant, overrides=overrides, paired_n_cpu_moe=paired,
-                                tensor_split=split, n_gpu_layers=ngl), rig)  # fmt: skip
+    records = run_bench(
+        replace(
+            job,
+            n_cpu_moe=first_n,
+            variant=variant,
+            overrides=overrides,
+            paired_n_cpu_moe=paired,
+            tensor_split=split,
+            n_gpu_layers=ngl,
+        ),
+        rig,
+    )
     for r in records:
         check = check_placement(intended, r["tensor_buffers"])
         r.update(
@@ -176,77 +186,3 @@ def require_placed_as_asked(check: Any, log_path: str) -> None:
         raise MoeplaceError(
             f"llama.cpp placed {len(bad)} variant(s) otherwise than asked ({runs}); their tensors are in {log_path}."
         )
-
-
-def compare_devices(*, model_path: str, meta: dict[str, Any], workload: Any, caps: list[int],
-                    manifest: dict[str, Any], log_path: Any, slowdown: float = 8.0, rounds: int = 3,
-                    repetitions: int = 3, gen: int = 32) -> list[dict[str, Any]]:  # fmt: skip
-    """Decode at `workload`'s full context over emulated devices capped to `caps` (one RPC server each, on the
-    device's CPU; the host side slowed `slowdown` times while timed, as in the bench stage) under three placements:
-    moeplace's per-device plan (-ts layer counts, one -ot rule for the host's experts), the lowest --n-cpu-moe that
-    loads with llama.cpp's own split, and llama-fit-params' placement (its -ngl, -ts and -ot). The placements take
-    turns, one llama-bench process each per round, so a slow spell of the host falls on all alike. One row per
-    placement: its arguments, the expert bytes it keeps on the host, its decode samples and median with a 95%
-    interval, and its ratio to the plan's median."""
-    import statistics
-    from contextlib import ExitStack
-
-    from ..core.config import Device
-    from ..core.stats import median_interval
-    from ..plan.devices import reserved_plan
-    from ..runtime.allocation import fitted_placement, load_probe
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import DeviceSetup, attached, host_side
-    from ..runtime.llamacpp import require_binary
-    from ..runtime.llamacpp_args import cache_args
-    from ..runtime.process import run
-    from ..runtime.tool_output import bench_records
-    from .budget_check import fitted_host_experts
-    from .tune import search
-
-    w, cpus = workload, split_cpus(True)
-    device = DeviceSetup("emulated", "emulated devices", caps[0], host_slowdown=slowdown, other_caps=tuple(caps[1:]))
-    with ExitStack() as stack:
-        rpc = stack.enter_context(attached(device, manifest, cpus, log_path))
-        plan = reserved_plan(meta, w, [Device(c, 0) for c in caps], rpc.split(","), manifest, model_path, rpc,
-                             log_path)  # fmt: skip
-        if not plan.fits:
-            raise MoeplaceError(f"{model_path} does not fit on devices of {caps} bytes at {w.ctx} tokens.")
-
-        def loads(n: int) -> tuple[str, None]:
-            return load_probe(manifest, model_path, w.llama_args(), n, rpc, log_path)[0], None
-
-        n_cpu_moe = search(len(plan.host_expert_layers), meta["n_layer"], loads, spill_ratio=0.0).lowest_n
-        fit_ngl, fit_ot, fit_ts = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
-        if n_cpu_moe is None or fit_ngl is None:
-            raise MoeplaceError(f"no --n-cpu-moe loads, or llama-fit-params found no placement, where the plan fits "
-                                f"({w.ctx} tokens on devices of {caps} bytes); see {log_path}.")  # fmt: skip
-        placements = {  # name: (llama-bench's arguments, the expert tensors it keeps on the host)
-            "per-device plan": (["-ngl", "99", "-ts", "/".join(map(str, plan.tensor_split))]
-                                + (["-ot", plan.host_rule(meta, ";")] if plan.host_expert_layers else []),
-                                plan.host_tensors(meta)),
-            f"-ncmoe {n_cpu_moe}, llama.cpp's split": (["-ngl", "99", "-ncmoe", str(n_cpu_moe)],
-                                                       expert_tensors(meta, list(range(n_cpu_moe)))),
-            "llama-fit-params": (["-ngl", str(fit_ngl)] + (["-ts", fit_ts] if fit_ts else [])
-                                 + (["-ot", fit_ot] if fit_ot else []),
-                                 fitted_host_experts(meta, fit_ngl, fit_ot)),
-        }  # fmt: skip
-        bench = [str(require_binary(manifest, "llama-bench")), "--rpc", rpc, "-m", model_path, "-p", "0",
-                 "-n", str(gen), "-d", str(w.ctx - gen), "-r", str(repetitions), "-t", "1", "-o", "jsonl",
-                 "--progress", *cache_args(w.type_k, w.type_v, w.flash_attn, w.ubatch)]  # fmt: skip
-        samples: dict[str, list[float]] = {name: [] for name in placements}
-        host = stack.enter_context(host_side(device, cpus.bench, log_path))
-        for _ in range(rounds):
-            for name, (args, _) in placements.items():
-                done = run([*bench, *args], timeout_s=1800, log_path=log_path, before_exec=host.enter,
-                           on_stderr_line=host.on_line)  # fmt: skip
-                for record in bench_records(done.stdout):
-                    samples[name] += record.get("samples_ts") or []
-    plan_median = statistics.median(samples["per-device plan"]) if samples["per-device plan"] else math.nan
-    rows = []
-    for name, (args, on_host) in placements.items():
-        median, low, high = median_interval(samples[name])
-        rows.append({"placement": name, "host_expert_mib": tensor_bytes(meta, on_host) / 2**20, "args": " ".join(args),
-                     "samples": len(samples[name]), "tg_median": median, "ci95_low": low, "ci95_high": high,
-                     "vs_plan": median / plan_median})  # fmt: skip
-    return rows

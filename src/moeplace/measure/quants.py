@@ -10,16 +10,16 @@ cgroup, a failed run) are empty, and so are their ratios.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ..core.units import GB
+from ..model.meta import ModelMeta
 from ..model.reads import active_fraction, bytes_per_token
 
 
-def quant_row(quant: str, meta: dict[str, Any], records: list[dict[str, Any]], cap_pct: int) -> dict[str, Any]:
+def quant_row(quant: str, meta: ModelMeta, records: list[dict[str, Any]], cap_pct: int) -> dict[str, Any]:
     def ok(cap: int | None) -> dict[str, Any] | None:
         return next((r for r in records if r.get("cap_pct") == cap and r["status"] == "ok"), None)
 
@@ -27,8 +27,8 @@ def quant_row(quant: str, meta: dict[str, Any], records: list[dict[str, Any]], c
     problems = sorted({f"{r['status']}: {r.get('error', '')}"[:300] for r in records if r["status"] != "ok"})
     return {
         "quant": quant,
-        "file_gb": sum(f["size"] for f in meta["files"]) / GB,
-        "expert_mb_per_token": active_fraction(meta) * meta["expert_bytes"] / 1e6,
+        "file_gb": sum(f.size for f in meta.files) / GB,
+        "expert_mb_per_token": active_fraction(meta) * meta.expert_bytes / 1e6,
         "active_mb_per_token": bytes_per_token(meta) / 1e6,
         "tok_s": free["tok_s"] if free else None,
         "faults_per_token": free["faults_per_token"] if free else None,
@@ -50,43 +50,3 @@ def quants_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     table["tok_s_capped_ratio"] = table.tok_s_capped / ref.tok_s_capped
     table["faults_ratio_capped"] = ref.faults_per_token_capped / table.faults_per_token_capped
     return table
-
-
-def _ratio(value: float) -> str:
-    return "n/a" if pd.isna(value) else f"{value:.2f}"
-
-
-def plot_quants(table: pd.DataFrame, path: str | Path, title: str) -> None:
-    """Bytes read per token next to decode speed, per quant type, with and without the RAM cap."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..runtime.outputs import atomic_path
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    x = range(len(table))
-    left.bar(x, table.active_mb_per_token, color="tab:gray", label="all weights read per token")
-    left.bar(x, table.expert_mb_per_token, color="tab:purple", label="of which routed experts")
-    left.set(xticks=list(x), xticklabels=table.quant, ylabel="MB read per token", title="Bytes per token")
-    left.legend(loc="upper right", fontsize=8)
-    width = 0.38
-    cap = int(table.cap_pct.iloc[0])
-    right.bar([i - width / 2 for i in x], table.tok_s.fillna(0), width, label="plenty of RAM")
-    right.bar([i + width / 2 for i in x], table.tok_s_capped.fillna(0), width, label=f"RAM capped at {cap}%")
-    labels = [
-        f"{row.quant}\nbytes /{row.bytes_ratio:.2f}, speed x{_ratio(row.tok_s_ratio)}, "
-        f"capped x{_ratio(row.tok_s_capped_ratio)}"
-        for row in table.itertuples()
-    ]
-    if (table.tok_s.fillna(0) > 0).any():  # a speed spans decades once the cap pages from disk
-        right.set_yscale("log")
-    right.set(xticks=list(x), ylabel="decode speed (tok/s)", title="Decode on the CPU")
-    right.set_xticklabels(labels, fontsize=8)
-    right.legend(loc="upper right", fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=130, format="png")
-    plt.close(fig)

@@ -49,17 +49,16 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from matplotlib.figure import Figure  # no pyplot: no backend or global figure state
 
 from ..core.config import RamTierSettings
 from ..core.errors import MoeplaceError
 from ..model.gguf_file import GGUFHeader, read_header, shard_paths
+from ..model.meta import ModelMeta
 from ..model.metadata import tensor_role
 from ..plan.predict import ram_tier_tok_s
 from ..runtime.cgroup import MIB, CgroupSite, cgroup_site, memory_cgroup
 from ..runtime.llamacpp import require_binary, require_flags
 from ..runtime.native import build_native
-from ..runtime.outputs import atomic_path
 from ..runtime.pagecache import PAGE, evict_page_cache, readahead_control
 from ..runtime.pagelock import merge_ranges, parse_shim, shim_env
 from ..runtime.process import Finished, classify, run, sigterm_raises, tail
@@ -236,7 +235,7 @@ def run_ram_tier(
     *,
     model_name: str,
     model_path: str,
-    meta: dict[str, Any],
+    meta: ModelMeta,
     manifest: dict[str, Any],
     settings: RamTierSettings,
     log_path: Path,
@@ -255,7 +254,7 @@ def run_ram_tier(
     if unknown:
         raise MoeplaceError(f"ram tier: unknown lock mode(s) {unknown}; use {list(LOCK_MODES)}.")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    files = [str(f["path"]) for f in meta["files"]] or [str(p) for p in shard_paths(Path(model_path))]
+    files = [f.path for f in meta.files] or [str(p) for p in shard_paths(Path(model_path))]
     site = cgroup_site()
     skip = site if isinstance(site, str) else None
     if skip:
@@ -264,8 +263,9 @@ def run_ram_tier(
     with sigterm_raises(), readahead_control(files, settings.readahead_kb) as ra:
         shim = build_native("pagelock", log_path, shared=True)
         site = None if skip else site
-        tier = _Tier(model_name, model_path, manifest, settings, files, site, shim, non_expert_ranges(model_path),
-                     log_path, ra)  # fmt: skip
+        tier = _Tier(
+            model_name, model_path, manifest, settings, files, site, shim, non_expert_ranges(model_path), log_path, ra
+        )
         tier.common = _common(tier, meta, workdir)
         return _rows(tier, skip)
 
@@ -302,34 +302,49 @@ class _Tier:
         lock_targets = self.targets if locking else [(path, []) for path, _ in self.targets]
         preload = " ".join(filter(None, [str(self.shim), os.environ.get("LD_PRELOAD", "")]))
         env = {**os.environ, "LD_PRELOAD": preload, **shim_env(lock_targets, self.readahead.madvise)}
-        row = _measure(cmd_for=self.command, gen=self.settings.gen, env=env, files=self.files, site=self.site,
-                       cap_bytes=cap.get("cap_bytes"), expect_locked=self.locked_bytes if locking else 0,
-                       model_bytes=self.model_bytes, timeout_s=self.settings.timeout_s,
-                       log_path=self.log_path)  # fmt: skip
+        row = _measure(
+            cmd_for=self.command,
+            gen=self.settings.gen,
+            env=env,
+            files=self.files,
+            site=self.site,
+            cap_bytes=cap.get("cap_bytes"),
+            expect_locked=self.locked_bytes if locking else 0,
+            model_bytes=self.model_bytes,
+            timeout_s=self.settings.timeout_s,
+            log_path=self.log_path,
+        )
         record = {**self.common, "cap_pct": cap_pct, "lock": lock, **row, **cap}
         record["lock_expected_bytes"] = self.locked_bytes if locking else 0
         shown = "none" if cap_pct is None else f"{cap_pct}%"
-        log.info("ram tier %s cap %s lock %s: %s, %s tok/s (%s marginal), %s faults/token", self.model_name, shown,
-                 lock, record["status"], record["tok_s"], record["tok_s_marginal"],
-                 record["faults_per_token"])  # fmt: skip
+        log.info(
+            "ram tier %s cap %s lock %s: %s, %s tok/s (%s marginal), %s faults/token",
+            self.model_name,
+            shown,
+            lock,
+            record["status"],
+            record["tok_s"],
+            record["tok_s_marginal"],
+            record["faults_per_token"],
+        )
         return record
 
 
-def _common(tier: _Tier, meta: dict[str, Any], workdir: Path) -> dict[str, Any]:
+def _common(tier: _Tier, meta: ModelMeta, workdir: Path) -> dict[str, Any]:
     """What every record of a model's RAM-tier runs carries."""
     ra, site = tier.readahead, tier.site
     return {
         "model": tier.model_name,
         "model_bytes": tier.model_bytes,
-        "non_expert_bytes": meta.get("non_expert_bytes"),
-        "expert_bytes": meta.get("expert_bytes"),
+        "non_expert_bytes": meta.non_expert_bytes,
+        "expert_bytes": meta.expert_bytes,
         "gen": list(tier.settings.gen),
         "threads": tier.settings.threads,
         "load_mode": "mmap",
         "repack": False,
         "slack_bytes": tier.settings.slack_bytes,
         **build_facts(tier.manifest),
-        "model_files": meta["files"],
+        "model_files": meta.file_records(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **host_facts(),
         **pipeline_revision(workdir),
@@ -377,7 +392,7 @@ def _rows(tier: _Tier, skip: str | None) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# table and figure
+# the table (its figure: report/figures/ram_tier.py)
 
 
 TABLE_COLUMNS = [
@@ -418,12 +433,12 @@ def ram_tier_table(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def predicted_column(
-    table: pd.DataFrame, meta: dict[str, Any], ddr_gbps: float | None, disk_gbps: float | None
+    table: pd.DataFrame, meta: ModelMeta, ddr_gbps: float | None, disk_gbps: float | None
 ) -> pd.DataFrame:
     """The table with tok_s_predicted: predict.ram_tier_tok_s with the share of the model's file bytes the
     cap left it (model_room_pct where known, else cap_pct) as the weights' page cache (all of it uncapped);
     NaN where a bandwidth it needs is unknown."""
-    model_bytes = sum(f["size"] for f in meta.get("files") or []) or meta["total_bytes"]
+    model_bytes = sum(f.size for f in meta.files) or meta.total_bytes
 
     def one(cap_pct: float, room_pct: float) -> float:
         pct = room_pct if pd.notna(room_pct) else cap_pct
@@ -436,52 +451,3 @@ def predicted_column(
             return math.nan
 
     return table.assign(tok_s_predicted=[one(c, r) for c, r in zip(table.cap_pct, table.model_room_pct)])
-
-
-def plot_ram_tier(table: pd.DataFrame, path: str | Path, title: str) -> None:
-    """Decode tok/s and major faults per token against the RAM cap (one model, one readahead), side by
-    side: one line per lock mode, the uncapped run as a dotted reference, the prediction where the table
-    has it; rows that did not run are marked with their status and listed under the panels."""
-    fig = Figure(figsize=(12, 5.5))
-    axes = fig.subplots(1, 2)
-    ref = table[table.cap_pct.isna() & (table.status == "ok")]
-    capped = table[table.cap_pct.notna()]
-    labels = {"none": "no locking", "non_expert": "non-expert tensors mlock'ed"}
-    for ax, column, ylabel in (
-        (axes[0], "tok_s", "decode speed (llama-bench tg), tokens/s"),
-        (axes[1], "faults_per_token", "major page faults per generated token"),
-    ):
-        if len(ref):
-            value = float(ref[column].iloc[0])
-            ax.axhline(value, color="tab:gray", ls=":", label=f"no cap ({value:.3g})")
-        if column == "tok_s" and "tok_s_predicted" in capped and capped.tok_s_predicted.notna().any():
-            p = capped.drop_duplicates("cap_pct").sort_values("cap_pct")
-            ax.plot(p.cap_pct, p.tok_s_predicted, "x--", color="black", lw=1, label="predicted (RAM + disk bandwidth)")
-        for k, lock in enumerate(m for m in LOCK_MODES if m in set(capped.lock)):
-            c = capped[capped.lock == lock].sort_values("cap_pct")
-            ok = c[c.status == "ok"]
-            ax.plot(ok.cap_pct, ok[column], "o-", color=f"C{k}", label=labels[lock] if len(ok) else None)
-            for r in c[c.status != "ok"].itertuples():
-                ax.annotate(str(r.status).upper(), (r.cap_pct, 0), xytext=(0, 4 + 10 * k), textcoords="offset points",
-                            xycoords=("data", "axes fraction"), ha="center", fontsize=8, color="tab:red")  # fmt: skip
-        values = pd.concat([ref[column], capped[column]]).dropna()
-        positive = values[values > 0]
-        if column == "tok_s" and len(positive) and positive.max() / positive.min() > 30:
-            ax.set_yscale("log")  # speeds under a cap can be orders of magnitude apart
-        else:
-            ax.set_ylim(bottom=0)
-        if len(capped):
-            ax.set_xlim(max(capped.cap_pct.max() + 5, 105), min(capped.cap_pct.min() - 5, 0))  # less RAM to the right
-        ax.set_xlabel("RAM cap: % of the model's file bytes, on top of anon peak + slack")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3, which="both")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    notes = sorted({f"{r.status}: {str(r.error)[:150]}" for r in table[table.status != "ok"].itertuples()})[:4]
-    for i, note in enumerate(notes):
-        fig.text(0.01, 0.01 + 0.03 * i, note, fontsize=7, color="tab:red")
-    readahead = "; ".join(sorted(set(table.readahead.dropna())))
-    fig.suptitle(f"{title}\nreadahead: {readahead}" if readahead else title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.03 * len(notes), 1, 1))
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=130, format="png")

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..core.config import BenchSettings, Device, DeviceTarget, TuneSettings
 from ..model.memory import Workload, lowest
+from ..model.meta import ModelMeta
 from ..model.metadata import inspect_model
 from ..plan.budget import plan
 from ..plan.devices import minimum_ncmoe
@@ -143,7 +144,7 @@ def tune(
     model_path: str, workload: Workload, device: DeviceSetup, n_layer: int, predicted_n: int, probing: Probing
 ) -> TuneResult:
     """Run the search with real llama-bench probes of `workload` on the given device."""
-    files = inspect_model(model_path)["files"]
+    files = inspect_model(model_path).file_records()
     w, settings = workload, probing.settings
     probes = replace(
         probe_settings(settings.threads, settings.timeout_s),
@@ -163,11 +164,12 @@ def tune(
 
 
 def calibrate_runs(
-    model_path: str, meta: dict[str, Any], workload: Workload, target: DeviceTarget, chosen_n: int, probing: Probing
+    model_path: str, meta: ModelMeta, workload: Workload, target: DeviceTarget, chosen_n: int, probing: Probing
 ) -> list[dict[str, Any]]:
     """Decode and prefill with `workload`'s KV cache type, ubatch and flash attention at the chosen n and with every
     expert on the host (half of them where that is the chosen n), at an empty context, in one llama-bench process:
-    two placements give the speed model's fixed time and host terms (speed.fit); its depth term stays the prior's."""
+    two placements give the speed model's fixed time and host terms (speed_fit.fit); its depth term stays the
+    prior's."""
     w, settings = workload, probing.settings
     bench = BenchSettings(
         prompt=w.ubatch,
@@ -180,8 +182,8 @@ def calibrate_runs(
         ubatch=w.ubatch,
         flash_attn=w.flash_attn,
     )
-    other = meta["n_layer"] if chosen_n < meta["n_layer"] else meta["n_layer"] // 2
-    job = BenchJob(str(model_path), str(model_path), meta["files"], w.ctx, chosen_n, "tune-calibration", depth=0)
+    other = meta.n_layer if chosen_n < meta.n_layer else meta.n_layer // 2
+    job = BenchJob(str(model_path), str(model_path), meta.file_records(), w.ctx, chosen_n, "tune-calibration", depth=0)
     return run_sweep(job, [chosen_n, other], probing.rig(bench, device_setup(target, probing.manifest)))
 
 
@@ -189,7 +191,7 @@ def tune_model(
     *,
     model_name: str,
     model_path: str,
-    meta: dict[str, Any],
+    meta: ModelMeta,
     workload: Workload,
     target: DeviceTarget,
     memory: Any,
@@ -204,7 +206,7 @@ def tune_model(
     device = device_setup(target, manifest)
     if reason := refusal(workload.flash_attn, workload.type_v):
         log.info("%s at %d tokens: %s; recorded %s", model_name, workload.ctx, reason, UNSUPPORTED)
-        result = TuneResult(predicted_n=meta["n_layer"], lowest_n=None, chosen_n=None, chosen_tok_s=None)
+        result = TuneResult(predicted_n=meta.n_layer, lowest_n=None, chosen_n=None, chosen_tok_s=None)
         w = workload
         record = tune_record(model_name, w.ctx, result, device.label, settings.margin, w.type_k, w.type_v)
         return result, {**record, "predicted_n": None, "status": UNSUPPORTED, "device_kind": device.kind}
@@ -213,9 +215,9 @@ def tune_model(
     else:
         predicted = plan(meta, Device(device.cap_bytes, memory.overhead_bytes), workload)["n_cpu_moe"]
     log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", workload.ctx, predicted, device.label)
-    start = meta["n_layer"] if predicted is None else predicted
+    start = meta.n_layer if predicted is None else predicted
     probing = Probing(settings, manifest, Path(log_path), Path(workdir))
-    result = tune(model_path, workload, device, meta["n_layer"], start, probing)
+    result = tune(model_path, workload, device, meta.n_layer, start, probing)
     w = workload
     record = tune_record(model_name, w.ctx, result, device.label, settings.margin, w.type_k, w.type_v)
     return result, {**record, "device_kind": device.kind}

@@ -7,12 +7,11 @@ their window plus one ubatch, padded the same way (llama.cpp's iSWA cache).
 
 from __future__ import annotations
 
-from typing import Any
-
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..core.errors import MoeplaceError
 from ..runtime.llamacpp_args import DEFAULT_UBATCH
+from .meta import ModelMeta, SeedModel
 
 CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 KV_PAD = 256  # llama.cpp pads cache sizes to 256 cells
@@ -40,38 +39,38 @@ def cells(ctx: int, window: int = 0, n_ubatch: int = DEFAULT_UBATCH, n_seq: int 
 
 
 def layer_kv_bytes(
-    meta: dict[str, Any], ctx: int, type_k: str = "f16", type_v: str = "f16", n_ubatch: int = DEFAULT_UBATCH
+    meta: ModelMeta, ctx: int, type_k: str = "f16", type_v: str = "f16", n_ubatch: int = DEFAULT_UBATCH
 ) -> list[int]:
     """KV bytes of every layer at a context (0 for layers without a cache)."""
-    if meta.get("kv_bytes_per_token") is not None:
+    if isinstance(meta, SeedModel):
         # Constants mode: the seed's f16 figure, rescaled for other cache types.
-        per_layer = meta["kv_bytes_per_token"] * ctx / meta["n_layer"]
+        per_layer = meta.kv_bytes_per_token * ctx / meta.n_layer
         scale = (row_size(type_k, 256) + row_size(type_v, 256)) / (2 * row_size("f16", 256))
-        return [round(per_layer * scale)] * meta["n_layer"]
-    window = meta["attention"]["sliding_window"]
+        return [round(per_layer * scale)] * meta.n_layer
+    window = meta.attention.sliding_window
     out = []
-    for layer in meta["layers"]:
-        if not layer["has_kv"]:
+    for layer in meta.layers:
+        if not layer.has_kv:
             out.append(0)
             continue
-        n = cells(ctx, window if layer["swa"] else 0, n_ubatch)
-        v = row_size(type_v, layer["v_dim"]) if layer["v_dim"] else 0
-        out.append(n * (row_size(type_k, layer["k_dim"]) + v))
+        n = cells(ctx, window if layer.swa else 0, n_ubatch)
+        v = row_size(type_v, layer.v_dim) if layer.v_dim else 0
+        out.append(n * (row_size(type_k, layer.k_dim) + v))
     return out
 
 
 def kv_bytes(
-    meta: dict[str, Any], ctx: int, type_k: str = "f16", type_v: str = "f16", n_ubatch: int = DEFAULT_UBATCH
+    meta: ModelMeta, ctx: int, type_k: str = "f16", type_v: str = "f16", n_ubatch: int = DEFAULT_UBATCH
 ) -> int:
     return sum(layer_kv_bytes(meta, ctx, type_k, type_v, n_ubatch))
 
 
-def kv_bytes_per_token(meta: dict[str, Any], type_k: str = "f16", type_v: str = "f16") -> float:
+def kv_bytes_per_token(meta: ModelMeta, type_k: str = "f16", type_v: str = "f16") -> float:
     """Bytes per token of context for full-attention layers (windowed layers excluded)."""
-    if meta.get("kv_bytes_per_token") is not None:
+    if isinstance(meta, SeedModel):
         return kv_bytes(meta, 1, type_k, type_v)
     return sum(
-        row_size(type_k, layer["k_dim"]) + (row_size(type_v, layer["v_dim"]) if layer["v_dim"] else 0)
-        for layer in meta["layers"]
-        if layer["has_kv"] and not layer["swa"]
+        row_size(type_k, layer.k_dim) + (row_size(type_v, layer.v_dim) if layer.v_dim else 0)
+        for layer in meta.layers
+        if layer.has_kv and not layer.swa
     )

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..runtime.llamacpp_args import batch_for
 from .kvcache import kv_bytes, pad
+from .meta import ModelMeta
 
 FLASH_ATTN = ("auto", "on", "off")
 SERVER = "server"  # Workload.outputs of a llama-server plan
@@ -86,81 +86,79 @@ class Pins:
     device: frozenset[str] = frozenset()
     rules: tuple[str, ...] = ()
 
-    def host_set(self, meta: dict[str, Any], n_cpu_moe: int) -> frozenset[str]:
+    def host_set(self, meta: ModelMeta, n_cpu_moe: int) -> frozenset[str]:
         """Every expert tensor in host RAM with --n-cpu-moe n after these rules."""
-        first = {name for layer in meta["layers"][: max(n_cpu_moe, 0)] for name in layer["expert_tensors"]}
+        first = {name for layer in meta.layers[: max(n_cpu_moe, 0)] for name in layer.expert_tensors}
         return frozenset((first - self.device) | self.host)
 
 
 NO_PINS = Pins()
 
 
-def host_layer_count(meta: dict[str, Any], host: frozenset[str]) -> int:
+def host_layer_count(meta: ModelMeta, host: frozenset[str]) -> int:
     """Layers with any of their experts in host RAM (the rest are resident)."""
-    return sum(1 for layer in meta["layers"] if host.intersection(layer["expert_tensors"]))
+    return sum(1 for layer in meta.layers if host.intersection(layer.expert_tensors))
 
 
-def host_kept_bytes(meta: dict[str, Any]) -> int:
+def host_kept_bytes(meta: ModelMeta) -> int:
     """Non-expert bytes llama.cpp keeps on the host with every layer offloaded: the input embedding, unless it
     doubles as the output matrix (then the device holds a copy of it and the host the original)."""
-    return meta["global_bytes"].get("token_embd", 0) if meta["global_bytes"].get("output", 0) else 0
+    return meta.global_bytes.get("token_embd", 0) if meta.global_bytes.get("output", 0) else 0
 
 
-def host_bytes(meta: dict[str, Any], host: frozenset[str] | set[str]) -> int:
+def host_bytes(meta: ModelMeta, host: frozenset[str] | set[str]) -> int:
     """What a plan leaves in host RAM: the expert tensors on the host and the input embedding."""
-    sizes = {n: b for layer in meta["layers"] for n, b in layer["expert_tensors"].items()}
+    sizes = {n: b for layer in meta.layers for n, b in layer.expert_tensors.items()}
     return sum(sizes[n] for n in host) + host_kept_bytes(meta)
 
 
-def device_weight_bytes(meta: dict[str, Any], n_cpu_moe: int, pins: Pins = NO_PINS) -> int:
+def device_weight_bytes(meta: ModelMeta, n_cpu_moe: int, pins: Pins = NO_PINS) -> int:
     """Weight bytes on the device with -ngl 99, the experts of the first n layers on the host, as the user's -ot
     pins (or an -ot placement, as host pins with n = 0) leave them."""
     host = pins.host_set(meta, n_cpu_moe)
-    on_host = sum(b for layer in meta["layers"] for t, b in layer["expert_tensors"].items() if t in host)
-    return meta["total_bytes"] - host_kept_bytes(meta) - on_host
+    on_host = sum(b for layer in meta.layers for t, b in layer.expert_tensors.items() if t in host)
+    return meta.total_bytes - host_kept_bytes(meta) - on_host
 
 
-def state_bytes(meta: dict[str, Any]) -> int:
+def state_bytes(meta: ModelMeta) -> int:
     """The recurrent layers' fixed state for one sequence (hybrid models; 0 for pure attention)."""
-    return sum(layer.get("state_bytes", 0) for layer in meta["layers"])
+    return sum(layer.state_bytes for layer in meta.layers)
 
 
-def estimate_compute(meta: dict[str, Any], w: Workload, n_cpu_moe: int, host: frozenset[str] | None = None) -> int:
+def estimate_compute(meta: ModelMeta, w: Workload, n_cpu_moe: int, host: frozenset[str] | None = None) -> int:
     """The device compute buffer from the graph's largest live tensors (an estimate: llama.cpp's allocator
     reuses memory between them; its own reserve is exact), with, on a backend that offloads large batches' ops,
     a copy of the largest expert tensor in host RAM (`host`: that set, else the first n layers' experts)."""
-    a = meta["attention"]
+    a = meta.attention
     flash = w.flash_attn != "off"
     tokens = w.tokens
     n_kv = pad(w.ctx) * w.parallel
-    layers = [layer for layer in meta["layers"] if layer["has_kv"]]
-    mask_cols = n_kv if any(not layer["swa"] for layer in layers) else 0
-    if any(layer["swa"] for layer in layers):
-        mask_cols += min(n_kv, pad(a["sliding_window"] * w.parallel + w.ubatch))
+    layers = [layer for layer in meta.layers if layer.has_kv]
+    mask_cols = n_kv if any(not layer.swa for layer in layers) else 0
+    if any(layer.swa for layer in layers):
+        mask_cols += min(n_kv, pad(a.sliding_window * w.parallel + w.ubatch))
     mask = mask_cols * (pad(tokens, 64) * 2 if flash else tokens * 4)  # f16 and padded for flash attention
-    activations = tokens * 4 * 4 * a["n_embd"]  # the residual stream and its normed copies, f32
-    scores = 0 if flash else n_kv * tokens * a["n_head"] * 4
-    if a["mla"] and not flash:
-        scores += n_kv * a["kv_lora_rank"] * 2  # V is a view of the latent K: made contiguous for the product
-    logits = w.n_outputs * meta.get("n_vocab", 0) * 4
+    activations = tokens * 4 * 4 * a.n_embd  # the residual stream and its normed copies, f32
+    scores = 0 if flash else n_kv * tokens * a.n_head * 4
+    if a.mla and not flash:
+        scores += n_kv * a.kv_lora_rank * 2  # V is a view of the latent K: made contiguous for the product
+    logits = w.n_outputs * meta.n_vocab * 4
     on_host = NO_PINS.host_set(meta, n_cpu_moe) if host is None else host
-    experts_on_device = meta["n_expert_used"] and any(
-        t not in on_host for layer in meta["layers"] for t in layer["expert_tensors"]
+    experts_on_device = meta.n_expert_used and any(
+        t not in on_host for layer in meta.layers for t in layer.expert_tensors
     )
     # the routed experts' gate and up outputs and their gated product, f32, for every used expert; the same for the
     # widest dense FFN (a dense layer's or the shared experts')
-    moe = tokens * meta["n_expert_used"] * meta.get("n_ff_exp", 0) * 4 * 3 if experts_on_device else 0
-    dense = tokens * meta.get("n_ff_dense", 0) * 4 * 3
+    moe = tokens * meta.n_expert_used * meta.n_ff_exp * 4 * 3 if experts_on_device else 0
+    dense = tokens * meta.n_ff_dense * 4 * 3
     copy = 0
     if w.op_offload and tokens >= OP_OFFLOAD_MIN_BATCH:
-        copy = max(
-            (b for layer in meta["layers"] for t, b in layer["expert_tensors"].items() if t in on_host), default=0
-        )
+        copy = max((b for layer in meta.layers for t, b in layer.expert_tensors.items() if t in on_host), default=0)
     return mask + activations + max(scores, logits, moe + copy, dense)  # the copy is live with the experts' outputs
 
 
 def device_need(
-    meta: dict[str, Any],
+    meta: ModelMeta,
     w: Workload,
     n_cpu_moe: int,
     compute: Callable[[int], int] | None = None,
@@ -178,9 +176,9 @@ def device_need(
     )
 
 
-def minimum_n(meta: dict[str, Any], fits: Callable[[int], bool]) -> int | None:
+def minimum_n(meta: ModelMeta, fits: Callable[[int], bool]) -> int | None:
     """The smallest n whose placement fits (more experts on the host never needs more device memory)."""
-    return lowest(0, meta["n_layer"], fits) if fits(meta["n_layer"]) else None
+    return lowest(0, meta.n_layer, fits) if fits(meta.n_layer) else None
 
 
 def lowest(lo: int, hi: int, fits: Callable[[int], bool]) -> int:

@@ -1,23 +1,22 @@
 """Stage 'metadata': a model's exact bytes by role and its attention/KV shape, from the GGUF header.
 
-The result is a plain JSON-able dict (results/metadata/{model}.json) that every later stage reads.
-A model can also be described by the seed's constants (total non-expert/expert bytes, layers,
-KV bytes per token); that path exists to reproduce the seed's tables.
+The result is a `ModelMeta` (model/meta.py; stored as results/metadata/{model}.json) that every later stage reads.
+A model can also be described by the seed's constants (total non-expert/expert bytes, layers, KV bytes per token):
+a `SeedModel`, which exists to reproduce the seed's tables.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..core.errors import MoeplaceError
-from ..core.units import GB, parse_size
+from ..core.units import parse_size
 from .gguf_file import GGUFHeader, quoted, read_header
-
-ROLES = ("attention", "norm", "router", "shared_expert", "dense_ffn", "expert", "other")
-GLOBALS = ("token_embd", "output", "output_norm", "other")
+from .meta import GLOBALS, ROLES, Attention, Layer, ModelFile, ModelMeta, RopeYarn, SeedModel
 
 _LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 # Routed experts, as llama.cpp's --n-cpu-moe pattern sees them (weights, biases, scales).
@@ -160,7 +159,7 @@ def _recurrent_state_bytes(header: GGUFHeader, n_embd: int, n_head: int) -> int:
 _RECURRENT = ("ssm_", "shortconv.")
 
 
-def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) -> tuple[dict[str, Any], list[dict]]:
+def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) -> tuple[Attention, list[dict]]:
     """Attention/KV parameters as llama.cpp's KV cache sees them (llama-hparams.cpp), globally and per layer."""
     path = header.paths[0]
     arch = header.architecture
@@ -203,44 +202,85 @@ def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) ->
                 "state_bytes": state if recurrent else 0,
             }
         )
-    attention = {
-        "n_embd": n_embd,
-        "n_head": first_head,
-        "n_head_kv": n_head_kv[0] if len(set(n_head_kv)) == 1 else n_head_kv,
-        "key_length": key_length,
-        "value_length": value_length,
-        "sliding_window": _sliding_window(header),
-        "mla": mla,
-        "kv_lora_rank": header.arch_key("attention.kv_lora_rank", 0) or 0,
-        "rope_dimension_count": header.arch_key("rope.dimension_count", key_length),
-    }
+    attention = Attention(
+        n_embd=n_embd,
+        n_head=first_head,
+        n_head_kv=n_head_kv[0] if len(set(n_head_kv)) == 1 else n_head_kv,
+        key_length=key_length,
+        value_length=value_length,
+        sliding_window=_sliding_window(header),
+        mla=mla,
+        kv_lora_rank=header.arch_key("attention.kv_lora_rank", 0) or 0,
+        rope_dimension_count=header.arch_key("rope.dimension_count", key_length),
+    )
     return attention, layers
 
 
-def file_identity(header: GGUFHeader) -> dict[str, Any]:
+def file_identity(header: GGUFHeader) -> list[ModelFile]:
     """Size and header hash of every file: cheap, and changes when the model does."""
-    return {
-        "files": [
-            {"path": str(p), "size": s, "header_sha256": h}
-            for p, s, h in zip(header.paths, header.file_sizes, header.header_sha256)
-        ]
-    }
+    return [ModelFile(str(p), s, h) for p, s, h in zip(header.paths, header.file_sizes, header.header_sha256)]
 
 
-def _rope_yarn(header: GGUFHeader) -> dict[str, Any] | None:
+def _rope_yarn(header: GGUFHeader) -> RopeYarn | None:
     """YaRN already in the file (gpt-oss, DeepSeek): a longer context stretches it further, from its own origin."""
     if header.arch_key("rope.scaling.type") != "yarn":
         return None
-    return {"factor": float(header.arch_key("rope.scaling.factor", 1.0)),
-            "original_ctx": int(header.arch_key("rope.scaling.original_context_length", 0))}  # fmt: skip
+    factor = float(header.arch_key("rope.scaling.factor", 1.0))
+    return RopeYarn(factor, int(header.arch_key("rope.scaling.original_context_length", 0)))
 
 
-def from_header(header: GGUFHeader) -> dict[str, Any]:
+@dataclass
+class _TensorBytes:
+    """The header's tensors summed: bytes by role per layer (and each layer's tensor names, its expert tensors),
+    by global role, by quant type, and in the NextN layers (apart)."""
+
+    layers: list[dict[str, int]]
+    names: list[set[str]]
+    expert_tensors: list[dict[str, int]]
+    global_bytes: dict[str, int]
+    quant: Counter[str]
+    nextn_bytes: int = 0
+
+    @classmethod
+    def walk(cls, header: GGUFHeader, n_layer: int, n_nextn: int) -> _TensorBytes:
+        out = cls(
+            [dict.fromkeys(ROLES, 0) for _ in range(n_layer)],
+            [set() for _ in range(n_layer)],
+            [{} for _ in range(n_layer)],
+            dict.fromkeys(GLOBALS, 0),
+            Counter(),
+        )
+        for t in header.tensors:
+            m = _LAYER.match(t.name)
+            if m is None:
+                out.quant[t.type_name] += t.n_bytes
+                out.global_bytes[global_role(t.name)] += t.n_bytes
+                continue
+            il, suffix = int(m[1]), m[2]
+            if il >= n_layer:
+                raise MoeplaceError(
+                    f"{header.paths[0]}: tensor {quoted(t.name)} names a layer past the model's {n_layer}."
+                )
+            out.names[il].add(suffix)
+            if il >= n_layer - n_nextn:
+                out.nextn_bytes += t.n_bytes
+                continue
+            out.quant[t.type_name] += t.n_bytes
+            role = tensor_role(suffix)
+            out.layers[il][role] += t.n_bytes
+            if role == "expert":
+                out.expert_tensors[il][t.name] = t.n_bytes
+        return out
+
+
+def from_header(header: GGUFHeader) -> ModelMeta:
     arch = header.architecture
     n_layer = _required_int(header, "block_count")
     if n_layer < 1:
-        raise MoeplaceError(f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}; a model has at "
-                            "least one layer: the file is damaged.")  # fmt: skip
+        raise MoeplaceError(
+            f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}; a model has at "
+            "least one layer: the file is damaged."
+        )
     if n_layer > len(header.tensors):  # every layer has tensors of its own: the count lies
         raise MoeplaceError(
             f"{header.paths[0]}: '{header.architecture}.block_count' is {n_layer}, more layers than the file's "
@@ -248,68 +288,44 @@ def from_header(header: GGUFHeader) -> dict[str, Any]:
         )
     n_expert = header.arch_key("expert_count", 0) or 0
     n_expert_used = header.arch_key("expert_used_count", 0) or 0
-    layers = [{role: 0 for role in ROLES} for _ in range(n_layer)]
-    names: list[set[str]] = [set() for _ in range(n_layer)]
-    expert_tensors: list[dict[str, int]] = [{} for _ in range(n_layer)]
-    global_bytes = {g: 0 for g in GLOBALS}
-    quant: Counter[str] = Counter()
     # NextN/MTP layers at the end: llama.cpp skips their tensors ("unused tensor") unless a run asks for them
     # (--mtp, MTP drafting), so they are neither in memory nor read per token. Counted apart, not in the totals.
     n_nextn = min(_optional_int(header, "nextn_predict_layers", 0), n_layer)
-    nextn_bytes = 0
-    for t in header.tensors:
-        m = _LAYER.match(t.name)
-        if m is None:
-            quant[t.type_name] += t.n_bytes
-            global_bytes[global_role(t.name)] += t.n_bytes
-            continue
-        il, suffix = int(m[1]), m[2]
-        if il >= n_layer:
-            raise MoeplaceError(f"{header.paths[0]}: tensor {quoted(t.name)} names a layer past the model's {n_layer}.")
-        if il >= n_layer - n_nextn:
-            nextn_bytes += t.n_bytes
-            names[il].add(suffix)
-            continue
-        quant[t.type_name] += t.n_bytes
-        role = tensor_role(suffix)
-        layers[il][role] += t.n_bytes
-        names[il].add(suffix)
-        if role == "expert":
-            expert_tensors[il][t.name] = t.n_bytes
+    t = _TensorBytes.walk(header, n_layer, n_nextn)
+    layers, names, expert_tensors, nextn_bytes = t.layers, t.names, t.expert_tensors, t.nextn_bytes
+    global_bytes, quant = t.global_bytes, t.quant
     expert_bytes = sum(layer["expert"] for layer in layers)
     if expert_bytes and not (n_expert and n_expert_used):
         raise MoeplaceError(f"{header.paths[0]}: has expert tensors but no {arch}.expert_count/expert_used_count.")
     attention, kv_layers = _attention(header, n_layer, names)
     total = sum(t.n_bytes for t in header.tensors) - nextn_bytes
-    return {
-        "name": model_name(header),
-        "source": "gguf",
-        "architecture": arch,
-        "n_layer": n_layer,
-        "n_expert": n_expert if expert_bytes else 0,
-        "n_expert_used": n_expert_used if expert_bytes else 0,
+    return ModelMeta(
+        name=model_name(header),
+        architecture=arch,
+        n_layer=n_layer,
+        n_expert=n_expert if expert_bytes else 0,
+        n_expert_used=n_expert_used if expert_bytes else 0,
         # Converters that write no expert_shared_count (granitehybrid, qwen3next, llama4) still write one shared
         # expert's tensors.
-        "n_expert_shared": header.arch_key("expert_shared_count", 0)
+        n_expert_shared=header.arch_key("expert_shared_count", 0)
         or int(bool(expert_bytes) and any(layer["shared_expert"] for layer in layers)),
-        "n_ctx_train": header.arch_key("context_length", 0) or 0,
-        "rope_yarn": _rope_yarn(header),  # fmt: skip
+        n_ctx_train=header.arch_key("context_length", 0) or 0,
+        rope_yarn=_rope_yarn(header),
         **(widths(header) if expert_bytes else {**widths(header), "n_ff_exp": 0}),
-        "expert_bytes": expert_bytes,
-        "non_expert_bytes": total - expert_bytes,
-        "total_bytes": total,
-        "n_layer_nextn": n_nextn,
-        "nextn_bytes": nextn_bytes,
-        "global_bytes": global_bytes,
-        "quant_types": dict(sorted(quant.items())),
-        "attention": attention,
-        "kv_bytes_per_token": None,
-        "layers": [
-            {"index": il, "expert_bytes": layer["expert"], "bytes": layer, "expert_tensors": tensors, **kv}
+        expert_bytes=expert_bytes,
+        non_expert_bytes=total - expert_bytes,
+        total_bytes=total,
+        n_layer_nextn=n_nextn,
+        nextn_bytes=nextn_bytes,
+        global_bytes=global_bytes,
+        quant_types=dict(sorted(quant.items())),
+        attention=attention,
+        layers=[
+            Layer(il, layer["expert"], layer, tensors, **kv)
             for il, (layer, kv, tensors) in enumerate(zip(layers, kv_layers, expert_tensors))
         ],
-        **file_identity(header),
-    }
+        files=file_identity(header),
+    )
 
 
 def widths(header: GGUFHeader) -> dict[str, int]:
@@ -335,115 +351,32 @@ def model_name(header: GGUFHeader) -> str:
     return PurePosixPath(str(header.paths[0]).split("?")[0]).stem
 
 
-def inspect_model(path: str | Path) -> dict[str, Any]:
+def inspect_model(path: str | Path) -> ModelMeta:
     """Header-only summary of a GGUF model (split models: pass any shard)."""
     return from_header(read_header(path))
 
 
-def from_constants(name: str, constants: dict[str, Any]) -> dict[str, Any]:
+def from_constants(name: str, constants: dict[str, Any]) -> SeedModel:
     """The seed's way: total non-expert/expert bytes spread evenly over the layers."""
     n_layer = int(constants["layers"])
     expert = parse_size(constants["expert"], f"models.{name}.constants.expert")
     non_expert = parse_size(constants["non_expert"], f"models.{name}.constants.non_expert")
     per_layer = expert / n_layer
-    return {
-        "name": name,
-        "source": "constants",
-        "architecture": constants.get("architecture", "unknown"),
-        "n_layer": n_layer,
-        "n_expert": int(constants.get("n_expert", 0)),
-        "n_expert_used": int(constants.get("n_expert_used", 0)),
-        "n_expert_shared": 0,
-        "n_ctx_train": 0,
-        "expert_bytes": expert,
-        "non_expert_bytes": non_expert,
-        "total_bytes": expert + non_expert,
-        "global_bytes": {"other": non_expert},
-        "quant_types": {},
-        "attention": None,
-        "kv_bytes_per_token": int(constants["kv_bytes_per_token"]),
-        "layers": [{"index": il, "expert_bytes": per_layer} for il in range(n_layer)],
-        "files": [],
-    }
-
-
-def layer_kinds(meta: dict[str, Any]) -> dict[str, int]:
-    """How many layers of each kind: attention (full), sliding-window, recurrent; MoE, dense FFN."""
-    layers = meta["layers"]
-    return {
-        "attention": sum(1 for layer in layers if layer["has_kv"] and not layer["swa"]),
-        "sliding-window": sum(1 for layer in layers if layer["swa"]),
-        "recurrent": sum(1 for layer in layers if layer.get("state_bytes")),
-        "MoE": sum(1 for layer in layers if layer["expert_bytes"]),
-        "dense": sum(1 for layer in layers if layer["bytes"]["dense_ffn"]),
-    }
-
-
-def structure(meta: dict[str, Any]) -> str:
-    """One line: the layer kinds with their attention (MLA, window), recurrent state and experts."""
-    att, kinds = meta["attention"], layer_kinds(meta)
-    state = sum(layer.get("state_bytes", 0) for layer in meta["layers"])
-    mla = f" (MLA rank {att['kv_lora_rank']})" if att["mla"] else ""
-    mixers = {
-        "attention": f"{kinds['attention']} full attention{mla}",
-        "sliding-window": f"{kinds['sliding-window']} sliding-window ({att['sliding_window']} tokens)",
-        "recurrent": f"{kinds['recurrent']} recurrent ({state / 2**20:.2f} MiB state per sequence)",
-    }
-    shared = f", {meta['n_expert_shared']} shared" if meta["n_expert_shared"] else ""
-    ffn = {
-        "MoE": f"{kinds['MoE']} MoE ({meta['n_expert_used']} of {meta['n_expert']} experts{shared})",
-        "dense": f"{kinds['dense']} dense FFN",
-    }
-    parts = [", ".join(text for kind, text in group.items() if kinds[kind]) for group in (mixers, ffn)]
-    nextn = meta.get("n_layer_nextn", 0)
-    count = f"{meta['n_layer'] - nextn} layers (+{nextn} NextN, not loaded)" if nextn else f"{meta['n_layer']} layers"
-    return f"{count}: " + "; ".join(p for p in parts if p)
-
-
-def describe(meta: dict[str, Any]) -> str:
-    """`moeplace inspect`'s text: the model, its bytes by role, its attention and each layer."""
-    att = meta["attention"]
-    lines = [
-        f"{meta['name']}  ({meta['architecture']}, {meta['n_layer']} layers, trained context {meta['n_ctx_train']})"
-    ]
-    lines.append(structure(meta))
-    if meta["n_expert"]:
-        lines.append(f"experts: {meta['n_expert']} routed, {meta['n_expert_used']} used per token, "
-                     f"{meta['n_expert_shared']} shared")  # fmt: skip
-    else:
-        lines.append("dense model: no routed experts")
-    sizes = (meta["expert_bytes"] / GB, meta["non_expert_bytes"] / GB, meta["total_bytes"] / GB)
-    lines.append("bytes: expert {:.3f} GB, non-expert {:.3f} GB, total {:.3f} GB".format(*sizes))
-    lines.append("quant types: " + ", ".join(f"{k} {v / GB:.3f} GB" for k, v in meta["quant_types"].items()))
-    n_nextn = meta.get("n_layer_nextn", 0)
-    if n_nextn:
-        lines.append(
-            f"NextN/MTP layers {meta['n_layer'] - n_nextn}-{meta['n_layer'] - 1}: {meta['nextn_bytes'] / GB:.3f} GB "
-            "in the file, not loaded by llama.cpp without --mtp (not in the bytes above)"
-        )
-    lines.append(
-        f"attention: {att['n_head']} heads, KV heads {att['n_head_kv']}, key/value length "
-        f"{att['key_length']}/{att['value_length']}"
-        + (f", MLA rank {att['kv_lora_rank']}" if att["mla"] else "")
-        + (f", sliding window {att['sliding_window']}" if att["sliding_window"] else "")
+    return SeedModel(
+        name=name,
+        architecture=constants.get("architecture", "unknown"),
+        n_layer=n_layer,
+        n_expert=int(constants.get("n_expert", 0)),
+        n_expert_used=int(constants.get("n_expert_used", 0)),
+        n_expert_shared=0,
+        n_ctx_train=0,
+        expert_bytes=expert,
+        non_expert_bytes=non_expert,
+        total_bytes=expert + non_expert,
+        global_bytes={"other": non_expert},
+        quant_types={},
+        attention=None,
+        kv_bytes_per_token=int(constants["kv_bytes_per_token"]),
+        layers=[Layer(il, per_layer) for il in range(n_layer)],
+        files=[],
     )
-    state = sum(layer.get("state_bytes", 0) for layer in meta["layers"])
-    if state:
-        lines.append(f"recurrent state: {state / 2**20:.2f} MiB per sequence")
-    lines.append(f"{'layer':>5} {'experts MB':>11} {'attn MB':>8} {'shexp MB':>8} {'dense MB':>8} {'router MB':>9}  kv")
-    for layer in meta["layers"]:
-        b = layer["bytes"]
-        kv = (
-            ("swa" if layer["swa"] else "full")
-            if layer["has_kv"]
-            else (
-                "state"
-                if layer.get("state_bytes")
-                else "nextn"
-                if layer["index"] >= meta["n_layer"] - n_nextn
-                else "none"
-            )
-        )
-        mb = [b[role] / 1e6 for role in ("expert", "attention", "shared_expert", "dense_ffn", "router")]
-        lines.append("{:>5} {:>11.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>9.3f}  {}".format(layer["index"], *mb, kv))
-    return "\n".join(lines)

@@ -14,9 +14,10 @@ from typing import Any
 import pandas as pd
 
 from ..core.units import GB
+from .describe import structure
 from .kvcache import kv_bytes
 from .memory import state_bytes
-from .metadata import inspect_model, structure
+from .metadata import inspect_model
 from .twin import load_spec, write_twin
 
 CONTEXT = 32768
@@ -39,15 +40,15 @@ def zoo_row(spec_path: Path, tiny_architectures: set[str], workdir: Path) -> dic
     if not spec.n_expert:
         return None
     meta = inspect_model(write_twin(spec, workdir / f"{spec_path.stem}.gguf", "none"))
-    shared = f"+{meta['n_expert_shared']}" if meta["n_expert_shared"] else ""
+    shared = f"+{meta.n_expert_shared}" if meta.n_expert_shared else ""
     kv = kv_bytes(meta, CONTEXT)
     return {
         "model": spec.name,
         "architecture": spec.architecture,
         "layers": structure(meta),
-        "experts": f"{meta['n_expert_used']}/{meta['n_expert']}{shared}",
-        "expert_gb": round(meta["expert_bytes"] / GB, 2),
-        "non_expert_gb": round(meta["non_expert_bytes"] / GB, 2),
+        "experts": f"{meta.n_expert_used}/{meta.n_expert}{shared}",
+        "expert_gb": round(meta.expert_bytes / GB, 2),
+        "non_expert_gb": round(meta.non_expert_bytes / GB, 2),
         "kv_32k_mib": round(kv / 2**20, 1),
         "kv_per_token_kib": round(kv / CONTEXT / 1024, 2),
         "state_mib": round(state_bytes(meta) / 2**20, 2),

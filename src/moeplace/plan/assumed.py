@@ -12,10 +12,16 @@ from typing import Any
 from ..core.errors import MoeplaceError
 from ..core.units import GB, parse_size
 from ..model.memory import Workload
+from ..model.meta import ModelMeta
+from ..runtime.backend import detected_gpu_backend, free_gpu_memory
 from . import budget as budget_mod
 from .cards import card_named
+from .learned_prior import Machine
+from .learned_prior import speed_model as learned
 from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS, host_ram, this_machine
+from .prior_learn import load_prior
 from .request import Request, Speeds
+from .speed import Run, SpeedModel, prefill_up_to
 
 
 @dataclass(frozen=True)
@@ -42,12 +48,12 @@ def resolve_backend(request: Request) -> tuple[str, str]:
     if request.backend != "auto":
         if request.card and request.backend not in (card := card_named(request.card)).backends:
             runs = f"{', '.join(card.backends[:-1])} or {card.backends[-1]}"
-            raise MoeplaceError(f"--backend {request.backend}: the {card.name} runs llama.cpp's {runs} backend, "
-                                f"not {request.backend}.")  # fmt: skip
+            raise MoeplaceError(
+                f"--backend {request.backend}: the {card.name} runs llama.cpp's {runs} backend, not {request.backend}."
+            )
         return request.backend, "--backend"
     if request.card:
         return card_named(request.card).backend, f"--card {request.card}"
-    from ..runtime.backend import detected_gpu_backend
 
     if found := detected_gpu_backend():
         return found, "the GPU on this machine"
@@ -60,8 +66,10 @@ def box_note(request: Request) -> str | None:
         return None
     given = request.vram[0].strip()
     number = given[:-2].strip()
-    return (f"note: --vram {given} is planned as {parse_size(given, '--vram') / 2**30:.2f} GiB (GB are powers of "
-            f"ten); a card sold as {given} holds {number} GiB: say --vram {number}GiB, or --card NAME.")  # fmt: skip
+    return (
+        f"note: --vram {given} is planned as {parse_size(given, '--vram') / 2**30:.2f} GiB (GB are powers of "
+        f"ten); a card sold as {given} holds {number} GiB: say --vram {number}GiB, or --card NAME."
+    )
 
 
 def _vram(request: Request, backend: str) -> tuple[int, str, str | None]:
@@ -70,8 +78,6 @@ def _vram(request: Request, backend: str) -> tuple[int, str, str | None]:
         card = card_named(request.card)
         return card.memory_bytes, f"--card {request.card}: {card.name}, {card.memory_bytes >> 30} GiB", card.name
     if request.auto:
-        from ..runtime.backend import free_gpu_memory
-
         free, name, what = free_gpu_memory(backend)
         return free, f"free on {what} now (--vram auto)", name
     return parse_size(request.vram[0], "--vram"), f"--vram {request.vram[0]}, as given", None
@@ -102,9 +108,16 @@ def _speeds(request: Request, card: str | None) -> tuple[float, float, float, st
         (vram, ddr), tflops = DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
         source = "moeplace's defaults, the seed's workstation; --card, or --bw-vram/--bw-ddr/--card-tflops for yours"
     host, host_measured = s.host
-    given = [flag for flag, value in (("--bw-vram", s.bw_vram_gbps), ("--bw-ddr", s.bw_ddr_gbps),
-                                      ("--bw-ddr-measured", s.bw_ddr_measured_gbps), ("--card-tflops", s.card_tflops))
-             if value]  # fmt: skip
+    given = [
+        flag
+        for flag, value in (
+            ("--bw-vram", s.bw_vram_gbps),
+            ("--bw-ddr", s.bw_ddr_gbps),
+            ("--bw-ddr-measured", s.bw_ddr_measured_gbps),
+            ("--card-tflops", s.card_tflops),
+        )
+        if value
+    ]
     if given:
         source = f"{'/'.join(given)} as given; otherwise {source}"
     measured = host_measured if host else measured
@@ -117,8 +130,10 @@ def assumptions(request: Request) -> Assumptions:
     vram, vram_source, card = _vram(request, backend)
     margin, margin_source = margin_bytes(request, backend)
     if margin >= vram:
-        raise MoeplaceError(f"--margin {margin >> 20} MiB: as much as the card's {vram >> 20} MiB ({vram_source}); "
-                            "give the MiB to keep free beyond llama.cpp's buffers, e.g. --margin 768.")  # fmt: skip
+        raise MoeplaceError(
+            f"--margin {margin >> 20} MiB: as much as the card's {vram >> 20} MiB ({vram_source}); "
+            "give the MiB to keep free beyond llama.cpp's buffers, e.g. --margin 768."
+        )
     measured = False
     if request.speeds.calibration:
         bw: tuple[float | None, ...] = (None, None, None)
@@ -129,19 +144,22 @@ def assumptions(request: Request) -> Assumptions:
         speed += f"; the host figure {'measured' if measured else 'a datasheet figure'}; efficiencies learned from "
         speed += f"published sweeps of real cards ({prior})"
     ram, ram_source = host_ram(request.ram)
-    return Assumptions(backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram,
-                       ram_source, measured)  # fmt: skip
+    return Assumptions(
+        backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram, ram_source, measured
+    )
 
 
-def speed_model(speeds: Speeds, meta: dict[str, Any], bw: tuple[float | None, float | None] | None = None,  # noqa: ANN201
-                backend: str = "cuda", tflops: float | None = None, host_measured: bool | None = None):  # fmt: skip
+def speed_model(
+    speeds: Speeds,
+    meta: ModelMeta,
+    bw: tuple[float | None, float | None] | None = None,  # noqa: ANN201
+    backend: str = "cuda",
+    tflops: float | None = None,
+    host_measured: bool | None = None,
+):
     """--calibration's fitted model, else the prior (--prior's, or the one learned from the shipped sweeps) for these
     bandwidths and card compute (each, where not given, the flag's or moeplace's default); the host figure measured
     or a datasheet's as `host_measured` says (None: as the flags say)."""
-    from .learned_prior import Machine
-    from .learned_prior import speed_model as learned
-    from .prior_learn import load_prior
-    from .speed import SpeedModel
 
     if speeds.calibration:
         try:
@@ -151,18 +169,21 @@ def speed_model(speeds: Speeds, meta: dict[str, Any], bw: tuple[float | None, fl
         return SpeedModel.from_json(data, f"--calibration {speeds.calibration}")
     vram, ddr = bw or (None, None)
     host, measured = speeds.host
-    machine = Machine(backend, vram or speeds.bw_vram_gbps or DEFAULT_BANDWIDTHS[0],
-                      ddr or host or DEFAULT_BANDWIDTHS[1], speeds.bw_link_gbps or DEFAULT_LINK_GBPS,
-                      tflops or speeds.card_tflops or DEFAULT_CARD_TFLOPS,
-                      measured if host_measured is None else host_measured)  # fmt: skip
+    machine = Machine(
+        backend,
+        vram or speeds.bw_vram_gbps or DEFAULT_BANDWIDTHS[0],
+        ddr or host or DEFAULT_BANDWIDTHS[1],
+        speeds.bw_link_gbps or DEFAULT_LINK_GBPS,
+        tflops or speeds.card_tflops or DEFAULT_CARD_TFLOPS,
+        measured if host_measured is None else host_measured,
+    )
     return learned(meta, machine, load_prior(speeds.prior))
 
 
-def expected(meta: dict[str, Any], model: Any, host: frozenset[str], w: Workload, device_hops: int = 0) -> dict:
+def expected(meta: ModelMeta, model: Any, host: frozenset[str], w: Workload, device_hops: int = 0) -> dict:
     """Decode at an empty context and at w.ctx, prefill of a prompt's last batch up to w.ctx, with these expert
     tensors in host RAM (and over several cards, `device_hops` card boundaries): tok/s with ~95% intervals (None:
     unknown)."""
-    from .speed import Run, prefill_up_to
 
     kv = (w.type_k, w.type_v)
     return {
@@ -195,7 +216,7 @@ def ram_note(needed: int, a: Assumptions) -> str | None:
     )
 
 
-def model_path(meta: dict[str, Any], given: str) -> str:
+def model_path(meta: ModelMeta, given: str) -> str:
     """The path llama.cpp loads: a split model's first shard, whichever shard was given."""
-    files = meta.get("files") or []
-    return files[0]["path"] if files and not given.startswith(("http://", "https://")) else given
+    files = meta.files
+    return files[0].path if files and not given.startswith(("http://", "https://")) else given

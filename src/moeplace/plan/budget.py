@@ -28,6 +28,10 @@ from ..model.memory import (
     host_layer_count,
     minimum_n,
 )
+from ..model.meta import ModelMeta, is_seed
+from ..runtime.allocation import reserve
+from ..runtime.cpus import split_cpus
+from ..runtime.device import attached, device_setup
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,28 +57,34 @@ OP_OFFLOAD = ("cuda", "rocm", "vulkan", "sycl")
 Compute = Callable[[Workload, int], int] | None
 
 
-def resident_layers(meta: dict[str, Any], budget_bytes: float) -> int:
+def resident_layers(meta: ModelMeta, budget_bytes: float) -> int:
     """How many of the last layers keep their experts on the device within the budget."""
     used, resident = 0.0, 0
-    for layer in reversed(meta["layers"]):
-        used += layer["expert_bytes"]
+    for layer in reversed(meta.layers):
+        used += layer.expert_bytes
         if used > budget_bytes:
             break
         resident += 1
     return resident
 
 
-def _constants_plan(meta: dict[str, Any], device: Device, w: Workload) -> dict[str, Any]:
+def _constants_plan(meta: ModelMeta, device: Device, w: Workload) -> dict[str, Any]:
     kv = kv_bytes(meta, w.ctx, w.type_k, w.type_v) * w.parallel
-    budget = device.vram_bytes - meta["non_expert_bytes"] - kv - device.overhead_bytes
+    budget = device.vram_bytes - meta.non_expert_bytes - kv - device.overhead_bytes
     fits = budget >= 0
     resident = resident_layers(meta, budget) if fits else 0
-    return {"kv_bytes": kv, "budget_bytes": budget, "weights_bytes": None, "compute_bytes": None,
-            "compute_source": "overhead", "n_cpu_moe": meta["n_layer"] - resident if fits else None}  # fmt: skip
+    return {
+        "kv_bytes": kv,
+        "budget_bytes": budget,
+        "weights_bytes": None,
+        "compute_bytes": None,
+        "compute_source": "overhead",
+        "n_cpu_moe": meta.n_layer - resident if fits else None,
+    }
 
 
 def plan(
-    meta: dict[str, Any],
+    meta: ModelMeta,
     device: Device,
     w: Workload,
     compute: Compute = None,
@@ -83,10 +93,16 @@ def plan(
 ) -> dict[str, Any]:
     """One workload's budget: each device buffer at the minimum n_cpu_moe (at n = all layers where nothing
     fits), the room left for experts, and that n, with the user's -ot pins applied before --n-cpu-moe."""
-    row: dict[str, Any] = {"ctx": w.ctx, "cells": pad(w.ctx) * w.parallel, "ubatch": w.ubatch,
-                           "flash_attn": w.flash_attn, "parallel": w.parallel, "cache_type_k": w.type_k,
-                           "cache_type_v": w.type_v}  # fmt: skip
-    if meta.get("attention") is None:
+    row: dict[str, Any] = {
+        "ctx": w.ctx,
+        "cells": pad(w.ctx) * w.parallel,
+        "ubatch": w.ubatch,
+        "flash_attn": w.flash_attn,
+        "parallel": w.parallel,
+        "cache_type_k": w.type_k,
+        "cache_type_v": w.type_v,
+    }
+    if is_seed(meta):
         row |= _constants_plan(meta, device, w)
     else:
         needs: dict[int, DeviceNeed] = {}
@@ -97,8 +113,8 @@ def plan(
             return needs[n]
 
         n = minimum_n(meta, lambda k: need(k).total + device.overhead_bytes <= device.vram_bytes)
-        shown = need(meta["n_layer"] if n is None else n)
-        resident_experts = meta["expert_bytes"] - (meta["total_bytes"] - host_kept_bytes(meta) - shown.weights)
+        shown = need(meta.n_layer if n is None else n)
+        resident_experts = meta.expert_bytes - (meta.total_bytes - host_kept_bytes(meta) - shown.weights)
         row |= {
             "kv_bytes": shown.kv,
             "weights_bytes": shown.weights,
@@ -112,10 +128,10 @@ def plan(
     fits = row["n_cpu_moe"] is not None
     if not fits:
         row["resident_layers"] = 0
-    elif meta.get("attention") is None:  # the seed's constants: no tensors, no pins
-        row["resident_layers"] = meta["n_layer"] - row["n_cpu_moe"]
+    elif is_seed(meta):  # the seed's constants: no tensors, no pins
+        row["resident_layers"] = meta.n_layer - row["n_cpu_moe"]
     else:  # layers with every expert on the device, after the pins
-        row["resident_layers"] = meta["n_layer"] - host_layer_count(meta, pins.host_set(meta, row["n_cpu_moe"]))
+        row["resident_layers"] = meta.n_layer - host_layer_count(meta, pins.host_set(meta, row["n_cpu_moe"]))
     row["status"] = FITS if fits else DOES_NOT_FIT
     return row
 
@@ -125,8 +141,7 @@ def does_not_fit_message(p: dict[str, Any], vram_bytes: int) -> str:
     parts = f"its KV cache ({p['kv_bytes'] / GB:.2f} GB)"
     if p.get("compute_bytes") is not None:
         parts += f", compute buffer ({p['compute_bytes'] / GB:.2f} GB)"
-    advice = ("reduce the context or quantize the KV cache." if p["compute_source"] == "overhead"
-              else "what would fit:")  # fmt: skip
+    advice = "reduce the context or quantize the KV cache." if p["compute_source"] == "overhead" else "what would fit:"
     return (
         f"context {p['ctx']} does not fit in {vram_bytes / GB:.2f} GB even with every expert on the host: {parts} "
         f"plus the non-expert weights and margin exceed the card by {-p['budget_bytes'] / GB:.2f} GB; {advice}"
@@ -148,8 +163,6 @@ def compute_from_llamacpp(
             raise MoeplaceError("device.vram is auto, which needs a model file and a GPU; give the card's size.")
         yield Device(**memory), None
         return
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import attached, device_setup
 
     setup = device_setup(target, manifest)
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
@@ -161,29 +174,43 @@ def reserved_compute(
 ) -> Compute:
     """The device compute buffer as llama.cpp reserves it for a workload and placement (the user's -ot `pins`
     first), on the attached device."""
-    from ..runtime.allocation import reserve
 
     def compute(w: Workload, n_cpu_moe: int) -> int:
         buffers = reserve(manifest, model_path, w.llama_args(), n_cpu_moe, rpc, log_path, pins)
         device = buffers.only_device()
         if "compute" not in device:
-            raise MoeplaceError(f"llama-fit-params logged no compute buffer on the device for {model_path} at "
-                                f"--n-cpu-moe {n_cpu_moe}; see {log_path}.")  # fmt: skip
+            raise MoeplaceError(
+                f"llama-fit-params logged no compute buffer on the device for {model_path} at "
+                f"--n-cpu-moe {n_cpu_moe}; see {log_path}."
+            )
         return device["compute"]
 
     return compute
 
 
 COLUMNS = [
-    "ctx", "cells", "kv_gb", "compute_gb", "budget_gb", "resident_layers", "n_cpu_moe", "status", "kv_bytes",
-    "weights_bytes", "compute_bytes", "compute_source", "margin_bytes", "budget_bytes", "ubatch", "flash_attn",
-    "cache_type_k", "cache_type_v",
-]  # fmt: skip
+    "ctx",
+    "cells",
+    "kv_gb",
+    "compute_gb",
+    "budget_gb",
+    "resident_layers",
+    "n_cpu_moe",
+    "status",
+    "kv_bytes",
+    "weights_bytes",
+    "compute_bytes",
+    "compute_source",
+    "margin_bytes",
+    "budget_bytes",
+    "ubatch",
+    "flash_attn",
+    "cache_type_k",
+    "cache_type_v",
+]
 
 
-def budget_table(
-    meta: dict[str, Any], device: Device, workloads: list[Workload], compute: Compute = None
-) -> pd.DataFrame:
+def budget_table(meta: ModelMeta, device: Device, workloads: list[Workload], compute: Compute = None) -> pd.DataFrame:
     """Memory only (speeds are the predict stage's): a new bandwidth never reruns what depends on the budget."""
     return budget_frame([plan(meta, device, w, compute) for w in workloads])
 

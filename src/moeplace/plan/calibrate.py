@@ -12,14 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import MoeplaceError
+from ..model.meta import ModelMeta
 from ..runtime.llamacpp_args import DEFAULT_BATCH, DEFAULT_UBATCH
 from .offload import matching_tensors
-from .speed import Run, SpeedModel, fit
+from .speed import Run, SpeedModel
+from .speed_fit import fit
 
 
-def runs_from_records(meta: dict[str, Any], records: list[dict[str, Any]]) -> list[Run]:
+def runs_from_records(meta: ModelMeta, records: list[dict[str, Any]]) -> list[Run]:
     """Successful tests as Runs: pipeline records (status ok) and raw llama-bench JSONL alike."""
-    names = [n for layer in meta["layers"] for n in layer["expert_tensors"]]
+    names = [n for layer in meta.layers for n in layer.expert_tensors]
     runs = []
     for r in records:
         if r.get("status", "ok") != "ok" or not r.get("avg_ts"):
@@ -67,7 +69,7 @@ def read_runs(paths: list[str | Path]) -> list[dict[str, Any]]:
     return records
 
 
-def calibration_file(meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel) -> dict[str, Any]:
+def calibration_file(meta: ModelMeta, records: list[dict[str, Any]], base: SpeedModel) -> dict[str, Any]:
     """What the pipeline's calibrate stage writes: the fitted model, or where the sweep cannot calibrate one
     (every run out of memory, say) an empty model and the reason, so that the rest of the run goes on."""
     partial = sum(1 for r in records if r.get("partial") and r.get("status") != "ok")
@@ -78,7 +80,7 @@ def calibration_file(meta: dict[str, Any], records: list[dict[str, Any]], base: 
         return {"tests": {}, "status": "not_calibrated", "not_calibrated": str(e), **left_out}
 
 
-def calibrate(meta: dict[str, Any], records: list[dict[str, Any]], base: SpeedModel) -> SpeedModel:
+def calibrate(meta: ModelMeta, records: list[dict[str, Any]], base: SpeedModel) -> SpeedModel:
     """The speed model for `meta` fitted to `records`, the prior `base` (speed.prior) for what the runs cannot
     tell apart."""
     runs = runs_from_records(meta, records)

@@ -163,12 +163,15 @@ def card_named(text: str) -> Card:
     ):
         raise MoeplaceError(f"--card {text!r} was sold with several memory sizes; type yours: {' or '.join(sizes)}.")
     else:
-        raise MoeplaceError(f"--card {text!r}: not in moeplace's table of cards (plan/cards.py); give --vram SIZE "
-                            "and --bw-vram/--card-tflops, or a name such as 'RTX 4070 Ti SUPER' or "
-                            "'RX 7900 XTX'.")  # fmt: skip
+        raise MoeplaceError(
+            f"--card {text!r}: not in moeplace's table of cards (plan/cards.py); give --vram SIZE "
+            "and --bw-vram/--card-tflops, or a name such as 'RTX 4070 Ti SUPER' or "
+            "'RX 7900 XTX'."
+        )
     if memory is None:
-        raise MoeplaceError(f"--card {text!r}: the {name} was sold with several memory sizes; add yours, e.g. "
-                            f"--card '{name} 16GB'.")  # fmt: skip
+        raise MoeplaceError(
+            f"--card {text!r}: the {name} was sold with several memory sizes; add yours, e.g. --card '{name} 16GB'."
+        )
     if size and int(size[:-2]) != memory:
         raise MoeplaceError(f"--card {text!r}: the {name} has {memory} GB, not {size[:-2]}; check the name.")
     backend = "rocm" if source == "amd" else "cuda"

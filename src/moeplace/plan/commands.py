@@ -5,55 +5,54 @@ from __future__ import annotations
 import json
 import shlex
 
-from ..runtime.llamacpp_args import DEFAULT_UBATCH, cache_args
+from ..model.meta import ModelMeta
 from ..runtime.model_ref import is_remote
+from .request import Cache, rope_args
 
 
 def llama_server(
     model: str,
     ctx: int,
     n_cpu_moe: int | None,
-    type_k: str,
-    type_v: str,
+    cache: Cache,
     rules: tuple[str, ...] = (),
-    flash_attn: str = "auto",
-    ubatch: int = DEFAULT_UBATCH,
-    parallel: int = 1,
     extra: tuple[str, ...] = (),
+    n_gpu_layers: int = 99,
 ) -> str:
     """`llama-server` at this placement: the -ot `rules` (the user's own first: llama.cpp's first matching rule
     wins), joined with ',' as llama-server reads them, then `--n-cpu-moe N` (None: the rules are the placement).
-    `extra`: the request's other flags (request_flags)."""
+    `extra`: the request's other flags (request_flags). `n_gpu_layers`: a whole-layer split's -ngl (99: every
+    layer on the card)."""
     placement = ["-ot", ",".join(rules)] if rules else []
     placement += [] if n_cpu_moe is None else ["--n-cpu-moe", str(n_cpu_moe)]
-    return _server(model, ctx * parallel, placement, type_k, type_v, flash_attn, ubatch, parallel, extra)
+    return _server(model, ctx, placement, cache, extra, n_gpu_layers)
 
 
-def llama_server_split(model: str, ctx: int, tensor_split: tuple[int, ...], host_rule: str, type_k: str, type_v: str,
-                       flash_attn: str, ubatch: int, parallel: int, extra: tuple[str, ...] = ()) -> str:  # fmt: skip
+def llama_server_split(
+    model: str, ctx: int, tensor_split: tuple[int, ...], host_rule: str, cache: Cache, extra: tuple[str, ...] = ()
+) -> str:
     """`llama-server` over several devices (plan/devices.py): -ts as layer counts and the host's -ot rule alone."""
     placement = ["-ts", ",".join(map(str, tensor_split)), *(["-ot", host_rule] if host_rule else [])]
-    return _server(model, ctx * parallel, placement, type_k, type_v, flash_attn, ubatch, parallel, extra)
+    return _server(model, ctx, placement, cache, extra)
 
 
-def _server(model: str, cells: int, placement: list[str], type_k: str, type_v: str, flash_attn: str, ubatch: int,
-            parallel: int, extra: tuple[str, ...] = ()) -> str:  # fmt: skip
+def _server(
+    model: str, ctx: int, placement: list[str], cache: Cache, extra: tuple[str, ...], n_gpu_layers: int = 99
+) -> str:
     """-c holds every slot's context; --parallel is always given, since llama-server's own default (4 slots
     sharing one cache) would change the KV cache the plan counted."""
     source = ["-mu", model] if is_remote(model) else ["-m", model]  # -mu downloads it
-    cmd = ["llama-server", *source, "-c", str(cells), "-ngl", "99", *placement]
-    cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), "--parallel", str(parallel), *extra]
+    cmd = ["llama-server", *source, "-c", str(ctx * cache.parallel), "-ngl", str(n_gpu_layers), *placement]
+    cmd += [*cache.args(), "--parallel", str(cache.parallel), *extra]
     return shlex.join(cmd)
 
 
 def request_flags(
-    meta: dict, ctx: int, mmproj: str | None, no_kv_offload: bool, tool: str = "server"
+    meta: ModelMeta, ctx: int, mmproj: str | None, no_kv_offload: bool, tool: str = "server"
 ) -> tuple[str, ...]:
     """What a line needs beyond placement, cache and batch: RoPE scaling past the trained context, the vision
     projector, the KV cache kept in host RAM. llama-bench takes -nkvo only (it loads no projector, and RoPE scaling
     changes neither memory nor speed)."""
-    from .request import rope_args
-
     if tool == "bench":
         return ("-nkvo", "1") if no_kv_offload else ()
     flags = [*rope_args(meta, ctx), *(["--mmproj", mmproj] if mmproj else []), *(["-nkvo"] if no_kv_offload else [])]
@@ -61,8 +60,11 @@ def request_flags(
 
 
 # The environment llama-server reads for those flags (common/arg.cpp's set_env), for Ollama's server.
-_FLAG_ENV = {"--rope-scaling": "LLAMA_ARG_ROPE_SCALING_TYPE", "--rope-scale": "LLAMA_ARG_ROPE_SCALE",
-             "--yarn-orig-ctx": "LLAMA_ARG_YARN_ORIG_CTX"}  # fmt: skip
+_FLAG_ENV = {
+    "--rope-scaling": "LLAMA_ARG_ROPE_SCALING_TYPE",
+    "--rope-scale": "LLAMA_ARG_ROPE_SCALE",
+    "--yarn-orig-ctx": "LLAMA_ARG_YARN_ORIG_CTX",
+}
 
 
 def flags_env(flags: tuple[str, ...]) -> list[str]:
@@ -82,24 +84,22 @@ def llama_bench(
     model: str,
     ctx: int,
     n_cpu_moe: int,
-    type_k: str,
-    type_v: str,
-    flash_attn: str = "auto",
-    ubatch: int = 512,
+    cache: Cache,
     pins: list[str] | None = None,
     tensor_split: tuple[int, ...] | None = None,
     extra: tuple[str, ...] = (),
 ) -> str:
     """The `llama-bench` run that checks it: decode and prefill with the KV cache filled so that the prefill test
     holds exactly `ctx` cells, the user's pins before -ncmoe (llama-bench joins -ot rules with ';' and -ts shares
-    with '/': its ',' would make a sweep of them). Over several devices, -ts and the -ot patterns (`pins`) alone."""
+    with '/': its ',' would make a sweep of them). Over several devices, -ts and the -ot patterns (`pins`) alone.
+    llama-bench runs one sequence: the cache's slots play no part."""
     prompt = min(ctx, 512)
     cmd = ["llama-bench", "-m", model, "-d", str(ctx - prompt), "-p", str(prompt), "-n", "128", "-ngl", "99"]
     cmd += ["-ts", "/".join(map(str, tensor_split))] if tensor_split else []
     cmd += ["-ot", ";".join(pins)] if pins else []
     cmd += [] if tensor_split else ["-ncmoe", str(n_cpu_moe)]
     cmd += ["-r", "5"]
-    cmd += [*cache_args(type_k, type_v, flash_attn, ubatch), *extra]
+    cmd += [*cache.args(), *extra]
     return shlex.join(cmd)
 
 
@@ -123,16 +123,16 @@ def ollama_modelfile(
     ctx: int,
     n_cpu_moe: int,
     type_k: str,
-    type_v: str,
     pins: list[str],
     version: tuple[int, ...] | None,
     server_line: str,
     flags: tuple[str, ...] = (),
 ) -> str:
     """An Ollama Modelfile for one context, and how to start Ollama so that the experts stay where planned.
-    `version`: the installed ollama's (None: none found). No num_gpu: without the placement, Ollama's own fit
-    stays safe; with it, llama-server offloads every layer but the planned experts. `flags`: request_flags (a
-    projector is a second FROM, as Ollama imports a vision model; the rest llama-server's environment)."""
+    `type_k`: the KV cache type (Ollama sets one for K and V). `version`: the installed ollama's (None: none
+    found). No num_gpu: without the placement, Ollama's own fit stays safe; with it, llama-server offloads every
+    layer but the planned experts. `flags`: request_flags (a projector is a second FROM, as Ollama imports a vision
+    model; the rest llama-server's environment)."""
     mmproj = flags[flags.index("--mmproj") + 1] if "--mmproj" in flags else None
     lines = [f"FROM {source}", *([f"FROM {mmproj}"] if mmproj else []), f"PARAMETER num_ctx {ctx}"]
     env = [f"LLAMA_ARG_N_CPU_MOE={n_cpu_moe}", *flags_env(flags)]
@@ -154,6 +154,6 @@ def ollama_modelfile(
             "# to keep the planned experts in RAM (it applies to every model that server loads). Older Ollama:",
             f"#   {server_line}",
         ]
-    if (type_k, type_v) != ("f16", "f16"):
+    if type_k != "f16":
         lines.append(f"# KV cache {type_k}: add OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE={type_k} to that line.")
     return "\n".join(lines) + "\n"

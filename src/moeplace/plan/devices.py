@@ -17,24 +17,22 @@ allocated 6-9 MiB more than it at ubatch 256 and 4K, and 1-9 MiB less at ubatch 
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.config import Device, DeviceTarget
-from ..core.errors import MoeplaceError
-from ..model.kvcache import layer_kv_bytes, pad
-from ..model.memory import Workload, estimate_compute, host_bytes, minimum_n
-from . import commands
-from .budget import DOES_NOT_FIT, FITS, budget_frame
+import numpy as np
+
+from ..core.config import Device
+from ..model.kvcache import layer_kv_bytes
+from ..model.memory import Workload, estimate_compute, minimum_n
+from ..model.meta import Layer, ModelMeta
+from ..runtime.allocation import reserve
 from .offload import expert_tensors, ot_value
-from .request import DEVICE_PREFIX, Request
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 
 @dataclass(frozen=True)
@@ -76,57 +74,83 @@ class MultiPlan:
         """Card boundaries a token crosses: the cards holding layers, less one."""
         return max(sum(1 for d in self.devices if d.end > d.first) - 1, 0)
 
-    def host_tensors(self, meta: dict[str, Any]) -> set[str]:
+    def host_tensors(self, meta: ModelMeta) -> set[str]:
         return expert_tensors(meta, list(self.host_expert_layers))
 
-    def host_rule(self, meta: dict[str, Any], separator: str = ",") -> str:
+    def host_rule(self, meta: ModelMeta, separator: str = ",") -> str:
         """The -ot value that keeps the host's experts there (empty: none)."""
         return ot_value(self.host_tensors(meta), separator)
 
 
-def _non_expert(layer: dict[str, Any]) -> int:
-    return sum(layer["bytes"].values()) - layer["expert_bytes"]
+def _non_expert(layer: Layer) -> int:
+    return sum(layer.bytes.values()) - layer.expert_bytes
 
 
-def _output_bytes(meta: dict[str, Any]) -> int:
+def _output_bytes(meta: ModelMeta) -> int:
     """The output layer's weights on its device: the output matrix (a tied one is a device copy of the input
     embedding) and its norm."""
-    g = meta["global_bytes"]
+    g = meta.global_bytes
     return (g.get("output", 0) or g.get("token_embd", 0)) + g.get("output_norm", 0)
 
 
-def device_share(meta: dict[str, Any], w: Workload, index: int, device: Device, first: int, end: int, output: bool,
-                 compute: int, host_layers: frozenset[int] | None = None) -> DevicePlan:  # fmt: skip
-    """Device `index` holding layers [first, end) (and the output layer if `output`), keeping the experts of as many
+def device_share(
+    meta: ModelMeta,
+    w: Workload,
+    index: int,
+    device: Device,
+    span: range,
+    output: bool,
+    compute: int,
+    host_layers: frozenset[int] | None = None,
+) -> DevicePlan:
+    """Device `index` holding the layers in `span` (and the output layer if `output`), keeping the experts of as many
     of its last layers as fit beside its other buffers and margin, or, given `host_layers`, of every layer not in it."""
-    layers = meta["layers"][first:end]
-    kv_per_layer = layer_kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch)[first:end]
-    kv = (sum(kv_per_layer) + sum(layer.get("state_bytes", 0) for layer in layers)) * w.parallel
+    layers = meta.layers[span.start : span.stop]
+    kv_per_layer = layer_kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch)[span.start : span.stop]
+    kv = (sum(kv_per_layer) + sum(layer.state_bytes for layer in layers)) * w.parallel
     weights = sum(_non_expert(layer) for layer in layers) + (_output_bytes(meta) if output else 0)
     room = device.vram_bytes - device.overhead_bytes - weights - kv - compute
     kept: list[int] = []
     for layer in reversed(layers):  # the last layers' experts stay: the host rule is then one range per device
         if host_layers is not None:
-            if layer["index"] not in host_layers:
-                kept.append(layer["index"])
+            if layer.index not in host_layers:
+                kept.append(layer.index)
             continue
-        if layer["expert_bytes"] > room:
+        if layer.expert_bytes > room:
             break
-        room -= layer["expert_bytes"]
-        kept.append(layer["index"])
-    weights += sum(meta["layers"][il]["expert_bytes"] for il in kept)
-    return DevicePlan(index, device.vram_bytes, device.overhead_bytes, first, end, tuple(sorted(kept)), weights, kv,
-                      compute, output)  # fmt: skip
+        room -= layer.expert_bytes
+        kept.append(layer.index)
+    weights += sum(meta.layers[il].expert_bytes for il in kept)
+    return DevicePlan(
+        index,
+        device.vram_bytes,
+        device.overhead_bytes,
+        span.start,
+        span.stop,
+        tuple(sorted(kept)),
+        weights,
+        kv,
+        compute,
+        output,
+    )
 
 
-def _split(meta: dict[str, Any], w: Workload, devices: list[Device], bounds: list[int],
-           compute: Callable[[int], int], host_layers: frozenset[int] | None = None) -> MultiPlan:  # fmt: skip
-    edges = [0, *bounds, meta["n_layer"]]
+def _split(
+    meta: ModelMeta,
+    w: Workload,
+    devices: list[Device],
+    bounds: list[int],
+    compute: Callable[[int], int],
+    host_layers: frozenset[int] | None = None,
+) -> MultiPlan:
+    edges = [0, *bounds, meta.n_layer]
     last = len(devices) - 1
-    shares = tuple(device_share(meta, w, i, d, edges[i], edges[i + 1], i == last, compute(i), host_layers)
-                   for i, d in enumerate(devices))  # fmt: skip
+    shares = tuple(
+        device_share(meta, w, i, d, range(edges[i], edges[i + 1]), i == last, compute(i), host_layers)
+        for i, d in enumerate(devices)
+    )
     resident = {il for d in shares for il in d.expert_layers}
-    return MultiPlan(shares, tuple(il for il in range(meta["n_layer"]) if il not in resident))
+    return MultiPlan(shares, tuple(il for il in range(meta.n_layer) if il not in resident))
 
 
 def _score(plan: MultiPlan) -> tuple[bool, int]:
@@ -134,14 +158,15 @@ def _score(plan: MultiPlan) -> tuple[bool, int]:
     return plan.fits, sum(d.weights for d in plan.devices)
 
 
-def plan_devices(meta: dict[str, Any], devices: list[Device], w: Workload,
-                 compute: Callable[[int], int] | None = None) -> MultiPlan:  # fmt: skip
+def plan_devices(
+    meta: ModelMeta, devices: list[Device], w: Workload, compute: Callable[[int], int] | None = None
+) -> MultiPlan:
     """The layer split over `devices` (in llama.cpp's device order) that fits each and keeps the most expert bytes
     on them: from a split proportional to each device's memory, each boundary moved while that gains (a coordinate
     search; layers alike make the gain flat once every device's room is used). `compute(i)` is device i's compute
     buffer, else the single-device estimate. A plan where some device does not fit even with all its experts on
     the host has that device's free_bytes negative."""
-    n_layer = meta["n_layer"]
+    n_layer = meta.n_layer
     compute = compute or (lambda i: estimate_compute(meta, w, n_layer))
     total = sum(d.vram_bytes for d in devices)
     bounds, acc = [], 0
@@ -166,8 +191,9 @@ def plan_devices(meta: dict[str, Any], devices: list[Device], w: Workload,
 Reserve = Callable[[MultiPlan, bool], tuple[int, ...]]
 
 
-def plan_devices_reserved(meta: dict[str, Any], devices: list[Device], w: Workload, reserve: Reserve,
-                          tries: int = 6) -> MultiPlan:  # fmt: skip
+def plan_devices_reserved(
+    meta: ModelMeta, devices: list[Device], w: Workload, reserve: Reserve, tries: int = 6
+) -> MultiPlan:
     """plan_devices checked against llama.cpp's reserve (`reserve(plan, pipelined)`: each device's compute buffer for
     exactly that plan, in device order): a candidate counts when it fits beside the buffers reserved for it, and
     the next one is planned with those buffers, until a candidate repeats. The buffers follow the split and which
@@ -182,8 +208,9 @@ def plan_devices_reserved(meta: dict[str, Any], devices: list[Device], w: Worklo
 
     def checked(candidate: MultiPlan, pipelined: bool = False) -> MultiPlan:
         compute = reserve(candidate, pipelined)
-        return MultiPlan(tuple(replace(d, compute=c) for d, c in zip(candidate.devices, compute)),
-                         candidate.host_expert_layers)  # fmt: skip
+        return MultiPlan(
+            tuple(replace(d, compute=c) for d, c in zip(candidate.devices, compute)), candidate.host_expert_layers
+        )
 
     candidate, counted = plan_devices(meta, devices, w), []
     for _ in range(tries):
@@ -204,27 +231,31 @@ def default_split(n_layer: int, free: list[int]) -> list[int]:
     load_tensors): shares by each device's free memory as it reports it (an emulated device: its cap), summed and
     normalised in float32; layer il, the output layer counted as n_layer, goes to the first device whose share
     exceeds il / (n_layer + 1)."""
-    import numpy as np
 
     splits = np.cumsum(np.asarray(free, dtype=np.float32), dtype=np.float32)
     splits /= splits[-1]
-    device = [int(np.searchsorted(splits, np.float32(il) / np.float32(n_layer + 1), side="right"))
-              for il in range(n_layer)]  # fmt: skip
+    device = [
+        int(np.searchsorted(splits, np.float32(il) / np.float32(n_layer + 1), side="right")) for il in range(n_layer)
+    ]
     return [sum(1 for d in device if d <= i) for i in range(len(free) - 1)]
 
 
-def ncmoe_plan(meta: dict[str, Any], devices: list[Device], w: Workload, n: int,
-               compute: Callable[[int], int] | None = None) -> MultiPlan:  # fmt: skip
+def ncmoe_plan(
+    meta: ModelMeta, devices: list[Device], w: Workload, n: int, compute: Callable[[int], int] | None = None
+) -> MultiPlan:
     """--n-cpu-moe n over `devices` as llama.cpp runs it with no -ts: its own split, the first n layers' experts on
     the host (all on the first devices), every other layer's with its layer. `compute(i)` as in plan_devices."""
-    compute = compute or (lambda i: estimate_compute(meta, w, meta["n_layer"]))
-    bounds = default_split(meta["n_layer"], [d.vram_bytes for d in devices])
+    compute = compute or (lambda i: estimate_compute(meta, w, meta.n_layer))
+    bounds = default_split(meta.n_layer, [d.vram_bytes for d in devices])
     return _split(meta, w, devices, bounds, compute, frozenset(range(n)))
 
 
-def minimum_ncmoe(meta: dict[str, Any], devices: list[Device], w: Workload,
-                  compute_at: Callable[[int], Callable[[int], int]] | None = None,
-                  ) -> tuple[int | None, MultiPlan]:  # fmt: skip
+def minimum_ncmoe(
+    meta: ModelMeta,
+    devices: list[Device],
+    w: Workload,
+    compute_at: Callable[[int], Callable[[int], int]] | None = None,
+) -> tuple[int | None, MultiPlan]:
     """The lowest --n-cpu-moe that fits every device under llama.cpp's own split (None: none), and its plan (with
     every layer's experts on the host where none fits); `compute_at(n)` is each device's compute buffer at n."""
 
@@ -232,7 +263,7 @@ def minimum_ncmoe(meta: dict[str, Any], devices: list[Device], w: Workload,
         return ncmoe_plan(meta, devices, w, n, compute_at(n) if compute_at else None)
 
     n = minimum_n(meta, lambda k: at(k).fits)
-    return n, at(meta["n_layer"] if n is None else n)
+    return n, at(meta.n_layer if n is None else n)
 
 
 # With no -ot rule llama.cpp pipelines several devices; an -ot rule that matches no tensor turns that off, so a
@@ -240,16 +271,23 @@ def minimum_ncmoe(meta: dict[str, Any], devices: list[Device], w: Workload,
 UNPIPELINED = "^no-tensor$=CPU"
 
 
-def plan_args(meta: dict[str, Any], p: MultiPlan, w: Workload) -> tuple[list[str], str | None]:
+def plan_args(meta: ModelMeta, p: MultiPlan, w: Workload) -> tuple[list[str], str | None]:
     """A plan over several devices as llama.cpp's arguments (the workload's, -ts) and its -ot value (None: none)."""
     return [*w.llama_args(), "-ts", ",".join(map(str, p.tensor_split))], p.host_rule(meta) or None
 
 
-def reserved_plan(meta: dict[str, Any], w: Workload, devices: list[Device], names: list[str],
-                  manifest: dict[str, Any], model_path: str, rpc: str | None, log_path: Path) -> MultiPlan:  # fmt: skip
+def reserved_plan(
+    meta: ModelMeta,
+    w: Workload,
+    devices: list[Device],
+    names: list[str],
+    manifest: dict[str, Any],
+    model_path: str,
+    rpc: str | None,
+    log_path: Path,
+) -> MultiPlan:
     """The plan over the attached `devices` (llama.cpp's `names` for them: RPC endpoints or CUDA0, ...), each
     candidate's compute buffers reserved by llama.cpp for exactly that candidate (plan_devices_reserved)."""
-    from ..runtime.allocation import reserve
 
     def reserved(p: MultiPlan, pipelined: bool) -> tuple[int, ...]:
         args, rule = plan_args(meta, p, w)
@@ -259,152 +297,21 @@ def reserved_plan(meta: dict[str, Any], w: Workload, devices: list[Device], name
     return plan_devices_reserved(meta, devices, w, reserved)
 
 
-def reserved_ncmoe(meta: dict[str, Any], w: Workload, devices: list[Device], names: list[str],
-                   manifest: dict[str, Any], model_path: str, rpc: str | None,
-                   log_path: Path) -> tuple[int | None, MultiPlan]:  # fmt: skip
+def reserved_ncmoe(
+    meta: ModelMeta,
+    w: Workload,
+    devices: list[Device],
+    names: list[str],
+    manifest: dict[str, Any],
+    model_path: str,
+    rpc: str | None,
+    log_path: Path,
+) -> tuple[int | None, MultiPlan]:
     """minimum_ncmoe on the attached `devices`, each candidate n's compute buffers reserved by llama.cpp (at n = 0
     unpipelined: llama.cpp falls back to that where the pipelined buffers do not fit)."""
-    from ..runtime.allocation import reserve
 
     def compute_at(n: int) -> Callable[[int], int]:
         buffers = reserve(manifest, model_path, w.llama_args(), n, rpc, log_path, None if n else UNPIPELINED)
         return lambda i: buffers.device(names[i]).get("compute", 0)
 
     return minimum_ncmoe(meta, devices, w, compute_at)
-
-
-DEVICE_COLUMNS = ("devices_mib", "ncmoe_free_mib", "device_plan_fits", "tensor_split", "device_plan_override",
-                  "device_plan_host_layers")  # fmt: skip
-
-
-def budget_row(meta: dict[str, Any], devices: list[Device], w: Workload, ncmoe: tuple[int | None, MultiPlan],
-                plan: MultiPlan, compute_source: str) -> dict[str, Any]:  # fmt: skip
-    """One context's budget over several devices: the lowest --n-cpu-moe under llama.cpp's own split (what the
-    sweep's n means) with its buffers summed over the devices, and beside it moeplace's per-device plan (-ts,
-    its host rule), which the placement stage runs as a variant."""
-    n, at_n = ncmoe
-    kept = sum(meta["layers"][il]["expert_bytes"] for d in at_n.devices for il in d.expert_layers)
-    return {
-        "ctx": w.ctx, "cells": pad(w.ctx) * w.parallel, "ubatch": w.ubatch, "flash_attn": w.flash_attn,
-        "cache_type_k": w.type_k, "cache_type_v": w.type_v,
-        "kv_bytes": sum(d.kv for d in at_n.devices), "weights_bytes": sum(d.weights for d in at_n.devices),
-        "compute_bytes": sum(d.compute for d in at_n.devices), "compute_source": compute_source,
-        "margin_bytes": devices[0].overhead_bytes, "budget_bytes": sum(d.free_bytes for d in at_n.devices) + kept,
-        "n_cpu_moe": n, "resident_layers": meta["n_layer"] - n if n is not None else 0,
-        "status": FITS if n is not None else DOES_NOT_FIT,
-        "devices_mib": "/".join(f"{d.vram_bytes / 2**20:.0f}" for d in devices),
-        "ncmoe_free_mib": "/".join(f"{d.free_bytes / 2**20:.1f}" for d in at_n.devices),
-        "device_plan_fits": plan.fits, "tensor_split": "/".join(map(str, plan.tensor_split)),
-        "device_plan_override": plan.host_rule(meta, ";"),
-        "device_plan_host_layers": " ".join(map(str, plan.host_expert_layers)),
-    }  # fmt: skip
-
-
-def devices_budget_table(meta: dict[str, Any], model_path: str, manifest: dict[str, Any], target: DeviceTarget,
-                         margin_bytes: int, workloads: list[Workload], log_path: Path) -> pd.DataFrame:  # fmt: skip
-    """The budget stage over several devices (device.vram a list): per workload, budget_row with every compute
-    buffer as llama.cpp reserves it on the devices, started for the duration."""
-    if model_path is None:
-        raise MoeplaceError("device.vram lists several devices, which needs a model file (gguf or twin) to plan "
-                            "their layers; the seed's constants have none: give one device.")  # fmt: skip
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import attached, device_setup
-
-    setup = device_setup(target, manifest)
-    devices = [Device(cap, margin_bytes) for cap in setup.caps]
-    with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
-        names = rpc.split(",") if rpc else [g.split(":")[0] for g in manifest["gpu_devices"][: len(devices)]]
-        rows = [budget_row(meta, devices, w, reserved_ncmoe(meta, w, devices, names, manifest, model_path, rpc,
-                                                            log_path),
-                           reserved_plan(meta, w, devices, names, manifest, model_path, rpc, log_path), "llama.cpp")
-                for w in workloads]  # fmt: skip
-    return budget_frame(rows, DEVICE_COLUMNS)
-
-
-def _layers_text(layers: tuple[int, ...] | list[int]) -> str:
-    """0-4, 7, 9-11."""
-    runs: list[list[int]] = []
-    for il in sorted(layers):
-        if runs and il == runs[-1][1] + 1:
-            runs[-1][1] = il
-        else:
-            runs.append([il, il])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs) or "none"
-
-
-def describe(meta: dict[str, Any], plan: MultiPlan, backend: str) -> list[str]:
-    """Per device what it holds, in MiB, and what stays on the host: the lines recommend prints."""
-    mib = 2**20
-    lines = []
-    for d in plan.devices:
-        name = f"{DEVICE_PREFIX.get(backend, backend)}{d.index}"
-        layers = f"layers {d.first}-{d.end - 1}" if d.end > d.first else "no layers"
-        buffers = ", ".join(f"{what} {size / mib:.0f} MiB" for what, size in (
-            ("weights", d.weights), ("KV", d.kv), ("compute", d.compute), ("margin", d.margin_bytes),
-            ("free", d.free_bytes)))  # fmt: skip
-        size = f"{d.vram_bytes / 2**30:.1f} GiB" if d.vram_bytes >= 2**30 else f"{d.vram_bytes / mib:.0f} MiB"
-        lines.append(f"{name} ({size}): {layers}{' and the output' if d.output else ''}, "
-                     f"the experts of {_layers_text(d.expert_layers)}; {buffers}")  # fmt: skip
-    lines.append(f"host: the experts of {_layers_text(plan.host_expert_layers)} "
-                 f"({host_bytes(meta, plan.host_tensors(meta)) / mib:.0f} MiB with the input embedding)")  # fmt: skip
-    return lines
-
-
-def plan_json(meta: dict[str, Any], plan: MultiPlan, w: Workload) -> dict[str, Any]:
-    return {
-        "ctx": w.ctx,
-        "fits": plan.fits,
-        "tensor_split": list(plan.tensor_split),
-        "override_tensor": plan.host_rule(meta),
-        "devices": [{**d.__dict__, "free_bytes": d.free_bytes} for d in plan.devices],
-        "host_expert_layers": list(plan.host_expert_layers),
-        "host_bytes": host_bytes(meta, plan.host_tensors(meta)),
-    }
-
-
-# A plan's expected speeds (assumed.expected) and the line that says them, for its host experts, workload and hops.
-Speed = Callable[[frozenset[str], Workload, int], tuple[dict[str, Any], str]]
-
-
-def several_devices(request: Request, meta: dict[str, Any], sizes: list[int], where: str, backend: str,
-                    margin_bytes: int, path: str, speed: Speed) -> int:  # fmt: skip
-    """recommend on several devices (--vram A,B,... or auto on a machine with several cards, `sizes` from `where`):
-    per context the plan over them in llama.cpp's order, each device's share, its expected speeds and the command
-    line (`path`: the file llama.cpp loads)."""
-    devices = [Device(size, margin_bytes) for size in sizes]
-    kv = (request.type_k, request.type_v)
-    failed, plans = 0, []
-    for ctx in request.contexts:
-        w = request.workload(ctx, backend)
-        p = plan_devices(meta, devices, w)
-        expected, said = speed(frozenset(p.host_tensors(meta)), w, p.device_hops) if p.fits else (None, "")
-        flags = commands.request_flags(meta, ctx, None, False, "bench" if request.emit == "bench" else "server")
-        plans.append(plan_json(meta, p, w) | {"speed": expected})
-        if not p.fits:
-            failed += 1
-            short = ", ".join(f"device {d.index} by {-d.free_bytes / 2**20:.0f} MiB" for d in p.devices
-                              if d.free_bytes < 0)  # fmt: skip
-            print(f"moeplace: context {ctx} does not fit on these devices even with every expert on the host "
-                  f"({short}); reduce the context or quantize the KV cache.", file=sys.stderr)  # fmt: skip
-            continue
-        rule = p.host_rule(meta, ";" if request.emit == "bench" else ",")
-        if request.emit == "bench":
-            line = commands.llama_bench(path, ctx, 0, *kv, request.flash_attn, request.ubatch,
-                                        [rule] if rule else None, p.tensor_split, flags)  # fmt: skip
-        else:
-            line = commands.llama_server_split(path, ctx, p.tensor_split, rule, *kv, request.flash_attn,
-                                               request.ubatch, request.parallel, flags)  # fmt: skip
-        plans[-1]["command"] = line
-        if request.as_json:
-            continue
-        if request.emit == "server":
-            print(f"context {ctx} on {len(devices)} devices (llama.cpp's layer split, -ts as layer counts; "
-                  f"sizes: {where}):")  # fmt: skip
-            for text in describe(meta, p, backend):
-                print("  " + text)
-            print(f"  expected: {said}; each step from one card to the next priced as a host hop")
-        print("  " + line if request.emit == "server" else line)
-    if request.as_json:
-        json.dump(plans, sys.stdout, indent=1)
-        print()
-    return 1 if failed else 0

@@ -36,14 +36,24 @@ def _candidates(r: Request) -> list[list[tuple[Request, str]]]:
         )
     if smaller := _smaller_kv(r):
         kinds.append([smaller])
-    kinds.append([(r.with_(parallel=p), f"fewer server slots (--parallel {p}): each slot holds the whole context")
-                  for p in range(r.parallel - 1, 0, -1)])  # fmt: skip
+    kinds.append(
+        [
+            (r.with_(parallel=p), f"fewer server slots (--parallel {p}): each slot holds the whole context")
+            for p in range(r.parallel - 1, 0, -1)
+        ]
+    )
     smaller = "a smaller compute buffer, slower prefill"
     ubatches = sorted({max(64, r.ubatch // 2), max(64, r.ubatch // 4)} - {r.ubatch}, reverse=True)
     kinds.append([(r.with_(ubatch=u), f"a smaller ubatch (-ub {u}): {smaller}") for u in ubatches if u < r.ubatch])
     if not r.no_kv_offload:
-        kinds.append([(r.with_(no_kv_offload=True), "the KV cache in host RAM (-nkvo): decode reads it over the bus, "
-                                                    "much slower at long contexts")])  # fmt: skip
+        kinds.append(
+            [
+                (
+                    r.with_(no_kv_offload=True),
+                    "the KV cache in host RAM (-nkvo): decode reads it over the bus, much slower at long contexts",
+                )
+            ]
+        )
     return kinds
 
 

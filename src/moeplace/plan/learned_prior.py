@@ -1,9 +1,9 @@
 """The speed model before any run: its terms learned from published --n-cpu-moe sweeps of real cards.
 
 A datasheet gives a card's and a host's bandwidth; it does not give how far below them llama.cpp reads, nor the
-fixed time per token, nor how fast a card computes a prompt. Published sweeps do (tools/published/, 40-odd
-setups on NVIDIA, AMD and Intel cards and Strix Halo iGPUs; a user's published runs pooled with them by
-prior_learn). Per token, with the features of speed.features:
+fixed time per token, nor how fast a card computes a prompt. Published sweeps do (tools/published/, 70-odd
+setups from 25 machines: NVIDIA, AMD and Intel cards, Strix Halo and DGX Spark unified memory; a user's published
+runs pooled with them by prior_learn). Per token, with the features of speed.features:
 
 decode   t = t0 * L + a_card[backend] * V / B_card + a_host * D / B_host + h * hops + a_kv * KV / B_card
          (a_host_measured * D / B_host instead where B_host is a measured figure, not a datasheet's)
@@ -43,6 +43,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from ..core.errors import MoeplaceError
+from ..model.meta import ModelMeta
 from .speed import FEATURES, Z95, Run, SpeedModel, TestModel, features
 
 PRIOR_FILE = Path(__file__).with_name("learned_prior.json")  # written by tools/speed_prior.py
@@ -89,7 +90,7 @@ class Point:
     source: str = ""  # whose machine: a source's setups are left out together; "" = the setup's own
 
 
-def point_features(meta: dict[str, Any], run: Run) -> dict[str, float]:
+def point_features(meta: ModelMeta, run: Run) -> dict[str, float]:
     """speed.features for `run`, with the bytes of weights one token uses wherever they live (active_gb)."""
     decode = features(meta, Run(run.n_cpu_moe, run.depth, "tg", 1, host_tensors=run.host_tensors))
     return features(meta, run) | {"active_gb": decode["device_gb"] + decode["host_gb"]}
@@ -240,7 +241,7 @@ def load(path: Path = PRIOR_FILE) -> dict[str, Learned]:
     return prior
 
 
-def speed_model(meta: dict[str, Any], m: Machine, prior: dict[str, Learned] | None = None) -> SpeedModel:
+def speed_model(meta: ModelMeta, m: Machine, prior: dict[str, Learned] | None = None) -> SpeedModel:
     """The speed model of `meta` on machine `m` from the learned terms: speed.FEATURES' coefficients, with the
     held-out spread as each test's (its ~95% interval is the held-out setups' 95% quantile). Prefill's compute
     is per token and the same at every placement, so it is prefill's time per layer."""
@@ -259,7 +260,7 @@ def speed_model(meta: dict[str, Any], m: Machine, prior: dict[str, Learned] | No
         }
         if test == "pp":
             active = point_features(meta, Run(0, 0, "pp", 1))["active_gb"]
-            per_unit["layers"] = c["compute"] * SCALE["compute"] * active / m.card_tflops / meta["n_layer"]
+            per_unit["layers"] = c["compute"] * SCALE["compute"] * active / m.card_tflops / meta.n_layer
         coef = {k: per_unit[k] for k in FEATURES[test]}
         tests[test] = TestModel(coef, dict.fromkeys(coef, SOURCE), spread=learned.log_q95 / Z95,
                                 difference_spread=learned.log_q95_difference / Z95)  # fmt: skip

@@ -48,14 +48,18 @@ def this_machine(card: str) -> ThisMachine:
         vram, tflops, vram_from = sheet.gbps, sheet.tflops, f"the card: {sheet.source}"
     else:
         vram, tflops = DEFAULT_BANDWIDTHS[0], DEFAULT_CARD_TFLOPS
-        vram_from = (f"the card: {card} is not in moeplace's table of cards, so moeplace's defaults, --bw-vram and "
-                     "--card-tflops for yours")  # fmt: skip
+        vram_from = (
+            f"the card: {card} is not in moeplace's table of cards, so moeplace's defaults, --bw-vram and "
+            "--card-tflops for yours"
+        )
     threads = len(os.sched_getaffinity(0))
     try:
         with tempfile.TemporaryDirectory() as tmp:
             ddr = ram_read_gbps(Path(tmp) / "membw.log", threads, HOST_PROBE_BYTES, HOST_PROBE_S)
-        ddr_from = (f"the host: measured here ({threads} threads reading {HOST_PROBE_BYTES >> 20} MiB, best of 3), "
-                    "a measured figure, not discounted as a datasheet's")  # fmt: skip
+        ddr_from = (
+            f"the host: measured here ({threads} threads reading {HOST_PROBE_BYTES >> 20} MiB, best of 3), "
+            "a measured figure, not discounted as a datasheet's"
+        )
         measured = True
     except MoeplaceError as e:
         ddr, ddr_from = DEFAULT_BANDWIDTHS[1], f"the host: moeplace's default ({e}), --bw-ddr for yours"

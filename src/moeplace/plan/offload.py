@@ -14,10 +14,12 @@ import itertools
 import re
 from collections import defaultdict
 from collections.abc import Collection
-from typing import Any
+
+import numpy as np
 
 from ..core.errors import MoeplaceError
 from ..model.memory import Pins
+from ..model.meta import ModelMeta
 from ..model.metadata import EXPERT_TENSOR
 from ..runtime.llama_log import is_host
 
@@ -97,11 +99,11 @@ def ot_value(cpu_tensors: set[str], separator: str = ";") -> str:
     return separator.join(patterns)
 
 
-def expert_tensors(meta: dict[str, Any], layers: list[int], kinds: set[str] | None = None) -> set[str]:
+def expert_tensors(meta: ModelMeta, layers: list[int], kinds: set[str] | None = None) -> set[str]:
     """The routed-expert tensors (weights, biases) of these layers, optionally only some kinds."""
     out = set()
     for il in layers:
-        for name in meta["layers"][il]["expert_tensors"]:
+        for name in meta.layers[il].expert_tensors:
             m = EXPERT_TENSOR.match(name)
             if m and (kinds is None or m[2] in kinds):
                 out.add(name)
@@ -113,14 +115,14 @@ def host_layers(tensors: Collection[str]) -> set[int]:
     return {int(m[1]) for m in map(EXPERT_TENSOR.match, tensors) if m}
 
 
-def tensor_bytes(meta: dict[str, Any], tensors: set[str]) -> int:
-    sizes = {n: b for layer in meta["layers"] for n, b in layer["expert_tensors"].items()}
+def tensor_bytes(meta: ModelMeta, tensors: set[str]) -> int:
+    sizes = {n: b for layer in meta.layers for n, b in layer.expert_tensors.items()}
     return sum(sizes[t] for t in tensors)
 
 
-def variants(meta: dict[str, Any], n: int) -> dict[str, set[str]]:
+def variants(meta: ModelMeta, n: int) -> dict[str, set[str]]:
     """Placements to compare with --n-cpu-moe n, at (about) the same host-resident expert bytes."""
-    n_layer = meta["n_layer"]
+    n_layer = meta.n_layer
     first = expert_tensors(meta, list(range(n)))
     target = tensor_bytes(meta, first)
     out = {"first_n_ot": first, "last_n": expert_tensors(meta, list(range(n_layer - n, n_layer)))}
@@ -136,22 +138,22 @@ def variants(meta: dict[str, Any], n: int) -> dict[str, set[str]]:
     return out
 
 
-def _groups(meta: dict[str, Any]) -> list[tuple[int, str, set[str], int]]:
+def _groups(meta: ModelMeta) -> list[tuple[int, str, set[str], int]]:
     """(layer, kind, tensors, bytes) per layer and expert kind: what one -ot kind pattern moves."""
     out = []
-    for layer in meta["layers"]:
+    for layer in meta.layers:
         kinds: dict[str, set[str]] = defaultdict(set)
-        for name in layer["expert_tensors"]:
+        for name in layer.expert_tensors:
             m = EXPERT_TENSOR.match(name)
             if m:
                 kinds[m[2]].add(name)
         for kind, names in sorted(kinds.items()):
-            out.append((layer["index"], kind, names, sum(layer["expert_tensors"][n] for n in names)))
+            out.append((layer.index, kind, names, sum(layer.expert_tensors[n] for n in names)))
     return out
 
 
 def optimal_placement(
-    meta: dict[str, Any],
+    meta: ModelMeta,
     budget_bytes: float,
     host_layer_bytes: float = 0.0,
     pins: Pins = Pins(),
@@ -167,9 +169,8 @@ def optimal_placement(
     them; on ties later layers stay on the device, so a model whose layers are alike gets --n-cpu-moe N plus at
     most a partial layer.
     """
-    import numpy as np
 
-    sizes = {name: size for layer in meta["layers"] for name, size in layer["expert_tensors"].items()}
+    sizes = {name: size for layer in meta.layers for name, size in layer.expert_tensors.items()}
     layers: dict[int, list[tuple[set[str], int]]] = defaultdict(list)
     pinned_host_layers = set()
     for layer, _, names, _ in _groups(meta):
@@ -255,12 +256,12 @@ def override_rules(values: list[str]) -> tuple[str, ...]:
     return tuple(rules)
 
 
-def read_pins(meta: dict[str, Any], values: list[str]) -> Pins:
+def read_pins(meta: ModelMeta, values: list[str]) -> Pins:
     """The user's -ot values resolved to the expert tensors each keeps on the host or on the device (the first
     matching rule wins, as in llama.cpp); a rule that moves no routed expert is refused, since the plan could
     not account for it."""
     rules = override_rules(values)
-    names = [t for layer in meta["layers"] for t in layer["expert_tensors"]]
+    names = [t for layer in meta.layers for t in layer.expert_tensors]
     patterns = [(rule, re.compile(rule.partition("=")[0]), rule.partition("=")[2]) for rule in rules]
     host, device, used = set(), set(), set()
     for name in names:

@@ -11,10 +11,25 @@ from typing import Any
 
 from ..core.config import Device
 from ..model.memory import Pins, device_need
+from ..model.meta import ModelMeta
 from ..runtime.llamacpp_args import refusal
 from .budget import plan
+from .layer_split import largest_ngl, predict_ngl
 from .offload import optimal_placement
 from .request import Request
+from .speed import Run, host_layer_bytes, prefill_up_to
+
+
+@dataclass(frozen=True)
+class OnDevice:
+    """The model on one device as every placement shares it: the backend that runs it, the bytes beside the model
+    (a vision projector's file), the user's -ot pins."""
+
+    meta: ModelMeta
+    device: Device
+    backend: str
+    extra_bytes: int = 0
+    pins: Pins = Pins()
 
 
 @dataclass(frozen=True)
@@ -31,8 +46,9 @@ def settings(request: Request) -> list[Setting]:
     llama.cpp runs them (a quantized V cache needs flash attention)."""
     kv_types = dict.fromkeys([(request.type_k, request.type_v), ("q8_0", "q8_0")])
     ubatches = dict.fromkeys([request.ubatch, 512, 2048])
-    return [Setting(k, v, u) for (k, v), u in itertools.product(kv_types, ubatches)
-            if not refusal(request.flash_attn, v)]  # fmt: skip
+    return [
+        Setting(k, v, u) for (k, v), u in itertools.product(kv_types, ubatches) if not refusal(request.flash_attn, v)
+    ]
 
 
 def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, float] | None) -> float | None:
@@ -48,16 +64,15 @@ def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, f
     return 1 / (weight / tg["tok_s"] + (1 - weight) / pp["tok_s"])
 
 
-def fits(meta: dict[str, Any], device: Device, request: Request, ctx: int, backend: str, host: frozenset[str],
-         extra_bytes: int = 0) -> bool:  # fmt: skip
+def fits(on: OnDevice, request: Request, ctx: int, host: frozenset[str]) -> bool:
     """Whether this host set fits the device for the request at `ctx`, by the plain plan's own budget."""
-    need = device_need(meta, request.workload(ctx, backend), 0, None, extra_bytes, Pins(host=host))
-    return need.total + device.overhead_bytes <= device.vram_bytes
+    need = device_need(on.meta, request.workload(ctx, on.backend), 0, None, on.extra_bytes, Pins(host=host))
+    return need.total + on.device.overhead_bytes <= on.device.vram_bytes
 
 
-def rank_placements(meta: dict[str, Any], device: Device, request: Request, ctx: int, backend: str, model: Any,
-                    extra_bytes: int = 0, pins: Pins = Pins(),
-                    choices: list[Setting] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def rank_placements(
+    on: OnDevice, request: Request, ctx: int, model: Any, choices: list[Setting] | None = None
+) -> list[dict[str, Any]]:
     """Every placement that fits at `ctx` for each of `choices` (default settings(request)): --n-cpu-moe at the
     budget's minimum, and where they differ from it the knapsack's -ot placements (the most expert bytes on the
     device, prefill's best, and the same less the hops the model prices, decode's best), each checked by the plain
@@ -65,27 +80,28 @@ def rank_placements(meta: dict[str, Any], device: Device, request: Request, ctx:
     by the request's objective. A placement whose score is within the model's equivalence factor of the best is
     `equivalent` to it: which is faster is not known, so the first of those in the order given leads (the user's KV
     cache type and ubatch, --n-cpu-moe before -ot), not a gain inside the uncertainty. `host_tensors` is each
-    placement's whole host set, pins included."""
-    from .speed import Run, host_layer_bytes, prefill_up_to
+    placement's whole host set, pins included. Where experts go to the host and the user pins none, the largest
+    whole-layer split that fits (-ngl, `n_gpu_layers`) is ranked beside them by its decode (layer_split)."""
 
-    order = []  # as given
+    meta, pins = on.meta, on.pins
+    order: list[dict[str, Any]] = []  # as given
     hop_bytes = host_layer_bytes(meta, model)
     for s in choices or settings(request):
         asked = request.with_(type_k=s.type_k, type_v=s.type_v, ubatch=s.ubatch)
-        p = plan(meta, device, asked.workload(ctx, backend), None, extra_bytes, pins)
+        p = plan(meta, on.device, asked.workload(ctx, on.backend), None, on.extra_bytes, pins)
         if p["n_cpu_moe"] is None:
             continue
         candidates = [("ncmoe", p["n_cpu_moe"], pins.host_set(meta, p["n_cpu_moe"]))]
         for cost in dict.fromkeys([0.0, hop_bytes]):
             host = frozenset(optimal_placement(meta, p["budget_bytes"], cost, pins))
-            if all(host != c[2] for c in candidates) and fits(meta, device, asked, ctx, backend, host, extra_bytes):
+            if all(host != c[2] for c in candidates) and fits(on, asked, ctx, host):
                 candidates.append(("optimal", 0, host))
         for name, n, host in candidates:
             tg = model.predict(meta, Run(0, ctx, "tg", 128, s.ubatch, s.type_k, s.type_v, host))
             pp = model.predict(meta, prefill_up_to(0, ctx, s.ubatch, s.type_k, s.type_v, host))
-            order.append({"placement": name, "n_cpu_moe": n, "host_tensors": sorted(host), "type_k": s.type_k,
-                          "type_v": s.type_v, "ubatch": s.ubatch, "tg": tg, "pp": pp,
-                          "score": objective_score(request.objective, tg, pp)})  # fmt: skip
+            order.append(_row(name, s, tg, pp, request.objective) | {"n_cpu_moe": n, "host_tensors": sorted(host)})
+        if p["n_cpu_moe"] and not pins.rules:  # some experts on the host: whole layers there instead
+            order += _layer_split(on, asked, ctx, model, s)
     ranked = sorted(order, key=lambda r: -(r["score"] or 0.0))
     if not ranked or ranked[0]["score"] is None:
         return ranked
@@ -95,3 +111,29 @@ def rank_placements(meta: dict[str, Any], device: Device, request: Request, ctx:
         r["equivalent"] = r["score"] is not None and r["score"] * factor >= ranked[0]["score"]
     given = [r for r in order if r["equivalent"]]
     return [given[0]] + [r for r in ranked if r is not given[0]]
+
+
+def _row(
+    placement: str, s: Setting, tg: dict[str, float] | None, pp: dict[str, float] | None, objective: str
+) -> dict[str, Any]:
+    """A ranked placement's settings, speeds and score (the placement's own fields added by the caller)."""
+    score = objective_score(objective, tg, pp)
+    return {
+        "placement": placement,
+        "type_k": s.type_k,
+        "type_v": s.type_v,
+        "ubatch": s.ubatch,
+        "tg": tg,
+        "pp": pp,
+        "score": score,
+    }
+
+
+def _layer_split(on: OnDevice, asked: Request, ctx: int, model: Any, s: Setting) -> list[dict[str, Any]]:
+    """The largest -ngl that fits the device at `ctx` (none, or every layer: nothing to add), decode only."""
+    device = Device(on.device.vram_bytes - on.extra_bytes, on.device.overhead_bytes)
+    g = largest_ngl(on.meta, device, asked.workload(ctx, on.backend))
+    if g is None or g > on.meta.n_layer:
+        return []
+    tg = predict_ngl(on.meta, model, g, ctx, 128, s.type_k, s.type_v)
+    return [_row("ngl", s, tg, None, asked.objective) | {"n_cpu_moe": None, "n_gpu_layers": g, "host_tensors": []}]

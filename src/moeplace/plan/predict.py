@@ -9,12 +9,14 @@ is the part of D(n) that does not fit in the host RAM given (host.ram) and is pa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..core.config import Bandwidths
 from ..core.errors import MoeplaceError
 from ..core.units import GB
+from ..model.meta import ModelMeta, is_seed
 from ..model.reads import active_fraction, bytes_per_token, disk_share, read_bytes, unread_bytes
+from .speed import Run, prior
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,18 +36,16 @@ def token_seconds(
     return t
 
 
-def predict_table(meta: dict[str, Any], bw: Bandwidths, model: SpeedModel | None = None) -> pd.DataFrame:
+def predict_table(meta: ModelMeta, bw: Bandwidths, model: SpeedModel | None = None) -> pd.DataFrame:
     """Seed 000's table (tok_s, from theoretical bandwidths) and the speed model's decode before any calibration
     (tg_tok_s with its interval, at an empty context): `model`, the prior the ceilings stage measured
-    (ceilings.measured_prior), else the prior of `bw`."""
+    (measured_prior.measured_prior), else the prior of `bw`."""
     import pandas as pd  # here, not at the top: it is half a second of every CLI start
 
-    from .speed import Run, prior  # the speed model builds on this module's byte counts
-
     model = model or prior(bw)
-    dense_tok_s = bw.ddr_gbps * GB / meta["total_bytes"]
+    dense_tok_s = bw.ddr_gbps * GB / meta.total_bytes
     rows = []
-    for n in range(meta["n_layer"] + 1):
+    for n in range(meta.n_layer + 1):
         d, v = read_bytes(meta, n)
         s = d * disk_share(meta, n, bw.ram_bytes)
         t = token_seconds(d, v, bw.vram_gbps, bw.ddr_gbps, s, bw.disk_gbps)
@@ -57,7 +57,7 @@ def predict_table(meta: dict[str, Any], bw: Bandwidths, model: SpeedModel | None
             "t_token_ms": t * 1e3,
             "tok_s": 1 / t,
         }
-        tg = model.predict(meta, Run(n, 0, "tg", 1)) if meta.get("attention") else None
+        tg = model.predict(meta, Run(n, 0, "tg", 1)) if not is_seed(meta) else None
         row |= {f"tg_{k}": tg and tg[k] for k in ("tok_s", "low", "high")}
         row["dense_tok_s"] = dense_tok_s
         row["moe_vs_dense"] = row["tok_s"] / dense_tok_s
@@ -65,15 +65,15 @@ def predict_table(meta: dict[str, Any], bw: Bandwidths, model: SpeedModel | None
     return pd.DataFrame(rows)
 
 
-def ram_tier_tok_s(meta: dict[str, Any], weight_ram_bytes: int | None, ddr_gbps: float, disk_gbps: float) -> float:
+def ram_tier_tok_s(meta: ModelMeta, weight_ram_bytes: int | None, ddr_gbps: float, disk_gbps: float) -> float:
     """CPU-only decode with `weight_ram_bytes` of page cache for the weights (None: all of them).
 
     Non-expert tensors are read every token, so they stay resident (or are locked); the experts
     share what is left and miss uniformly: S = the active expert bytes times the missing share.
     """
     per_token = bytes_per_token(meta)
-    hot = meta["non_expert_bytes"] - unread_bytes(meta)
+    hot = meta.non_expert_bytes - unread_bytes(meta)
     spare = None if weight_ram_bytes is None else weight_ram_bytes - hot
-    missing = 0.0 if spare is None or meta["expert_bytes"] <= spare else 1 - max(spare, 0) / meta["expert_bytes"]
-    s = active_fraction(meta) * meta["expert_bytes"] * missing
+    missing = 0.0 if spare is None or meta.expert_bytes <= spare else 1 - max(spare, 0) / meta.expert_bytes
+    s = active_fraction(meta) * meta.expert_bytes * missing
     return 1 / token_seconds(per_token, 0.0, 1.0, ddr_gbps, s, disk_gbps)

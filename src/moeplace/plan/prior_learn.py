@@ -179,14 +179,14 @@ def directory_points(folder: Path, models: dict[str, str], flags: dict[str, Any]
             continue
         metas[str(row.get("model"))] = meta
         ngl = int(row.get("n_gpu_layers") or 99)
-        if ngl < meta["n_layer"]:  # a layer split: not a --n-cpu-moe placement
+        if ngl < meta.n_layer:  # a layer split: not a --n-cpu-moe placement
             continue
         test = "pp" if int(row.get("n_prompt") or 0) > 0 else "tg"
         size = int(row["n_prompt"] if test == "pp" else row["n_gen"])
         machine = _machine(folder, row, given)
         setup = f"{name}/{row.get('model')}/{row.get('gpu_info')}/{row.get('type_k')}-{row.get('type_v')}"
         key = (setup, str(row.get("model")), test, size, int(row.get("n_ubatch") or 512), str(row.get("type_k")),
-               str(row.get("type_v")), min(int(row.get("n_cpu_moe") or 0), meta["n_layer"]),
+               str(row.get("type_v")), min(int(row.get("n_cpu_moe") or 0), meta.n_layer),
                int(row.get("n_depth") or 0), machine, float(row.get("model_size") or 0))  # fmt: skip
         runs.setdefault(key, []).append(float(row["avg_ts"]))
     if not runs:
@@ -195,7 +195,7 @@ def directory_points(folder: Path, models: dict[str, str], flags: dict[str, Any]
     points = []
     for (setup, model, test, size, ubatch, type_k, type_v, n, depth, machine, file_bytes), speeds in runs.items():
         meta = metas[model]
-        scale = file_bytes / meta["total_bytes"] if file_bytes > 0 else 1.0
+        scale = file_bytes / meta.total_bytes if file_bytes > 0 else 1.0
         x = point_features(meta, Run(n, depth, test, size, ubatch, type_k, type_v))
         x = {k: v * scale if k in ("device_gb", "host_gb", "link_gb", "active_gb") else v for k, v in x.items()}
         points.append(Point(setup, test, machine, x, float(np.mean(speeds)), source))

@@ -15,11 +15,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.config import Device
+from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
-from ..core.units import GB, parse_size
+from ..core.units import GB, Context, parse_size
+from ..model.describe import structure
 from ..model.memory import NO_PINS, Pins, Workload, host_bytes
-from ..model.metadata import from_constants, inspect_model, structure
+from ..model.meta import ModelMeta
+from ..model.metadata import from_constants, inspect_model
+from ..runtime.backend import gpu_free_memory
+from ..runtime.cpus import split_cpus
+from ..runtime.device import attached, device_setup
+from ..runtime.llamacpp import PINNED, provision
+from ..runtime.model_ref import ollama_version
 from . import budget as budget_mod
 from . import commands
 from .assumed import (
@@ -36,11 +43,12 @@ from .assumed import (
     speed_text,
 )
 from .cards import card_named
-from .devices import Speed, several_devices
 from .fixes import fixes, longest_context
 from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
 from .offload import host_layers, ot_value, read_pins
-from .request import DEVICE_PREFIX, Request, check_trained_context
+from .optimal import OnDevice, rank_placements
+from .request import DEVICE_PREFIX, Cache, Request, check_trained_context
+from .several_devices import Speed, several_devices
 
 MAX_LONGEST = 1 << 20  # --ctx max on a model that states no trained context: the longest it looks for
 
@@ -52,8 +60,10 @@ def check_pins(pins: Pins, backend: str) -> None:
     for rule in pins.rules:
         buffer = rule.rpartition("=")[2]
         if buffer != "CPU" and buffer != device and not (backend == "rpc" and buffer.startswith("RPC")):
-            raise MoeplaceError(f"-ot {rule!r}: this plan has one device, {device} ({backend}); pin to CPU or "
-                                f"{device}, or plan several cards with --vram A,B.")  # fmt: skip
+            raise MoeplaceError(
+                f"-ot {rule!r}: this plan has one device, {device} ({backend}); pin to CPU or "
+                f"{device}, or plan several cards with --vram A,B."
+            )
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,7 @@ class Setup:
     """A request made concrete for one model on one device: what every context's plan shares."""
 
     request: Request
-    meta: dict[str, Any]
+    meta: ModelMeta
     device: Device
     a: Assumptions | None  # None: the seed's constants
     pins: Pins
@@ -73,8 +83,9 @@ class Setup:
 
     def fitted(self, r: Request, ctx: int) -> int | None:
         """The budget's minimum --n-cpu-moe for request `r` at `ctx` (None: nothing fits), by the estimate."""
-        return budget_mod.plan(self.meta, self.device, r.workload(ctx, self.backend), None, self.extra_bytes,
-                               self.pins)["n_cpu_moe"]  # fmt: skip
+        return budget_mod.plan(
+            self.meta, self.device, r.workload(ctx, self.backend), None, self.extra_bytes, self.pins
+        )["n_cpu_moe"]
 
 
 def recommend(request: Request) -> int:
@@ -87,8 +98,16 @@ def recommend(request: Request) -> int:
     if len(sizes) > 1:
         backend = resolve_backend(request)[0]
         margin = margin_bytes(request, backend)[0]
-        return several_devices(request, meta, sizes, where, backend, margin, model_path(meta, request.model),
-                               cards_speed(request, meta, backend))  # fmt: skip
+        return several_devices(
+            request,
+            meta,
+            sizes,
+            where,
+            backend,
+            margin,
+            model_path(meta, request.model),
+            cards_speed(request, meta, backend),
+        )
     a = assumptions(request)
     pins = read_pins(meta, list(request.overrides))
     check_pins(pins, a.backend)
@@ -96,16 +115,18 @@ def recommend(request: Request) -> int:
     setup = Setup(request, meta, Device(a.vram_bytes, a.margin_bytes), a, pins, extra)
     contexts = list(request.contexts)
     if request.longest:
-        limit = meta.get("n_ctx_train") or MAX_LONGEST
+        limit = meta.n_ctx_train or MAX_LONGEST
         found = longest_context(request, limit, setup.fitted)
         if found is None:
-            raise MoeplaceError(f"--ctx max: no context fits {a.vram_bytes / GB:.2f} GB even with every expert on "
-                                "the host; see the fixes with a short --ctx, e.g. --ctx 4096.")  # fmt: skip
+            raise MoeplaceError(
+                f"--ctx max: no context fits {a.vram_bytes / GB:.2f} GB even with every expert on "
+                "the host; see the fixes with a short --ctx, e.g. --ctx 4096."
+            )
         contexts = [found]
     return _output(setup, contexts, rope)
 
 
-def cards_speed(request: Request, meta: dict[str, Any], backend: str) -> Speed:
+def cards_speed(request: Request, meta: ModelMeta, backend: str) -> Speed:
     """The speeds of a plan over several cards, from --bw-vram/--bw-ddr or the defaults (said once)."""
     s = request.speeds
     bw = (s.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], s.host[0] or DEFAULT_BANDWIDTHS[1])
@@ -113,8 +134,10 @@ def cards_speed(request: Request, meta: dict[str, Any], backend: str) -> Speed:
     model = speed_model(s, meta, bw, backend, tflops)
     if request.emit == "server" and not request.as_json and not s.calibration:
         given = "--bw-vram/--bw-ddr" if s.bw_vram_gbps or s.host[0] else "moeplace's defaults"
-        print(f"speeds: {bw[0]:g} GB/s and {tflops:g} TFLOPS on every card, {bw[1]:g} GB/s host RAM ({given}); "
-              "efficiencies learned from published sweeps of real cards (docs/speed-prior.md)")  # fmt: skip
+        print(
+            f"speeds: {bw[0]:g} GB/s and {tflops:g} TFLOPS on every card, {bw[1]:g} GB/s host RAM ({given}); "
+            "efficiencies learned from published sweeps of real cards (docs/speed-prior.md)"
+        )
 
     def speed(host: frozenset[str], w: Workload, device_hops: int) -> tuple[dict[str, Any], str]:
         expected_ = expected(meta, model, host, w, device_hops)
@@ -127,8 +150,6 @@ def _several_cards(request: Request) -> tuple[list[int], str]:
     """--vram A,B,... as given, or with auto every card of this machine's free memory, in llama.cpp's order, and
     where the sizes came from. One size: a plan for one device."""
     if request.auto:
-        from ..runtime.backend import gpu_free_memory
-
         cards, tool = gpu_free_memory(resolve_backend(request)[0])
         return [free for free, _ in cards], "free now on " + ", ".join(name for _, name in cards) + f" ({tool})"
     if request.card:
@@ -144,10 +165,6 @@ def llamacpp_compute(request: Request, pins: Pins) -> Iterator[budget_mod.Comput
     if not request.reserve:
         yield None
         return
-    from ..core.config import DeviceTarget
-    from ..runtime.cpus import split_cpus
-    from ..runtime.device import attached, device_setup
-    from ..runtime.llamacpp import PINNED, provision
 
     log_path = Path(tempfile.gettempdir()) / "moeplace-recommend.log"
     manifest = provision({"bin_dir": request.bin_dir} if request.bin_dir else PINNED, log_path)
@@ -168,11 +185,16 @@ def _output(setup: Setup, contexts: list[int], rope: str | None) -> int:
     """Plan every context, then print what --emit asks for: 1 where some context does not fit."""
     r, meta = setup.request, setup.meta
     with llamacpp_compute(r, setup.pins) as compute:
-        plans = [budget_mod.plan(meta, setup.device, r.workload(c, setup.backend), compute, setup.extra_bytes,
-                                 setup.pins) for c in contexts]  # fmt: skip
+        plans = [
+            budget_mod.plan(meta, setup.device, r.workload(c, setup.backend), compute, setup.extra_bytes, setup.pins)
+            for c in contexts
+        ]
     a = setup.a
-    model = (speed_model(r.speeds, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops, a.ddr_measured)
-             if a else None)  # fmt: skip
+    model = (
+        speed_model(r.speeds, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops, a.ddr_measured)
+        if a
+        else None
+    )
     for p in plans:
         _complete(setup, p, model)
     failed = [p for p in plans if p["status"] != budget_mod.FITS]
@@ -187,7 +209,7 @@ def _output(setup: Setup, contexts: list[int], rope: str | None) -> int:
     elif r.emit == "server":
         _print_server(setup, fitting, rope)
     elif r.emit == "llama-swap" and fitting:
-        print(commands.llama_swap({f"{meta['name']}-{_label(p['ctx'])}": p["command"] for p in fitting}), end="")
+        print(commands.llama_swap({f"{meta.name}-{_label(p['ctx'])}": p["command"] for p in fitting}), end="")
     elif r.emit == "bench":
         print("\n".join(p["command"] for p in fitting))
     elif r.emit == "ollama" and fitting:
@@ -214,47 +236,54 @@ def _complete(setup: Setup, p: dict[str, Any], model: Any) -> None:
         p["placements"] = _placements(setup, p["ctx"], model)
 
 
-def _server_line(setup: Setup, ctx: int, n_cpu_moe: int, overrides: str | None = None,
-                 kv: tuple[str, str] | None = None, ubatch: int | None = None) -> str:  # fmt: skip
-    """The llama-server line of this placement: --n-cpu-moe n, or an -ot placement's own patterns after the pins."""
+def _server_line(
+    setup: Setup,
+    ctx: int,
+    n_cpu_moe: int | None,
+    overrides: str | None = None,
+    cache: Cache | None = None,
+    n_gpu_layers: int = 99,
+) -> str:
+    """The llama-server line of this placement: --n-cpu-moe n, an -ot placement's own patterns after the pins, or
+    a whole-layer split's -ngl (n None); `cache`: a ranked placement's own KV type and ubatch (else the request's)."""
     r = setup.request
     flags = commands.request_flags(setup.meta, ctx, r.mmproj, r.no_kv_offload)
     rules = (*setup.pins.rules, *([overrides] if overrides else []))
-    return commands.llama_server(model_path(setup.meta, r.model), ctx, None if overrides else n_cpu_moe,
-                                 *(kv or (r.type_k, r.type_v)), rules, r.flash_attn, ubatch or r.ubatch, r.parallel,
-                                 flags)  # fmt: skip
+    path, n = model_path(setup.meta, r.model), None if overrides else n_cpu_moe
+    return commands.llama_server(path, ctx, n, cache or r.cache(), rules, flags, n_gpu_layers)
 
 
 def _bench_line(setup: Setup, p: dict[str, Any]) -> str:
     r = setup.request
     flags = commands.request_flags(setup.meta, p["ctx"], r.mmproj, r.no_kv_offload, "bench")
-    return commands.llama_bench(model_path(setup.meta, r.model), p["ctx"], p["n_cpu_moe"], r.type_k, r.type_v,
-                                r.flash_attn, r.ubatch, list(setup.pins.rules), extra=flags)  # fmt: skip
+    path, pins = model_path(setup.meta, r.model), list(setup.pins.rules)
+    return commands.llama_bench(path, p["ctx"], p["n_cpu_moe"], r.cache(), pins, extra=flags)
 
 
 def _ollama(setup: Setup, p: dict[str, Any]) -> str:
-    from ..runtime.model_ref import ollama_version
 
     r = setup.request
     ref = r.model_ref or r.model
     source = ref.removeprefix("ollama:") if ref.startswith("ollama:") else r.model
     flags = commands.request_flags(setup.meta, p["ctx"], r.mmproj, r.no_kv_offload)
-    return commands.ollama_modelfile(source, p["ctx"], p["n_cpu_moe"], r.type_k, r.type_v, list(setup.pins.rules),
-                                     ollama_version(), p["command"], flags)  # fmt: skip
+    pins = list(setup.pins.rules)
+    return commands.ollama_modelfile(
+        source, p["ctx"], p["n_cpu_moe"], r.type_k, pins, ollama_version(), p["command"], flags
+    )
 
 
 def _placements(setup: Setup, ctx: int, model: Any) -> list[dict[str, Any]]:
     """--placement optimal's ranked placements at `ctx`, each with its -ot value (the plan's own patterns; the
     user's pins stay as written, before them) and its llama-server line."""
-    from .optimal import rank_placements
 
-    ranked = rank_placements(setup.meta, setup.device, setup.request, ctx, setup.backend, model, setup.extra_bytes,
-                             setup.pins)  # fmt: skip
+    on = OnDevice(setup.meta, setup.device, setup.backend, setup.extra_bytes, setup.pins)
+    ranked = rank_placements(on, setup.request, ctx, model)
     for row in ranked:
         rest = set(row["host_tensors"]) - setup.pins.host
-        row["override_tensor"] = (ot_value(rest, separator=",") or None) if row["placement"] != "ncmoe" else None
-        row["command"] = _server_line(setup, ctx, row["n_cpu_moe"], row["override_tensor"],
-                                      (row["type_k"], row["type_v"]), row["ubatch"])  # fmt: skip
+        row["override_tensor"] = (ot_value(rest, separator=",") or None) if row["placement"] == "optimal" else None
+        cache = setup.request.cache((row["type_k"], row["type_v"]), row["ubatch"])
+        ngl = row.get("n_gpu_layers", 99)
+        row["command"] = _server_line(setup, ctx, row["n_cpu_moe"], row["override_tensor"], cache, ngl)
     return ranked
 
 
@@ -263,7 +292,7 @@ def _print_server(setup: Setup, fitting: list[dict[str, Any]], rope: str | None)
     if note := box_note(r):
         print(note)
     if a:
-        print(f"{meta['name']}: {structure(meta)}")
+        print(f"{meta.name}: {structure(meta)}")
         print(describe_assumptions(a))
     if rope:
         print(rope)
@@ -276,27 +305,31 @@ def describe_assumptions(a: Assumptions) -> str:
     bandwidths = ""
     if a.bw_vram_gbps:
         bandwidths = f"{a.bw_vram_gbps:g} GB/s and {a.card_tflops:g} TFLOPS card, {a.bw_ddr_gbps:g} GB/s host, "
-    return "\n".join([
-        "assumed:",
-        f"  card: {a.backend} ({a.backend_source}), {a.vram_bytes / GB:.2f} GB ({a.vram_source})",
-        f"  margin: {a.margin_bytes / 2**20:.0f} MiB kept free ({a.margin_source})",
-        f"  speeds: {bandwidths}{a.speed_source}",
-        f"  host RAM: {ram}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "assumed:",
+            f"  card: {a.backend} ({a.backend_source}), {a.vram_bytes / GB:.2f} GB ({a.vram_source})",
+            f"  margin: {a.margin_bytes / 2**20:.0f} MiB kept free ({a.margin_source})",
+            f"  speeds: {bandwidths}{a.speed_source}",
+            f"  host RAM: {ram}",
+        ]
+    )
 
 
 def _label(ctx: int) -> str:
-    from ..core.units import Context
 
     return Context(ctx).label
 
 
 def _print_plan(setup: Setup, p: dict[str, Any]) -> None:
     """One context's plan as text: the buffers, the n, the server line and the expected speeds."""
-    compute = (f"compute={p['compute_bytes'] / GB:5.2f} GB ({p['compute_source']})  "
-               if p["compute_bytes"] is not None else "")  # fmt: skip
-    print(f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  {compute}budget={p['budget_bytes'] / GB:5.2f} GB  "
-          f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}")  # fmt: skip
+    compute = (
+        f"compute={p['compute_bytes'] / GB:5.2f} GB ({p['compute_source']})  " if p["compute_bytes"] is not None else ""
+    )
+    print(
+        f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  {compute}budget={p['budget_bytes'] / GB:5.2f} GB  "
+        f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
+    )
     if setup.a is None:
         return
     print("  " + p["command"])
@@ -314,13 +347,20 @@ def _print_placements(r: Request, ctx: int, ranked: list[dict[str, Any]]) -> Non
         why = "the speed model gives no prefill" if r.objective != "decode" else "nothing fits"
         print(f"  placements by {r.objective}: cannot rank ({why}).")
         return
-    print(f"  placements by {r.objective} at {ctx} tokens, best first; '~' marks those the speed model cannot "
-          "tell from the best (its uncertainty on a ratio), of which yours as given leads:")  # fmt: skip
+    print(
+        f"  placements by {r.objective} at {ctx} tokens, best first; '~' marks those the speed model cannot "
+        "tell from the best (its uncertainty on a ratio), of which yours as given leads:"
+    )
     for row in ranked:
         tensors, layers = len(row["host_tensors"]), len(host_layers(row["host_tensors"]))
-        what = (f"--n-cpu-moe {row['n_cpu_moe']}" if row["placement"] == "ncmoe"
-                else f"-ot {shlex.quote(row['override_tensor'])} ({tensors} expert tensors on the host, in {layers} "
-                     "layers)")  # fmt: skip
-        print(f"  {'~' if row['equivalent'] else ' '} {what}, KV {row['type_k']}/{row['type_v']}, -ub {row['ubatch']}: "
-              f"decode {speed_text(row['tg'])}, prefill {speed_text(row['pp'])}")  # fmt: skip
+        what = {
+            "ncmoe": f"--n-cpu-moe {row['n_cpu_moe']}",
+            "ngl": f"-ngl {row.get('n_gpu_layers')} (whole layers on the host: decode only)",
+            "optimal": f"-ot {shlex.quote(row['override_tensor'] or '')} ({tensors} expert tensors on the host, in "
+            f"{layers} layers)",
+        }[row["placement"]]
+        print(
+            f"  {'~' if row['equivalent'] else ' '} {what}, KV {row['type_k']}/{row['type_v']}, -ub {row['ubatch']}: "
+            f"decode {speed_text(row['tg'])}, prefill {speed_text(row['pp'])}"
+        )
     print("  " + ranked[0]["command"])

@@ -15,9 +15,11 @@ from typing import Any
 
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
+from ..model.gguf_file import read_header
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, SERVER, Workload
-from ..runtime.llamacpp_args import DEFAULT_UBATCH, refusal
+from ..model.meta import ModelMeta
+from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_FLASH_ATTN, DEFAULT_UBATCH, cache_args, refusal
 from .budget import OP_OFFLOAD
 from .offload import override_rules
 
@@ -47,9 +49,12 @@ class Speeds:
     prior: str | None = None  # a prior from `moeplace prior learn` (None: the shipped one)
 
     def __post_init__(self) -> None:
-        for flag, value, example in (("--bw-vram", self.bw_vram_gbps, 448), ("--bw-ddr", self.bw_ddr_gbps, 57.6),
-                                     ("--bw-link", self.bw_link_gbps, 31.5),
-                                     ("--bw-ddr-measured", self.bw_ddr_measured_gbps, 40)):  # fmt: skip
+        for flag, value, example in (
+            ("--bw-vram", self.bw_vram_gbps, 448),
+            ("--bw-ddr", self.bw_ddr_gbps, 57.6),
+            ("--bw-link", self.bw_link_gbps, 31.5),
+            ("--bw-ddr-measured", self.bw_ddr_measured_gbps, 40),
+        ):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise MoeplaceError(f"{flag} {value:g}: a bandwidth is a positive number of GB/s, e.g. {example}.")
         if self.card_tflops is not None and not (math.isfinite(self.card_tflops) and self.card_tflops > 0):
@@ -61,8 +66,10 @@ class Speeds:
         if self.prior is not None and not Path(self.prior).is_file():
             raise MoeplaceError(f"--prior {self.prior}: no such file; give a `moeplace prior learn` JSON.")
         if self.bw_ddr_gbps and self.bw_ddr_measured_gbps:
-            raise MoeplaceError("--bw-ddr and --bw-ddr-measured: give one, the host RAM's datasheet figure (--bw-ddr) "
-                                "or a measured one (--bw-ddr-measured).")  # fmt: skip
+            raise MoeplaceError(
+                "--bw-ddr and --bw-ddr-measured: give one, the host RAM's datasheet figure (--bw-ddr) "
+                "or a measured one (--bw-ddr-measured)."
+            )
 
     @property
     def host(self) -> tuple[float | None, bool]:
@@ -83,9 +90,12 @@ class Constants:
     overhead_gb: float = 1.0
 
     def __post_init__(self) -> None:
-        for flag, value in (("--vram-gb", self.vram_gb), ("--non-expert-gb", self.non_expert_gb),
-                            ("--expert-gb", self.expert_gb),
-                            ("--kv-bytes-per-token", self.kv_bytes_per_token)):  # fmt: skip
+        for flag, value in (
+            ("--vram-gb", self.vram_gb),
+            ("--non-expert-gb", self.non_expert_gb),
+            ("--expert-gb", self.expert_gb),
+            ("--kv-bytes-per-token", self.kv_bytes_per_token),
+        ):
             if not (math.isfinite(value) and value > 0):
                 raise MoeplaceError(f"{flag} {value:g}: must be a positive number.")
         if self.layers < 1:
@@ -134,9 +144,23 @@ def check_ubatch(ubatch: int) -> None:
 
 def is_projector(path: str) -> bool:
     """A GGUF whose architecture is llama.cpp's multimodal projector ('clip'), as llama-server's --mmproj takes."""
-    from ..model.gguf_file import read_header
 
     return read_header(path).metadata.get("general.architecture") == "clip"
+
+
+@dataclass(frozen=True)
+class Cache:
+    """The KV cache types, flash attention, ubatch and server slots a command line runs with."""
+
+    type_k: str = DEFAULT_CACHE_TYPE
+    type_v: str = DEFAULT_CACHE_TYPE
+    flash_attn: str = DEFAULT_FLASH_ATTN
+    ubatch: int = DEFAULT_UBATCH
+    parallel: int = 1
+
+    def args(self) -> list[str]:
+        """llama.cpp's flags for all but the slots (none for the defaults)."""
+        return cache_args(self.type_k, self.type_v, self.flash_attn, self.ubatch)
 
 
 @dataclass(frozen=True)
@@ -155,9 +179,9 @@ class Request:
     backend: str = "auto"
     margin_mib: int | None = None
     ram: str | None = None
-    type_k: str = "f16"
-    type_v: str = "f16"
-    flash_attn: str = "auto"
+    type_k: str = DEFAULT_CACHE_TYPE
+    type_v: str = DEFAULT_CACHE_TYPE
+    flash_attn: str = DEFAULT_FLASH_ATTN
     ubatch: int = DEFAULT_UBATCH
     parallel: int = 1
     mmproj: str | None = None
@@ -177,17 +201,25 @@ class Request:
         self._check_values()
         self._check_combinations()
 
+    def cache(self, kv: tuple[str, str] | None = None, ubatch: int | None = None) -> Cache:
+        """The request's cache flags, with another KV type or ubatch where a plan chose one."""
+        type_k, type_v = kv or (self.type_k, self.type_v)
+        return Cache(type_k, type_v, self.flash_attn, ubatch or self.ubatch, self.parallel)
+
     def _check_values(self) -> None:
         if not self.contexts and not self.longest:
             raise MoeplaceError("--ctx: give the context length(s), e.g. --ctx 8192,32768, or --ctx max.")
         for ctx in self.contexts:
             if not 1 <= ctx <= MAX_CONTEXT:
                 raise MoeplaceError(f"--ctx {ctx}: give a positive token count below {MAX_CONTEXT}, e.g. 32768.")
-        for flag, value, allowed in (("--cache-type-k", self.type_k, CACHE_TYPES),
-                                     ("--cache-type-v", self.type_v, CACHE_TYPES),
-                                     ("--flash-attn", self.flash_attn, FLASH_ATTN),
-                                     ("--backend", self.backend, ("auto", *BACKENDS)), ("--emit", self.emit, EMITS),
-                                     ("--placement", self.placement, PLACEMENTS)):  # fmt: skip
+        for flag, value, allowed in (
+            ("--cache-type-k", self.type_k, CACHE_TYPES),
+            ("--cache-type-v", self.type_v, CACHE_TYPES),
+            ("--flash-attn", self.flash_attn, FLASH_ATTN),
+            ("--backend", self.backend, ("auto", *BACKENDS)),
+            ("--emit", self.emit, EMITS),
+            ("--placement", self.placement, PLACEMENTS),
+        ):
             if value not in allowed:
                 raise MoeplaceError(f"{flag} {value}: choose one of {', '.join(allowed)}.")
         check_ubatch(self.ubatch)
@@ -206,33 +238,51 @@ class Request:
             if not Path(self.mmproj).is_file():
                 raise MoeplaceError(f"--mmproj {self.mmproj}: no such file; give the projector .gguf the server loads.")
             if not is_projector(self.mmproj):
-                raise MoeplaceError(f"--mmproj {self.mmproj}: not a multimodal projector (its general.architecture is "
-                                    "not clip); give the mmproj .gguf published beside the model.")  # fmt: skip
+                raise MoeplaceError(
+                    f"--mmproj {self.mmproj}: not a multimodal projector (its general.architecture is "
+                    "not clip); give the mmproj .gguf published beside the model."
+                )
 
     def _check_combinations(self) -> None:
         if self.constants is not None:
             if self.model or self.vram or self.auto or self.card:
-                raise MoeplaceError("--vram-gb and the other constants describe a model without its file: give either "
-                                    "a MODEL.gguf with --vram/--card, or the constants alone.")  # fmt: skip
+                raise MoeplaceError(
+                    "--vram-gb and the other constants describe a model without its file: give either "
+                    "a MODEL.gguf with --vram/--card, or the constants alone."
+                )
             if self.longest or self.placement != "ncmoe" or self.emit not in ("server", "json") or self.mmproj:
-                raise MoeplaceError("the constants mode plans --n-cpu-moe only: --ctx max, --placement optimal, "
-                                    "--emit bench/llama-swap/ollama and --mmproj need a MODEL.gguf.")  # fmt: skip
+                raise MoeplaceError(
+                    "the constants mode plans --n-cpu-moe only: --ctx max, --placement optimal, "
+                    "--emit bench/llama-swap/ollama and --mmproj need a MODEL.gguf."
+                )
         elif self.model is None:
-            raise MoeplaceError("give a MODEL.gguf (or ollama:/lmstudio:/hf: reference), or the seed's constants "
-                                "(--vram-gb, --non-expert-gb, --expert-gb, --layers, "
-                                "--kv-bytes-per-token).")  # fmt: skip
+            raise MoeplaceError(
+                "give a MODEL.gguf (or ollama:/lmstudio:/hf: reference), or the seed's constants "
+                "(--vram-gb, --non-expert-gb, --expert-gb, --layers, "
+                "--kv-bytes-per-token)."
+            )
         elif sum(bool(x) for x in (self.vram, self.auto, self.card)) != 1:
-            raise MoeplaceError("give the card once: --vram 16GiB (its memory), --vram auto (this machine's) or "
-                                "--card NAME (e.g. --card 'RTX 4070 Ti SUPER').")  # fmt: skip
+            raise MoeplaceError(
+                "give the card once: --vram 16GiB (its memory), --vram auto (this machine's) or "
+                "--card NAME (e.g. --card 'RTX 4070 Ti SUPER')."
+            )
         if why := refusal(self.flash_attn, self.type_v):
             raise MoeplaceError(f"--cache-type-v {self.type_v}: {why}; drop --flash-attn off.")
         if self.emit == "ollama" and (len(self.contexts) > 1 or self.longest):
             raise MoeplaceError("--emit ollama: a Modelfile holds one context; give one --ctx value per Modelfile.")
-        if len(self.vram or ()) > 1 and (self.overrides or self.placement == "optimal" or self.mmproj
-                        or self.emit in ("llama-swap", "ollama") or self.no_kv_offload or self.longest):  # fmt: skip
-            raise MoeplaceError("--vram A,B plans a layer split over several devices; -ot pins, --placement optimal, "
-                                "--mmproj, -nkvo, --ctx max and --emit llama-swap/ollama take one device for now: "
-                                "give one --vram.")  # fmt: skip
+        if len(self.vram or ()) > 1 and (
+            self.overrides
+            or self.placement == "optimal"
+            or self.mmproj
+            or self.emit in ("llama-swap", "ollama")
+            or self.no_kv_offload
+            or self.longest
+        ):
+            raise MoeplaceError(
+                "--vram A,B plans a layer split over several devices; -ot pins, --placement optimal, "
+                "--mmproj, -nkvo, --ctx max and --emit llama-swap/ollama take one device for now: "
+                "give one --vram."
+            )
 
     @property
     def as_json(self) -> bool:
@@ -246,38 +296,46 @@ class Request:
         """What the run asks of the device's memory at `ctx` tokens per slot, on `backend` (whose op offload copies
         host experts into the compute buffer): a server reserves logits for one token per slot, llama-bench (what
         --emit bench prints) for a whole batch."""
-        w = Workload(ctx, self.ubatch, self.flash_attn, self.type_k, self.type_v, self.parallel,
-                     "batch" if self.emit == "bench" else SERVER, backend in OP_OFFLOAD,
-                     self.no_kv_offload)  # fmt: skip
+        w = Workload(
+            ctx,
+            self.ubatch,
+            self.flash_attn,
+            self.type_k,
+            self.type_v,
+            self.parallel,
+            "batch" if self.emit == "bench" else SERVER,
+            backend in OP_OFFLOAD,
+            self.no_kv_offload,
+        )
         return replace(w, **changes)
 
 
-def rope_args(meta: dict[str, Any], ctx: int) -> list[str]:
+def rope_args(meta: ModelMeta, ctx: int) -> list[str]:
     """The flags llama.cpp needs to run `ctx` tokens per slot past the model's trained context: YaRN stretching the
     trained context by the factor that reaches `ctx` (Qwen's own model cards run Qwen3 so, with llama.cpp's
     --rope-scaling yarn --rope-scale F --yarn-orig-ctx N); none within it, or where the model says nothing."""
-    trained = meta.get("n_ctx_train") or 0
+    trained = meta.n_ctx_train or 0
     if not trained or ctx <= trained:
         return []
-    yarn = meta.get("rope_yarn") or {}
-    origin = yarn.get("original_ctx") or trained  # a file with YaRN already: stretched further from its origin
-    scale = math.ceil(ctx / trained * yarn.get("factor", 1.0) * 100) / 100
+    yarn = meta.rope_yarn  # a file with YaRN already: stretched further, from its own origin
+    origin, factor = (yarn.original_ctx or trained, yarn.factor) if yarn else (trained, 1.0)
+    scale = math.ceil(ctx / trained * factor * 100) / 100
     return ["--rope-scaling", "yarn", "--rope-scale", f"{scale:g}", "--yarn-orig-ctx", str(origin)]
 
 
-def check_trained_context(meta: dict[str, Any], contexts: tuple[int, ...]) -> str | None:
+def check_trained_context(meta: ModelMeta, contexts: tuple[int, ...]) -> str | None:
     """Past the trained context: a note of the RoPE flags the plan adds (None: within it); beyond what YaRN
     stretches well, a refusal naming the longest context it does."""
-    trained = meta.get("n_ctx_train") or 0
+    trained = meta.n_ctx_train or 0
     if not trained or not contexts or max(contexts) <= trained:
         return None
     if max(contexts) > trained * MAX_ROPE_SCALE:
         raise MoeplaceError(
-            f"--ctx {max(contexts)}: {max(contexts) / trained:.1f}x {meta['name']}'s trained context of {trained} "
+            f"--ctx {max(contexts)}: {max(contexts) / trained:.1f}x {meta.name}'s trained context of {trained} "
             f"tokens; YaRN stretches it {MAX_ROPE_SCALE:g}x at most ({int(trained * MAX_ROPE_SCALE)} tokens)."
         )
     return (
-        f"note: past {meta['name']}'s trained context of {trained} tokens llama.cpp stretches RoPE with YaRN; the "
+        f"note: past {meta.name}'s trained context of {trained} tokens llama.cpp stretches RoPE with YaRN; the "
         "lines below carry its flags (--rope-scaling yarn --rope-scale F --yarn-orig-ctx "
         f"{trained}); the model may answer worse that far out."
     )

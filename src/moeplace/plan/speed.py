@@ -28,18 +28,17 @@ the probe's) says how fast this machine computes.
 from __future__ import annotations
 
 import math
-import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.optimize import nnls
 
 from ..core.config import Bandwidths
 from ..core.errors import MoeplaceError
 from ..core.units import GB
 from ..model.kvcache import KV_PAD, row_size
 from ..model.memory import OP_OFFLOAD_MIN_BATCH
+from ..model.meta import ModelMeta
 from ..model.reads import active_fraction, routed_share, unread_bytes
 from ..runtime.llamacpp_args import DEFAULT_UBATCH, batch_for
 
@@ -81,64 +80,72 @@ class Run:
     device_hops: int = 0  # over several devices (a layer split): where a token moves from one card to the next
 
 
-def host_set(meta: dict[str, Any], run: Run) -> set[str]:
-    first = {name for layer in meta["layers"][: run.n_cpu_moe] for name in layer["expert_tensors"]}
+def host_set(meta: ModelMeta, run: Run) -> set[str]:
+    first = {name for layer in meta.layers[: run.n_cpu_moe] for name in layer.expert_tensors}
     return first | set(run.host_tensors)
 
 
-def kv_read_gb(meta: dict[str, Any], depth: float, type_k: str, type_v: str) -> float:
+def kv_read_gb(meta: ModelMeta, depth: float, type_k: str, type_v: str) -> float:
     """KV cache bytes one token's attention reads at this depth (GB): every layer with a cache, its cells
     capped by a sliding window; MLA layers read their latent row."""
-    window = meta["attention"]["sliding_window"] if meta.get("attention") else 0
+    window = meta.attention.sliding_window if meta.attention else 0
     total = 0.0
-    for layer in meta["layers"]:
-        if not layer.get("has_kv"):
+    for layer in meta.layers:
+        if not layer.has_kv:
             continue
-        cells = min(depth, window + KV_PAD) if layer.get("swa") and window else depth
-        v = row_size(type_v, layer["v_dim"]) if layer["v_dim"] else 0
-        total += cells * (row_size(type_k, layer["k_dim"]) + v)
+        cells = min(depth, window + KV_PAD) if layer.swa and window else depth
+        v = row_size(type_v, layer.v_dim) if layer.v_dim else 0
+        total += cells * (row_size(type_k, layer.k_dim) + v)
     return total / GB
 
 
-def copied_bytes(meta: dict[str, Any], host_bytes: float, n_tokens: int, ubatch: int) -> float:
+def copied_bytes(meta: ModelMeta, host_bytes: float, n_tokens: int, ubatch: int) -> float:
     """Host expert bytes copied to the device per prompt token under op offload: llama.cpp copies once per
     ubatch (at most the prompt) only the experts some token of it routes to (all of them from a few hundred
     tokens on); nothing below OP_OFFLOAD_MIN_BATCH tokens."""
     u = min(ubatch, n_tokens)
     if u < OP_OFFLOAD_MIN_BATCH:
         return 0.0
-    used = routed_share(meta["n_expert_used"], meta["n_expert"], u)
+    used = routed_share(meta.n_expert_used, meta.n_expert, u)
     return host_bytes * used * math.ceil(n_tokens / u) / n_tokens
 
 
 def prefill_run(
-    n_cpu_moe: int, depth: int, ubatch: int, type_k: str = "f16", type_v: str = "f16",
+    n_cpu_moe: int,
+    depth: int,
+    ubatch: int,
+    type_k: str = "f16",
+    type_v: str = "f16",
     host_tensors: frozenset[str] = frozenset(),
-) -> Run:  # fmt: skip
+) -> Run:
     """The prefill a prediction is for: one batch of a long prompt with `depth` tokens already cached, as llama.cpp
     prefills it, n_batch tokens at a time (2,048 by default, raised to the ubatch as moeplace's commands do)."""
     return Run(n_cpu_moe, depth, "pp", batch_for(ubatch), ubatch, type_k, type_v, host_tensors)
 
 
 def prefill_up_to(
-    n_cpu_moe: int, ctx: int, ubatch: int, type_k: str = "f16", type_v: str = "f16",
+    n_cpu_moe: int,
+    ctx: int,
+    ubatch: int,
+    type_k: str = "f16",
+    type_v: str = "f16",
     host_tensors: frozenset[str] = frozenset(),
-) -> Run:  # fmt: skip
+) -> Run:
     """The last batch of a long prompt that fills `ctx` (see prefill_run): what a context's prefill ends with."""
     return prefill_run(n_cpu_moe, max(ctx - batch_for(ubatch), 0), ubatch, type_k, type_v, host_tensors)
 
 
-def features(meta: dict[str, Any], run: Run) -> dict[str, float]:
+def features(meta: ModelMeta, run: Run) -> dict[str, float]:
     """The model's inputs for one run (see the module's docstring); depth is the run's mean KV depth."""
     host = host_set(meta, run)
-    sizes = {n: b for layer in meta["layers"] for n, b in layer["expert_tensors"].items()}
+    sizes = {n: b for layer in meta.layers for n, b in layer.expert_tensors.items()}
     host_bytes = sum(sizes[n] for n in host)
     frac = active_fraction(meta)
     d = frac * host_bytes
-    v = meta["non_expert_bytes"] - unread_bytes(meta) + frac * (meta["expert_bytes"] - host_bytes)
-    host_layers = sum(1 for layer in meta["layers"] if host & set(layer["expert_tensors"]))
+    v = meta.non_expert_bytes - unread_bytes(meta) + frac * (meta.expert_bytes - host_bytes)
+    host_layers = sum(1 for layer in meta.layers if host & set(layer.expert_tensors))
     kv = kv_read_gb(meta, run.depth + run.n_tokens / 2, run.type_k, run.type_v)
-    layers = float(meta["n_layer"])
+    layers = float(meta.n_layer)
     if run.test == "tg":
         hops = 2.0 * host_layers + run.device_hops
         return {"layers": layers, "device_gb": v / GB, "host_gb": d / GB, "hops": hops, "kv_gb": kv}
@@ -194,7 +201,7 @@ class TestModel:
 class SpeedModel:
     tests: dict[str, TestModel]
 
-    def predict(self, meta: dict[str, Any], run: Run) -> dict[str, float] | None:
+    def predict(self, meta: ModelMeta, run: Run) -> dict[str, float] | None:
         """tok/s with its ~95% interval (tok_s / k .. tok_s * k), or None where this model cannot say (prefill
         from datasheets alone)."""
         model = self.tests.get(run.test)
@@ -234,7 +241,7 @@ class SpeedModel:
             ) from None
 
 
-def host_layer_bytes(meta: dict[str, Any], model: SpeedModel) -> float:
+def host_layer_bytes(meta: ModelMeta, model: SpeedModel) -> float:
     """What decode pays for one more layer with experts on the host (its two hops), in the expert bytes on the
     device whose reading from the host instead would cost as much: what placement.optimal_placement weighs a
     partial layer against. 0 where the model prices no hop, or a host byte no dearer than a device byte."""
@@ -263,157 +270,16 @@ def prior(
     sd = {t: {"kv_gb": attention_sd[t]} for t in attention_sd if t in attention}
     kv = attention.get("tg", 1 / vram)
     coef = {"layers": FIXED_PER_LAYER_S, "device_gb": 1 / vram, "host_gb": 1 / ddr, "hops": hop, "kv_gb": kv}
-    sources = {"layers": "default", "device_gb": dev_source, "host_gb": host_source,
-               "hops": "ceilings" if bw.measured_hop_s else "default",
-               "kv_gb": "ceilings" if "tg" in attention else dev_source}  # fmt: skip
+    sources = {
+        "layers": "default",
+        "device_gb": dev_source,
+        "host_gb": host_source,
+        "hops": "ceilings" if bw.measured_hop_s else "default",
+        "kv_gb": "ceilings" if "tg" in attention else dev_source,
+    }
     tests = {"tg": TestModel(coef, sources, sd.get("tg", {}), spread=0.5)}
     if "pp" in attention:
         tests["pp"] = TestModel({"kv_gb": attention["pp"]}, {"kv_gb": "ceilings"}, sd.get("pp", {}), spread=0.5)
-    return SpeedModel(tests)
-
-
-def _free(test: str, rows: list[dict[str, float]]) -> list[str]:
-    """The coefficients the runs can tell apart: the fixed time per layer and the host term (two n are enough),
-    the KV term with two depths, the hop cost when some placement's hops are not proportional to its host
-    bytes. Prefill's host term is the copy per ubatch (llama.cpp offloads a large batch's host experts to the
-    device); at one ubatch it cannot be told from computing them on the host, so one stands for both."""
-
-    def varies(key: str) -> bool:
-        return len({round(r[key], 12) for r in rows}) > 1
-
-    free = ["layers"]
-    host = "host_gb" if test == "tg" else "link_gb"
-    if varies(host):
-        free.append(host)
-    if varies("kv_gb"):
-        free.append("kv_gb")
-    if test == "tg" and varies("hops"):
-        ratios = [r["hops"] / r["host_gb"] for r in rows if r["host_gb"] > 0]
-        if ratios and max(ratios) > 1.1 * min(ratios):  # else hops are host bytes by another name
-            free.append("hops")
-    return free
-
-
-def _nonnegative(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative least squares of a @ x = y, the columns scaled alike first (features span 1e-3..1e2)."""
-    scale = np.abs(a).max(axis=0)
-    scale[scale == 0] = 1
-    return nnls(a / scale, y)[0] / scale
-
-
-# How much slower or faster than the ceilings probe a fit at one depth may find the device, and keep the probe's
-# proportions (see _shares): this VM drifts by tens of percent between hours; 4x is two runs that disagree with it.
-MAX_DRIFT = 4.0
-# What a placement with experts on the host costs beyond their bytes: decode's hops, prefill's copy of them.
-HOST_TERM = {"tg": "hops", "pp": "link_gb"}
-
-
-def anchored(meta: dict[str, Any], base: SpeedModel, anchors: list[Run]) -> SpeedModel:
-    """The prior `base` with its fixed time per layer, and from runs at two placements also the host term of
-    HOST_TERM, solved from the ceilings stage's own runs of the model (`anchors`, at one depth: every routed
-    expert on the device and every one on the host): what no datasheet gives, measured on the device, and no run
-    of a sweep. From the host placement alone decode gets the fixed time only (the hop stays the measured or
-    default one); prefill needs both, its copy being most of what placement changes."""
-    tests = dict(base.tests)
-    for test, m in base.tests.items():
-        mine = [r for r in anchors if r.test == test and r.tok_s]
-        both = len({r.n_cpu_moe for r in mine}) > 1
-        if not mine or (test == "pp" and not both):
-            continue
-        free = ["layers", HOST_TERM[test]] if both else ["layers"]
-        coef = {k: m.coef.get(k, 0.0) for k in FEATURES[test]}
-        rows = [features(meta, r) for r in mine]
-        known = np.array([sum(coef[k] * x[k] for k in coef if k not in free) for x in rows])
-        a = np.array([[x[k] for k in free] for x in rows])
-        solution = _nonnegative(a, 1 / np.array([r.tok_s for r in mine]) - known)
-        coef |= {k: float(v) for k, v in zip(free, solution)}
-        # the anchors' times less the term: a cost measured too high leaves that much less fixed time
-        fixed_lever = {k: -float(np.linalg.lstsq(a, np.array([x[k] for x in rows]), rcond=None)[0][0]) for k in m.se}
-        tests[test] = replace(
-            m, coef=coef, source={k: m.source.get(k, "default") for k in coef} | dict.fromkeys(free, "ceilings"),
-            fixed_lever=fixed_lever,
-        )  # fmt: skip
-    return SpeedModel(tests)
-
-
-def _shares(test: str, source: dict[str, str], prior_model: TestModel | None, free: list[str]) -> dict[str, float]:
-    """Where a fit cannot tell the fixed time from the cost of depth (its runs are at one depth) and the ceilings
-    stage measured the fixed time, the host term and the attention cost on this device (the fixed time from the
-    probe's own runs): each coefficient the fit keeps from those measurements (`source`), per unit of the fixed
-    time per layer; else nothing. The fit then scales them with the fixed time it finds rather than putting the
-    whole difference from the prior on the fixed time: a shared host slows them all alike between the probe's
-    hour and the sweep's, and at a deep fit a few percent of attention would be most of the fixed time (carried
-    to a shallow depth, tens of percent off)."""
-    if prior_model is None or "kv_gb" in free or "layers" not in free:
-        return {}
-    fixed = prior_model.coef.get("layers", 0.0)
-    if fixed <= 0 or not all(prior_model.source.get(k) == "ceilings" for k in ("layers", "kv_gb", HOST_TERM[test])):
-        return {}
-    return {k: prior_model.coef[k] / fixed for k in FEATURES[test] if k not in free and source[k] == "ceilings"}
-
-
-def fit(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None = None) -> SpeedModel:
-    """Calibrate per test by non-negative least squares on time per token: the coefficients the runs can
-    tell apart (see _free) are fitted, the others keep `base`'s (bandwidth priors; at one depth, those the ceilings
-    probe measured scale with the fitted fixed time: see _shares) or are 0."""
-    tests = {}
-    for test in TESTS:
-        mine = [r for r in runs if r.test == test and r.tok_s and r.tok_s > 0]
-        if len({(r.n_cpu_moe, r.host_tensors, r.depth) for r in mine}) < 2:
-            if base and test in base.tests:
-                tests[test] = base.tests[test]
-            continue
-        rows = [features(meta, r) for r in mine]
-        y = np.array([1 / r.tok_s for r in mine])
-        prior_model = base.tests.get(test) if base else None
-        coef = {k: (prior_model.coef.get(k, 0.0) if prior_model else 0.0) for k in FEATURES[test]}
-        source = {k: (prior_model.source.get(k, "default") if prior_model else "default") for k in FEATURES[test]}
-        free = _free(test, rows)
-        if test == "tg" and "host_gb" in free and "hops" not in free and len({r["hops"] for r in rows}) > 1:
-            # hops are host bytes by another name here: the host term takes both, not a prior's hop as its floor
-            coef["hops"], source["hops"] = 0.0, "fit (in host_gb)"
-        # Where the fit's fixed time is no hour's drift from the probe's, its runs disagree with the probe: the
-        # probe's values stand.
-        for shares in (_shares(test, source, prior_model, free), {}):
-            kept = {k: 0.0 if k in shares else v for k, v in coef.items()}  # the fixed time's column carries shares
-            known = np.array([sum(kept[k] * row[k] for k in FEATURES[test] if k not in free) for row in rows])
-            tied = [sum(w * row[k] for k, w in shares.items()) for row in rows]
-            a = np.array([[row[k] + (t if k == "layers" else 0.0) for k in free] for row, t in zip(rows, tied)])
-            solution = _nonnegative(a, y - known)
-            drift = solution[free.index("layers")] / prior_model.coef["layers"] if shares else 1.0
-            if 1 / MAX_DRIFT <= drift <= MAX_DRIFT:
-                break
-        coef = kept
-        for k, value in zip(free, solution):
-            coef[k], source[k] = float(value), "fit"
-        for k, w in shares.items():
-            coef[k], source[k] = w * coef["layers"], "fit (in layers)"
-        predicted = known + a @ solution
-        rel = (predicted - y) / y
-        dof = len(y) - len(free)
-        at_zero = [k for k, value in zip(free, solution) if value == 0]
-        model = TestModel(coef, source, fitted=free, runs=len(y), at_zero=at_zero, shares=shares)
-        for k, sd in (prior_model.se if prior_model else {}).items():
-            if k not in free:  # a prior term's error, taken up by the coefficients the runs leave free
-                # with shares, the error moves them all: its own, and every one through the probe's fixed time
-                move = prior_model.fixed_lever.get(k, 0.0)
-                moved = [row[k] - move * t for row, t in zip(rows, tied)]
-                lever = np.linalg.lstsq(a, np.array(moved), rcond=None)[0]
-                if shares:  # in units of the shares, which the fit scaled by this much
-                    sd *= coef["layers"] / prior_model.coef["layers"]
-                    model.fixed_lever[k] = move
-                model.se[k], model.lever[k] = sd, lever.tolist()
-        if dof > 0:
-            sigma2 = float(((predicted - y) ** 2).sum() / dof)
-            cov = sigma2 * np.linalg.pinv(a.T @ a)
-            model.cov = cov.tolist()
-            model.se |= {k: float(math.sqrt(max(cov[i, i], 0))) for i, k in enumerate(free)}
-            model.spread = max(MIN_SPREAD, float(statistics.pstdev(rel) * math.sqrt(len(y) / dof)))
-        tests[test] = model
-    if not tests:
-        raise MoeplaceError(
-            "calibration needs at least two successful runs of one test at different placements or depths."
-        )
     return SpeedModel(tests)
 
 
@@ -437,33 +303,3 @@ def zero_fit_notes(model: SpeedModel) -> list[str]:
         for test, m in model.tests.items()
         for k in m.at_zero
     ]
-
-
-def leave_one_out(meta: dict[str, Any], runs: list[Run], base: SpeedModel | None) -> list[dict[str, float] | None]:
-    """Each run predicted by a model fitted to all the others (None where they cannot calibrate its test: a
-    prediction from the bandwidth priors alone is not what this measures)."""
-    out = []
-    for i, run in enumerate(runs):
-        others = [r for j, r in enumerate(runs) if j != i]
-        try:
-            model = fit(meta, others, base)
-        except MoeplaceError:
-            out.append(None)
-            continue
-        fitted = model.tests.get(run.test)
-        out.append(model.predict(meta, run) if fitted and fitted.fitted else None)  # priors alone are no fit
-    return out
-
-
-def two_point(
-    meta: dict[str, Any], runs: list[Run], depth: int, base: SpeedModel | None
-) -> tuple[SpeedModel, set[int]]:
-    """The model fitted to the lowest and the highest n measured at one depth (per test), and those runs'
-    indices: what a user with two runs has."""
-    chosen: set[int] = set()
-    for test in TESTS:
-        at = [i for i, r in enumerate(runs) if r.test == test and r.depth == depth and not r.host_tensors]
-        if len({runs[i].n_cpu_moe for i in at}) >= 2:
-            chosen.add(min(at, key=lambda i: runs[i].n_cpu_moe))
-            chosen.add(max(at, key=lambda i: runs[i].n_cpu_moe))
-    return fit(meta, [runs[i] for i in sorted(chosen)], base), chosen

@@ -9,7 +9,8 @@ import pandas as pd
 
 from ..model.memory import Pins, Workload, device_need
 from ..plan.calibrate import runs_from_records
-from ..plan.speed import SpeedModel, leave_one_out
+from ..plan.speed import SpeedModel
+from ..plan.speed_fit import leave_one_out
 from ..runtime.llama_names import is_host
 
 MEASURED_COLUMNS = [

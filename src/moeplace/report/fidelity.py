@@ -6,7 +6,7 @@ fit to all the others; "prior" predicts every point from what the ceilings stage
 model's attention cost, and its fixed time and host cost from the probe's own runs) or else the datasheet's
 bandwidths, fitted to no run of the sweep (prefill only where the probe ran both placements). Predictions at a depth a
 fit never saw take the depth term from the prior: the attention cost the ceilings stage measured (scaled with
-the fit's fixed time where the probe measured that too: speed._shares), or the KV bytes over the device's
+the fit's fixed time where the probe measured that too: speed_fit._shares), or the KV bytes over the device's
 bandwidth. Errors are (predicted - measured) / measured. A two-point row names the
 coefficients its fit pushed to zero (`fit_at_zero`): two runs where more experts on the host ran as fast make
 that fit flat across placements.
@@ -14,26 +14,38 @@ that fit flat across placements.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Collection
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..core.errors import MoeplaceError
+from ..model.meta import ModelMeta
 from ..plan.calibrate import runs_from_records
-from ..plan.speed import SpeedModel, leave_one_out, two_point
+from ..plan.speed import SpeedModel
+from ..plan.speed_fit import leave_one_out, two_point
 
 COLUMNS = [
-    "model", "ctx", "depth", "test", "n_cpu_moe", "overrides", "measured_tok_s", "predicted_tok_s",
-    "predicted_low", "predicted_high", "error_pct", "fit", "fit_depth", "fit_at_zero",
-]  # fmt: skip
+    "model",
+    "ctx",
+    "depth",
+    "test",
+    "n_cpu_moe",
+    "overrides",
+    "measured_tok_s",
+    "predicted_tok_s",
+    "predicted_low",
+    "predicted_high",
+    "error_pct",
+    "fit",
+    "fit_depth",
+    "fit_at_zero",
+]
 
 
 def fidelity_table(
-    meta: dict[str, Any],
+    meta: ModelMeta,
     records: list[dict[str, Any]],
     base: SpeedModel,
     probed: Collection[tuple[int, int]] = (),
@@ -54,13 +66,22 @@ def fidelity_table(
         r, run = ok[i], runs[i]
         rows.append(
             {
-                "model": r["model"], "ctx": r["ctx"], "depth": run.depth, "test": run.test,
-                "n_cpu_moe": run.n_cpu_moe, "overrides": r.get("overrides") or "", "measured_tok_s": run.tok_s,
-                "predicted_tok_s": pred["tok_s"], "predicted_low": pred["low"], "predicted_high": pred["high"],
-                "error_pct": 100 * (pred["tok_s"] - run.tok_s) / run.tok_s, "fit": how, "fit_depth": fit_depth,
+                "model": r["model"],
+                "ctx": r["ctx"],
+                "depth": run.depth,
+                "test": run.test,
+                "n_cpu_moe": run.n_cpu_moe,
+                "overrides": r.get("overrides") or "",
+                "measured_tok_s": run.tok_s,
+                "predicted_tok_s": pred["tok_s"],
+                "predicted_low": pred["low"],
+                "predicted_high": pred["high"],
+                "error_pct": 100 * (pred["tok_s"] - run.tok_s) / run.tok_s,
+                "fit": how,
+                "fit_depth": fit_depth,
                 "fit_at_zero": at_zero,
             }
-        )  # fmt: skip
+        )
 
     for depth in sorted({r.depth for r in runs}):
         try:
@@ -96,45 +117,14 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
         err = g.error_pct.abs()
         inside = g.measured_tok_s.between(g.predicted_low, g.predicted_high)
         out.append(
-            {"fit": keys[0], "test": keys[1], "depth": keys[2], "points": len(g),
-             "median_abs_error_pct": float(err.median()), "p90_abs_error_pct": float(np.percentile(err, 90)),
-             "covered_pct": 100 * float(inside.mean())}
-        )  # fmt: skip
+            {
+                "fit": keys[0],
+                "test": keys[1],
+                "depth": keys[2],
+                "points": len(g),
+                "median_abs_error_pct": float(err.median()),
+                "p90_abs_error_pct": float(np.percentile(err, 90)),
+                "covered_pct": 100 * float(inside.mean()),
+            }
+        )
     return pd.DataFrame(out)
-
-
-def fidelity_figure(table: pd.DataFrame, out: str | Path, device: str) -> None:
-    """Predicted against measured tok/s, log-log, y = x; one marker per fit (a two-point fit's own depth and
-    the other depths apart), one colour per test."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..runtime.outputs import atomic_path
-
-    fig, ax = plt.subplots(figsize=(7, 7.5))
-    markers = {"two_point, fit depth": "o", "two_point, other depth": "s", "loo": "x", "prior": "+"}
-    for (fit, test), g in table.groupby([scope(table), "test"]):
-        err = g.error_pct.abs()
-        name = fit.replace("two_point", "two-point")
-        label = f"{test} {name}: median |error| {err.median():.1f}%, p90 {np.percentile(err, 90):.1f}%"
-        ax.scatter(g.measured_tok_s, g.predicted_tok_s, marker=markers.get(fit, "."), label=label,
-                   color="C0" if test == "tg" else "C1", alpha=0.7)  # fmt: skip
-    values = pd.concat([table.measured_tok_s, table.predicted_tok_s]).dropna()
-    if len(values):
-        lo, hi = values.min() / 1.3, values.max() * 1.3
-        ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, label="predicted = measured")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured speed, tokens/s")
-    ax.set_ylabel("predicted speed (out of sample), tokens/s")
-    ax.set_title(f"Speed model against runs it was not fitted to\n{textwrap.fill(device, 90)}", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)  # off the points
-    fig.tight_layout()
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=130, format="png")
-    plt.close(fig)

@@ -24,6 +24,7 @@ from ..core.errors import MoeplaceError
 from ..runtime.outputs import atomic_dir, atomic_path
 from ..runtime.process import run
 from .bench_sqlite import SQLITE, read_sqlite, sqlite_row, write_sqlite
+from .figures.publish import merged_figure
 
 MANIFEST = "MANIFEST.json"
 UNLISTED = (MANIFEST, ".snakemake_timestamp")  # the manifest itself, and Snakemake's mark on a finished folder
@@ -274,24 +275,3 @@ def merge(folders: list[Path], out: Path, dictionary: dict[str, dict[str, Any]])
         (tmp / "index.html").write_text(index_html(out.name, tables, figures, {}, [], facts))
         write_manifest(tmp, facts)
     return out
-
-
-def merged_figure(runs: pd.DataFrame, path: Path, title: str) -> None:
-    """Decode speed against --n-cpu-moe, one line per host and device, with each mean's spread."""
-    import matplotlib  # slow (~1 s): only merge draws
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    tg = runs[(runs.n_gen > 0) & (runs.status == "ok")]
-    for (host, device), line in tg.groupby(["host", "device"]):
-        line = line.sort_values("n_cpu_moe")
-        ax.errorbar(line.n_cpu_moe, line.avg_ts, yerr=line.stddev_ts, marker="o", capsize=3, label=f"{host} · {device}")
-    ax.set_xlabel("--n-cpu-moe (layers whose experts are in host RAM)")
-    ax.set_ylabel("decode speed (tokens/s), mean ± sd")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

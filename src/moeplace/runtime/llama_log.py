@@ -106,9 +106,6 @@ class Buffers:
                 return kinds
         return {}
 
-    def device_total(self, device: str) -> int:
-        return sum(self.devices.get(device, {}).values())
-
     def only_device(self) -> dict[str, int]:
         """The one device's bytes per kind ({} where everything is on the host); a plan for one device must not
         read several as one."""

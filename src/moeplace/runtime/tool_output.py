@@ -1,5 +1,5 @@
 """What llama.cpp's tools and the GPU vendors' tools print, on any backend: `--list-devices`, llama-bench's records
-(json, jsonl, csv, markdown), llama-fit-params' arguments and --fit-print table, nvidia-smi and rocm-smi.
+(json, jsonl, csv, markdown), llama-fit-params' arguments, nvidia-smi's CSV query and rocm-smi.
 Every reader is tested on real output from real cards (tests/data/llamacpp/).
 """
 
@@ -13,7 +13,6 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from .llama_log import Buffers
 from .llama_names import MiB
 
 # --list-devices (and rpc-server's "Devices:"): "  CUDA0: NVIDIA GeForce RTX 4090 (24080 MiB, 23582 MiB free)"; older
@@ -143,21 +142,6 @@ def fitted_args(stdout: str) -> list[str]:
     return list(lexer)
 
 
-# llama-fit-params --fit-print on: "MTL0 7401 814 517" per device and "host 1280 0 154" (MiB: model, context,
-# compute), after an optional log prefix ("0.00.196.882 I ").
-_FIT_PRINT = re.compile(r"^(?:[\d.]+ [IWE] )?(?P<name>\S+) (?P<model>\d+) (?P<context>\d+) (?P<compute>\d+)\s*$")
-
-
-def fit_print(stdout: str) -> Buffers:
-    """The memory llama-fit-params --fit-print estimates, per device and for the host, as Buffers."""
-    found = Buffers()
-    for line in stdout.splitlines():
-        if m := _FIT_PRINT.match(line.strip()):
-            for kind, column in (("weights", "model"), ("kv", "context"), ("compute", "compute")):
-                found.add(m["name"], kind, int(m[column]) * MiB)
-    return found
-
-
 def _mib(cell: str) -> int | None:
     m = re.match(r"\s*(\d+(?:\.\d+)?)\s*(MiB)?\s*$", cell)
     return round(float(m[1])) if m else None
@@ -183,25 +167,6 @@ def nvidia_smi_csv(
             if f"memory.{key}" in cells:
                 gpu[f"{key}_mib"] = _mib(cells.pop(f"memory.{key}"))
         gpus.append(gpu | cells)  # other fields queried (compute_cap, ...) as printed
-    return gpus
-
-
-# nvidia-smi's table: a GPU's row "|   0  NVIDIA GeForce RTX 3090        Off |" (Windows: WDDM/TCC), then its
-# memory "|   15005MiB /  24576MiB |".
-_SMI_GPU = re.compile(r"^\|\s+\d+\s+(?P<name>.+?)\s+(?:On|Off|WDDM|TCC)\s+\|")
-_SMI_MEMORY = re.compile(r"(?P<used>\d+)MiB\s*/\s*(?P<total>\d+)MiB")
-
-
-def nvidia_smi_table(text: str) -> list[dict[str, Any]]:
-    """Plain `nvidia-smi`: per GPU its name and total, used and free MiB."""
-    gpus, name = [], None
-    for line in text.splitlines():
-        if m := _SMI_GPU.match(line.strip()):
-            name = m["name"]
-        elif name and (m := _SMI_MEMORY.search(line)):
-            used, total = int(m["used"]), int(m["total"])
-            gpus.append({"name": name, "total_mib": total, "used_mib": used, "free_mib": total - used})
-            name = None
     return gpus
 
 

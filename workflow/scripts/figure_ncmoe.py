@@ -1,8 +1,9 @@
-"""Stage 'figures': one context's tables -> results/figures/ncmoe_{ctx}.png and ncmoe_{ctx}_pp.png."""
+"""Stage 'figures' (rule figure_ncmoe): one context's aggregate tables -> results/figures/ncmoe_{ctx}.png
+and ncmoe_{ctx}_pp.png."""
 
 import pandas as pd
 
-from moeplace.report.figures import ncmoe_figure
+from moeplace.report.figures.ncmoe import ncmoe_figure
 from moeplace.runtime.outputs import stage
 
 with stage(snakemake.log[0]) as log:

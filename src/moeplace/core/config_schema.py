@@ -1,0 +1,132 @@
+"""The pipeline config's one definition: config.schema.yaml beside this file holds every setting's type, bounds,
+default and description. The Snakefile validates with it (defaults filled, one clear line naming a bad field),
+and the typed settings (config.py) and the command line's defaults take their defaults from it (`default`)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+from jsonschema import Draft202012Validator, validators
+
+from .errors import MoeplaceError
+
+SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The schema, read once."""
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def default(setting: str) -> Any:
+    """The schema's default of a setting named as in the config ("bench.precision", "ubatch"): the one
+        definition of it, which the typed settings and the command line take. "*" stands for any key of a mapping
+    ("models.*.quant")."""
+    node: dict[str, Any] = schema()
+    for key in setting.split("."):
+        node = node["additionalProperties"] if key == "*" else node["properties"][key]
+        if "$ref" in node and "default" not in node:  # "#/definitions/model"
+            node = schema()["definitions"][node["$ref"].rsplit("/", 1)[1]]
+    return copy.deepcopy(node["default"])
+
+
+def _with_defaults(cls: type) -> type:
+    validate_properties = cls.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):  # noqa: ANN001 - jsonschema's signature
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return validators.extend(cls, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(Draft202012Validator)
+
+
+def _field(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(p) for p in error.absolute_path) or "(top level)"
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    where = _field(error)
+    if error.validator == "oneOf" and isinstance(error.instance, dict):
+        return f"{where}: give exactly one of gguf, twin or constants"
+    if error.validator == "additionalProperties":
+        return f"{where}: {error.message.replace('Additional properties are not allowed', 'unknown key(s)')}"
+    if error.validator == "pattern":
+        hint = error.schema.get("description", "")
+        return f"{where}: {error.instance!r} is not valid" + (f"; expected {hint}" if hint else "")
+    if error.validator == "dependentRequired":
+        needed = next(
+            k for k, v in error.validator_value.items() if k in error.instance and set(v) - set(error.instance)
+        )
+        missing = ", ".join(f"{where}.{m}" for m in error.validator_value[needed] if m not in error.instance)
+        return f"{where}.{needed} needs {missing} as well"
+    if error.validator == "propertyNames":
+        return f"{where}: model name {error.instance!r} may use only letters, digits, '.', '_' and '-'"
+    return f"{where}: {error.message}"
+
+
+_NOT_READ = object()
+_JSON_TYPE = {bool: "boolean", int: "integer", float: "number", type(None): "null"}
+
+
+def _read_string(text: str, types: str | list[str]) -> Any:
+    """`text` read as YAML, as config.yaml would be, if that gives one of the JSON `types`; else _NOT_READ."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return _NOT_READ
+    wanted = {types} if isinstance(types, str) else set(types)
+    kind = _JSON_TYPE.get(type(value))
+    return value if kind in wanted or (kind == "integer" and "number" in wanted) else _NOT_READ
+
+
+def _string_type_errors(errors: Iterable[jsonschema.ValidationError]) -> Iterator[jsonschema.ValidationError]:
+    """Every error, also those inside oneOf/anyOf branches, that is a string where another type is wanted."""
+    for error in errors:
+        if error.validator == "type" and isinstance(error.instance, str):
+            yield error
+        yield from _string_type_errors(error.context or ())
+
+
+def _read_strings(config: dict[str, Any], validator: jsonschema.protocols.Validator) -> None:
+    """Snakemake's --config gives what is inside a list or mapping as strings (contexts=[8192,32768] becomes
+    ['8192', '32768']): where the schema wants a number, boolean or null, such a string is read as YAML.
+    Each round turns strings into other values, so the rounds end."""
+    while True:
+        values: dict[tuple, Any] = {}
+        for error in _string_type_errors(validator.iter_errors(config)):
+            if (value := _read_string(error.instance, error.validator_value)) is not _NOT_READ:
+                values.setdefault(tuple(error.absolute_path), value)
+        if not values:
+            return
+        for (*parents, last), value in values.items():
+            container: Any = config
+            for key in parents:
+                container = container[key]
+            container[last] = value
+
+
+def validate_config(config: dict[str, Any], schema_path: str | Path = SCHEMA_PATH) -> dict[str, Any]:
+    """Validate in place (filling defaults, reading numbers given as strings) and return the config;
+    MoeplaceError names the first bad field."""
+    validator = _Validator(
+        schema() if Path(schema_path) == SCHEMA_PATH else yaml.safe_load(Path(schema_path).read_text())
+    )
+    _read_strings(config, validator)
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), e.path))
+    if errors:
+        error = jsonschema.exceptions.best_match(errors)
+        raise MoeplaceError(f"config: {_message(error)}.")
+    return config

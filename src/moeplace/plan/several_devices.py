@@ -1,0 +1,127 @@
+"""`recommend` over several devices (--vram A,B,... or --vram auto on a machine with several cards): per context
+the plan over them (plan/devices.py), each device's share in words or JSON, its expected speeds and its line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..core.config import Device
+from ..model.memory import Workload, host_bytes
+from ..model.meta import ModelMeta
+from . import commands
+from .devices import MultiPlan, plan_devices
+from .request import DEVICE_PREFIX, Request
+
+
+def _layers_text(layers: tuple[int, ...] | list[int]) -> str:
+    """0-4, 7, 9-11."""
+    runs: list[list[int]] = []
+    for il in sorted(layers):
+        if runs and il == runs[-1][1] + 1:
+            runs[-1][1] = il
+        else:
+            runs.append([il, il])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs) or "none"
+
+
+def describe(meta: ModelMeta, plan: MultiPlan, backend: str) -> list[str]:
+    """Per device what it holds, in MiB, and what stays on the host: the lines recommend prints."""
+    mib = 2**20
+    lines = []
+    for d in plan.devices:
+        name = f"{DEVICE_PREFIX.get(backend, backend)}{d.index}"
+        layers = f"layers {d.first}-{d.end - 1}" if d.end > d.first else "no layers"
+        buffers = ", ".join(
+            f"{what} {size / mib:.0f} MiB"
+            for what, size in (
+                ("weights", d.weights),
+                ("KV", d.kv),
+                ("compute", d.compute),
+                ("margin", d.margin_bytes),
+                ("free", d.free_bytes),
+            )
+        )
+        size = f"{d.vram_bytes / 2**30:.1f} GiB" if d.vram_bytes >= 2**30 else f"{d.vram_bytes / mib:.0f} MiB"
+        lines.append(
+            f"{name} ({size}): {layers}{' and the output' if d.output else ''}, "
+            f"the experts of {_layers_text(d.expert_layers)}; {buffers}"
+        )
+    lines.append(
+        f"host: the experts of {_layers_text(plan.host_expert_layers)} "
+        f"({host_bytes(meta, plan.host_tensors(meta)) / mib:.0f} MiB with the input embedding)"
+    )
+    return lines
+
+
+def plan_json(meta: ModelMeta, plan: MultiPlan, w: Workload) -> dict[str, Any]:
+    return {
+        "ctx": w.ctx,
+        "fits": plan.fits,
+        "tensor_split": list(plan.tensor_split),
+        "override_tensor": plan.host_rule(meta),
+        "devices": [{**d.__dict__, "free_bytes": d.free_bytes} for d in plan.devices],
+        "host_expert_layers": list(plan.host_expert_layers),
+        "host_bytes": host_bytes(meta, plan.host_tensors(meta)),
+    }
+
+
+# A plan's expected speeds (assumed.expected) and the line that says them, for its host experts, workload and hops.
+Speed = Callable[[frozenset[str], Workload, int], tuple[dict[str, Any], str]]
+
+
+def several_devices(
+    request: Request,
+    meta: ModelMeta,
+    sizes: list[int],
+    where: str,
+    backend: str,
+    margin_bytes: int,
+    path: str,
+    speed: Speed,
+) -> int:
+    """recommend on several devices (--vram A,B,... or auto on a machine with several cards, `sizes` from `where`):
+    per context the plan over them in llama.cpp's order, each device's share, its expected speeds and the command
+    line (`path`: the file llama.cpp loads)."""
+    devices = [Device(size, margin_bytes) for size in sizes]
+    failed, plans = 0, []
+    for ctx in request.contexts:
+        w = request.workload(ctx, backend)
+        p = plan_devices(meta, devices, w)
+        expected, said = speed(frozenset(p.host_tensors(meta)), w, p.device_hops) if p.fits else (None, "")
+        flags = commands.request_flags(meta, ctx, None, False, "bench" if request.emit == "bench" else "server")
+        plans.append(plan_json(meta, p, w) | {"speed": expected})
+        if not p.fits:
+            failed += 1
+            short = ", ".join(
+                f"device {d.index} by {-d.free_bytes / 2**20:.0f} MiB" for d in p.devices if d.free_bytes < 0
+            )
+            print(
+                f"moeplace: context {ctx} does not fit on these devices even with every expert on the host "
+                f"({short}); reduce the context or quantize the KV cache.",
+                file=sys.stderr,
+            )
+            continue
+        rule = p.host_rule(meta, ";" if request.emit == "bench" else ",")
+        if request.emit == "bench":
+            line = commands.llama_bench(path, ctx, 0, request.cache(), [rule] if rule else None, p.tensor_split, flags)
+        else:
+            line = commands.llama_server_split(path, ctx, p.tensor_split, rule, request.cache(), flags)
+        plans[-1]["command"] = line
+        if request.as_json:
+            continue
+        if request.emit == "server":
+            print(
+                f"context {ctx} on {len(devices)} devices (llama.cpp's layer split, -ts as layer counts; "
+                f"sizes: {where}):"
+            )
+            for text in describe(meta, p, backend):
+                print("  " + text)
+            print(f"  expected: {said}; each step from one card to the next priced as a host hop")
+        print("  " + line if request.emit == "server" else line)
+    if request.as_json:
+        json.dump(plans, sys.stdout, indent=1)
+        print()
+    return 1 if failed else 0
