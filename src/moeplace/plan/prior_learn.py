@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import MoeplaceError
+from ..model.metadata import inspect_model
+from ..model.twin import load_spec, write_twin
 from .cards import datasheet
 from .learned_prior import (
     Learned,
@@ -120,9 +122,6 @@ def load_prior(path: str | Path | None) -> dict[str, Learned] | None:
 def _meta(name: str, row: dict[str, Any], models: dict[str, str], tmp: Path, cache: dict[str, Any]) -> Any:
     """The model of a published row: --model NAME=PATH (a .gguf, or a twin spec .yaml), else the file the run read
     where it is still at hand; None where neither."""
-    from ..model.metadata import inspect_model
-    from ..model.twin import load_spec, write_twin
-
     path = models.get(name) or row.get("model_filename") or ""
     if path in cache:
         return cache[path]
