@@ -172,14 +172,14 @@ def test_the_budget_grid_on_two_capped_devices_is_exact(tmp_path):
     plan that keeps every expert on the devices where llama.cpp's pipelined buffers would not fit."""
     from llamacpp_helpers import manifest, rpc_servers, tiny_twin
 
-    from moeplace.measure.budget_check import check_devices, grid
+    from moeplace.measure.budget_check import CheckedModel, check_devices, grid
 
     path = tiny_twin(tmp_path)
     workloads = [w for w in grid([4096, 8192, 16384, 32768], [256, 512], ["f16", "q8_0"], ["on", "off"])
                  if w.flash_attn == "on" or w.type_v == "f16"]  # fmt: skip
     caps = [40 * 10**6, 30 * 10**6]
-    rows = check_devices(model_path=str(path), meta=inspect_model(path), workloads=workloads, caps=caps,
-                         manifest=manifest(), log_path=tmp_path / "grid.log")  # fmt: skip
+    model = CheckedModel("tiny-qwen3moe", str(path), inspect_model(path), manifest(), tmp_path / "grid.log")
+    rows = check_devices(model, workloads, caps)
     assert rpc_servers() == 0
     for r in rows:
         print(r)

@@ -165,7 +165,7 @@ def test_matrix_fidelity_quants_ram_tier_and_routing_figures_plot_their_tables(d
     from test_routing import synthetic
 
     from moeplace.measure.quants import quant_row, quants_table
-    from moeplace.measure.ram_tier import ram_tier_table
+    from moeplace.measure.ram_tier_table import ram_tier_table
     from moeplace.measure.routing import routing_table
     from moeplace.report.figures.fidelity import fidelity_figure
     from moeplace.report.figures.matrix import matrix_figure

@@ -18,10 +18,10 @@ from moeplace.measure import ram_tier
 from moeplace.measure.ram_tier import (
     classify_run,
     non_expert_ranges,
-    ram_tier_table,
     run_capped,
     run_ram_tier,
 )
+from moeplace.measure.ram_tier_table import TABLE_COLUMNS, predicted_column, ram_tier_table
 from moeplace.model.metadata import inspect_model
 from moeplace.report.figures.ram_tier import ram_tier_figure
 from moeplace.runtime import cgroup, pagecache
@@ -166,7 +166,7 @@ def synthetic_records() -> list[dict]:
 
 def test_table_has_one_row_per_record_in_order():
     table = ram_tier_table(synthetic_records())
-    assert list(table.columns) == ram_tier.TABLE_COLUMNS
+    assert list(table.columns) == TABLE_COLUMNS
     assert table.cap_pct.isna().tolist() == [True, False, False, False, False]
     assert table.cap_pct.tolist()[1:] == [50, 50, 25, 25]
     assert table.lock.tolist() == ["none", "none", "non_expert", "none", "non_expert"]
@@ -180,20 +180,20 @@ def test_table_has_one_row_per_record_in_order():
 
 def test_the_predicted_column_pages_the_missing_experts_from_disk(small_moe):
     meta = inspect_model(small_moe)
-    table = ram_tier.predicted_column(ram_tier_table(synthetic_records()), meta, 10.0, 0.1)
+    table = predicted_column(ram_tier_table(synthetic_records()), meta, 10.0, 0.1)
     by_cap = table.groupby(table.cap_pct.fillna(100)).tok_s_predicted.first()
     assert by_cap[100] > by_cap[50] > by_cap[25] > 0
-    assert ram_tier.predicted_column(ram_tier_table(synthetic_records()), meta, None, None).tok_s_predicted.isna().all()
-    no_disk = ram_tier.predicted_column(ram_tier_table(synthetic_records()), meta, 10.0, None)
+    assert predicted_column(ram_tier_table(synthetic_records()), meta, None, None).tok_s_predicted.isna().all()
+    no_disk = predicted_column(ram_tier_table(synthetic_records()), meta, 10.0, None)
     assert no_disk.tok_s_predicted.notna().tolist() == [True, False, False, False, False]  # only uncapped
 
 
 def test_the_prediction_uses_the_room_the_cap_really_left_for_the_model(small_moe):
     meta = inspect_model(small_moe)
     records = [{**r, "model_room_pct": None} for r in synthetic_records()]
-    by_cap = ram_tier.predicted_column(ram_tier_table(records), meta, 10.0, 0.1).tok_s_predicted
+    by_cap = predicted_column(ram_tier_table(records), meta, 10.0, 0.1).tok_s_predicted
     roomy = [{**r, "model_room_pct": 25.0 if r["cap_pct"] == 50 else r["model_room_pct"]} for r in records]
-    by_room = ram_tier.predicted_column(ram_tier_table(roomy), meta, 10.0, 0.1).tok_s_predicted
+    by_room = predicted_column(ram_tier_table(roomy), meta, 10.0, 0.1).tok_s_predicted
     assert by_room[1] == by_room[2] == by_cap[3] < by_cap[1]
 
 

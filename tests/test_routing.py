@@ -11,6 +11,7 @@ import pytest
 from moeplace.core.errors import MoeplaceError
 from moeplace.measure.routing import (
     RoutingTrace,
+    TraceRequest,
     parse_trace,
     routing_table,
     save_trace,
@@ -128,7 +129,7 @@ def test_trace_of_the_tiny_twin(tmp_path: Path):
     model = tiny_twin(tmp_path)
     prompt = "Mixture-of-experts models send every token to a few experts; which ones, and how often?\n" * 3
     n_gen = 8
-    trace = trace_routing(manifest(), model, prompt, n_gen, 2, tmp_path / "routing.log", 120, verify=True)
+    trace = trace_routing(manifest(), model, TraceRequest(prompt, n_gen, verify=True), 2, tmp_path / "routing.log", 120)
     # llama.cpp's "test" vocabulary (the twin's) makes one token per 5 bytes and adds no BOS.
     assert trace.n_token_prompt == math.ceil(len(prompt.encode()) / 5)
     assert trace.ids.shape == (trace.n_token_prompt + n_gen, 8, 4)  # every prompt row, the last layer's too
@@ -147,7 +148,9 @@ def test_tool_failures_are_one_line(tmp_path: Path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf")
     with pytest.raises(MoeplaceError, match=r"failed: cannot load the model") as e:
-        trace_routing(manifest(), bad, "hello", 1, 1, tmp_path / "routing.log", 60)
+        trace_routing(manifest(), bad, TraceRequest("hello", 1), 1, tmp_path / "routing.log", 60)
     assert "\n" not in str(e.value)
     with pytest.raises(MoeplaceError, match="pinned build"):
-        trace_routing({"bin_dir": str(tmp_path / "bin")}, bad, "hello", 1, 1, tmp_path / "routing.log", 60)
+        trace_routing(
+            {"bin_dir": str(tmp_path / "bin")}, bad, TraceRequest("hello", 1), 1, tmp_path / "routing.log", 60
+        )

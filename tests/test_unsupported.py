@@ -93,8 +93,8 @@ def test_the_budget_check_over_two_devices_records_a_refused_cell_and_checks_the
     monkeypatch.setattr(budget_check, "reserved_plan", reserved_plan)
     monkeypatch.setattr(budget_check, "load_probe", load_probe)
     workloads = budget_check.grid([4096], [256], ["f16", "q8_0"], ["on", "off"])
-    rows = budget_check.check_devices(model_path=str(path), meta=meta, workloads=workloads, caps=CAPS, manifest={},
-                                      log_path=tmp_path / "check.log")  # fmt: skip
+    model = budget_check.CheckedModel("tiny-qwen3moe", str(path), meta, {}, tmp_path / "check.log")
+    rows = budget_check.check_devices(model, workloads, CAPS)
     assert [(r["type_k"], r["flash_attn"], r["status"]) for r in rows] == [
         ("f16", "on", "ok"), ("f16", "off", "ok"), ("q8_0", "on", "ok"), ("q8_0", "off", UNSUPPORTED)]  # fmt: skip
     assert len(reserved) == 3 and len(loads) >= 3  # every other cell planned and loaded

@@ -5,7 +5,8 @@ from pathlib import Path
 import pandas as pd
 
 from moeplace.core.config import RamTierSettings
-from moeplace.measure.ram_tier import predicted_column, ram_tier_table, run_ram_tier
+from moeplace.measure.ram_tier import run_ram_tier
+from moeplace.measure.ram_tier_table import predicted_column, ram_tier_table
 from moeplace.model.meta import read_metadata
 from moeplace.plan.measured_prior import measured_bandwidths
 from moeplace.report.figures.ram_tier import ram_tier_figure

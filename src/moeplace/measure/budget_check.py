@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from ..plan.devices import MultiPlan, plan_args, reserved_plan
 from ..plan.offload import expert_tensors, matching_tensors
 from ..runtime.allocation import fitted_placement, load_probe
 from ..runtime.cpus import split_cpus
-from ..runtime.device import attached, device_setup, rpc_device
+from ..runtime.device import DeviceSetup, attached, device_setup, rpc_device
 from ..runtime.llamacpp_args import UNSUPPORTED, refusal
 from .bench import BenchJob, Rig, run_bench
 from .tune import search
@@ -57,92 +57,107 @@ def fitted_n(meta: ModelMeta, ngl: int | None, overrides: str | None) -> int | N
     return sum(1 for layer in meta.layers if host & set(layer.expert_tensors))
 
 
+@dataclass(frozen=True)
+class CheckedModel:
+    """What every grid cell of one model's check shares: the model's name and file, its header, the llama.cpp
+    build (its manifest) and the log its runs write to."""
+
+    name: str
+    path: str
+    meta: ModelMeta
+    manifest: dict[str, Any]
+    log_path: Path
+
+
 def check_model(
-    *,
-    model: str,
-    model_path: str,
-    meta: ModelMeta,
+    model: CheckedModel,
     workloads: list[Workload],
+    *,
     target: DeviceTarget,
     overhead_bytes: int,
-    manifest: dict[str, Any],
-    log_path: Path,
     depth_checks: int = 0,
     threads: int = 2,
 ) -> list[dict[str, Any]]:
     """One row per grid cell; the deep checks' runs carry the revision of the pipeline in the working folder."""
 
-    setup = device_setup(target, manifest)
+    setup = device_setup(target, model.manifest)
     device = Device(setup.cap_bytes, overhead_bytes)
     rows = []
-    with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
-        compute = reserved_compute(manifest, model_path, rpc, log_path)
+    with attached(setup, model.manifest, split_cpus(setup.kind == "emulated"), model.log_path) as rpc:
+        compute = reserved_compute(model.manifest, model.path, rpc, model.log_path)
 
         for i, w in enumerate(workloads):
-            row = {
-                "model": model,
-                "n_layer": meta.n_layer,
-                "ctx": w.ctx,
-                "ubatch": w.ubatch,
-                "type_k": w.type_k,
-                "flash_attn": w.flash_attn,
-                "device": setup.label,
-                "vram_bytes": setup.cap_bytes,
-                "margin_bytes": overhead_bytes,
-            }
+            row = _cell(model, setup, w, overhead_bytes)
             if refusal(w.flash_attn, w.type_v):
                 rows.append({**row, "status": UNSUPPORTED})
                 continue
-            p = plan(meta, device, w, compute)
-            predicted = p["n_cpu_moe"]
-            start = meta.n_layer if predicted is None else predicted
-
-            def probe(n: int, w: Workload = w) -> tuple[str, None]:
-                return load_probe(manifest, model_path, w.llama_args(), n, rpc, log_path)[0], None
-
-            measured = search(start, meta.n_layer, probe, spill_ratio=0.0)
-            ngl, overrides, _ = fitted_placement(manifest, model_path, w.llama_args(), rpc, log_path)
-            row |= {
-                "predicted_n": predicted,
-                "measured_n": measured.lowest_n,
-                "fit_params_n": fitted_n(meta, ngl, overrides),
-                "fit_params_ngl": ngl,
-                "load_probes": measured.loads,
-                "compute_mib": p["compute_bytes"] / 2**20,
-                "kv_mib": p["kv_bytes"] / 2**20,
-                "status": "ok",
-            }
+            p = plan(model.meta, device, w, compute)
+            start = model.meta.n_layer if p["n_cpu_moe"] is None else p["n_cpu_moe"]
+            row |= _measured(model, p, w, start, rpc)
             if i < depth_checks and w.ubatch == 512:  # llama-bench's default batch: the sweep's own runs
-                settings = BenchSettings(
-                    prompt=0,
-                    gen=4,
-                    repetitions=1,
-                    threads=threads,
-                    timeout_s=3600,
-                    type_k=w.type_k,
-                    type_v=w.type_v,
-                    flash_attn=w.flash_attn,
-                )
-
-                def deep(n: int, w: Workload = w, settings: BenchSettings = settings) -> tuple[str, float | None]:
-                    job = BenchJob(model, model_path, meta.file_records(), w.ctx, n, "budget-check")
-                    (r,) = run_bench(job, Rig(settings, setup, manifest, log_path, Path.cwd()))
-                    return r["status"], r["avg_ts"]
-
-                row["depth_n"] = search(start, meta.n_layer, deep, spill_ratio=0.0).lowest_n
+                row["depth_n"] = _depth_n(model, setup, w, start, threads)
             rows.append(row)
     return rows
 
 
-def check_devices(
-    *,
-    model_path: str,
-    meta: ModelMeta,
-    workloads: list[Workload],
-    caps: list[int],
-    manifest: dict[str, Any],
-    log_path: Path,
-) -> list[dict[str, Any]]:
+def _cell(model: CheckedModel, setup: DeviceSetup, w: Workload, overhead_bytes: int) -> dict[str, Any]:
+    """The columns that name a grid cell of check_model: the model, the workload and the device."""
+    return {
+        "model": model.name,
+        "n_layer": model.meta.n_layer,
+        "ctx": w.ctx,
+        "ubatch": w.ubatch,
+        "type_k": w.type_k,
+        "flash_attn": w.flash_attn,
+        "device": setup.label,
+        "vram_bytes": setup.cap_bytes,
+        "margin_bytes": overhead_bytes,
+    }
+
+
+def _measured(model: CheckedModel, p: dict[str, Any], w: Workload, start: int, rpc: str | None) -> dict[str, Any]:
+    """The budget's plan `p` for one cell beside the lowest n whose load probe runs (searched from `start`) and
+    llama-fit-params' own placement."""
+
+    def probe(n: int) -> tuple[str, None]:
+        return load_probe(model.manifest, model.path, w.llama_args(), n, rpc, model.log_path)[0], None
+
+    measured = search(start, model.meta.n_layer, probe, spill_ratio=0.0)
+    ngl, overrides, _ = fitted_placement(model.manifest, model.path, w.llama_args(), rpc, model.log_path)
+    return {
+        "predicted_n": p["n_cpu_moe"],
+        "measured_n": measured.lowest_n,
+        "fit_params_n": fitted_n(model.meta, ngl, overrides),
+        "fit_params_ngl": ngl,
+        "load_probes": measured.loads,
+        "compute_mib": p["compute_bytes"] / 2**20,
+        "kv_mib": p["kv_bytes"] / 2**20,
+        "status": "ok",
+    }
+
+
+def _depth_n(model: CheckedModel, setup: DeviceSetup, w: Workload, start: int, threads: int) -> int | None:
+    """The lowest n, searched from `start`, at which the sweep's own depth-filled llama-bench probe runs."""
+    settings = BenchSettings(
+        prompt=0,
+        gen=4,
+        repetitions=1,
+        threads=threads,
+        timeout_s=3600,
+        type_k=w.type_k,
+        type_v=w.type_v,
+        flash_attn=w.flash_attn,
+    )
+
+    def deep(n: int) -> tuple[str, float | None]:
+        job = BenchJob(model.name, model.path, model.meta.file_records(), w.ctx, n, "budget-check")
+        (r,) = run_bench(job, Rig(settings, setup, model.manifest, model.log_path, Path.cwd()))
+        return r["status"], r["avg_ts"]
+
+    return search(start, model.meta.n_layer, deep, spill_ratio=0.0).lowest_n
+
+
+def check_devices(model: CheckedModel, workloads: list[Workload], caps: list[int]) -> list[dict[str, Any]]:
     """The plan over several devices (plan/devices.py) on emulated devices capped to `caps` (one RPC server each),
     one row per grid cell: the plan with each device's compute buffer as llama.cpp reserves it, loaded at the full
     context; each device's logged buffers beside the plan's; and `exact` where the load agrees with the plan (a
@@ -150,55 +165,64 @@ def check_devices(
     device could hold: each device that leaves some of its layers' experts on the host runs out of memory with one
     more of them. A cell llama.cpp refuses (runtime/llamacpp_args.refusal) is recorded UNSUPPORTED, not run."""
 
-    rows = []
     with ExitStack() as stack:
         endpoints = [
-            stack.enter_context(rpc_device(manifest, cap, (i % 2,), log_path.with_suffix(f".rpc{i}.log")))
+            stack.enter_context(rpc_device(model.manifest, cap, (i % 2,), model.log_path.with_suffix(f".rpc{i}.log")))
             for i, cap in enumerate(caps)
         ]
+        return [_devices_cell(model, w, caps, endpoints) for w in workloads]
 
-        def load(p: MultiPlan, w: Workload) -> tuple[str, Any]:
-            args, rule = plan_args(meta, p, w)
-            return load_probe(
-                manifest, model_path, args + (["-ot", rule] if rule else []), 0, ",".join(endpoints), log_path
-            )
 
-        for w in workloads:
-            cell = {
-                "ctx": w.ctx,
-                "ubatch": w.ubatch,
-                "type_k": w.type_k,
-                "flash_attn": w.flash_attn,
-                "caps_mib": "/".join(f"{c / 2**20:.2f}" for c in caps),
-            }
-            if refusal(w.flash_attn, w.type_v):  # llama-fit-params would abort on it
-                rows.append({**cell, "status": UNSUPPORTED})
-                continue
-            p = reserved_plan(
-                meta, w, [Device(c, 0) for c in caps], endpoints, manifest, model_path, ",".join(endpoints), log_path
-            )
-            status, buffers = load(p, w)
-            one_more = []
-            for d in p.devices if p.fits and status == "ok" else ():
-                host_here = [il for il in p.host_expert_layers if d.first <= il < d.end]
-                if host_here:
-                    kept = tuple(il for il in p.host_expert_layers if il != max(host_here))
-                    one_more.append(load(replace(p, host_expert_layers=kept), w)[0])
-            logged = [sum(buffers.device(e).values()) if buffers else None for e in endpoints]
-            rows.append(
-                {
-                    **cell,
-                    "tensor_split": "/".join(map(str, p.tensor_split)),
-                    "host_expert_layers": len(p.host_expert_layers),
-                    "fits": p.fits,
-                    "status": status,
-                    "one_more": "/".join(one_more),
-                    "exact": (status == "ok") == p.fits and all(s != "ok" for s in one_more),
-                    "planned_mib": "/".join(f"{(d.weights + d.kv + d.compute) / 2**20:.2f}" for d in p.devices),
-                    "logged_mib": "/".join("-" if b is None else f"{b / 2**20:.2f}" for b in logged),
-                }
-            )
-    return rows
+def _devices_cell(model: CheckedModel, w: Workload, caps: list[int], endpoints: list[str]) -> dict[str, Any]:
+    """check_devices' row for one workload: planned, reserved and loaded on the `endpoints`, and each device that
+    leaves experts on the host loaded with one more of them."""
+    cell = {
+        "ctx": w.ctx,
+        "ubatch": w.ubatch,
+        "type_k": w.type_k,
+        "flash_attn": w.flash_attn,
+        "caps_mib": "/".join(f"{c / 2**20:.2f}" for c in caps),
+    }
+    if refusal(w.flash_attn, w.type_v):  # llama-fit-params would abort on it
+        return {**cell, "status": UNSUPPORTED}
+    devices = [Device(c, 0) for c in caps]
+    p = reserved_plan(
+        model.meta, w, devices, endpoints, model.manifest, model.path, ",".join(endpoints), model.log_path
+    )
+    status, buffers = _load(model, p, w, endpoints)
+    one_more = _one_more(model, p, w, endpoints) if p.fits and status == "ok" else []
+    logged = [sum(buffers.device(e).values()) if buffers else None for e in endpoints]
+    return {
+        **cell,
+        "tensor_split": "/".join(map(str, p.tensor_split)),
+        "host_expert_layers": len(p.host_expert_layers),
+        "fits": p.fits,
+        "status": status,
+        "one_more": "/".join(one_more),
+        "exact": (status == "ok") == p.fits and all(s != "ok" for s in one_more),
+        "planned_mib": "/".join(f"{(d.weights + d.kv + d.compute) / 2**20:.2f}" for d in p.devices),
+        "logged_mib": "/".join("-" if b is None else f"{b / 2**20:.2f}" for b in logged),
+    }
+
+
+def _load(model: CheckedModel, p: MultiPlan, w: Workload, endpoints: list[str]) -> tuple[str, Any]:
+    """The load probe of plan `p` on the `endpoints`: its status and the buffers llama.cpp logged."""
+    args, rule = plan_args(model.meta, p, w)
+    return load_probe(
+        model.manifest, model.path, args + (["-ot", rule] if rule else []), 0, ",".join(endpoints), model.log_path
+    )
+
+
+def _one_more(model: CheckedModel, p: MultiPlan, w: Workload, endpoints: list[str]) -> list[str]:
+    """The load statuses, one per device that leaves some of its layers' experts on the host, with one more of
+    them (its last) on that device."""
+    statuses = []
+    for d in p.devices:
+        host_here = [il for il in p.host_expert_layers if d.first <= il < d.end]
+        if host_here:
+            kept = tuple(il for il in p.host_expert_layers if il != max(host_here))
+            statuses.append(_load(model, replace(p, host_expert_layers=kept), w, endpoints)[0])
+    return statuses
 
 
 COLUMNS = [

@@ -37,7 +37,6 @@ cache the cap leaves serves the experts. "none" locks nothing.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import resource
@@ -48,14 +47,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from ..core.config import RamTierSettings
 from ..core.errors import MoeplaceError
 from ..model.gguf_file import GGUFHeader, read_header, shard_paths
 from ..model.meta import ModelMeta
 from ..model.metadata import tensor_role
-from ..plan.predict import ram_tier_tok_s
 from ..runtime.cgroup import MIB, CgroupSite, cgroup_site, memory_cgroup
 from ..runtime.llamacpp import require_binary, require_flags
 from ..runtime.native import build_native
@@ -162,50 +158,63 @@ def classify_run(run: CappedRun, capped: bool) -> tuple[str, str]:
 # the sweep
 
 
-def _measure(
-    *,
-    cmd_for: Callable[[int], list[str]],
-    gen: tuple[int, int],
-    env: dict[str, str],
-    files: list[str],
-    site: CgroupSite | None,
-    cap_bytes: int | None,
-    expect_locked: int,
-    model_bytes: int,
-    timeout_s: float,
-    log_path: Path,
-) -> dict[str, Any]:
+def _measure(tier: _Tier, env: dict[str, str], cap_bytes: int | None, expect_locked: int) -> dict[str, Any]:
     """Both generation lengths, each evicted and fresh; the derived row fields."""
     runs: list[CappedRun] = []
     evicts: list[tuple[str, int]] = []
     status, error = "ok", ""
     shim: dict[str, Any] = {}
-    for g in gen:
-        evicts.append(evict_page_cache(files))
-        if cap_bytes is not None and evicts[-1][1] > 0.05 * model_bytes:
+    for g in tier.settings.gen:
+        evicts.append(evict_page_cache(tier.files))
+        if cap_bytes is not None and evicts[-1][1] > 0.05 * tier.model_bytes:
             status = "error"
             error = (
                 f"{evicts[-1][1] / MIB:.1f} MiB of the model stayed in the page cache after eviction (tmpfs? "
                 "mapped by another process?); those pages escape the cap, so the run would not be capped"
             )
             break
-        cmd = cmd_for(g)
-        log.info("$ %s  (cap %s)", " ".join(cmd), "none" if cap_bytes is None else f"{cap_bytes} bytes")
-        run = run_capped(cmd, env, cap_bytes, timeout_s, site)
-        runs.append(run)
-        stderr = run.result.stderr
-        with log_path.open("a") as f:
-            f.write(f"$ {' '.join(cmd)}  # cap {cap_bytes}\n{stderr}\n")
-        status, error = classify_run(run, cap_bytes is not None)
-        shim = parse_shim(stderr)
-        if status == "ok" and shim["mapped"] == 0:
-            status, error = "error", "the pagelock shim never saw the model file mapped (was it loaded with mmap?)"
-        if status == "ok" and (shim["locked_bytes"] != expect_locked or shim["problems"]):
-            status = "error"
-            error = f"locked {shim['locked_bytes']} of {expect_locked} bytes: " + " | ".join(shim["problems"])
+        runs.append(_logged_run(tier, g, env, cap_bytes))
+        status, error, shim = _checked(runs[-1], cap_bytes is not None, expect_locked)
         if status != "ok":
-            error = f"{error}: {tail(stderr)}" if stderr.strip() else error
             break
+    return _derived(tier.settings.gen, runs, evicts, status, error, shim.get("locked_bytes"))
+
+
+def _logged_run(tier: _Tier, gen: int, env: dict[str, str], cap_bytes: int | None) -> CappedRun:
+    """One llama-bench run generating `gen` tokens under the cap (None: uncapped), its stderr in the stage's log."""
+    cmd = tier.command(gen)
+    log.info("$ %s  (cap %s)", " ".join(cmd), "none" if cap_bytes is None else f"{cap_bytes} bytes")
+    run = run_capped(cmd, env, cap_bytes, tier.settings.timeout_s, tier.site)
+    with tier.log_path.open("a") as f:
+        f.write(f"$ {' '.join(cmd)}  # cap {cap_bytes}\n{run.result.stderr}\n")
+    return run
+
+
+def _checked(run: CappedRun, capped: bool, expect_locked: int) -> tuple[str, str, dict[str, Any]]:
+    """(status, why, what the pagelock shim reported): classify_run's verdict, then the shim must have seen the
+    model mapped and locked exactly `expect_locked` bytes; a failure's reason ends in the stderr's tail."""
+    stderr = run.result.stderr
+    status, error = classify_run(run, capped)
+    shim = parse_shim(stderr)
+    if status == "ok" and shim["mapped"] == 0:
+        status, error = "error", "the pagelock shim never saw the model file mapped (was it loaded with mmap?)"
+    if status == "ok" and (shim["locked_bytes"] != expect_locked or shim["problems"]):
+        status = "error"
+        error = f"locked {shim['locked_bytes']} of {expect_locked} bytes: " + " | ".join(shim["problems"])
+    if status != "ok":
+        error = f"{error}: {tail(stderr)}" if stderr.strip() else error
+    return status, error, shim
+
+
+def _derived(
+    gen: tuple[int, int],
+    runs: list[CappedRun],
+    evicts: list[tuple[str, int]],
+    status: str,
+    error: str,
+    locked_bytes: int | None,
+) -> dict[str, Any]:
+    """The row fields of a pair of runs: what each saw, and where both ran, faults per token and the speeds."""
     peaks = [r.cgroup_peak_bytes for r in runs if r.cgroup_peak_bytes is not None]
     row: dict[str, Any] = {
         "status": status,
@@ -217,7 +226,7 @@ def _measure(
         "anon_peak_bytes": max((r.result.anon_peak_bytes for r in runs), default=None),
         "cgroup_peak_bytes": max(peaks, default=None),
         "oom_kills": sum(r.oom_kills for r in runs),
-        "locked_bytes": shim.get("locked_bytes"),
+        "locked_bytes": locked_bytes,
         "faults_per_token": None,
         "tok_s": None,
         "tok_s_marginal": None,
@@ -302,18 +311,7 @@ class _Tier:
         lock_targets = self.targets if locking else [(path, []) for path, _ in self.targets]
         preload = " ".join(filter(None, [str(self.shim), os.environ.get("LD_PRELOAD", "")]))
         env = {**os.environ, "LD_PRELOAD": preload, **shim_env(lock_targets, self.readahead.madvise)}
-        row = _measure(
-            cmd_for=self.command,
-            gen=self.settings.gen,
-            env=env,
-            files=self.files,
-            site=self.site,
-            cap_bytes=cap.get("cap_bytes"),
-            expect_locked=self.locked_bytes if locking else 0,
-            model_bytes=self.model_bytes,
-            timeout_s=self.settings.timeout_s,
-            log_path=self.log_path,
-        )
+        row = _measure(self, env, cap.get("cap_bytes"), self.locked_bytes if locking else 0)
         record = {**self.common, "cap_pct": cap_pct, "lock": lock, **row, **cap}
         record["lock_expected_bytes"] = self.locked_bytes if locking else 0
         shown = "none" if cap_pct is None else f"{cap_pct}%"
@@ -389,65 +387,3 @@ def _rows(tier: _Tier, skip: str | None) -> list[dict[str, Any]]:
             }
             records.append(tier.measure(pct, lock, cap_parts))
     return records
-
-
-# ---------------------------------------------------------------------------------------------
-# the table (its figure: report/figures/ram_tier.py)
-
-
-TABLE_COLUMNS = [
-    "model",
-    "cap_pct",
-    "cap_gb",
-    "model_room_pct",
-    "lock",
-    "tok_s",
-    "tok_s_marginal",
-    "faults_per_token",
-    "locked_mb",
-    "readahead",
-    "readahead_effective_kib",
-    "status",
-    "error",
-]
-_NUMERIC = ["cap_pct", "cap_gb", "model_room_pct", "tok_s", "tok_s_marginal", "faults_per_token", "locked_mb"]
-
-
-def ram_tier_table(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per record, in run_ram_tier's order: the uncapped reference (cap_pct NaN) first."""
-    table = pd.DataFrame(
-        [
-            {
-                **{c: r.get(c) for c in TABLE_COLUMNS},
-                "cap_gb": None if r.get("cap_bytes") is None else r["cap_bytes"] / 1e9,
-                "locked_mb": None if r.get("locked_bytes") is None else r["locked_bytes"] / 1e6,
-                "error": r.get("error") or "",
-            }
-            for r in records
-        ],
-        columns=TABLE_COLUMNS,
-    )
-    table[_NUMERIC] = table[_NUMERIC].apply(pd.to_numeric, errors="coerce").astype(float)
-    table["readahead_effective_kib"] = pd.to_numeric(table.readahead_effective_kib, errors="coerce").astype("Int64")
-    return table
-
-
-def predicted_column(
-    table: pd.DataFrame, meta: ModelMeta, ddr_gbps: float | None, disk_gbps: float | None
-) -> pd.DataFrame:
-    """The table with tok_s_predicted: predict.ram_tier_tok_s with the share of the model's file bytes the
-    cap left it (model_room_pct where known, else cap_pct) as the weights' page cache (all of it uncapped);
-    NaN where a bandwidth it needs is unknown."""
-    model_bytes = sum(f.size for f in meta.files) or meta.total_bytes
-
-    def one(cap_pct: float, room_pct: float) -> float:
-        pct = room_pct if pd.notna(room_pct) else cap_pct
-        if not ddr_gbps:
-            return math.nan
-        weight_ram = None if pd.isna(pct) else round(max(pct, 0) / 100 * model_bytes)
-        try:
-            return ram_tier_tok_s(meta, weight_ram, ddr_gbps, disk_gbps)  # type: ignore[arg-type]
-        except MoeplaceError:  # pages from disk, but no disk bandwidth
-            return math.nan
-
-    return table.assign(tok_s_predicted=[one(c, r) for c, r in zip(table.cap_pct, table.model_room_pct)])

@@ -115,57 +115,73 @@ def parse_trace(text: str, source: str = "routing trace") -> RoutingTrace:
     return _check(RoutingTrace(ids, layers, n_expert, n_prompt), source)
 
 
+@dataclass(frozen=True)
+class TraceRequest:
+    """What to route: `prompt_text`, then `n_gen` greedily generated tokens. n_ctx 0: just large enough.
+    verify: the tool also checks every selection against the router scores it was taken from (slower; a
+    self-test of how the ids are read out of the graph)."""
+
+    prompt_text: str
+    n_gen: int
+    n_ctx: int = 0
+    verify: bool = False
+
+
 def trace_routing(
     manifest: dict[str, Any],
     model_path: str | Path,
-    prompt_text: str,
-    n_gen: int,
+    request: TraceRequest,
     threads: int,
     log_file: Path,
     timeout_s: float,
-    *,
-    n_ctx: int = 0,
-    verify: bool = False,
 ) -> RoutingTrace:
-    """Route `prompt_text` and then `n_gen` greedily generated tokens through the model (CPU only).
-
-    n_ctx 0: just large enough. verify: the tool also checks every selection against the router
-    scores it was taken from (slower; a self-test of how the ids are read out of the graph).
-    """
+    """Route the request's prompt and generated tokens through the model (CPU only)."""
     log_file = Path(log_file)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     tool = build_tool(TOOL, manifest, log_file)
-    if not prompt_text:
+    if not request.prompt_text:
         raise MoeplaceError("the routing prompt is empty.")
     with tempfile.TemporaryDirectory(prefix="moeplace-routing-") as scratch:
         prompt_file, out_file = Path(scratch) / "prompt.txt", Path(scratch) / "trace.txt"
-        prompt_file.write_bytes(prompt_text.encode())
-        cmd = [
-            str(tool),
-            "-m",
-            str(model_path),
-            "-f",
-            str(prompt_file),
-            "-n",
-            str(int(n_gen)),
-            "-t",
-            str(int(threads)),
-            "-c",
-            str(int(n_ctx)),
-            "-o",
-            str(out_file),
-            *(["--verify"] if verify else []),
-        ]
+        prompt_file.write_bytes(request.prompt_text.encode())
+        cmd = _tool_command(tool, model_path, request, threads, (prompt_file, out_file))
         result = run(cmd, timeout_s=timeout_s, log_path=log_file, stream_to_log=True)
         if result.timed_out:
             raise MoeplaceError(f"tracing expert routing of {model_path} took over {timeout_s:g} s; see {log_file}.")
-        rc = result.returncode
-        if rc != 0:
-            lines = log_file.read_text(errors="replace").splitlines()
-            reason = next((ln for ln in reversed(lines) if "moeplace-routing: error:" in ln), None)
-            reason = reason.split("error:", 1)[1].strip() if reason else f"exit {rc}, see {log_file}"
+        if result.returncode != 0:
+            reason = _tool_error(log_file, result.returncode)
             raise MoeplaceError(f"tracing expert routing of {model_path} failed: {reason}; log: {log_file}.")
         return parse_trace(out_file.read_text(), f"routing trace of {model_path}")
+
+
+def _tool_command(
+    tool: Path, model_path: str | Path, request: TraceRequest, threads: int, files: tuple[Path, Path]
+) -> list[str]:
+    """The routing tool's command line: the model, the (prompt, trace) `files`, and the request."""
+    prompt_file, out_file = files
+    return [
+        str(tool),
+        "-m",
+        str(model_path),
+        "-f",
+        str(prompt_file),
+        "-n",
+        str(int(request.n_gen)),
+        "-t",
+        str(int(threads)),
+        "-c",
+        str(int(request.n_ctx)),
+        "-o",
+        str(out_file),
+        *(["--verify"] if request.verify else []),
+    ]
+
+
+def _tool_error(log_file: Path, rc: int | None) -> str:
+    """Why the routing tool failed: its last 'error:' line in the log, else its exit status."""
+    lines = log_file.read_text(errors="replace").splitlines()
+    reason = next((ln for ln in reversed(lines) if "moeplace-routing: error:" in ln), None)
+    return reason.split("error:", 1)[1].strip() if reason else f"exit {rc}, see {log_file}"
 
 
 def save_trace(trace: RoutingTrace, path: str | Path) -> None:

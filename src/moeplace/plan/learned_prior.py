@@ -54,8 +54,17 @@ TERMS = {
 PER_BACKEND = {"tg": "card", "pp": "compute"}
 # Each term's column in natural units before its coefficient: seconds if the coefficient were 1 (bandwidth
 # shares), or a scale that puts every coefficient near 1 for the solver.
-SCALE = {"fixed": 1e-4, "hops": 1e-5, "card": 1.0, "host": 1.0, "host_measured": 1.0, "kv": 1.0, "compute": 0.1,
-         "link": 1.0, "copy": 1.0}  # fmt: skip
+SCALE = {
+    "fixed": 1e-4,
+    "hops": 1e-5,
+    "card": 1.0,
+    "host": 1.0,
+    "host_measured": 1.0,
+    "kv": 1.0,
+    "compute": 0.1,
+    "link": 1.0,
+    "copy": 1.0,
+}
 # A term no training point informs keeps this coefficient: a measured host figure is what a read gets.
 UNINFORMED = {"host_measured": 1.0}
 SOURCE = "learned (published sweeps)"
@@ -236,8 +245,9 @@ def load(path: Path = PRIOR_FILE) -> dict[str, Learned]:
             "shipped one: python tools/speed_prior.py)."
         ) from None
     if not set(prior) <= set(TERMS) or "tg" not in prior:
-        raise MoeplaceError(f"{path}: a speed prior needs a 'tg' test (and at most 'pp'); write it with moeplace "
-                            f"prior learn.")  # fmt: skip
+        raise MoeplaceError(
+            f"{path}: a speed prior needs a 'tg' test (and at most 'pp'); write it with moeplace prior learn."
+        )
     return prior
 
 
@@ -262,6 +272,10 @@ def speed_model(meta: ModelMeta, m: Machine, prior: dict[str, Learned] | None = 
             active = point_features(meta, Run(0, 0, "pp", 1))["active_gb"]
             per_unit["layers"] = c["compute"] * SCALE["compute"] * active / m.card_tflops / meta.n_layer
         coef = {k: per_unit[k] for k in FEATURES[test]}
-        tests[test] = TestModel(coef, dict.fromkeys(coef, SOURCE), spread=learned.log_q95 / Z95,
-                                difference_spread=learned.log_q95_difference / Z95)  # fmt: skip
+        tests[test] = TestModel(
+            coef,
+            dict.fromkeys(coef, SOURCE),
+            spread=learned.log_q95 / Z95,
+            difference_spread=learned.log_q95_difference / Z95,
+        )
     return SpeedModel(tests)

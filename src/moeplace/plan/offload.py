@@ -188,15 +188,7 @@ def optimal_placement(
     best = np.zeros(capacity + 1)  # the most value within each capacity, over the layers placed so far
     choices = []
     for layer in sorted(layers, reverse=True):  # last layer first: it wins ties
-        # each subset of the layer's kinds it may keep on the device: (weight, value, tensors); keeping none first
-        options = [(0, -host_layer_bytes, set())]
-        for kept in itertools.chain.from_iterable(
-            itertools.combinations(layers[layer], k) for k in range(1, len(layers[layer]) + 1)
-        ):
-            weight = sum(int(-(-size // unit)) for _, size in kept)  # round up: never over the budget
-            resident = set().union(*(names for names, _ in kept))
-            on_host = len(kept) < len(layers[layer]) or layer in pinned_host_layers
-            options.append((weight, sum(size for _, size in kept) - (host_layer_bytes if on_host else 0.0), resident))
+        options = _layer_options(layers[layer], unit, host_layer_bytes, layer in pinned_host_layers)
         merged, choice = best + options[0][1], np.zeros(capacity + 1, dtype=np.int8)
         for i, (weight, value, _) in enumerate(options[1:], start=1):
             if weight > capacity:
@@ -213,6 +205,21 @@ def optimal_placement(
         host -= resident
         c -= weight
     return host
+
+
+def _layer_options(
+    groups: list[tuple[set[str], int]], unit: float, host_layer_bytes: float, pinned_on_host: bool
+) -> list[tuple[int, float, set[str]]]:
+    """Each subset of a layer's free `groups` (tensors, bytes) it may keep on the device, as the knapsack weighs
+    it: (weight in `unit`s, value, tensors kept); keeping none first. A layer with an expert left on the host
+    (`pinned_on_host`: one the user pins there) pays `host_layer_bytes`."""
+    options: list[tuple[int, float, set[str]]] = [(0, -host_layer_bytes, set())]
+    for kept in itertools.chain.from_iterable(itertools.combinations(groups, k) for k in range(1, len(groups) + 1)):
+        weight = sum(int(-(-size // unit)) for _, size in kept)  # round up: never over the budget
+        resident = set().union(*(names for names, _ in kept))
+        on_host = len(kept) < len(groups) or pinned_on_host
+        options.append((weight, sum(size for _, size in kept) - (host_layer_bytes if on_host else 0.0), resident))
+    return options
 
 
 def matching_tensors(overrides: str | None, names: list[str]) -> set[str]:

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import MoeplaceError
+from ..model.metadata import inspect_model
+from ..model.twin import load_spec, write_twin
 from .cards import datasheet
 from .learned_prior import (
     Learned,
@@ -54,9 +56,17 @@ def rounded(x: float) -> float:
 
 
 def points_json(points: list[Point]) -> str:
-    rows = [{"setup": p.setup, "source": p.source, "test": p.test, "machine": p.machine.__dict__,
-             "x": {k: float(f"{v:.6g}") for k, v in p.x.items()}, "tok_s": float(f"{p.tok_s:.6g}")}
-            for p in points]  # fmt: skip
+    rows = [
+        {
+            "setup": p.setup,
+            "source": p.source,
+            "test": p.test,
+            "machine": p.machine.__dict__,
+            "x": {k: float(f"{v:.6g}") for k, v in p.x.items()},
+            "tok_s": float(f"{p.tok_s:.6g}"),
+        }
+        for p in points
+    ]
     return "[\n" + ",\n".join(json.dumps(r, sort_keys=True) for r in rows) + "\n]\n"
 
 
@@ -65,8 +75,9 @@ def load_points(path: Path = POINTS_FILE) -> list[Point]:
         rows = json.loads(Path(path).read_text())
         return [Point(r["setup"], r["test"], Machine(**r["machine"]), r["x"], r["tok_s"], r["source"]) for r in rows]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise MoeplaceError(f"{path}: not moeplace's stored published points ({e}); rewrite it with python "
-                            "tools/speed_prior.py.") from None  # fmt: skip
+        raise MoeplaceError(
+            f"{path}: not moeplace's stored published points ({e}); rewrite it with python tools/speed_prior.py."
+        ) from None
 
 
 # --- learning ------------------------------------------------------------------------------------
@@ -111,9 +122,6 @@ def load_prior(path: str | Path | None) -> dict[str, Learned] | None:
 def _meta(name: str, row: dict[str, Any], models: dict[str, str], tmp: Path, cache: dict[str, Any]) -> Any:
     """The model of a published row: --model NAME=PATH (a .gguf, or a twin spec .yaml), else the file the run read
     where it is still at hand; None where neither."""
-    from ..model.metadata import inspect_model
-    from ..model.twin import load_spec, write_twin
-
     path = models.get(name) or row.get("model_filename") or ""
     if path in cache:
         return cache[path]
@@ -140,8 +148,14 @@ def _machine(folder: Path, row: dict[str, Any], given: dict[str, Any]) -> Machin
             f'MANIFEST.json\'s "machine" section or with --bw-ddr/--bw-ddr-measured, --bw-vram, --card-tflops, '
             "--backend."
         )
-    return Machine(facts["backend"], float(facts["card_gbps"]), float(facts["host_gbps"]),
-                   float(facts["link_gbps"]), float(facts["card_tflops"]), bool(facts["host_measured"]))  # fmt: skip
+    return Machine(
+        facts["backend"],
+        float(facts["card_gbps"]),
+        float(facts["host_gbps"]),
+        float(facts["link_gbps"]),
+        float(facts["card_tflops"]),
+        bool(facts["host_measured"]),
+    )
 
 
 def measured_runs(path: Path) -> list[dict[str, Any]]:
@@ -185,13 +199,25 @@ def directory_points(folder: Path, models: dict[str, str], flags: dict[str, Any]
         size = int(row["n_prompt"] if test == "pp" else row["n_gen"])
         machine = _machine(folder, row, given)
         setup = f"{name}/{row.get('model')}/{row.get('gpu_info')}/{row.get('type_k')}-{row.get('type_v')}"
-        key = (setup, str(row.get("model")), test, size, int(row.get("n_ubatch") or 512), str(row.get("type_k")),
-               str(row.get("type_v")), min(int(row.get("n_cpu_moe") or 0), meta.n_layer),
-               int(row.get("n_depth") or 0), machine, float(row.get("model_size") or 0))  # fmt: skip
+        key = (
+            setup,
+            str(row.get("model")),
+            test,
+            size,
+            int(row.get("n_ubatch") or 512),
+            str(row.get("type_k")),
+            str(row.get("type_v")),
+            min(int(row.get("n_cpu_moe") or 0), meta.n_layer),
+            int(row.get("n_depth") or 0),
+            machine,
+            float(row.get("model_size") or 0),
+        )
         runs.setdefault(key, []).append(float(row["avg_ts"]))
     if not runs:
-        raise MoeplaceError(f"{folder}: no measured --n-cpu-moe runs of a model at hand; give each model's file as "
-                            "--model NAME=PATH (a .gguf or a twin spec .yaml).")  # fmt: skip
+        raise MoeplaceError(
+            f"{folder}: no measured --n-cpu-moe runs of a model at hand; give each model's file as "
+            "--model NAME=PATH (a .gguf or a twin spec .yaml)."
+        )
     points = []
     for (setup, model, test, size, ubatch, type_k, type_v, n, depth, machine, file_bytes), speeds in runs.items():
         meta = metas[model]
@@ -202,8 +228,9 @@ def directory_points(folder: Path, models: dict[str, str], flags: dict[str, Any]
     return points
 
 
-def learn_from_directories(folders: list[str], models: dict[str, str], flags: dict[str, Any], shipped: bool,
-                           output: str) -> dict[str, list]:  # fmt: skip
+def learn_from_directories(
+    folders: list[str], models: dict[str, str], flags: dict[str, Any], shipped: bool, output: str
+) -> dict[str, list]:
     """Pool published directories' sweeps (with the shipped points unless not `shipped`), learn a prior, write it to
     `output`; each directory's points counted, and the learned prior's left-out errors per test."""
     points = load_points() if shipped else []
@@ -218,7 +245,9 @@ def learn_from_directories(folders: list[str], models: dict[str, str], flags: di
     for test, errors in held.items():
         e = np.abs([x for _, x in errors])
         sources = len({source_of(p) for p, _ in errors})
-        print(f"{test}: {len({p.setup for p, _ in errors})} setups from {sources} sources; each source left out: "
-              f"median error {100 * math.expm1(float(np.median(e))):.0f}%, ~95% interval "
-              f"x{math.exp(prior[test].log_q95):.2f}")  # fmt: skip
+        print(
+            f"{test}: {len({p.setup for p, _ in errors})} setups from {sources} sources; each source left out: "
+            f"median error {100 * math.expm1(float(np.median(e))):.0f}%, ~95% interval "
+            f"x{math.exp(prior[test].log_q95):.2f}"
+        )
     return held

@@ -109,58 +109,77 @@ def fit(meta: ModelMeta, runs: list[Run], base: SpeedModel | None = None) -> Spe
             if base and test in base.tests:
                 tests[test] = base.tests[test]
             continue
-        rows = [features(meta, r) for r in mine]
-        y = np.array([1 / r.tok_s for r in mine])
-        prior_model = base.tests.get(test) if base else None
-        coef = {k: (prior_model.coef.get(k, 0.0) if prior_model else 0.0) for k in FEATURES[test]}
-        source = {k: (prior_model.source.get(k, "default") if prior_model else "default") for k in FEATURES[test]}
-        free = _free(test, rows)
-        if test == "tg" and "host_gb" in free and "hops" not in free and len({r["hops"] for r in rows}) > 1:
-            # hops are host bytes by another name here: the host term takes both, not a prior's hop as its floor
-            coef["hops"], source["hops"] = 0.0, "fit (in host_gb)"
-        # Where the fit's fixed time is no hour's drift from the probe's, its runs disagree with the probe: the
-        # probe's values stand.
-        for shares in (_shares(test, source, prior_model, free), {}):
-            kept = {k: 0.0 if k in shares else v for k, v in coef.items()}  # the fixed time's column carries shares
-            known = np.array([sum(kept[k] * row[k] for k in FEATURES[test] if k not in free) for row in rows])
-            tied = [sum(w * row[k] for k, w in shares.items()) for row in rows]
-            a = np.array([[row[k] + (t if k == "layers" else 0.0) for k in free] for row, t in zip(rows, tied)])
-            solution = _nonnegative(a, y - known)
-            drift = solution[free.index("layers")] / prior_model.coef["layers"] if shares else 1.0
-            if 1 / MAX_DRIFT <= drift <= MAX_DRIFT:
-                break
-        coef = kept
-        for k, value in zip(free, solution):
-            coef[k], source[k] = float(value), "fit"
-        for k, w in shares.items():
-            coef[k], source[k] = w * coef["layers"], "fit (in layers)"
-        predicted = known + a @ solution
-        rel = (predicted - y) / y
-        dof = len(y) - len(free)
-        at_zero = [k for k, value in zip(free, solution) if value == 0]
-        model = TestModel(coef, source, fitted=free, runs=len(y), at_zero=at_zero, shares=shares)
-        for k, sd in (prior_model.se if prior_model else {}).items():
-            if k not in free:  # a prior term's error, taken up by the coefficients the runs leave free
-                # with shares, the error moves them all: its own, and every one through the probe's fixed time
-                move = prior_model.fixed_lever.get(k, 0.0)
-                moved = [row[k] - move * t for row, t in zip(rows, tied)]
-                lever = np.linalg.lstsq(a, np.array(moved), rcond=None)[0]
-                if shares:  # in units of the shares, which the fit scaled by this much
-                    sd *= coef["layers"] / prior_model.coef["layers"]
-                    model.fixed_lever[k] = move
-                model.se[k], model.lever[k] = sd, lever.tolist()
-        if dof > 0:
-            sigma2 = float(((predicted - y) ** 2).sum() / dof)
-            cov = sigma2 * np.linalg.pinv(a.T @ a)
-            model.cov = cov.tolist()
-            model.se |= {k: float(math.sqrt(max(cov[i, i], 0))) for i, k in enumerate(free)}
-            model.spread = max(MIN_SPREAD, float(statistics.pstdev(rel) * math.sqrt(len(y) / dof)))
-        tests[test] = model
+        tests[test] = _fit_test(meta, test, mine, base.tests.get(test) if base else None)
     if not tests:
         raise MoeplaceError(
             "calibration needs at least two successful runs of one test at different placements or depths."
         )
     return SpeedModel(tests)
+
+
+def _fit_test(meta: ModelMeta, test: str, mine: list[Run], prior_model: TestModel | None) -> TestModel:
+    """One test's model fitted to its runs `mine` (two placements or depths at least), the rest from
+    `prior_model`, with the errors of the fitted coefficients and of the prior's they take up."""
+    rows = [features(meta, r) for r in mine]
+    y = np.array([1 / r.tok_s for r in mine])
+    coef = {k: (prior_model.coef.get(k, 0.0) if prior_model else 0.0) for k in FEATURES[test]}
+    source = {k: (prior_model.source.get(k, "default") if prior_model else "default") for k in FEATURES[test]}
+    free = _free(test, rows)
+    if test == "tg" and "host_gb" in free and "hops" not in free and len({r["hops"] for r in rows}) > 1:
+        # hops are host bytes by another name here: the host term takes both, not a prior's hop as its floor
+        coef["hops"], source["hops"] = 0.0, "fit (in host_gb)"
+    # Where the fit's fixed time is no hour's drift from the probe's, its runs disagree with the probe: the
+    # probe's values stand.
+    for shares in (_shares(test, source, prior_model, free), {}):
+        kept = {k: 0.0 if k in shares else v for k, v in coef.items()}  # the fixed time's column carries shares
+        known = np.array([sum(kept[k] * row[k] for k in FEATURES[test] if k not in free) for row in rows])
+        tied = [sum(w * row[k] for k, w in shares.items()) for row in rows]
+        a = np.array([[row[k] + (t if k == "layers" else 0.0) for k in free] for row, t in zip(rows, tied)])
+        solution = _nonnegative(a, y - known)
+        drift = solution[free.index("layers")] / prior_model.coef["layers"] if shares else 1.0
+        if 1 / MAX_DRIFT <= drift <= MAX_DRIFT:
+            break
+    coef = kept
+    for k, value in zip(free, solution):
+        coef[k], source[k] = float(value), "fit"
+    for k, w in shares.items():
+        coef[k], source[k] = w * coef["layers"], "fit (in layers)"
+    at_zero = [k for k, value in zip(free, solution) if value == 0]
+    model = TestModel(coef, source, fitted=free, runs=len(y), at_zero=at_zero, shares=shares)
+    if prior_model:
+        _prior_errors(model, prior_model, rows, tied, a)
+    _fit_errors(model, a, known + a @ solution, y)
+    return model
+
+
+def _prior_errors(
+    model: TestModel, prior_model: TestModel, rows: list[dict[str, float]], tied: list[float], a: np.ndarray
+) -> None:
+    """Each prior term's error (its sd) that the fit's free coefficients take up: how they move per unit of it
+    (model.lever, by least squares on design `a`), the fixed time's share `tied` of each run moving too."""
+    for k, sd in prior_model.se.items():
+        if k not in model.fitted:  # a prior term's error, taken up by the coefficients the runs leave free
+            # with shares, the error moves them all: its own, and every one through the probe's fixed time
+            move = prior_model.fixed_lever.get(k, 0.0)
+            moved = [row[k] - move * t for row, t in zip(rows, tied)]
+            lever = np.linalg.lstsq(a, np.array(moved), rcond=None)[0]
+            if model.shares:  # in units of the shares, which the fit scaled by this much
+                sd *= model.coef["layers"] / prior_model.coef["layers"]
+                model.fixed_lever[k] = move
+            model.se[k], model.lever[k] = sd, lever.tolist()
+
+
+def _fit_errors(model: TestModel, a: np.ndarray, predicted: np.ndarray, y: np.ndarray) -> None:
+    """The fitted coefficients' covariance and standard errors, and the spread of a prediction, from the residuals
+    of `predicted` against the runs' seconds per token `y` (none where the runs leave no degree of freedom)."""
+    dof = len(y) - len(model.fitted)
+    if dof > 0:
+        rel = (predicted - y) / y
+        sigma2 = float(((predicted - y) ** 2).sum() / dof)
+        cov = sigma2 * np.linalg.pinv(a.T @ a)
+        model.cov = cov.tolist()
+        model.se |= {k: float(math.sqrt(max(cov[i, i], 0))) for i, k in enumerate(model.fitted)}
+        model.spread = max(MIN_SPREAD, float(statistics.pstdev(rel) * math.sqrt(len(y) / dof)))
 
 
 def leave_one_out(meta: ModelMeta, runs: list[Run], base: SpeedModel | None) -> list[dict[str, float] | None]:

@@ -1,0 +1,70 @@
+"""Stage 'ram_tier's table: one row per RAM-tier record (measure/ram_tier.py), and the speed the model predicts
+beside it (its figure: report/figures/ram_tier.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from ..core.errors import MoeplaceError
+from ..model.meta import ModelMeta
+from ..plan.predict import ram_tier_tok_s
+
+TABLE_COLUMNS = [
+    "model",
+    "cap_pct",
+    "cap_gb",
+    "model_room_pct",
+    "lock",
+    "tok_s",
+    "tok_s_marginal",
+    "faults_per_token",
+    "locked_mb",
+    "readahead",
+    "readahead_effective_kib",
+    "status",
+    "error",
+]
+_NUMERIC = ["cap_pct", "cap_gb", "model_room_pct", "tok_s", "tok_s_marginal", "faults_per_token", "locked_mb"]
+
+
+def ram_tier_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per record, in run_ram_tier's order: the uncapped reference (cap_pct NaN) first."""
+    table = pd.DataFrame(
+        [
+            {
+                **{c: r.get(c) for c in TABLE_COLUMNS},
+                "cap_gb": None if r.get("cap_bytes") is None else r["cap_bytes"] / 1e9,
+                "locked_mb": None if r.get("locked_bytes") is None else r["locked_bytes"] / 1e6,
+                "error": r.get("error") or "",
+            }
+            for r in records
+        ],
+        columns=TABLE_COLUMNS,
+    )
+    table[_NUMERIC] = table[_NUMERIC].apply(pd.to_numeric, errors="coerce").astype(float)
+    table["readahead_effective_kib"] = pd.to_numeric(table.readahead_effective_kib, errors="coerce").astype("Int64")
+    return table
+
+
+def predicted_column(
+    table: pd.DataFrame, meta: ModelMeta, ddr_gbps: float | None, disk_gbps: float | None
+) -> pd.DataFrame:
+    """The table with tok_s_predicted: predict.ram_tier_tok_s with the share of the model's file bytes the
+    cap left it (model_room_pct where known, else cap_pct) as the weights' page cache (all of it uncapped);
+    NaN where a bandwidth it needs is unknown."""
+    model_bytes = sum(f.size for f in meta.files) or meta.total_bytes
+
+    def one(cap_pct: float, room_pct: float) -> float:
+        pct = room_pct if pd.notna(room_pct) else cap_pct
+        if not ddr_gbps:
+            return math.nan
+        weight_ram = None if pd.isna(pct) else round(max(pct, 0) / 100 * model_bytes)
+        try:
+            return ram_tier_tok_s(meta, weight_ram, ddr_gbps, disk_gbps)  # type: ignore[arg-type]
+        except MoeplaceError:  # pages from disk, but no disk bandwidth
+            return math.nan
+
+    return table.assign(tok_s_predicted=[one(c, r) for c, r in zip(table.cap_pct, table.model_room_pct)])
