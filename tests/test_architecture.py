@@ -118,7 +118,7 @@ def test_no_figure_is_drawn_outside_report():
 
 
 def test_functions_stay_short():
-    """No function over 80 lines or 10 parameters, except a port that says so in its docstring."""
+    """No function over 60 lines or 8 parameters, except a port of llama.cpp that says so in its docstring."""
     long = []
     for path in SOURCES:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -126,7 +126,7 @@ def test_functions_stay_short():
                 a = node.args
                 params = len(a.posonlyargs + a.args + a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
                 lines = node.end_lineno - node.lineno + 1
-                if (lines > 80 or params > 10) and "port of" not in (ast.get_docstring(node) or ""):
+                if (lines > 60 or params > 8) and "port of" not in (ast.get_docstring(node) or ""):
                     long.append(f"{path.relative_to(PACKAGE)}:{node.name} ({lines} lines, {params} parameters)")
     assert long == []
 
@@ -150,7 +150,7 @@ def test_nobody_imports_a_private_name():
 
 def test_modules_stay_readable_and_scripts_thin():
     sizes = {p.relative_to(PACKAGE): len(p.read_text().splitlines()) for p in SOURCES}
-    assert max(sizes.values()) < 500, max(sizes.items(), key=lambda kv: kv[1])
+    assert max(sizes.values()) <= 400, max(sizes.items(), key=lambda kv: kv[1])
     for script in (ROOT / "workflow" / "scripts").glob("*.py"):
         assert len(script.read_text().splitlines()) < 60, script.name
 
@@ -182,3 +182,20 @@ def test_nothing_outside_tests_reaches_into_them():
         if names & helpers or '"tests"' in text and "sys.path" in text:
             reaching.append(str(path.relative_to(ROOT)))
     assert not reaching, f"these reach into tests/: {reaching}"
+
+
+def test_fmt_skip_only_on_aligned_tables():
+    """`# fmt: skip` keeps a table's hand alignment (it ends on the table's closing bracket); code is ruff's."""
+    marked = [
+        f"{path.relative_to(PACKAGE)}:{i}"
+        for path in SOURCES
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if line.rstrip().endswith("# fmt: skip") and not line.lstrip().startswith((")", "}", "]"))
+    ]
+    assert marked == []
+
+
+def test_the_command_starts_without_pandas():
+    """pandas is half a second of every start: `moeplace recommend` and the package's import never load it."""
+    code = "import sys, moeplace.cli, moeplace.plan.recommend; print('pandas' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -154,18 +154,18 @@ def test_the_tune_rule_records_a_kv_type_llamacpp_refuses_without_a_probe(twin, 
     """tune.cache_types [f16, q8_0] with flash_attn: off gives a q8_0 cell llama.cpp refuses: its record says
     unsupported (not does_not_fit after a probe at every n), and the matrix figure says so in its cell."""
     from moeplace.measure import tune as tune_module
-    from moeplace.measure.tune import matrix_table, tune_model
+    from moeplace.measure.tune import Probing, matrix_table, tune_model
 
     def tune(*args, **kwargs):
         raise AssertionError("probed a workload llama.cpp refuses")
 
     monkeypatch.setattr(tune_module, "tune", tune)
     path, meta = twin
+    probing = Probing(TuneSettings(0, 60, 1), {}, tmp_path / "tune.log", tmp_path)
     result, record = tune_model(model_name="m", model_path=str(path), meta=meta,
                                 workload=Workload(4096, 256, "off", "q8_0", "q8_0"),
                                 target=DeviceTarget("emulated", "", CAPS[0]), memory=Device(CAPS[0], 0),
-                                settings=TuneSettings(0, 60, 1), manifest={}, log_path=tmp_path / "tune.log",
-                                workdir=tmp_path)  # fmt: skip
+                                probing=probing)  # fmt: skip
     assert result.loads == 0 and result.chosen_n is None
     assert record["status"] == UNSUPPORTED and record["cache_type"] == "q8_0" and record["probes"] == ""
 

@@ -3,7 +3,7 @@ llama-bench.sqlite, MANIFEST.json) and publish/<name>.tar.gz."""
 
 from pathlib import Path
 
-from moeplace.report.publish import DICTIONARY, load_dictionary, publish, snakemake_report
+from moeplace.report.publish import DICTIONARY, Contents, load_dictionary, publish, snakemake_report
 from moeplace.runtime.outputs import read_json, read_jsonl, stage
 from moeplace.runtime.provenance import pipeline_revision
 
@@ -23,16 +23,13 @@ with stage(snakemake.log[0]) as log:
     }
     log_path = Path(snakemake.log[0])
     report = snakemake_report(log_path.with_suffix(".report.html"), list(i.figures), log_path, p.configfiles)
-    folder = publish(
-        out=Path(snakemake.output.folder),
+    contents = Contents(
         tables={str(Path(t).relative_to("results")): Path(t) for t in i.tables},
         figures={str(Path(f).relative_to("results")): Path(f) for f in i.figures},
         captions=p.captions,
-        records=records,
-        dictionary=load_dictionary(DICTIONARY),
-        facts=facts,
         missing=p.missing,
         report=report,
     )
+    folder = publish(Path(snakemake.output.folder), contents, records, load_dictionary(DICTIONARY), facts)
     log.info("published %d tables, %d figures, %d runs to %s (%d outputs not run)", len(i.tables), len(i.figures),
              len(records), folder, len(p.missing))  # fmt: skip

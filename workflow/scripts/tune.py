@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from moeplace.core.config import Device, DeviceTarget, TuneSettings
-from moeplace.measure.tune import tune_model
+from moeplace.measure.tune import Probing, tune_model
 from moeplace.model.memory import Workload
 from moeplace.model.meta import read_metadata
 from moeplace.runtime.outputs import read_json, stage, write_json
@@ -17,10 +17,7 @@ with stage(snakemake.log[0]) as log:
         workload=Workload(p.ctx, p.ubatch, p.flash_attn, w.kv, w.kv),
         target=DeviceTarget(**p.device),
         memory=Device(**p.memory),
-        settings=TuneSettings(**p.tune),
-        manifest=read_json(i.llamacpp),
-        log_path=Path(snakemake.log[0]),
-        workdir=Path.cwd(),
+        probing=Probing(TuneSettings(**p.tune), read_json(i.llamacpp), Path(snakemake.log[0]), Path.cwd()),
     )
     log.info("tuned: %s", record)
     write_json(snakemake.output[0], record)

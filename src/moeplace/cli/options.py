@@ -12,8 +12,13 @@ MODEL_HELP = "a .gguf path (any shard of a split model), URL, ollama:NAME[:TAG],
 
 def speeds(args: argparse.Namespace) -> Speeds:
     given = {k: getattr(args, k, None) for k in ("calibration", "bw_ddr_measured_gbps", "prior")}
-    return Speeds(bw_vram_gbps=args.bw_vram_gbps, bw_ddr_gbps=args.bw_ddr_gbps, bw_link_gbps=args.bw_link_gbps,
-                  card_tflops=args.card_tflops, **given)  # fmt: skip
+    return Speeds(
+        bw_vram_gbps=args.bw_vram_gbps,
+        bw_ddr_gbps=args.bw_ddr_gbps,
+        bw_link_gbps=args.bw_link_gbps,
+        card_tflops=args.card_tflops,
+        **given,
+    )
 
 
 def speed_options(parser: argparse.ArgumentParser, calibration: bool = True) -> None:

@@ -24,25 +24,47 @@ def request_from_args(args: argparse.Namespace) -> Request:
     if given and not args.model:
         missing = [f for f in _CONSTANTS if getattr(args, f) is None]
         if missing:
-            raise MoeplaceError("give a MODEL.gguf, or all of " + ", ".join("--" + m.replace("_", "-") for m in missing)
-                                + " for the constants mode.")  # fmt: skip
+            raise MoeplaceError(
+                "give a MODEL.gguf, or all of "
+                + ", ".join("--" + m.replace("_", "-") for m in missing)
+                + " for the constants mode."
+            )
         constants = Constants(*(getattr(args, f) for f in _CONSTANTS), overhead_gb=args.overhead_gb)
     elif given:
-        raise MoeplaceError(f"--{given[0].replace('_', '-')} belongs to the constants mode, which has no model file: "
-                            "give a MODEL.gguf with --vram, or the constants alone.")  # fmt: skip
+        raise MoeplaceError(
+            f"--{given[0].replace('_', '-')} belongs to the constants mode, which has no model file: "
+            "give a MODEL.gguf with --vram, or the constants alone."
+        )
     longest = args.ctx.strip() == "max"
     vram = None if args.vram in (None, "auto") else tuple(v.strip() for v in args.vram.split(","))
     return Request(
-        contexts=() if longest else parse_contexts(args.ctx), model=args.model,
+        contexts=() if longest else parse_contexts(args.ctx),
+        model=args.model,
         model_ref=getattr(args, "model_ref", None),
-        longest=longest, vram=vram, auto=args.vram == "auto", card=args.card, backend=args.backend,
-        margin_mib=args.margin, ram=args.ram, type_k=args.cache_type_k, type_v=args.cache_type_v,
-        flash_attn=args.flash_attn, ubatch=args.ubatch, parallel=args.parallel, mmproj=args.mmproj,
-        overrides=tuple(args.override_tensor), no_kv_offload=args.no_kv_offload,
-        emit=args.emit, json=args.json,
-        placement=args.placement, objective=args.objective, reserve=args.reserve, bin_dir=args.bin_dir,
-        speeds=speeds(args), constants=constants,
-    )  # fmt: skip
+        longest=longest,
+        vram=vram,
+        auto=args.vram == "auto",
+        card=args.card,
+        backend=args.backend,
+        margin_mib=args.margin,
+        ram=args.ram,
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+        flash_attn=args.flash_attn,
+        ubatch=args.ubatch,
+        parallel=args.parallel,
+        mmproj=args.mmproj,
+        overrides=tuple(args.override_tensor),
+        no_kv_offload=args.no_kv_offload,
+        emit=args.emit,
+        json=args.json,
+        placement=args.placement,
+        objective=args.objective,
+        reserve=args.reserve,
+        bin_dir=args.bin_dir,
+        speeds=speeds(args),
+        constants=constants,
+    )
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
@@ -63,8 +85,11 @@ def add_parser(sub: Any) -> None:
         help="the card's memory, e.g. 16GiB (a card sold as 16 GB), or A,B for several cards, or auto: this GPU's "
         "free memory now",
     )
-    rec.add_argument("--card", help="a card by name, e.g. '4070 Ti Super' or 'RTX 3060 12GB': its memory, "
-                     "bandwidth, TFLOPS and backend from moeplace's table (plan/cards.py)")  # fmt: skip
+    rec.add_argument(
+        "--card",
+        help="a card by name, e.g. '4070 Ti Super' or 'RTX 3060 12GB': its memory, "
+        "bandwidth, TFLOPS and backend from moeplace's table (plan/cards.py)",
+    )
     rec.add_argument(
         "--backend",
         choices=("auto", *budget_mod.DEFAULT_MARGIN_MIB),

@@ -80,10 +80,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         workload=workload,
         target=target,
         memory=Device(target.vram_bytes, 0),
-        settings=settings,
-        manifest=manifest,
-        log_path=log_path,
-        workdir=Path.cwd(),
+        probing=Probing(settings, manifest, log_path, Path.cwd()),
     )
     print(f"predicted minimum --n-cpu-moe: {result.predicted_n}; probed on {record['device']}")
     for p in result.probes:

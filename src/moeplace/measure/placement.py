@@ -8,6 +8,8 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import pandas as pd
+
 from ..core.errors import MoeplaceError
 from ..core.stats import delta_interval, min_detectable_effect
 from ..model.gguf_file import read_header
@@ -39,8 +41,6 @@ def variants_table(records: list[dict[str, Any]]) -> Any:
     """Per model, context and test: each variant's tok/s and its difference from --n-cpu-moe at the same bytes,
     against the -ncmoe runs interleaved with it (paired) where it has them, else the first_n variant's own
     runs; with the difference's 95% Welch interval and the smallest difference the runs could have detected."""
-
-    import pandas as pd
 
     rows = []
     by_key = {(r["model"], r["ctx"], r["variant"], r["test"]): r for r in records}
@@ -156,7 +156,6 @@ def _text(value: Any) -> str:
 def placement_check_table(records: list[dict[str, Any]]) -> Any:
     """One row per variant run that left a load log (its tests share one), whatever its status: where
     llama.cpp put the tensors against where the placement asked for them."""
-    import pandas as pd
 
     runs = {(r["model"], r["ctx"], r["variant"]): r for r in records if r["status"] == "ok" or r.get("tensor_buffers")}
     rows = [

@@ -195,15 +195,13 @@ def tune_model(
     workload: Workload,
     target: DeviceTarget,
     memory: Any,
-    settings: TuneSettings,
-    manifest: dict[str, Any],
-    log_path: Any,
-    workdir: Any,
+    probing: Probing,
 ) -> tuple[TuneResult, dict[str, Any]]:
     """The tuner for one model and workload (context, KV cache type, ubatch), from the budget's prediction: the
     result and its record (what the pipeline's tune stage writes and `moeplace tune` prints). A workload llama.cpp
     refuses (runtime/llamacpp_args.refusal) is recorded UNSUPPORTED, with no probe."""
-    device = device_setup(target, manifest)
+    settings = probing.settings
+    device = device_setup(target, probing.manifest)
     if reason := refusal(workload.flash_attn, workload.type_v):
         log.info("%s at %d tokens: %s; recorded %s", model_name, workload.ctx, reason, UNSUPPORTED)
         result = TuneResult(predicted_n=meta.n_layer, lowest_n=None, chosen_n=None, chosen_tok_s=None)
@@ -216,7 +214,6 @@ def tune_model(
         predicted = plan(meta, Device(device.cap_bytes, memory.overhead_bytes), workload)["n_cpu_moe"]
     log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", workload.ctx, predicted, device.label)
     start = meta.n_layer if predicted is None else predicted
-    probing = Probing(settings, manifest, Path(log_path), Path(workdir))
     result = tune(model_path, workload, device, meta.n_layer, start, probing)
     w = workload
     record = tune_record(model_name, w.ctx, result, device.label, settings.margin, w.type_k, w.type_v)

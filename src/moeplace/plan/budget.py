@@ -217,7 +217,7 @@ def budget_table(meta: ModelMeta, device: Device, workloads: list[Workload], com
 
 def budget_frame(rows: list[dict[str, Any]], extra: tuple[str, ...] = ()) -> pd.DataFrame:
     """The budget table of these rows: COLUMNS, their sizes also in GB, then the `extra` columns."""
-    import pandas as pd
+    import pandas as pd  # here, not at the top: recommend's start-up would pay half a second for a table it never makes
 
     for p in rows:
         p["kv_gb"] = p["kv_bytes"] / GB

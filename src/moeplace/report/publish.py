@@ -14,6 +14,7 @@ import json
 import shutil
 import sys
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,20 +78,28 @@ def data_md(dictionary: dict[str, dict[str, Any]], names: list[str]) -> str:
 # --- the published directory ----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Contents:
+    """What a run made: `tables`/`figures` (relative name -> file) with their captions; `missing`: what it has not
+    made (listed in the index, not an error); `report`: Snakemake's report of the run, if made."""
+
+    tables: dict[str, Path]
+    figures: dict[str, Path]
+    captions: dict[str, str]
+    missing: list[str]
+    report: Path | None = None
+
+
 def publish(
-    *,
     out: Path,
-    tables: dict[str, Path],
-    figures: dict[str, Path],
-    captions: dict[str, str],
+    contents: Contents,
     records: list[dict[str, Any]],
     dictionary: dict[str, dict[str, Any]],
     facts: dict[str, Any],
-    missing: list[str],
-    report: Path | None = None,
 ) -> Path:
-    """Write publish/<name>/ and <name>.tar.gz; `tables`/`figures`: relative name -> file; `missing`: what the
-    run has not made (listed in the index, not an error); `report`: Snakemake's report of the run, if made."""
+    """Write publish/<name>/ and <name>.tar.gz: the run's contents, its measured `records` as llama-bench's SQLite,
+    the tables' data dictionary and the run's `facts` (MANIFEST.json)."""
+    tables, figures, report = contents.tables, contents.figures, contents.report
     for rel, path in tables.items():
         validate_table(table_name(rel), pd.read_csv(path), dictionary, str(path))
     with atomic_dir(out) as tmp:
@@ -102,7 +111,8 @@ def publish(
         write_sqlite([sqlite_row(r, facts.get("name", out.name)) for r in records], tmp / SQLITE)
         if report:
             shutil.copy2(report, tmp / "report.html")
-        (tmp / "index.html").write_text(index_html(out.name, tables, figures, captions, missing, facts))
+        index = index_html(out.name, tables, figures, contents.captions, contents.missing, facts)
+        (tmp / "index.html").write_text(index)
         write_manifest(tmp, facts)
     with atomic_path(out.with_name(out.name + ".tar.gz")) as tmp, tarfile.open(tmp, "w:gz") as tar:
         tar.add(out, arcname=out.name)

@@ -11,11 +11,12 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import MoeplaceError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @contextmanager
@@ -95,6 +96,8 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 def append_csv_row(path: str | Path, row: dict[str, Any]) -> None:
     """Add one row to a CSV (written whole again, atomically), creating it with a header if needed."""
+    import pandas as pd  # here, not at the top: every command imports this module, few write a table
+
     path = Path(path)
     table = pd.read_csv(path) if path.exists() else pd.DataFrame()
     write_csv(path, pd.concat([table, pd.DataFrame([row])], ignore_index=True))
