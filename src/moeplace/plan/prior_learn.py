@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import MoeplaceError
+from ..model.meta import ModelMeta
 from ..model.metadata import inspect_model
 from ..model.twin import load_spec, write_twin
 from .cards import datasheet
@@ -119,7 +120,9 @@ def load_prior(path: str | Path | None) -> dict[str, Learned] | None:
 # --- published directories -----------------------------------------------------------------------
 
 
-def _meta(name: str, row: dict[str, Any], models: dict[str, str], tmp: Path, cache: dict[str, Any]) -> Any:
+def _meta(
+    name: str, row: dict[str, Any], models: dict[str, str], tmp: Path, cache: dict[str, ModelMeta | None]
+) -> ModelMeta | None:
     """The model of a published row: --model NAME=PATH (a .gguf, or a twin spec .yaml), else the file the run read
     where it is still at hand; None where neither."""
     path = models.get(name) or row.get("model_filename") or ""
@@ -182,8 +185,8 @@ def directory_points(folder: Path, models: dict[str, str], flags: dict[str, Any]
     given = {k: v for k, v in (manifest.get("machine") or {}).items() if k in MACHINE_KEYS} | flags
     name = manifest.get("name") or folder.name
     source = f"{name} ({', '.join(manifest.get('hosts') or [])})"
-    cache: dict[str, Any] = {}
-    metas: dict[str, Any] = {}
+    cache: dict[str, ModelMeta | None] = {}
+    metas: dict[str, ModelMeta | None] = {}
     runs: dict[tuple, list[float]] = {}
     for row in measured_runs(folder / SQLITE):
         if row.get("avg_ts") is None or (row.get("tensor_buft_overrides") or "none") != "none":
