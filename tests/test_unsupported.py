@@ -77,7 +77,7 @@ def test_the_budget_check_over_two_devices_records_a_refused_cell_and_checks_the
     def rpc_device(manifest, cap, cpus, log_path):
         yield f"127.0.0.1:{5000 + len(cpus)}"
 
-    def reserved_plan(meta, w, devices, names, manifest, model_path, rpc, log_path):
+    def reserved_plan(meta, w, devices, at):
         if refusal(w.flash_attn, w.type_v):  # what the pinned llama-fit-params does with it: it aborts
             raise MoeplaceError("llama-fit-params failed: quantized V cache requires flash_attn")
         reserved.append(w)

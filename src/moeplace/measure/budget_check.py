@@ -23,7 +23,7 @@ from ..core.config import BenchSettings, Device, DeviceTarget
 from ..model.memory import Workload
 from ..model.meta import ModelMeta
 from ..plan.budget import plan, reserved_compute
-from ..plan.devices import MultiPlan, plan_args, reserved_plan
+from ..plan.devices import Attached, MultiPlan, plan_args, reserved_plan
 from ..plan.offload import expert_tensors, matching_tensors
 from ..runtime.allocation import fitted_placement, load_probe
 from ..runtime.cpus import split_cpus
@@ -186,9 +186,8 @@ def _devices_cell(model: CheckedModel, w: Workload, caps: list[int], endpoints: 
     if refusal(w.flash_attn, w.type_v):  # llama-fit-params would abort on it
         return {**cell, "status": UNSUPPORTED}
     devices = [Device(c, 0) for c in caps]
-    p = reserved_plan(
-        model.meta, w, devices, endpoints, model.manifest, model.path, ",".join(endpoints), model.log_path
-    )
+    at = Attached(endpoints, model.manifest, model.path, ",".join(endpoints), model.log_path)
+    p = reserved_plan(model.meta, w, devices, at)
     status, buffers = _load(model, p, w, endpoints)
     one_more = _one_more(model, p, w, endpoints) if p.fits and status == "ok" else []
     logged = [sum(buffers.device(e).values()) if buffers else None for e in endpoints]

@@ -276,42 +276,39 @@ def plan_args(meta: ModelMeta, p: MultiPlan, w: Workload) -> tuple[list[str], st
     return [*w.llama_args(), "-ts", ",".join(map(str, p.tensor_split))], p.host_rule(meta) or None
 
 
-def reserved_plan(
-    meta: ModelMeta,
-    w: Workload,
-    devices: list[Device],
-    names: list[str],
-    manifest: dict[str, Any],
-    model_path: str,
-    rpc: str | None,
-    log_path: Path,
-) -> MultiPlan:
+@dataclass(frozen=True)
+class Attached:
+    """Devices attached for llama.cpp to reserve buffers on: its `names` for them (RPC endpoints, or CUDA0, ...),
+    the build (`manifest`), the model file, the RPC endpoints to pass (None: local devices) and the log."""
+
+    names: list[str]
+    manifest: dict[str, Any]
+    model_path: str
+    rpc: str | None
+    log_path: Path
+
+    def reserve(self, args: list[str], n_cpu_moe: int, overrides: str | None) -> Any:
+        return reserve(self.manifest, self.model_path, args, n_cpu_moe, self.rpc, self.log_path, overrides)
+
+
+def reserved_plan(meta: ModelMeta, w: Workload, devices: list[Device], at: Attached) -> MultiPlan:
     """The plan over the attached `devices` (llama.cpp's `names` for them: RPC endpoints or CUDA0, ...), each
     candidate's compute buffers reserved by llama.cpp for exactly that candidate (plan_devices_reserved)."""
 
     def reserved(p: MultiPlan, pipelined: bool) -> tuple[int, ...]:
         args, rule = plan_args(meta, p, w)
-        buffers = reserve(manifest, model_path, args, 0, rpc, log_path, rule or (None if pipelined else UNPIPELINED))
-        return tuple(buffers.device(name).get("compute", 0) for name in names)
+        buffers = at.reserve(args, 0, rule or (None if pipelined else UNPIPELINED))
+        return tuple(buffers.device(name).get("compute", 0) for name in at.names)
 
     return plan_devices_reserved(meta, devices, w, reserved)
 
 
-def reserved_ncmoe(
-    meta: ModelMeta,
-    w: Workload,
-    devices: list[Device],
-    names: list[str],
-    manifest: dict[str, Any],
-    model_path: str,
-    rpc: str | None,
-    log_path: Path,
-) -> tuple[int | None, MultiPlan]:
+def reserved_ncmoe(meta: ModelMeta, w: Workload, devices: list[Device], at: Attached) -> tuple[int | None, MultiPlan]:
     """minimum_ncmoe on the attached `devices`, each candidate n's compute buffers reserved by llama.cpp (at n = 0
     unpipelined: llama.cpp falls back to that where the pipelined buffers do not fit)."""
 
     def compute_at(n: int) -> Callable[[int], int]:
-        buffers = reserve(manifest, model_path, w.llama_args(), n, rpc, log_path, None if n else UNPIPELINED)
-        return lambda i: buffers.device(names[i]).get("compute", 0)
+        buffers = at.reserve(w.llama_args(), n, None if n else UNPIPELINED)
+        return lambda i: buffers.device(at.names[i]).get("compute", 0)
 
     return minimum_ncmoe(meta, devices, w, compute_at)

@@ -16,7 +16,7 @@ from ..model.meta import ModelMeta
 from ..runtime.cpus import split_cpus
 from ..runtime.device import attached, device_setup
 from .budget import DOES_NOT_FIT, FITS, budget_frame
-from .devices import MultiPlan, reserved_ncmoe, reserved_plan
+from .devices import Attached, MultiPlan, reserved_ncmoe, reserved_plan
 
 DEVICE_COLUMNS = (
     "devices_mib",
@@ -86,13 +86,14 @@ def devices_budget_table(
     devices = [Device(cap, margin_bytes) for cap in setup.caps]
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
         names = rpc.split(",") if rpc else [g.split(":")[0] for g in manifest["gpu_devices"][: len(devices)]]
+        at = Attached(names, manifest, model_path, rpc, log_path)
         rows = [
             budget_row(
                 meta,
                 devices,
                 w,
-                reserved_ncmoe(meta, w, devices, names, manifest, model_path, rpc, log_path),
-                reserved_plan(meta, w, devices, names, manifest, model_path, rpc, log_path),
+                reserved_ncmoe(meta, w, devices, at),
+                reserved_plan(meta, w, devices, at),
                 "llama.cpp",
             )
             for w in workloads
