@@ -15,7 +15,6 @@ and copies their weights for a large one, which no published sweep this prior le
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from ..core.config import Device
@@ -24,7 +23,7 @@ from ..model.memory import Workload, estimate_compute
 from ..model.meta import Layer, ModelMeta
 from ..model.reads import active_fraction
 from .devices import device_share
-from .speed import Z95, SpeedModel, kv_read_gb
+from .speed import SpeedModel, kv_read_gb
 
 
 def _layer_bytes(meta: ModelMeta, layer: Layer) -> float:
@@ -77,14 +76,7 @@ def predict_ngl(
     """Decode tok/s of -ngl n_gpu_layers (no --n-cpu-moe) with its ~95% interval, as SpeedModel.predict gives one
     for an expert placement; None where the model has no decode terms."""
     tg = model.tests.get("tg")
-    if tg is None:
-        return None
-    x = ngl_features(meta, n_gpu_layers, depth, n_gen, type_k, type_v)
-    t = tg.seconds(x)
-    if t <= 0:
-        return None
-    spread = math.exp(Z95 * tg.relative_sd(x))
-    return {"tok_s": 1 / t, "low": 1 / (t * spread), "high": spread / t}
+    return None if tg is None else tg.rate(ngl_features(meta, n_gpu_layers, depth, n_gen, type_k, type_v))
 
 
 def largest_ngl(meta: ModelMeta, device: Device, w: Workload) -> int | None:

@@ -180,6 +180,14 @@ class TestModel:
     def seconds(self, x: dict[str, float]) -> float:
         return sum(self.coef.get(k, 0.0) * v for k, v in x.items())
 
+    def rate(self, x: dict[str, float]) -> dict[str, float] | None:
+        """tok/s of a placement with these features, with its ~95% interval (None where no time is left)."""
+        t = self.seconds(x)
+        if t <= 0:
+            return None
+        spread = math.exp(Z95 * self.relative_sd(x))  # multiplicative: speeds are positive and errors relative
+        return {"tok_s": 1 / t, "low": 1 / (t * spread), "high": spread / t}
+
     def relative_sd(self, x: dict[str, float]) -> float:
         """The fitted coefficients' uncertainty, a prior coefficient's sd as far as the fit does not cancel it (a
         fit at one depth takes up an attention cost's error there, not at another depth), and the spread."""
@@ -207,12 +215,7 @@ class SpeedModel:
         model = self.tests.get(run.test)
         if model is None or not set(FEATURES[run.test]) <= model.coef.keys():  # a prior's term alone, unfitted
             return None
-        x = features(meta, run)
-        t = model.seconds(x)
-        if t <= 0:
-            return None
-        spread = math.exp(Z95 * model.relative_sd(x))  # multiplicative: speeds are positive and errors relative
-        return {"tok_s": 1 / t, "low": 1 / (t * spread), "high": spread / t}
+        return model.rate(features(meta, run))
 
     def equivalence_factor(self, test: str) -> float:
         """The ~95% bound on a predicted ratio between two placements: closer than this, which is faster is not
