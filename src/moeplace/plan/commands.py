@@ -122,14 +122,14 @@ def ollama_modelfile(
     source: str,
     ctx: int,
     n_cpu_moe: int,
-    type_k: str,
+    cache: Cache,
     pins: list[str],
     version: tuple[int, ...] | None,
     server_line: str,
     flags: tuple[str, ...] = (),
 ) -> str:
     """An Ollama Modelfile for one context, and how to start Ollama so that the experts stay where planned.
-    `type_k`: the KV cache type (Ollama sets one for K and V). `version`: the installed ollama's (None: none
+    `cache`: the request's (Ollama sets one KV type, K's, for both). `version`: the installed ollama's (None: none
     found). No num_gpu: without the placement, Ollama's own fit stays safe; with it, llama-server offloads every
     layer but the planned experts. `flags`: request_flags (a projector is a second FROM, as Ollama imports a vision
     model; the rest llama-server's environment)."""
@@ -154,6 +154,7 @@ def ollama_modelfile(
             "# to keep the planned experts in RAM (it applies to every model that server loads). Older Ollama:",
             f"#   {server_line}",
         ]
-    if type_k != "f16":
-        lines.append(f"# KV cache {type_k}: add OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE={type_k} to that line.")
+    if (cache.type_k, cache.type_v) != ("f16", "f16"):
+        kv = cache.type_k
+        lines.append(f"# KV cache {kv}: add OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE={kv} to that line.")
     return "\n".join(lines) + "\n"

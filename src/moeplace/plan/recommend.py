@@ -268,7 +268,7 @@ def _ollama(setup: Setup, p: dict[str, Any]) -> str:
     flags = commands.request_flags(setup.meta, p["ctx"], r.mmproj, r.no_kv_offload)
     pins = list(setup.pins.rules)
     return commands.ollama_modelfile(
-        source, p["ctx"], p["n_cpu_moe"], r.type_k, pins, ollama_version(), p["command"], flags
+        source, p["ctx"], p["n_cpu_moe"], r.cache(), pins, ollama_version(), p["command"], flags
     )
 
 
