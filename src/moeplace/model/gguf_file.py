@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
 
@@ -35,6 +35,10 @@ MAX_NAME = 1024
 ARCHITECTURE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_STRING = 16 * 2**20
 MAX_STRINGS = 2**24
+# A metadata value as read: a number, bool or string, an array of them (an array of arrays: nested lists), or
+# {"array_length": n} for an array too long to keep.
+GGUFValue: TypeAlias = bool | int | float | str | list[Any] | dict[str, int]
+Metadata: TypeAlias = dict[str, GGUFValue]
 
 # A scalar value type -> (struct format, size); STRING and ARRAY are read by their own methods.
 _SCALARS: dict[GGUFValueType, tuple[str, int]] = {
@@ -68,7 +72,7 @@ class GGUFHeader:
     """Metadata and tensor table of one model (all shards of a split model)."""
 
     paths: list[Path | str]  # str: the URL of a remote model
-    metadata: dict[str, Any]
+    metadata: Metadata
     tensors: list[TensorInfo]
     file_sizes: list[int] = field(default_factory=list)
     header_sha256: list[str] = field(default_factory=list)
@@ -146,7 +150,7 @@ class _Cursor:
         self.need(n, what)
         self.pos += n
 
-    def value(self, vtype: int, key: str) -> Any:
+    def value(self, vtype: int, key: str) -> GGUFValue:
         if vtype in _SCALARS:
             return self.scalar(vtype, f"value of {key}")
         if vtype == GGUFValueType.STRING:
@@ -155,7 +159,7 @@ class _Cursor:
             return self.array(key)
         raise self.fail(f"key {key} has unknown value type {vtype}")
 
-    def array(self, key: str) -> Any:
+    def array(self, key: str) -> list[Any] | dict[str, int]:
         etype = self.u32(f"element type of {key}")
         count = self.u64(f"length of {key}")
         if etype in _SCALARS:
@@ -213,7 +217,7 @@ def tensor_nbytes(type_name: str, shape: tuple[int, ...]) -> int:
     return shape[0] // block * type_size * rows
 
 
-def _read_one(path: Path) -> tuple[dict[str, Any], list[TensorInfo], int, str, int]:
+def _read_one(path: Path) -> tuple[Metadata, list[TensorInfo], int, str, int]:
     try:
         fh = path.open("rb")
     except OSError as e:
@@ -228,7 +232,7 @@ def _read_one(path: Path) -> tuple[dict[str, Any], list[TensorInfo], int, str, i
 
 def parse_header(
     path: Path | str, buf: mmap.mmap | bytes, size: int
-) -> tuple[dict[str, Any], list[TensorInfo], int, str, int]:
+) -> tuple[Metadata, list[TensorInfo], int, str, int]:
     """Parse a header from `buf`, the whole file or its first bytes (NeedMore: read further and parse again)."""
     cur = _Cursor(path, buf, size)
     if len(buf) < 4:
@@ -255,8 +259,8 @@ def parse_header(
     return metadata, tensors, size, header_sha, data_start
 
 
-def _read_metadata(cur: _Cursor, n_kv: int) -> dict[str, Any]:
-    metadata: dict[str, Any] = {}
+def _read_metadata(cur: _Cursor, n_kv: int) -> Metadata:
+    metadata: Metadata = {}
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}", MAX_NAME)
         shown = quoted(key)

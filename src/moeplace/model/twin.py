@@ -14,7 +14,6 @@ import math
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,46 +26,11 @@ from ..runtime.llamacpp import require_binary
 from ..runtime.outputs import atomic_path
 from ..runtime.process import run_checked
 from .architectures import ARCHITECTURES, MODULES
+from .architectures._spec import GGUFKeys, TwinSpec
 from .gguf_file import tensor_nbytes
 from .recipe import PRESETS, UNQUANTIZED, fit, keeps_source_type, override, quantized_types
 
 Q = GGMLQuantizationType
-
-
-@dataclass
-class TwinSpec:
-    """Published hyperparameters of a model (see config/models/*.yaml); an architecture's own ones in `params`."""
-
-    name: str
-    architecture: str
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_expert: int
-    n_expert_used: int
-    n_ff_exp: int
-    n_vocab: int
-    context_length: int = 32768
-    tied_output: bool = False
-    ftype: str = "Q4_K_M"
-    rope_freq_base: float = 10000.0
-    # leading dense layers, shared experts (deepseek2, ernie, glm4moe, kimi-linear, lfm2moe, llama4, nemotron ...)
-    n_layer_dense_lead: int = 0
-    n_ff: int = 0
-    n_expert_shared: int = 0
-    # MLA (deepseek2, kimi-linear)
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 0
-    qk_rope_head_dim: int = 0
-    qk_nope_head_dim: int = 0
-    v_head_dim: int = 0
-    # sliding-window attention (gpt-oss)
-    sliding_window: int = 0
-    # ordered regex -> type name, first match wins (llama-quantize's --tensor-type): a published file's own mix
-    tensor_types: dict[str, str] = field(default_factory=dict)
-    params: dict[str, Any] = field(default_factory=dict)  # the architecture module's PARAMS, defaults filled
 
 
 def _same_kind(value: Any, default: Any) -> bool:
@@ -115,10 +79,10 @@ def load_spec(path: str | Path) -> TwinSpec:
     return spec
 
 
-def common_metadata(s: TwinSpec) -> dict[str, Any]:
+def common_metadata(s: TwinSpec) -> GGUFKeys:
     """The GGUF keys every architecture's converter writes; the architecture module adds or replaces some."""
     a = s.architecture
-    keys: dict[str, Any] = {
+    keys: GGUFKeys = {
         "general.name": s.name,
         f"{a}.context_length": s.context_length,
         f"{a}.embedding_length": s.n_embd,
@@ -142,7 +106,7 @@ def common_metadata(s: TwinSpec) -> dict[str, Any]:
     return keys
 
 
-def gguf_keys(s: TwinSpec) -> dict[str, Any]:
+def gguf_keys(s: TwinSpec) -> GGUFKeys:
     """Every GGUF key the twin carries: the common ones with its architecture module's additions."""
     return {**common_metadata(s), **MODULES[s.architecture].metadata(s)}
 

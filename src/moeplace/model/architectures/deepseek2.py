@@ -3,12 +3,11 @@ an expert-score bias (exp_probs_b)."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, dense_ffn, globals_, layer, mla, moe_ffn
 
 ARCHS = ("deepseek2",)
-PARAMS: dict[str, Any] = {
+PARAMS: Params = {
     "expert_probs_bias": False,  # V3/R1: e_score_correction_bias, written as blk.N.exp_probs_b.bias
     "expert_gating_func": None,  # V3/R1: 2 (sigmoid); unset: llama.cpp's softmax (V2)
     "expert_weights_norm": False,
@@ -16,7 +15,7 @@ PARAMS: dict[str, Any] = {
 }
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E = s.n_embd
     out = globals_(s)
     for il in range(s.n_layer):
@@ -34,7 +33,7 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     a = s.architecture
     return {
         f"{a}.attention.head_count_kv": 1,

@@ -10,16 +10,15 @@ published models equals moe_intermediate_size x moe_num_shared_experts, the tens
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...core.errors import MoeplaceError
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("ernie4_5-moe",)
-PARAMS: dict[str, Any] = {"moe_layer_step": 1}
+PARAMS: Params = {"moe_layer_step": 1}
 
 
-def _check(s: Any) -> None:
+def _check(s: TwinSpec) -> None:
     if s.params["moe_layer_step"] != 1:
         raise MoeplaceError(
             f"twin spec {s.name}: ernie4_5-moe with moe_layer_step {s.params['moe_layer_step']} does not load in "
@@ -27,7 +26,7 @@ def _check(s: Any) -> None:
         )
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     _check(s)
     E, hd, X = s.n_embd, s.head_dim, s.n_expert
     out = globals_(s)
@@ -46,7 +45,7 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     a = s.architecture
     return {
         f"{a}.attention.layer_norm_rms_epsilon": 1e-5,

@@ -22,13 +22,12 @@ attention.shared_kv_layers 0, as the 26B's converter writes them).
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...core.errors import MoeplaceError
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, layer
 
 ARCHS = ("gemma4",)
-PARAMS: dict[str, Any] = {
+PARAMS: Params = {
     "global_head_dim": 512,  # full-attention layers' head size (head_dim is the sliding layers')
     "num_global_key_value_heads": 2,  # full-attention layers' KV heads (n_head_kv is the sliding layers')
     "sliding_window_pattern": 6,  # layer il is full attention when (il + 1) % pattern == 0
@@ -38,7 +37,7 @@ PARAMS: dict[str, Any] = {
 }
 
 
-def _check(s: Any) -> None:
+def _check(s: TwinSpec) -> None:
     if s.params["sliding_window_pattern"] < 1:
         raise MoeplaceError(f"twin spec {s.name}: gemma4 needs sliding_window_pattern >= 1.")
     if not s.sliding_window:
@@ -49,13 +48,13 @@ def _check(s: Any) -> None:
         raise MoeplaceError(f"twin spec {s.name}: gemma4 needs at least 2 layers (llama.cpp's KV-reuse check).")
 
 
-def swa_layers(s: Any) -> list[bool]:
+def swa_layers(s: TwinSpec) -> list[bool]:
     """Which layers are sliding-window (the converter's attention.sliding_window_pattern)."""
     k = s.params["sliding_window_pattern"]
     return [(il + 1) % k != 0 for il in range(s.n_layer)]
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     _check(s)
     p, E, X = s.params, s.n_embd, s.n_expert
     out: Tensors = [
@@ -98,7 +97,7 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     _check(s)
     a, p = s.architecture, s.params
     swa = swa_layers(s)

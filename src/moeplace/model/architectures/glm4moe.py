@@ -10,15 +10,14 @@ loads but does not run (or cache) for the main context (models/glm4-moe.cpp).
 
 from __future__ import annotations
 
-from typing import Any
-
 import gguf
 
 from ...core.errors import MoeplaceError
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn, nextn
 
 ARCHS = ("glm4moe",)
-PARAMS: dict[str, Any] = {
+PARAMS: Params = {
     "nextn_predict_layers": 1,  # NextN/MTP blocks at the end of n_layer
     "partial_rotary_factor": 0.5,  # rope.dimension_count = head_dim * this
     "qk_norm": False,  # attn_q_norm/attn_k_norm (GLM-4.5 355B has them, GLM-4.5-Air not)
@@ -30,7 +29,7 @@ PARAMS: dict[str, Any] = {
 }
 
 
-def _attention(s: Any) -> Tensors:
+def _attention(s: TwinSpec) -> Tensors:
     E, hd = s.n_embd, s.head_dim
     q, kv = hd * s.n_head, hd * s.n_head_kv
     out: Tensors = [
@@ -42,7 +41,7 @@ def _attention(s: Any) -> Tensors:
     return out + [("post_attention_norm.weight", (E,))]
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E, X = s.n_embd, s.n_expert
     n_main = s.n_layer - s.params["nextn_predict_layers"]
     if not 0 < n_main <= s.n_layer:
@@ -60,7 +59,7 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     a, p = s.architecture, s.params
     return {
         f"{a}.attention.layer_norm_rms_epsilon": float(p["rms_norm_eps"]),

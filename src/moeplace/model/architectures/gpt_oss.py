@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, attention, globals_, layer, routed_experts
 
 ARCHS = ("gpt-oss",)
-PARAMS: dict[str, Any] = {}
+PARAMS: Params = {}
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E, X, F = s.n_embd, s.n_expert, s.n_ff_exp
     q, kv = s.head_dim * s.n_head, s.head_dim * s.n_head_kv
     out = globals_(s)
@@ -32,5 +31,5 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     return {f"{s.architecture}.attention.sliding_window": s.sliding_window}

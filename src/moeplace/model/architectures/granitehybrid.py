@@ -19,13 +19,12 @@ The recurrent state per sequence and layer (llama-hparams.cpp n_embd_r/n_embd_s,
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...core.errors import MoeplaceError
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, attention, globals_, layer, mamba2, moe_ffn
 
 ARCHS = ("granitehybrid",)
-PARAMS: dict[str, Any] = {
+PARAMS: Params = {
     "attention_layers": [],  # indices of the attention layers (config.json layer_types == "attention")
     "n_ff_shexp": 0,  # shared_intermediate_size (0: no shared expert)
     "ssm_d_conv": 4,  # mamba_d_conv
@@ -43,7 +42,7 @@ PARAMS: dict[str, Any] = {
 # llama-quantize leaves the small conv1d weights in their source type (F32 from the converter).
 
 
-def _ssm(s: Any) -> tuple[int, int, int, int, int]:
+def _ssm(s: TwinSpec) -> tuple[int, int, int, int, int]:
     p = s.params
     d_inner = 2 * s.n_embd  # llama.cpp: "only an expansion factor of 2 is supported for now"
     n_head = p["ssm_n_head"] or d_inner // 64
@@ -56,7 +55,7 @@ def _ssm(s: Any) -> tuple[int, int, int, int, int]:
     return d_inner, p["ssm_d_state"], p["ssm_d_conv"], n_head, n_group
 
 
-def _attention_layers(s: Any) -> set[int]:
+def _attention_layers(s: TwinSpec) -> set[int]:
     layers = set(s.params["attention_layers"])
     if any(not isinstance(i, int) or not 0 <= i < s.n_layer for i in layers):
         raise MoeplaceError(f"twin spec {s.name}: attention_layers must be layer indices below n_layer {s.n_layer}.")
@@ -68,7 +67,7 @@ def _attention_layers(s: Any) -> set[int]:
     return layers
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E, hd = s.n_embd, s.head_dim
     d_inner, d_state, d_conv, n_ssm_head, n_group = _ssm(s)
     attention_layers = _attention_layers(s)
@@ -87,7 +86,7 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     a, p = s.architecture, s.params
     d_inner, d_state, d_conv, n_ssm_head, n_group = _ssm(s)
     attention_layers = _attention_layers(s)

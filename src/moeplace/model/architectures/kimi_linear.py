@@ -11,12 +11,11 @@ are MLA is the per-layer head_count_kv array (1 for MLA, 0 for KDA), as the conv
 
 from __future__ import annotations
 
-from typing import Any
-
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, dense_ffn, globals_, layer, mla, moe_ffn
 
 ARCHS = ("kimi-linear",)
-PARAMS: dict[str, Any] = {
+PARAMS: Params = {
     "full_attn_layers": [],  # linear_attn_config.full_attn_layers: the MLA layers, 1-based as config.json has them
     "kda_head_dim": 128,  # linear_attn_config.head_dim (KDA heads are the model's num_attention_heads)
     "ssm_conv_kernel": 4,  # linear_attn_config.short_conv_kernel_size
@@ -29,11 +28,11 @@ PARAMS: dict[str, Any] = {
 # Small depthwise convolutions: the converter writes them F32 and llama-quantize never quantizes "ssm_conv1d".
 
 
-def _is_mla(s: Any, il: int) -> bool:
+def _is_mla(s: TwinSpec, il: int) -> bool:
     return il + 1 in s.params["full_attn_layers"]
 
 
-def _kda(s: Any) -> Tensors:
+def _kda(s: TwinSpec) -> Tensors:
     E, hd, H = s.n_embd, s.params["kda_head_dim"], s.n_head
     inner, conv = hd * H, s.params["ssm_conv_kernel"]
     return [
@@ -55,7 +54,7 @@ def _kda(s: Any) -> Tensors:
     ]
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E = s.n_embd
     out = globals_(s)
     for il in range(s.n_layer):
@@ -70,9 +69,9 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     a, p = s.architecture, s.params
-    keys: dict[str, Any] = {
+    keys: GGUFKeys = {
         # The converter turns MLA into MQA (one KV head) and marks KDA layers with 0 KV heads.
         f"{a}.attention.head_count_kv": [1 if _is_mla(s, il) else 0 for il in range(s.n_layer)],
         f"{a}.attention.layer_norm_rms_epsilon": float(p["rms_norm_eps"]),

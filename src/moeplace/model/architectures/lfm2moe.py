@@ -9,13 +9,12 @@ tied to the embedding. The converter writes no key/value length (llama.cpp deriv
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...core.errors import MoeplaceError
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, attention, dense_ffn, layer, moe_ffn
 
 ARCHS = ("lfm2moe",)
-PARAMS: dict[str, Any] = {
+PARAMS: Params = {
     "attention_layers": [],  # indices of the full-attention layers (layer_types == "full_attention"); others conv
     "conv_l_cache": 3,  # conv_L_cache: the short convolution's kernel length
     "norm_eps": 1e-5,  # norm_eps
@@ -23,7 +22,7 @@ PARAMS: dict[str, Any] = {
 # llama-quantize never quantizes the short convolution's (l_cache x n_embd) kernel (llama-quant.cpp).
 
 
-def _check(s: Any) -> None:
+def _check(s: TwinSpec) -> None:
     bad = [il for il in s.params["attention_layers"] if not 0 <= il < s.n_layer]
     if bad:
         raise MoeplaceError(f"twin spec {s.name}: attention_layers {bad} outside 0..{s.n_layer - 1}")
@@ -31,7 +30,7 @@ def _check(s: Any) -> None:
         raise MoeplaceError(f"twin spec {s.name}: lfm2moe needs head_dim x n_head == n_embd (llama.cpp derives it)")
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     _check(s)
     E, X = s.n_embd, s.n_expert
     kv = s.head_dim * s.n_head_kv
@@ -62,7 +61,7 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     _check(s)
     a = s.architecture
     attention_layers = set(s.params["attention_layers"])

@@ -9,15 +9,14 @@ expert_feed_forward_length is written or read); the converter adds vocab_size an
 
 from __future__ import annotations
 
-from typing import Any
-
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("llama",)
-PARAMS: dict[str, Any] = {}
+PARAMS: Params = {}
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E, hd = s.n_embd, s.head_dim
     out = globals_(s)
     for il in range(s.n_layer):
@@ -34,7 +33,7 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     a = s.architecture
     default_dim = s.head_dim * s.n_head == s.n_embd
     return {

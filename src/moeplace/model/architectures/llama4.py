@@ -10,24 +10,23 @@ A layer il is MoE when (il + 1) % interleave_moe_layer_step == 0 (Scout: 1, ever
 
 from __future__ import annotations
 
-from typing import Any
-
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("llama4",)
-PARAMS: dict[str, Any] = {
+PARAMS: Params = {
     "interleave_moe_layer_step": 1,
     "rope_freqs": True,  # rope_scaling of type llama3: the converter writes rope_freqs.weight (head_dim/2 factors)
     "rms_norm_eps": 1e-5,
 }
 
 
-def is_moe_layer(s: Any, il: int) -> bool:
+def is_moe_layer(s: TwinSpec, il: int) -> bool:
     step = s.params["interleave_moe_layer_step"]
     return step > 0 and (il + 1) % step == 0
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E, X, hd = s.n_embd, s.n_expert, s.head_dim
     q, kv = hd * s.n_head, hd * s.n_head_kv
     out: Tensors = [("rope_freqs.weight", (hd // 2,))] if s.params["rope_freqs"] else []
@@ -46,7 +45,7 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     a = s.architecture
     return {
         f"{a}.attention.layer_norm_rms_epsilon": float(s.params["rms_norm_eps"]),

@@ -9,17 +9,16 @@ expert_gating_func sigmoid (config.json's scoring_func).
 
 from __future__ import annotations
 
-from typing import Any
-
 import gguf
 
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, attention, globals_, layer, moe_ffn
 
 ARCHS = ("minimax-m2",)
-PARAMS: dict[str, Any] = {"rotary_dim": 64}
+PARAMS: Params = {"rotary_dim": 64}
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E, hd, X = s.n_embd, s.head_dim, s.n_expert
     q, kv = hd * s.n_head, hd * s.n_head_kv
     out = globals_(s)
@@ -36,7 +35,7 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     a = s.architecture
     return {
         f"{a}.rope.dimension_count": s.params["rotary_dim"],

@@ -14,13 +14,12 @@ Nemotron 3 models are not written: Nemotron-3-Nano-30B-A3B has neither.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...core.errors import MoeplaceError
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, attention, globals_, layer, mamba2
 
 ARCHS = ("nemotron_h_moe",)
-PARAMS: dict[str, Any] = {
+PARAMS: Params = {
     "layer_pattern": "",  # hybrid_override_pattern, one character per layer (M, *, E)
     "ssm_conv_kernel": 4,  # conv_kernel
     "ssm_state_size": 128,  # ssm_state_size
@@ -41,7 +40,7 @@ PARAMS: dict[str, Any] = {
 _KINDS = {"M": "mamba", "*": "attention", "E": "moe"}
 
 
-def layer_kinds(s: Any) -> list[str]:
+def layer_kinds(s: TwinSpec) -> list[str]:
     pattern = s.params["layer_pattern"]
     if len(pattern) != s.n_layer or set(pattern) - set(_KINDS):
         raise MoeplaceError(
@@ -51,13 +50,13 @@ def layer_kinds(s: Any) -> list[str]:
     return [_KINDS[c] for c in pattern]
 
 
-def _ssm(s: Any) -> tuple[int, int, int, int, int]:
+def _ssm(s: TwinSpec) -> tuple[int, int, int, int, int]:
     p = s.params
     d_inner = p["ssm_head_count"] * p["ssm_head_dim"]
     return p["ssm_conv_kernel"], d_inner, p["ssm_state_size"], p["ssm_group_count"], p["ssm_head_count"]
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E, hd, X = s.n_embd, s.head_dim, s.n_expert
     d_conv, d_inner, d_state, n_group, n_ssm_head = _ssm(s)
     out = globals_(s)
@@ -81,7 +80,7 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     a, p = s.architecture, s.params
     kinds = layer_kinds(s)
     d_conv, d_inner, d_state, n_group, n_ssm_head = _ssm(s)

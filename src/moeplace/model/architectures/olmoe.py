@@ -8,16 +8,15 @@ key/value length (config.json has no head_dim) and rms epsilon 1e-5.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...core.errors import MoeplaceError
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, attention, globals_, layer, moe_ffn
 
 ARCHS = ("olmoe",)
-PARAMS: dict[str, Any] = {}
+PARAMS: Params = {}
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E = s.n_embd
     if s.n_head * s.head_dim != E or s.n_head_kv != s.n_head:
         raise MoeplaceError(
@@ -38,7 +37,7 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     a = s.architecture
     return {
         f"{a}.feed_forward_length": s.n_ff_exp,

@@ -16,13 +16,12 @@ of n_layer.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...core.errors import MoeplaceError
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, dense_ffn, gated_attention, globals_, layer, nextn, routed_experts
 
 ARCHS = ("qwen35moe",)
-PARAMS: dict[str, Any] = {
+PARAMS: Params = {
     "nextn_predict_layers": 0,  # MTP blocks at the end of block_count (published GGUFs: none; MTP files: 1)
     "full_attention_interval": 4,  # layer il of the trunk is full attention when (il + 1) % interval == 0
     "n_ff_shexp": 512,  # shared_expert_intermediate_size
@@ -36,7 +35,7 @@ PARAMS: dict[str, Any] = {
 }
 
 
-def _check(s: Any) -> None:
+def _check(s: TwinSpec) -> None:
     p = s.params
     if p["linear_key_head_dim"] != p["linear_value_head_dim"]:
         raise MoeplaceError(f"twin spec {s.name}: qwen35moe needs linear_key_head_dim == linear_value_head_dim.")
@@ -46,7 +45,7 @@ def _check(s: Any) -> None:
         raise MoeplaceError(f"twin spec {s.name}: nextn_predict_layers must leave a trunk layer of the {s.n_layer}.")
 
 
-def recurrent_layers(s: Any) -> list[bool]:
+def recurrent_layers(s: TwinSpec) -> list[bool]:
     """Which blocks are gated-delta-net layers (the converter's attention.recurrent_layers): the trunk's, except
     every full_attention_interval-th; MTP blocks are full attention."""
     n_trunk = s.n_layer - s.params["nextn_predict_layers"]
@@ -54,7 +53,7 @@ def recurrent_layers(s: Any) -> list[bool]:
     return [il < n_trunk and (il + 1) % k != 0 for il in range(s.n_layer)]
 
 
-def _moe(s: Any) -> Tensors:
+def _moe(s: TwinSpec) -> Tensors:
     """Routed experts, router, gated shared expert (HF mlp.*, in the checkpoint's name order)."""
     E = s.n_embd
     gate, up, down = routed_experts(E, s.n_ff_exp, s.n_expert)
@@ -71,7 +70,7 @@ def _moe(s: Any) -> Tensors:
     ]
 
 
-def _linear_attention(s: Any) -> Tensors:
+def _linear_attention(s: TwinSpec) -> Tensors:
     """Gated delta net: fused QKV input projection feeding a short convolution, output gate z, decay (alpha, A,
     dt) and beta projections, gated RMS norm over a value head, output projection."""
     p, E = s.params, s.n_embd
@@ -90,7 +89,7 @@ def _linear_attention(s: Any) -> Tensors:
     ]
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     _check(s)
     E = s.n_embd
     attention = gated_attention(E, s.head_dim, s.n_head, s.n_head_kv)
@@ -115,10 +114,10 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     _check(s)
     a, p = s.architecture, s.params
-    keys: dict[str, Any] = {
+    keys: GGUFKeys = {
         # No intermediate_size in the config: the converter writes no feed_forward_length.
         f"{a}.feed_forward_length": None,
         f"{a}.rope.dimension_sections": list(p["rope_sections"]),

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("qwen3moe", "qwen3")
-PARAMS: dict[str, Any] = {}
+PARAMS: Params = {}
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E, hd = s.n_embd, s.head_dim
     out = globals_(s)
     for il in range(s.n_layer):
@@ -29,5 +28,5 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     return {}

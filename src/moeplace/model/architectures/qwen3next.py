@@ -10,14 +10,13 @@ linear_* hyperparameters (llama-hparams.cpp n_embd_r/n_embd_s).
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...core.errors import MoeplaceError
+from ._spec import GGUFKeys, Params, TwinSpec
 from ._tables import Tensors, dense_ffn, gated_attention, globals_, layer, nextn, routed_experts
 
 ARCHS = ("qwen3next",)
 # Hyperparameters under their config.json names (the converter's sources).
-PARAMS: dict[str, Any] = {
+PARAMS: Params = {
     "full_attention_interval": 4,
     "ssm_conv_kernel": 4,  # linear_conv_kernel_dim
     "linear_key_head_dim": 128,
@@ -36,12 +35,12 @@ PARAMS: dict[str, Any] = {
 # expert's gate is 1 x n_embd (one dimension to ggml_n_dims), F32 from the converter.
 
 
-def is_recurrent(s: Any, il: int) -> bool:
+def is_recurrent(s: TwinSpec, il: int) -> bool:
     """llama.cpp's default layer pattern (load_arch_hparams): the last of every interval is full attention."""
     return il < s.n_layer - s.params["nextn_predict_layers"] and (il + 1) % s.params["full_attention_interval"] != 0
 
 
-def _linear_dims(s: Any) -> tuple[int, int]:
+def _linear_dims(s: TwinSpec) -> tuple[int, int]:
     p = s.params
     if p["linear_key_head_dim"] != p["linear_value_head_dim"]:
         # llama.cpp sizes both head kinds from ssm.state_size (the key head dim).
@@ -58,7 +57,7 @@ def _linear_dims(s: Any) -> tuple[int, int]:
     return key_dim, value_dim
 
 
-def tensors(s: Any) -> Tensors:
+def tensors(s: TwinSpec) -> Tensors:
     E, hd, p = s.n_embd, s.head_dim, s.params
     key_dim, value_dim = _linear_dims(s)
     n_v_heads = p["linear_num_value_heads"]
@@ -93,11 +92,11 @@ def tensors(s: Any) -> Tensors:
     return out
 
 
-def metadata(s: Any) -> dict[str, Any]:
+def metadata(s: TwinSpec) -> GGUFKeys:
     a, p = s.architecture, s.params
     _, value_dim = _linear_dims(s)
     n_nextn = p["nextn_predict_layers"]
-    keys: dict[str, Any] = {
+    keys: GGUFKeys = {
         f"{a}.expert_shared_feed_forward_length": p["n_ff_shexp"],
     }
     if n_nextn:
