@@ -12,13 +12,13 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import jinja2
 import pandas as pd
 
 from ..core.config import ModelEntry, Settings, parse_settings, validate_config
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject
 from ..measure.bench import auto_sweep
 from ..measure.placement import DEVICE_VARIANTS, VARIANTS
 from ..model.metadata import inspect_model
@@ -33,7 +33,7 @@ class Pipeline:
     """The settings, and which models and stages the run holds (the DAG's lists, computed once)."""
 
     settings: Settings
-    plain_config: dict[str, Any]  # the resolved config as plain JSON values (the published manifest)
+    plain_config: JsonObject  # the resolved config as plain JSON values (the published manifest)
     file_models: list[str]  # with a GGUF or a twin
     bench_models: list[str]
     weight_models: list[str]  # llama.cpp can run them: real files and weighted twins
@@ -46,7 +46,7 @@ class Pipeline:
     variants: tuple[str, ...]  # over several devices: the variants that place across them
 
 
-def start(config: dict[str, Any], workdir: Path, main_process: bool) -> Pipeline:
+def start(config: JsonObject, workdir: Path, main_process: bool) -> Pipeline:
     """The workflow's config, read once; MoeplaceError (one line naming the field) where it cannot run. Only the
     main process clears a killed run's locks: a job's own parse (e.g. on a cluster node) never does."""
     config = validate_config(copy.deepcopy(config))
@@ -115,7 +115,7 @@ def layer_count(m: ModelEntry) -> int:
         raise MoeplaceError(f"config models.{m.name}: {e}") from None
 
 
-def _pipeline(settings: Settings, plain: dict[str, Any]) -> Pipeline:
+def _pipeline(settings: Settings, plain: JsonObject) -> Pipeline:
     models, stages = settings.models, settings.stages
     file_models = [name for name, m in models.items() if m.has_file]
     bench_models = [name for name in file_models if models[name].bench]

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..core.config import Device, DeviceTarget, TuneSettings, default
 from ..core.errors import MoeplaceError
+from ..core.records import BenchRecord, Row
 from ..core.units import parse_size
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, NO_PINS
@@ -136,7 +137,7 @@ def _print_expected(
     speeds: Any,
     workload: Any,
     n: int,
-    record: dict[str, Any],
+    record: Row,
 ) -> None:
     """The chosen n's expected speed and the llama-server and llama-bench lines that run it."""
     host = NO_PINS.host_set(meta, n)
@@ -147,7 +148,7 @@ def _print_expected(
     print("  " + commands.llama_bench(args.model, args.ctx, n, r.cache()) + note)
 
 
-def _calibrated_by_tune(meta: ModelMeta, records: list[dict[str, Any]], prior: Any, args: argparse.Namespace) -> Any:
+def _calibrated_by_tune(meta: ModelMeta, records: list[BenchRecord], prior: Any, args: argparse.Namespace) -> Any:
     """The speed model fitted to tune's calibrating runs, written to --calibration-out; the prior where they cannot
     calibrate."""
     for r in records:

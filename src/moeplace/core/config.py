@@ -5,9 +5,10 @@ take their defaults from)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from .config_schema import SCHEMA_PATH, default, validate_config
+from .records import JsonObject
 from .units import Context, parse_size
 
 __all__ = ["SCHEMA_PATH", "default", "validate_config"]
@@ -127,7 +128,7 @@ class ModelEntry:
     name: str
     gguf: str | None = None
     twin: str | None = None
-    constants: dict[str, Any] | None = None
+    constants: JsonObject | None = None  # the seed's figures as the config gives them (metadata.from_constants)
     weights: str = default("models.*.weights")
     quant: str = default("models.*.quant")
     seed: int = default("models.*.seed")
@@ -224,12 +225,12 @@ class Settings:
 MIN_AUTO_REPETITIONS = 3  # a mean, a spread and one degree of freedom beyond
 
 
-def params(value: Any) -> dict[str, Any]:
+def params(value: Any) -> JsonObject:
     """A settings value as a rule's params (plain values: Snakemake cannot compare dataclasses)."""
     return asdict(value)
 
 
-def _bench(config: dict[str, Any]) -> BenchSettings:
+def _bench(config: JsonObject) -> BenchSettings:
     bench = config["bench"]
     auto = bench["repetitions"] == "auto"
     return BenchSettings(
@@ -250,7 +251,7 @@ def _bench(config: dict[str, Any]) -> BenchSettings:
     )
 
 
-def _bandwidths(config: dict[str, Any]) -> Bandwidths:
+def _bandwidths(config: JsonObject) -> Bandwidths:
     dev, host, measured = config["device"], config["host"], config["measured"]
     return Bandwidths(
         vram_gbps=dev["bw_vram_gbps"],
@@ -263,7 +264,7 @@ def _bandwidths(config: dict[str, Any]) -> Bandwidths:
     )
 
 
-def _ceilings(config: dict[str, Any], bench: BenchSettings, contexts: tuple[Context, ...]) -> CeilingsSettings:
+def _ceilings(config: JsonObject, bench: BenchSettings, contexts: tuple[Context, ...]) -> CeilingsSettings:
     ceilings = config["ceilings"]
     return CeilingsSettings(
         ram_probe_bytes=parse_size(ceilings["ram_probe"], "config ceilings.ram_probe"),
@@ -276,7 +277,7 @@ def _ceilings(config: dict[str, Any], bench: BenchSettings, contexts: tuple[Cont
     )
 
 
-def _ram_tier(config: dict[str, Any], threads: int) -> RamTierSettings:
+def _ram_tier(config: JsonObject, threads: int) -> RamTierSettings:
     ram_tier = config["ram_tier"]
     return RamTierSettings(
         caps_pct=tuple(ram_tier["caps_pct"]),
@@ -289,7 +290,7 @@ def _ram_tier(config: dict[str, Any], threads: int) -> RamTierSettings:
     )
 
 
-def _stages(config: dict[str, Any]) -> Stages:
+def _stages(config: JsonObject) -> Stages:
     ceilings, ram_tier = config["ceilings"], config["ram_tier"]
     models = ram_tier["models"]
     return Stages(
@@ -302,7 +303,21 @@ def _stages(config: dict[str, Any]) -> Stages:
     )
 
 
-def _sections(config: dict[str, Any]) -> dict[str, Any]:
+class _Sections(TypedDict):
+    """The settings each stage takes whole (Settings' fields of the same names)."""
+
+    models: dict[str, ModelEntry]
+    sweep: Sweep
+    tune_cache_types: tuple[str, ...]
+    budget_check: BudgetCheckGrid
+    llamacpp: LlamacppSettings
+    routing: RoutingSettings
+    quants: QuantsSettings
+    stages: Stages
+    publish_name: str
+
+
+def _sections(config: JsonObject) -> _Sections:
     """The sections each stage takes whole, typed."""
     routing, quants, bench = config["routing"], config["quants"], config["bench"]
     n_cpu_moe = bench["n_cpu_moe"]
@@ -319,7 +334,7 @@ def _sections(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def parse_settings(config: dict[str, Any]) -> Settings:
+def parse_settings(config: JsonObject) -> Settings:
     """The validated config (defaults filled) as typed values; MoeplaceError names a bad field."""
     dev = config["device"]
     sizes = dev["vram"] if isinstance(dev["vram"], list) else [dev["vram"]]

@@ -15,12 +15,13 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 
 from .errors import MoeplaceError
+from .records import JsonObject
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 
 
 @cache
-def schema() -> dict[str, Any]:
+def schema() -> JsonObject:
     """The schema, read once."""
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
@@ -29,7 +30,7 @@ def default(setting: str) -> Any:
     """The schema's default of a setting named as in the config ("bench.precision", "ubatch"): the one
         definition of it, which the typed settings and the command line take. "*" stands for any key of a mapping
     ("models.*.quant")."""
-    node: dict[str, Any] = schema()
+    node: JsonObject = schema()
     for key in setting.split("."):
         node = node["additionalProperties"] if key == "*" else node["properties"][key]
         if "$ref" in node and "default" not in node:  # "#/definitions/model"
@@ -100,7 +101,7 @@ def _string_type_errors(errors: Iterable[jsonschema.ValidationError]) -> Iterato
         yield from _string_type_errors(error.context or ())
 
 
-def _read_strings(config: dict[str, Any], validator: jsonschema.protocols.Validator) -> None:
+def _read_strings(config: JsonObject, validator: jsonschema.protocols.Validator) -> None:
     """Snakemake's --config gives what is inside a list or mapping as strings (contexts=[8192,32768] becomes
     ['8192', '32768']): where the schema wants a number, boolean or null, such a string is read as YAML.
     Each round turns strings into other values, so the rounds end."""
@@ -118,7 +119,7 @@ def _read_strings(config: dict[str, Any], validator: jsonschema.protocols.Valida
             container[last] = value
 
 
-def validate_config(config: dict[str, Any], schema_path: str | Path = SCHEMA_PATH) -> dict[str, Any]:
+def validate_config(config: JsonObject, schema_path: str | Path = SCHEMA_PATH) -> JsonObject:
     """Validate in place (filling defaults, reading numbers given as strings) and return the config;
     MoeplaceError names the first bad field."""
     validator = _Validator(

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..core.config import BenchSettings
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject, Row
 from ..model.meta import ModelMeta
 from ..plan.measured_prior import probe_run
 from ..plan.speed import TESTS, features
@@ -41,7 +42,7 @@ def _placement_rows(
     at: tuple[int, int],
     threads: int,
     device: str,
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     """The probe's seconds per token at its first depth, with every routed expert on the host and, where that
     fits, with none: the median over rounds, and the spread of each round's own median."""
     depth, n_layer = at
@@ -79,7 +80,7 @@ def attention_rows(
     bench: BenchSettings,
     depths: tuple[int, ...],
     log_file: Path,
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     """Seconds per GB of KV cache one token's attention reads (its bytes and its compute), decode and prefill:
     llama-bench as the benchmarks run it (their prompt, generated tokens, ubatch, KV types, flash attention,
     CPU split) on the device at each of `depths`, every routed expert on the host so the cache fits; the slope
@@ -123,7 +124,7 @@ class _DeviceBench:
     threads: int
     log_file: Path
 
-    def records(self, depth: int, n: int) -> list[dict[str, Any]]:
+    def records(self, depth: int, n: int) -> list[JsonObject]:
         """llama-bench's records at `depth` with `n` layers' routed experts on the host; MoeplaceError where it
         fails."""
         cmd = bench_command(self.manifest, str(self.model), depth, n, self.bench, self.rpc, threads=self.threads)
@@ -169,7 +170,7 @@ def _attention_cost(
     bench: BenchSettings,
     threads: int,
     label: str,
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     """The attention row of one test: the slope of median seconds per token over the KV cache's GB, with every
     expert on the host, and the spread of each round's own slope (none where fewer than two depths ran)."""
     n_layer = meta.n_layer

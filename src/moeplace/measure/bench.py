@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import BenchSettings
+from ..core.records import BenchRecord, JsonObject
 from ..core.stats import repetitions_for
 from ..runtime.cpus import split_cpus, wait_for_quiet
 from ..runtime.device import PROGRESS, DeviceSetup, HostSide, attached, bound_rules, host_side
@@ -51,7 +52,7 @@ class BenchJob:
 
     model_name: str
     model_path: str
-    model_files: list[dict[str, Any]]
+    model_files: list[JsonObject]
     ctx: int
     n_cpu_moe: int
     variant: str = "ncmoe"
@@ -89,10 +90,10 @@ class _Session:
     baseline: Arm | None
     host: HostSide  # how llama-bench runs (runtime.device.host_side)
     t0: float  # the start: the time budget counts the device's start too
-    quiet: list[dict[str, Any]] = field(default_factory=list)
+    quiet: list[JsonObject] = field(default_factory=list)  # cpus.wait_for_quiet's findings
 
 
-def run_bench(job: BenchJob, rig: Rig) -> list[dict[str, Any]]:
+def run_bench(job: BenchJob, rig: Rig) -> list[BenchRecord]:
     """Run one configuration; one record per test, successful or not.
 
     Repetitions come in one llama-bench process (its own warm-up and one fill of the depth first):
@@ -105,7 +106,7 @@ def run_bench(job: BenchJob, rig: Rig) -> list[dict[str, Any]]:
     return run_sweep(job, [job.n_cpu_moe], rig)
 
 
-def run_sweep(job: BenchJob, n_values: list[int], rig: Rig) -> list[dict[str, Any]]:
+def run_sweep(job: BenchJob, n_values: list[int], rig: Rig) -> list[BenchRecord]:
     """Run `job` at each of `n_values` (its own n_cpu_moe aside), one record per value and test, successful or not.
 
     The values share llama-bench processes, so a 32K sweep pays one depth fill (llama-bench restores the KV
@@ -251,7 +252,7 @@ def _batch(
     arms[failed].failure = (status, reason, tail(logs[failed]))
 
 
-def _add_rows(arms: list[Arm], printed: list[list[dict[str, Any]]], logs: list[str], wall_s: float, tests: int) -> None:
+def _add_rows(arms: list[Arm], printed: list[list[JsonObject]], logs: list[str], wall_s: float, tests: int) -> None:
     """Each arm's rows of one process, its whole passes (those a failed run finished too), its log where it has
     none yet, and its share of the process's time."""
     whole = [mine[: len(mine) - len(mine) % tests] for mine in printed]
@@ -283,7 +284,7 @@ def _paired_repetitions(s: _Session) -> int:
     return next_batch(wanted, settings.max_repetitions - n, fixed_s, repetition_s, left_s / 2)
 
 
-def _records(s: _Session, started: str, facts: dict[str, Any]) -> list[dict[str, Any]]:
+def _records(s: _Session, started: str, facts: JsonObject) -> list[BenchRecord]:
     """The session's records, one per arm and test, with everything that ties them to their inputs."""
     seen = [q["contended"] for q in s.quiet]
     contended = True if any(seen) else None if seen and all(c is None for c in seen) else False
@@ -297,7 +298,7 @@ def _records(s: _Session, started: str, facts: dict[str, Any]) -> list[dict[str,
     return records
 
 
-def _base(s: _Session, arm: Arm, started: str, facts: dict[str, Any], contended: bool | None) -> dict[str, Any]:
+def _base(s: _Session, arm: Arm, started: str, facts: JsonObject, contended: bool | None) -> BenchRecord:
     """What every record of `arm` carries: the configuration, the device, the build, the host, the revision."""
     job, rig, settings = s.job, s.rig, s.rig.settings
     parsed = parse_log(arm.stderr)

@@ -7,15 +7,24 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import TypedDict
 
 from ..core.config import BenchSettings
+from ..core.records import BenchRecord, JsonObject
 from ..core.stats import median_halfwidth, median_interval, outlying
 from ..runtime.llama_log import read_log
 from .repetitions import Arm, precise_enough
 
 
-def parse_log(stderr: str) -> dict[str, Any]:
+class ParsedLog(TypedDict):
+    """What a bench record keeps of llama.cpp's -v log."""
+
+    contexts: list[JsonObject]  # each context's n_ctx and kv_mib
+    tensor_buffers: dict[str, str]  # overridden tensor -> its buffer
+    buffers: dict[str, dict[str, int]] | None  # the largest context's buffers: name -> kind -> bytes
+
+
+def parse_log(stderr: str) -> ParsedLog:
     """llama.cpp's own accounting from a -v log: each context's size and KV bytes, each overridden tensor's
     destination buffer (CPU, CPU_REPACK: host RAM; CUDA0, RPC0[...]: a device) and, for the memory check, the
     buffers of its largest context by name (llama-bench loads once per test; CUDA0, CUDA_Host, CPU_Mapped ...)."""
@@ -31,8 +40,8 @@ def parse_log(stderr: str) -> dict[str, Any]:
 
 
 def measured_record(
-    base: dict[str, Any], test: str, arm: Arm, baseline: Arm | None, settings: BenchSettings, contended: bool
-) -> dict[str, Any]:
+    base: BenchRecord, test: str, arm: Arm, baseline: Arm | None, settings: BenchSettings, contended: bool
+) -> BenchRecord:
     """The record of one test of `arm`: the statistics of its repetitions, or its failure."""
     samples = arm.samples.get(test) or []
     if not samples:
@@ -43,7 +52,7 @@ def measured_record(
     halfwidth = median_halfwidth(samples)
     paired = baseline.samples.get(test) if baseline else None
     first = arm.first[test]
-    record = {
+    record: BenchRecord = {
         **base,
         "test": test,
         # a run that failed after some repetitions keeps them, under its failure's status (partial)
@@ -76,7 +85,7 @@ def measured_record(
     return record
 
 
-def _failed(base: dict[str, Any], test: str, arm: Arm) -> dict[str, Any]:
+def _failed(base: BenchRecord, test: str, arm: Arm) -> BenchRecord:
     """The record of a test without a single repetition: its failure."""
     status, reason, stderr_tail = arm.failure or ("error", "no result", "")
     return {

@@ -20,9 +20,10 @@ from typing import Any
 import pandas as pd
 
 from ..core.config import BenchSettings, Device, DeviceTarget
+from ..core.records import Row
 from ..model.memory import Workload
 from ..model.meta import ModelMeta
-from ..plan.budget import plan, reserved_compute
+from ..plan.budget import BudgetRow, plan, reserved_compute
 from ..plan.devices import Attached, MultiPlan, plan_args, reserved_plan
 from ..plan.offload import expert_tensors, matching_tensors
 from ..runtime.allocation import fitted_placement, load_probe
@@ -77,7 +78,7 @@ def check_model(
     overhead_bytes: int,
     depth_checks: int = 0,
     threads: int = 2,
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     """One row per grid cell; the deep checks' runs carry the revision of the pipeline in the working folder."""
 
     setup = device_setup(target, model.manifest)
@@ -100,7 +101,7 @@ def check_model(
     return rows
 
 
-def _cell(model: CheckedModel, setup: DeviceSetup, w: Workload, overhead_bytes: int) -> dict[str, Any]:
+def _cell(model: CheckedModel, setup: DeviceSetup, w: Workload, overhead_bytes: int) -> Row:
     """The columns that name a grid cell of check_model: the model, the workload and the device."""
     return {
         "model": model.name,
@@ -115,7 +116,7 @@ def _cell(model: CheckedModel, setup: DeviceSetup, w: Workload, overhead_bytes: 
     }
 
 
-def _measured(model: CheckedModel, p: dict[str, Any], w: Workload, start: int, rpc: str | None) -> dict[str, Any]:
+def _measured(model: CheckedModel, p: BudgetRow, w: Workload, start: int, rpc: str | None) -> Row:
     """The budget's plan `p` for one cell beside the lowest n whose load probe runs (searched from `start`) and
     llama-fit-params' own placement."""
 
@@ -157,7 +158,7 @@ def _depth_n(model: CheckedModel, setup: DeviceSetup, w: Workload, start: int, t
     return search(start, model.meta.n_layer, deep, spill_ratio=0.0).lowest_n
 
 
-def check_devices(model: CheckedModel, workloads: list[Workload], caps: list[int]) -> list[dict[str, Any]]:
+def check_devices(model: CheckedModel, workloads: list[Workload], caps: list[int]) -> list[Row]:
     """The plan over several devices (plan/devices.py) on emulated devices capped to `caps` (one RPC server each),
     one row per grid cell: the plan with each device's compute buffer as llama.cpp reserves it, loaded at the full
     context; each device's logged buffers beside the plan's; and `exact` where the load agrees with the plan (a
@@ -173,7 +174,7 @@ def check_devices(model: CheckedModel, workloads: list[Workload], caps: list[int
         return [_devices_cell(model, w, caps, endpoints) for w in workloads]
 
 
-def _devices_cell(model: CheckedModel, w: Workload, caps: list[int], endpoints: list[str]) -> dict[str, Any]:
+def _devices_cell(model: CheckedModel, w: Workload, caps: list[int], endpoints: list[str]) -> Row:
     """check_devices' row for one workload: planned, reserved and loaded on the `endpoints`, and each device that
     leaves experts on the host loaded with one more of them."""
     cell = {
@@ -246,11 +247,11 @@ COLUMNS = [
 ]
 
 
-def check_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+def check_table(rows: list[Row]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS).astype({c: "Int64" for c in COLUMNS[5:9]})
 
 
-def summary(table: pd.DataFrame) -> dict[str, Any]:
+def summary(table: pd.DataFrame) -> dict[str, int]:
     """The bars: exact on how many cells, and never below the measured minimum (an out-of-memory answer)."""
     cells = table[table.status == "ok"]
     nothing_fits = cells.n_layer + 1  # "does not fit at any n" compares as one more than the last layer
@@ -286,7 +287,7 @@ DEVICE_COLUMNS = [
 ]
 
 
-def devices_table(rows: list[dict[str, Any]], model: str | None = None) -> pd.DataFrame:
+def devices_table(rows: list[Row], model: str | None = None) -> pd.DataFrame:
     """check_devices' rows (or a table of them read back) as the stage writes them; `exact` empty where the cell
     was not run (UNSUPPORTED)."""
     table = pd.DataFrame([r if model is None else {"model": model, **r} for r in rows], columns=DEVICE_COLUMNS)

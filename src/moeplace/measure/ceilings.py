@@ -33,6 +33,7 @@ import pandas as pd
 
 from ..core.config import BenchSettings, CeilingsSettings
 from ..core.errors import MoeplaceError
+from ..core.records import Row
 from ..core.units import GB
 from ..model.meta import ModelMeta
 from ..model.reads import bytes_per_token
@@ -136,7 +137,7 @@ def bound(fraction: float, scaling: float | None) -> str:
 
 def _decode_rows(
     kind: str, name: str, speeds: dict[int, float], per_token: float, ram: dict[int, float], detail: str
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     most = max(speeds)
     scaling = speeds[most] / speeds[1] if most > 1 else None
     verdict = bound(speeds[most] * per_token / GB / ram[most], scaling)
@@ -198,7 +199,7 @@ def measure_ceilings(
     return table
 
 
-def _ram_rows(ram: dict[int, float], settings: CeilingsSettings) -> list[dict[str, Any]]:
+def _ram_rows(ram: dict[int, float], settings: CeilingsSettings) -> list[Row]:
     """The RAM read ceiling's rows, one per thread count."""
     return [
         {
@@ -214,7 +215,7 @@ def _ram_rows(ram: dict[int, float], settings: CeilingsSettings) -> list[dict[st
     ]
 
 
-def _disk_rows(disk_file: Path, settings: CeilingsSettings) -> list[dict[str, Any]]:
+def _disk_rows(disk_file: Path, settings: CeilingsSettings) -> list[Row]:
     """The disk's sequential and random read throughput over `disk_file` (the largest model), O_DIRECT."""
     rows = []
     for name, block, random_order in (
@@ -237,7 +238,7 @@ def _disk_rows(disk_file: Path, settings: CeilingsSettings) -> list[dict[str, An
     return rows
 
 
-def _link_rows(device: DeviceSetup, log_file: Path) -> list[dict[str, Any]]:
+def _link_rows(device: DeviceSetup, log_file: Path) -> list[Row]:
     """A CUDA card's links (native/gpulink.c), one row each."""
     facts = link_facts(log_file)
     log.info("GPU links: %s", facts)
@@ -253,7 +254,7 @@ def _device_decode_row(
     device: DeviceSetup,
     settings: CeilingsSettings,
     log_file: Path,
-) -> dict[str, Any]:
+) -> Row:
     """The dense model's decode fully on the device: a lower bound of the card's bandwidth, for reference."""
     dense_path, dense_meta = dense
     tok_s = decode_tok_s(manifest, dense_path, settings.threads, settings.gen, settings.repetitions, True, log_file)

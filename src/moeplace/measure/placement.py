@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 
 from ..core.errors import MoeplaceError
+from ..core.records import BenchRecord, Row
 from ..core.stats import delta_interval, min_detectable_effect
 from ..model.gguf_file import read_header
 from ..model.meta import ModelMeta
@@ -23,7 +24,17 @@ from ..runtime.llamacpp_args import cache_args, refusal
 from .bench import BenchJob, Rig, run_bench
 
 
-def check_placement(intended: set[str], buffers: dict[str, str]) -> dict[str, Any]:
+class PlacementCheck(TypedDict):
+    """Whether llama.cpp put the tensors where a variant meant them (counts, and the names that differ)."""
+
+    intended: int
+    observed: int
+    missing: list[str]
+    unexpected: list[str]
+    match: bool
+
+
+def check_placement(intended: set[str], buffers: dict[str, str]) -> PlacementCheck:
     """Compare the intended host set with where llama.cpp's 'buffer type overridden' lines put each tensor:
     every intended tensor must go to a host buffer, and no other tensor may."""
 
@@ -37,7 +48,7 @@ def check_placement(intended: set[str], buffers: dict[str, str]) -> dict[str, An
     }
 
 
-def variants_table(records: list[dict[str, Any]]) -> Any:
+def variants_table(records: list[BenchRecord]) -> Any:
     """Per model, context and test: each variant's tok/s and its difference from --n-cpu-moe at the same bytes,
     against the -ncmoe runs interleaved with it (paired) where it has them, else the first_n variant's own
     runs; with the difference's 95% Welch interval and the smallest difference the runs could have detected."""
@@ -93,7 +104,7 @@ def variant_n(meta: ModelMeta, budget_n: int | None, several: bool = False) -> i
     return budget_n if budget_n else meta.n_layer // 2
 
 
-def run_variant(variant: str, meta: ModelMeta, n: int, budget: dict[str, Any], job: BenchJob, rig: Rig) -> list[dict]:
+def run_variant(variant: str, meta: ModelMeta, n: int, budget: Row, job: BenchJob, rig: Rig) -> list[BenchRecord]:
     """One variant's llama-bench run of `job`'s model and context, with its placement checked against llama.cpp's
     load log. `budget` is the context's row of the budget table (the room for experts; over several devices the
     per-device plan). On one device each variant is paired with --n-cpu-moe n; over several that one runs out of
@@ -153,7 +164,7 @@ def _text(value: Any) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
-def placement_check_table(records: list[dict[str, Any]]) -> Any:
+def placement_check_table(records: list[BenchRecord]) -> Any:
     """One row per variant run that left a load log (its tests share one), whatever its status: where
     llama.cpp put the tensors against where the placement asked for them."""
 

@@ -10,17 +10,17 @@ cgroup, a failed run) are empty, and so are their ratios.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
+from ..core.records import Row
 from ..core.units import GB
 from ..model.meta import ModelMeta
 from ..model.reads import active_fraction, bytes_per_token
+from .ram_tier_table import RamTierRecord
 
 
-def quant_row(quant: str, meta: ModelMeta, records: list[dict[str, Any]], cap_pct: int) -> dict[str, Any]:
-    def ok(cap: int | None) -> dict[str, Any] | None:
+def quant_row(quant: str, meta: ModelMeta, records: list[RamTierRecord], cap_pct: int) -> Row:
+    def ok(cap: int | None) -> RamTierRecord | None:
         return next((r for r in records if r.get("cap_pct") == cap and r["status"] == "ok"), None)
 
     free, capped = ok(None), ok(cap_pct)
@@ -39,7 +39,7 @@ def quant_row(quant: str, meta: ModelMeta, records: list[dict[str, Any]], cap_pc
     }
 
 
-def quants_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+def quants_table(rows: list[Row]) -> pd.DataFrame:
     """The rows with their ratios to the first (reference) type."""
     table = pd.DataFrame(rows)
     for column in ("tok_s", "faults_per_token", "tok_s_capped", "faults_per_token_capped"):

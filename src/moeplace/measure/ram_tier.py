@@ -49,6 +49,7 @@ from typing import Any
 
 from ..core.config import RamTierSettings
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject
 from ..model.gguf_file import GGUFHeader, read_header, shard_paths
 from ..model.meta import ModelMeta
 from ..model.metadata import tensor_role
@@ -60,6 +61,7 @@ from ..runtime.pagelock import merge_ranges, parse_shim, shim_env
 from ..runtime.process import Finished, classify, run, sigterm_raises, tail
 from ..runtime.provenance import build_facts, host_facts, pipeline_revision
 from ..runtime.tool_output import bench_records
+from .ram_tier_table import RamTierRecord
 
 log = logging.getLogger("moeplace")
 
@@ -142,7 +144,7 @@ def run_capped(
         return CappedRun(result, cg.peak_bytes() if cg else None, cg.oom_kills() if cg else 0)
 
 
-def _tg_result(stdout: str) -> dict[str, Any] | None:
+def _tg_result(stdout: str) -> JsonObject | None:
     return next((r for r in bench_records(stdout) if r.get("n_gen")), None)
 
 
@@ -158,12 +160,12 @@ def classify_run(run: CappedRun, capped: bool) -> tuple[str, str]:
 # the sweep
 
 
-def _measure(tier: _Tier, env: dict[str, str], cap_bytes: int | None, expect_locked: int) -> dict[str, Any]:
+def _measure(tier: _Tier, env: dict[str, str], cap_bytes: int | None, expect_locked: int) -> RamTierRecord:
     """Both generation lengths, each evicted and fresh; the derived row fields."""
     runs: list[CappedRun] = []
     evicts: list[tuple[str, int]] = []
     status, error = "ok", ""
-    shim: dict[str, Any] = {}
+    shim: JsonObject = {}
     for g in tier.settings.gen:
         evicts.append(evict_page_cache(tier.files))
         if cap_bytes is not None and evicts[-1][1] > 0.05 * tier.model_bytes:
@@ -190,7 +192,7 @@ def _logged_run(tier: _Tier, gen: int, env: dict[str, str], cap_bytes: int | Non
     return run
 
 
-def _checked(run: CappedRun, capped: bool, expect_locked: int) -> tuple[str, str, dict[str, Any]]:
+def _checked(run: CappedRun, capped: bool, expect_locked: int) -> tuple[str, str, JsonObject]:
     """(status, why, what the pagelock shim reported): classify_run's verdict, then the shim must have seen the
     model mapped and locked exactly `expect_locked` bytes; a failure's reason ends in the stderr's tail."""
     stderr = run.result.stderr
@@ -213,10 +215,10 @@ def _derived(
     status: str,
     error: str,
     locked_bytes: int | None,
-) -> dict[str, Any]:
+) -> RamTierRecord:
     """The row fields of a pair of runs: what each saw, and where both ran, faults per token and the speeds."""
     peaks = [r.cgroup_peak_bytes for r in runs if r.cgroup_peak_bytes is not None]
-    row: dict[str, Any] = {
+    row: RamTierRecord = {
         "status": status,
         "error": error,
         "evict": evicts[-1][0] if evicts else None,
@@ -249,7 +251,7 @@ def run_ram_tier(
     settings: RamTierSettings,
     log_path: Path,
     workdir: Path,
-) -> list[dict[str, Any]]:
+) -> list[RamTierRecord]:
     """An uncapped reference run, then every cap (percent of the model's file bytes) x lock mode.
 
     One record per row, failed ones included (status oom/crash/timeout/error and the stderr tail).
@@ -294,7 +296,7 @@ class _Tier:
     targets: list[tuple[Path, list[tuple[int, int]]]]
     log_path: Path
     readahead: Any
-    common: dict[str, Any] = field(default_factory=dict)
+    common: RamTierRecord = field(default_factory=lambda: RamTierRecord())
     model_bytes: int = 0  # the model's files
     locked_bytes: int = 0  # what locking the non-expert ranges holds
 
@@ -305,14 +307,14 @@ class _Tier:
     def command(self, gen: int) -> list[str]:
         return ram_tier_command(self.manifest, self.model_path, gen, self.settings.threads)
 
-    def measure(self, cap_pct: int | None, lock: str, cap: dict[str, Any]) -> dict[str, Any]:
+    def measure(self, cap_pct: int | None, lock: str, cap: RamTierRecord) -> RamTierRecord:
         """One row: both generation lengths under this cap (none: uncapped) and lock mode."""
         locking = lock == "non_expert"
         lock_targets = self.targets if locking else [(path, []) for path, _ in self.targets]
         preload = " ".join(filter(None, [str(self.shim), os.environ.get("LD_PRELOAD", "")]))
         env = {**os.environ, "LD_PRELOAD": preload, **shim_env(lock_targets, self.readahead.madvise)}
         row = _measure(self, env, cap.get("cap_bytes"), self.locked_bytes if locking else 0)
-        record = {**self.common, "cap_pct": cap_pct, "lock": lock, **row, **cap}
+        record: RamTierRecord = {**self.common, "cap_pct": cap_pct, "lock": lock, **row, **cap}
         record["lock_expected_bytes"] = self.locked_bytes if locking else 0
         shown = "none" if cap_pct is None else f"{cap_pct}%"
         log.info(
@@ -328,7 +330,7 @@ class _Tier:
         return record
 
 
-def _common(tier: _Tier, meta: ModelMeta, workdir: Path) -> dict[str, Any]:
+def _common(tier: _Tier, meta: ModelMeta, workdir: Path) -> RamTierRecord:
     """What every record of a model's RAM-tier runs carries."""
     ra, site = tier.readahead, tier.site
     return {
@@ -356,7 +358,7 @@ def _common(tier: _Tier, meta: ModelMeta, workdir: Path) -> dict[str, Any]:
     }
 
 
-def _rows(tier: _Tier, skip: str | None) -> list[dict[str, Any]]:
+def _rows(tier: _Tier, skip: str | None) -> list[RamTierRecord]:
     """The uncapped reference, then each cap x lock mode, sized from what the reference used."""
     settings, model_bytes = tier.settings, tier.model_bytes
     ref = tier.measure(None, "none", {})
@@ -377,7 +379,7 @@ def _rows(tier: _Tier, skip: str | None) -> list[dict[str, Any]]:
                 continue
             share = round(pct / 100 * model_bytes)
             cap = anon + settings.slack_bytes + share
-            cap_parts = {
+            cap_parts: RamTierRecord = {
                 "cap_bytes": cap,
                 "cap_model_bytes": share,
                 # What the model's pages can really have: the cap less what the reference run charged besides.

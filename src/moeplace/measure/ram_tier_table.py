@@ -1,16 +1,62 @@
-"""Stage 'ram_tier's table: one row per RAM-tier record (measure/ram_tier.py), and the speed the model predicts
-beside it (its figure: report/figures/ram_tier.py)."""
+"""Stage 'ram_tier's record (what measure/ram_tier.py writes per run) and its table: one row per record, and the
+speed the model predicts beside it (its figure: report/figures/ram_tier.py)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import pandas as pd
 
 from ..core.errors import MoeplaceError
+from ..core.records import Provenance
 from ..model.meta import ModelMeta
 from ..plan.predict import ram_tier_tok_s
+
+
+class RamTierRecord(Provenance, total=False):
+    """One RAM-tier run (a line of results/ram_tier/*.jsonl): the model, the cap and lock mode, what both
+    generation lengths saw, and the derived faults per token and speeds; a failed or skipped run says why."""
+
+    # the model and how it was run
+    model: str
+    model_bytes: int
+    non_expert_bytes: int
+    expert_bytes: int
+    gen: list[int]  # the two generation lengths
+    threads: int
+    load_mode: str
+    repack: bool
+    slack_bytes: int
+    readahead: str
+    readahead_kb: int | None
+    readahead_effective_kib: int | None
+    readahead_note: str
+    madvise: str  # random or none
+    cgroup: str | None
+    command: list[str]
+    # the cap and lock mode
+    cap_pct: int | None  # None: the uncapped reference
+    lock: str | None
+    cap_bytes: int
+    cap_model_bytes: int
+    model_room_pct: float | None
+    other_charged_bytes: int | None
+    lock_expected_bytes: int
+    # what the runs saw
+    status: str
+    error: str
+    evict: str | None
+    evict_left_bytes: int | None
+    majflt: list[int]
+    wall_s: list[float]
+    anon_peak_bytes: int | None
+    cgroup_peak_bytes: int | None
+    oom_kills: int
+    locked_bytes: int | None
+    faults_per_token: float | None
+    tok_s: float | None
+    tok_s_marginal: float | None
+
 
 TABLE_COLUMNS = [
     "model",
@@ -30,7 +76,7 @@ TABLE_COLUMNS = [
 _NUMERIC = ["cap_pct", "cap_gb", "model_room_pct", "tok_s", "tok_s_marginal", "faults_per_token", "locked_mb"]
 
 
-def ram_tier_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+def ram_tier_table(records: list[RamTierRecord]) -> pd.DataFrame:
     """One row per record, in run_ram_tier's order: the uncapped reference (cap_pct NaN) first."""
     table = pd.DataFrame(
         [

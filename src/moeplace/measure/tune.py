@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import BenchSettings, Device, DeviceTarget, TuneSettings
+from ..core.records import BenchRecord, Row
 from ..model.memory import Workload, lowest
 from ..model.meta import ModelMeta
 from ..model.metadata import inspect_model
@@ -121,9 +122,7 @@ def search(
     return result
 
 
-def tune_record(
-    model: str, ctx: int, result: TuneResult, device: str, margin: int, type_k: str, type_v: str
-) -> dict[str, Any]:
+def tune_record(model: str, ctx: int, result: TuneResult, device: str, margin: int, type_k: str, type_v: str) -> Row:
     return {
         "model": model,
         "ctx": ctx,
@@ -165,7 +164,7 @@ def tune(
 
 def calibrate_runs(
     model_path: str, meta: ModelMeta, workload: Workload, target: DeviceTarget, chosen_n: int, probing: Probing
-) -> list[dict[str, Any]]:
+) -> list[BenchRecord]:
     """Decode and prefill with `workload`'s KV cache type, ubatch and flash attention at the chosen n and with every
     expert on the host (half of them where that is the chosen n), at an empty context, in one llama-bench process:
     two placements give the speed model's fixed time and host terms (speed_fit.fit); its depth term stays the
@@ -196,7 +195,7 @@ def tune_model(
     target: DeviceTarget,
     memory: Any,
     probing: Probing,
-) -> tuple[TuneResult, dict[str, Any]]:
+) -> tuple[TuneResult, Row]:
     """The tuner for one model and workload (context, KV cache type, ubatch), from the budget's prediction: the
     result and its record (what the pipeline's tune stage writes and `moeplace tune` prints). A workload llama.cpp
     refuses (runtime/llamacpp_args.refusal) is recorded UNSUPPORTED, with no probe."""

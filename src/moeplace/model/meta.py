@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
 
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject
 
 ROLES = ("attention", "norm", "router", "shared_expert", "dense_ffn", "expert", "other")
 GLOBALS = ("token_embd", "output", "output_norm", "other")
@@ -98,7 +98,7 @@ class ModelMeta:
     def named(self, model: str) -> ModelMeta:
         return replace(self, model=model)
 
-    def file_records(self) -> list[dict[str, Any]]:
+    def file_records(self) -> list[JsonObject]:
         """The files' identity as a measured row records it (provenance: path, size, header hash)."""
         return [asdict(f) for f in self.files]
 
@@ -117,7 +117,7 @@ def is_seed(meta: ModelMeta) -> bool:
     return isinstance(meta, SeedModel)
 
 
-def to_json(meta: ModelMeta) -> dict[str, Any]:
+def to_json(meta: ModelMeta) -> JsonObject:
     """The stored form (results/metadata/{model}.json): the fields, `source` first after the name."""
     body = asdict(meta)
     out = {"name": body.pop("name"), "source": meta.source, **body}
@@ -126,7 +126,7 @@ def to_json(meta: ModelMeta) -> dict[str, Any]:
     return out
 
 
-def from_json(data: dict[str, Any], where: str = "metadata") -> ModelMeta:
+def from_json(data: JsonObject, where: str = "metadata") -> ModelMeta:
     """The model a stored metadata JSON describes (to_json's inverse)."""
     data = dict(data)
     kind = SeedModel if data.pop("source", "gguf") == "constants" else ModelMeta

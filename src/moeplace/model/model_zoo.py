@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
+from ..core.records import Row
 from ..core.units import GB
 from .describe import structure
 from .kvcache import kv_bytes
@@ -35,7 +35,7 @@ COLUMNS = {
 }
 
 
-def zoo_row(spec_path: Path, tiny_architectures: set[str], workdir: Path) -> dict[str, Any] | None:
+def zoo_row(spec_path: Path, tiny_architectures: set[str], workdir: Path) -> Row | None:
     spec = load_spec(spec_path)
     if not spec.n_expert:
         return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ..core.errors import MoeplaceError
 from ..core.units import GB, parse_size
@@ -180,7 +180,15 @@ def speed_model(
     return learned(meta, machine, load_prior(speeds.prior))
 
 
-def expected(meta: ModelMeta, model: Any, host: frozenset[str], w: Workload, device_hops: int = 0) -> dict:
+class Expected(TypedDict):
+    """A plan's speeds: each tok/s with its ~95% interval (tok_s, low, high), None where the model cannot say."""
+
+    tg_empty: dict[str, float] | None  # decode at an empty context
+    tg_at_depth: dict[str, float] | None  # decode at the plan's context
+    pp_at_depth: dict[str, float] | None  # prefill of a prompt's last batch up to it
+
+
+def expected(meta: ModelMeta, model: Any, host: frozenset[str], w: Workload, device_hops: int = 0) -> Expected:
     """Decode at an empty context and at w.ctx, prefill of a prompt's last batch up to w.ctx, with these expert
     tensors in host RAM (and over several cards, `device_hops` card boundaries): tok/s with ~95% intervals (None:
     unknown)."""
@@ -197,7 +205,7 @@ def speed_text(p: dict[str, float] | None) -> str:
     return "unknown" if p is None else f"{p['tok_s']:.1f} tok/s ({p['low']:.1f}-{p['high']:.1f})"
 
 
-def describe_speed(speed: dict[str, Any], depth: int) -> str:
+def describe_speed(speed: Expected, depth: int) -> str:
     prefill = speed_text(speed["pp_at_depth"]) if speed["pp_at_depth"] else "unknown without --calibration"
     return (
         f"decode {speed_text(speed['tg_empty'])} at an empty context, {speed_text(speed['tg_at_depth'])} "

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject
 from ..core.units import GB
 from ..model.kvcache import kv_bytes, pad
 from ..model.memory import (
@@ -57,6 +58,28 @@ OP_OFFLOAD = ("cuda", "rocm", "vulkan", "sycl")
 Compute = Callable[[Workload, int], int] | None
 
 
+class BudgetRow(TypedDict, total=False):
+    """One workload's budget: a row of results/budget/*.csv before its GB columns (recommend's JSON adds to it)."""
+
+    ctx: int
+    cells: int
+    ubatch: int
+    flash_attn: str
+    parallel: int
+    cache_type_k: str
+    cache_type_v: str
+    kv_bytes: int
+    weights_bytes: int | None  # None: the seed's constants, which have no tensors
+    compute_bytes: int | None
+    compute_source: str  # llama.cpp (its own reserve), estimate, or overhead (the seed's constants)
+    extra_bytes: int
+    budget_bytes: int  # the room left for experts at n_cpu_moe (negative: short by that much)
+    n_cpu_moe: int | None  # None: nothing fits, even with every expert on the host
+    margin_bytes: int
+    resident_layers: int
+    status: str
+
+
 def resident_layers(meta: ModelMeta, budget_bytes: float) -> int:
     """How many of the last layers keep their experts on the device within the budget."""
     used, resident = 0.0, 0
@@ -68,7 +91,7 @@ def resident_layers(meta: ModelMeta, budget_bytes: float) -> int:
     return resident
 
 
-def _constants_plan(meta: ModelMeta, device: Device, w: Workload) -> dict[str, Any]:
+def _constants_plan(meta: ModelMeta, device: Device, w: Workload) -> BudgetRow:
     kv = kv_bytes(meta, w.ctx, w.type_k, w.type_v) * w.parallel
     budget = device.vram_bytes - meta.non_expert_bytes - kv - device.overhead_bytes
     fits = budget >= 0
@@ -90,10 +113,10 @@ def plan(
     compute: Compute = None,
     extra_bytes: int = 0,
     pins: Pins = NO_PINS,
-) -> dict[str, Any]:
+) -> BudgetRow:
     """One workload's budget: each device buffer at the minimum n_cpu_moe (at n = all layers where nothing
     fits), the room left for experts, and that n, with the user's -ot pins applied before --n-cpu-moe."""
-    row: dict[str, Any] = {
+    row: BudgetRow = {
         "ctx": w.ctx,
         "cells": pad(w.ctx) * w.parallel,
         "ubatch": w.ubatch,
@@ -136,7 +159,7 @@ def plan(
     return row
 
 
-def does_not_fit_message(p: dict[str, Any], vram_bytes: int) -> str:
+def does_not_fit_message(p: BudgetRow, vram_bytes: int) -> str:
     """One line: which buffers leave no room even with every expert on the host; then (recommend) the fixes."""
     parts = f"its KV cache ({p['kv_bytes'] / GB:.2f} GB)"
     if p.get("compute_bytes") is not None:
@@ -153,7 +176,7 @@ def compute_from_llamacpp(
     model_path: str | None,
     manifest: dict[str, Any] | None,
     target: DeviceTarget,
-    memory: dict[str, Any],
+    memory: JsonObject,  # core.config.Device's fields, as a rule's params
     log_path: Path,
 ) -> Iterator[tuple[Device, Compute]]:
     """The device to plan for (device.vram auto: the GPU's free memory now) and llama.cpp's own compute reserve
@@ -215,7 +238,7 @@ def budget_table(meta: ModelMeta, device: Device, workloads: list[Workload], com
     return budget_frame([plan(meta, device, w, compute) for w in workloads])
 
 
-def budget_frame(rows: list[dict[str, Any]], extra: tuple[str, ...] = ()) -> pd.DataFrame:
+def budget_frame(rows: list[BudgetRow], extra: tuple[str, ...] = ()) -> pd.DataFrame:
     """The budget table of these rows: COLUMNS, their sizes also in GB, then the `extra` columns."""
     import pandas as pd  # here, not at the top: recommend's start-up would pay half a second for a table it never makes
 

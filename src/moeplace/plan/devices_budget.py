@@ -15,17 +15,23 @@ from ..model.memory import Workload
 from ..model.meta import ModelMeta
 from ..runtime.cpus import split_cpus
 from ..runtime.device import attached, device_setup
-from .budget import DOES_NOT_FIT, FITS, budget_frame
+from .budget import DOES_NOT_FIT, FITS, BudgetRow, budget_frame
 from .devices import Attached, MultiPlan, reserved_ncmoe, reserved_plan
 
-DEVICE_COLUMNS = (
-    "devices_mib",
-    "ncmoe_free_mib",
-    "device_plan_fits",
-    "tensor_split",
-    "device_plan_override",
-    "device_plan_host_layers",
-)
+
+class DevicesBudgetRow(BudgetRow, total=False):
+    """A budget row over several devices: beside llama.cpp's split at n_cpu_moe, moeplace's per-device plan."""
+
+    devices_mib: str  # each device's size, "/"-separated
+    ncmoe_free_mib: str
+    device_plan_fits: bool
+    tensor_split: str
+    device_plan_override: str
+    device_plan_host_layers: str
+
+
+# The columns a budget table over several devices adds, in this order.
+DEVICE_COLUMNS = tuple(k for k in DevicesBudgetRow.__annotations__ if k not in BudgetRow.__annotations__)
 
 
 def budget_row(
@@ -35,7 +41,7 @@ def budget_row(
     ncmoe: tuple[int | None, MultiPlan],
     plan: MultiPlan,
     compute_source: str,
-) -> dict[str, Any]:
+) -> DevicesBudgetRow:
     """One context's budget over several devices: the lowest --n-cpu-moe under llama.cpp's own split (what the
     sweep's n means) with its buffers summed over the devices, and beside it moeplace's per-device plan (-ts,
     its host rule), which the placement stage runs as a variant."""

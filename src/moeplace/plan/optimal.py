@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from ..core.config import Device
 from ..model.memory import Pins, device_need
@@ -70,9 +70,27 @@ def fits(on: OnDevice, request: Request, ctx: int, host: frozenset[str]) -> bool
     return need.total + on.device.overhead_bytes <= on.device.vram_bytes
 
 
+class RankedPlacement(TypedDict, total=False):
+    """One placement --placement optimal ranks (recommend adds its -ot value and llama-server line)."""
+
+    placement: str  # ncmoe (--n-cpu-moe), optimal (-ot of the knapsack's tensors) or ngl (a whole-layer split)
+    type_k: str
+    type_v: str
+    ubatch: int
+    tg: dict[str, float] | None  # decode tok/s with its ~95% interval (tok_s, low, high)
+    pp: dict[str, float] | None
+    score: float | None  # by the request's objective; higher is better
+    n_cpu_moe: int | None
+    n_gpu_layers: int
+    host_tensors: list[str]  # the whole host set, the user's pins included
+    equivalent: bool  # within the speed model's uncertainty of the best
+    override_tensor: str | None
+    command: str
+
+
 def rank_placements(
     on: OnDevice, request: Request, ctx: int, model: Any, choices: list[Setting] | None = None
-) -> list[dict[str, Any]]:
+) -> list[RankedPlacement]:
     """Every placement that fits at `ctx` for each of `choices` (default settings(request)): --n-cpu-moe at the
     budget's minimum, and where they differ from it the knapsack's -ot placements (the most expert bytes on the
     device, prefill's best, and the same less the hops the model prices, decode's best), each checked by the plain
@@ -84,7 +102,7 @@ def rank_placements(
     whole-layer split that fits (-ngl, `n_gpu_layers`) is ranked beside them by its decode (layer_split)."""
 
     meta, pins = on.meta, on.pins
-    order: list[dict[str, Any]] = []  # as given
+    order: list[RankedPlacement] = []  # as given
     hop_bytes = host_layer_bytes(meta, model)
     for s in choices or settings(request):
         asked = request.with_(type_k=s.type_k, type_v=s.type_v, ubatch=s.ubatch)
@@ -115,7 +133,7 @@ def rank_placements(
 
 def _row(
     placement: str, s: Setting, tg: dict[str, float] | None, pp: dict[str, float] | None, objective: str
-) -> dict[str, Any]:
+) -> RankedPlacement:
     """A ranked placement's settings, speeds and score (the placement's own fields added by the caller)."""
     score = objective_score(objective, tg, pp)
     return {
@@ -129,7 +147,7 @@ def _row(
     }
 
 
-def _layer_split(on: OnDevice, asked: Request, ctx: int, model: Any, s: Setting) -> list[dict[str, Any]]:
+def _layer_split(on: OnDevice, asked: Request, ctx: int, model: Any, s: Setting) -> list[RankedPlacement]:
     """The largest -ngl that fits the device at `ctx` (none, or every layer: nothing to add), decode only."""
     device = Device(on.device.vram_bytes - on.extra_bytes, on.device.overhead_bytes)
     g = largest_ngl(on.meta, device, asked.workload(ctx, on.backend))

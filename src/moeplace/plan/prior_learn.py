@@ -19,11 +19,11 @@ import math
 import sqlite3
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject, Row
 from ..model.meta import ModelMeta
 from ..model.metadata import inspect_model
 from ..model.twin import load_spec, write_twin
@@ -102,7 +102,7 @@ def learn_prior(points: list[Point]) -> tuple[dict[str, Learned], dict[str, list
     return prior, held
 
 
-def about(points: list[Point], learned_from: list[str]) -> dict[str, Any]:
+def about(points: list[Point], learned_from: list[str]) -> JsonObject:
     tests = sorted({p.test for p in points}, reverse=True)
     return {
         "learned_from": learned_from,
@@ -121,7 +121,7 @@ def load_prior(path: str | Path | None) -> dict[str, Learned] | None:
 
 
 def _meta(
-    name: str, row: dict[str, Any], models: dict[str, str], tmp: Path, cache: dict[str, ModelMeta | None]
+    name: str, row: Row, models: dict[str, str], tmp: Path, cache: dict[str, ModelMeta | None]
 ) -> ModelMeta | None:
     """The model of a published row: --model NAME=PATH (a .gguf, or a twin spec .yaml), else the file the run read
     where it is still at hand; None where neither."""
@@ -137,7 +137,7 @@ def _meta(
     return meta
 
 
-def _machine(folder: Path, row: dict[str, Any], given: dict[str, Any]) -> Machine:
+def _machine(folder: Path, row: Row, given: JsonObject) -> Machine:
     card = str(row.get("gpu_info") or "")
     sheet = datasheet(card) if card else None
     facts = {"backend": BACKENDS.get(str(row.get("backends") or "").split(",")[0].strip().lower())}
@@ -161,7 +161,7 @@ def _machine(folder: Path, row: dict[str, Any], given: dict[str, Any]) -> Machin
     )
 
 
-def measured_runs(path: Path) -> list[dict[str, Any]]:
+def measured_runs(path: Path) -> list[Row]:
     """The measured runs of a published llama-bench.sqlite (its llama_bench table, as report.publish writes it)."""
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -173,7 +173,7 @@ def measured_runs(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def directory_points(folder: Path, models: dict[str, str], flags: dict[str, Any], tmp: Path) -> list[Point]:
+def directory_points(folder: Path, models: dict[str, str], flags: JsonObject, tmp: Path) -> list[Point]:
     """The runs of one published directory as points: measured rows of --n-cpu-moe placements (-ot and layer
     splits left out), repeats of a point averaged; one source."""
     try:
@@ -232,7 +232,7 @@ def directory_points(folder: Path, models: dict[str, str], flags: dict[str, Any]
 
 
 def learn_from_directories(
-    folders: list[str], models: dict[str, str], flags: dict[str, Any], shipped: bool, output: str
+    folders: list[str], models: dict[str, str], flags: JsonObject, shipped: bool, output: str
 ) -> dict[str, list]:
     """Pool published directories' sweeps (with the shipped points unless not `shipped`), learn a prior, write it to
     `output`; each directory's points counted, and the learned prior's left-out errors per test."""

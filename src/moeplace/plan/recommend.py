@@ -17,6 +17,7 @@ from typing import Any
 
 from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject
 from ..core.units import GB, Context, parse_size
 from ..model.describe import structure
 from ..model.memory import NO_PINS, Pins, Workload, host_bytes
@@ -31,6 +32,7 @@ from . import budget as budget_mod
 from . import commands
 from .assumed import (
     Assumptions,
+    Expected,
     assumptions,
     box_note,
     describe_speed,
@@ -46,7 +48,7 @@ from .cards import card_named
 from .fixes import fixes, longest_context
 from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
 from .offload import host_layers, ot_value, read_pins
-from .optimal import OnDevice, rank_placements
+from .optimal import OnDevice, RankedPlacement, rank_placements
 from .request import DEVICE_PREFIX, Cache, Request, check_trained_context
 from .several_devices import Speed, several_devices
 
@@ -64,6 +66,20 @@ def check_pins(pins: Pins, backend: str) -> None:
                 f"-ot {rule!r}: this plan has one device, {device} ({backend}); pin to CPU or "
                 f"{device}, or plan several cards with --vram A,B."
             )
+
+
+class Plan(budget_mod.BudgetRow, total=False):
+    """One context's plan as recommend prints it (--json: as is): the budget, then where a model is at hand its
+    assumptions, speeds, host RAM, command line and, with --placement optimal, the ranked placements."""
+
+    assumptions: JsonObject  # assumed.Assumptions' fields
+    pins: list[str]  # the user's -ot rules
+    fixes: list[str]  # where nothing fits: requests that would
+    speed: Expected
+    host_bytes: int
+    ram_note: str | None
+    command: str
+    placements: list[RankedPlacement]
 
 
 @dataclass(frozen=True)
@@ -139,7 +155,7 @@ def cards_speed(request: Request, meta: ModelMeta, backend: str) -> Speed:
             "efficiencies learned from published sweeps of real cards (docs/speed-prior.md)"
         )
 
-    def speed(host: frozenset[str], w: Workload, device_hops: int) -> tuple[dict[str, Any], str]:
+    def speed(host: frozenset[str], w: Workload, device_hops: int) -> tuple[Expected, str]:
         expected_ = expected(meta, model, host, w, device_hops)
         return expected_, describe_speed(expected_, w.ctx)
 
@@ -217,7 +233,7 @@ def _output(setup: Setup, contexts: list[int], rope: str | None) -> int:
     return 1 if failed else 0
 
 
-def _complete(setup: Setup, p: dict[str, Any], model: Any) -> None:
+def _complete(setup: Setup, p: Plan, model: Any) -> None:
     """A plan's speeds, host RAM, command line, placements and assumptions, where it fits and a model is at hand."""
     r, meta, a = setup.request, setup.meta, setup.a
     if a is None:
@@ -253,14 +269,14 @@ def _server_line(
     return commands.llama_server(path, ctx, n, cache or r.cache(), rules, flags, n_gpu_layers)
 
 
-def _bench_line(setup: Setup, p: dict[str, Any]) -> str:
+def _bench_line(setup: Setup, p: Plan) -> str:
     r = setup.request
     flags = commands.request_flags(setup.meta, p["ctx"], r.mmproj, r.no_kv_offload, "bench")
     path, pins = model_path(setup.meta, r.model), list(setup.pins.rules)
     return commands.llama_bench(path, p["ctx"], p["n_cpu_moe"], r.cache(), pins, extra=flags)
 
 
-def _ollama(setup: Setup, p: dict[str, Any]) -> str:
+def _ollama(setup: Setup, p: Plan) -> str:
 
     r = setup.request
     ref = r.model_ref or r.model
@@ -272,7 +288,7 @@ def _ollama(setup: Setup, p: dict[str, Any]) -> str:
     )
 
 
-def _placements(setup: Setup, ctx: int, model: Any) -> list[dict[str, Any]]:
+def _placements(setup: Setup, ctx: int, model: Any) -> list[RankedPlacement]:
     """--placement optimal's ranked placements at `ctx`, each with its -ot value (the plan's own patterns; the
     user's pins stay as written, before them) and its llama-server line."""
 
@@ -287,7 +303,7 @@ def _placements(setup: Setup, ctx: int, model: Any) -> list[dict[str, Any]]:
     return ranked
 
 
-def _print_server(setup: Setup, fitting: list[dict[str, Any]], rope: str | None) -> None:
+def _print_server(setup: Setup, fitting: list[Plan], rope: str | None) -> None:
     r, meta, a = setup.request, setup.meta, setup.a
     if note := box_note(r):
         print(note)
@@ -321,7 +337,7 @@ def _label(ctx: int) -> str:
     return Context(ctx).label
 
 
-def _print_plan(setup: Setup, p: dict[str, Any]) -> None:
+def _print_plan(setup: Setup, p: Plan) -> None:
     """One context's plan as text: the buffers, the n, the server line and the expected speeds."""
     compute = (
         f"compute={p['compute_bytes'] / GB:5.2f} GB ({p['compute_source']})  " if p["compute_bytes"] is not None else ""
@@ -341,7 +357,7 @@ def _print_plan(setup: Setup, p: dict[str, Any]) -> None:
         _print_placements(setup.request, p["ctx"], p["placements"])
 
 
-def _print_placements(r: Request, ctx: int, ranked: list[dict[str, Any]]) -> None:
+def _print_placements(r: Request, ctx: int, ranked: list[RankedPlacement]) -> None:
     """The feasible placements and KV cache types at this context, best first by --objective."""
     if not ranked or ranked[0]["score"] is None:
         why = "the speed model gives no prefill" if r.objective != "decode" else "nothing fits"

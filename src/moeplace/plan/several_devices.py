@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from ..core.config import Device
+from ..core.records import JsonObject
 from ..model.memory import Workload, host_bytes
 from ..model.meta import ModelMeta
 from . import commands
+from .assumed import Expected
 from .devices import MultiPlan, plan_devices
 from .request import DEVICE_PREFIX, Request
 
@@ -56,7 +58,19 @@ def describe(meta: ModelMeta, plan: MultiPlan, backend: str) -> list[str]:
     return lines
 
 
-def plan_json(meta: ModelMeta, plan: MultiPlan, w: Workload) -> dict[str, Any]:
+class DevicesPlanJson(TypedDict):
+    """A plan over several devices as --json prints it."""
+
+    ctx: int
+    fits: bool
+    tensor_split: list[int]
+    override_tensor: str | None
+    devices: list[JsonObject]  # each device's buffers (plan/devices.DevicePlan's fields) and free bytes
+    host_expert_layers: list[int]
+    host_bytes: int
+
+
+def plan_json(meta: ModelMeta, plan: MultiPlan, w: Workload) -> DevicesPlanJson:
     return {
         "ctx": w.ctx,
         "fits": plan.fits,
@@ -69,7 +83,7 @@ def plan_json(meta: ModelMeta, plan: MultiPlan, w: Workload) -> dict[str, Any]:
 
 
 # A plan's expected speeds (assumed.expected) and the line that says them, for its host experts, workload and hops.
-Speed = Callable[[frozenset[str], Workload, int], tuple[dict[str, Any], str]]
+Speed = Callable[[frozenset[str], Workload, int], tuple[Expected, str]]
 
 
 def several_devices(

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
 
 from ..core.config import Bandwidths
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject
 from ..core.units import GB
 from ..model.kvcache import KV_PAD, row_size
 from ..model.memory import OP_OFFLOAD_MIN_BATCH
@@ -226,7 +226,7 @@ class SpeedModel:
         sd = m.difference_spread if m.difference_spread is not None else math.sqrt(2) * m.spread
         return math.exp(Z95 * sd)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "tests": {k: asdict(v) for k, v in self.tests.items()},
             "units": UNITS,
@@ -235,7 +235,7 @@ class SpeedModel:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], where: str = "calibration") -> SpeedModel:
+    def from_json(cls, data: JsonObject, where: str = "calibration") -> SpeedModel:
         try:
             return cls({k: TestModel(**v) for k, v in data["tests"].items()})
         except (KeyError, TypeError) as e:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
+from ..core.records import BenchRecord, Row
 from ..model.memory import Pins, Workload, device_need
+from ..model.meta import ModelMeta
 from ..plan.calibrate import runs_from_records
 from ..plan.speed import SpeedModel
 from ..plan.speed_fit import leave_one_out
@@ -57,7 +57,7 @@ MEASURED_COLUMNS = [
 ]
 
 
-def measured_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+def measured_table(records: list[BenchRecord]) -> pd.DataFrame:
     rows = []
     for r in records:
         files = r.get("model_files") or []
@@ -96,8 +96,8 @@ def knee(ns: list[int], values: list[float], noise: float = 0.0) -> int | None:
 
 def compare_table(
     measured: pd.DataFrame,
-    records: list[dict[str, Any]],
-    metadata: dict[str, dict[str, Any]],
+    records: list[BenchRecord],
+    metadata: dict[str, ModelMeta],
     budget: dict[str, pd.DataFrame],
     base: SpeedModel,
 ) -> pd.DataFrame:
@@ -121,7 +121,7 @@ def compare_table(
         noise = float(ok.stddev_ts.median()) if len(ok) else 0.0
         measured_knee = knee(ok.index.tolist(), ok.median_ts.tolist(), noise)
         for n in sorted(set(tg.index) | set(pp.index)):
-            row: dict[str, Any] = {"model": model, "ctx": ctx, "n_cpu_moe": n}
+            row: Row = {"model": model, "ctx": ctx, "n_cpu_moe": n}
             for test, table in (("tg", tg), ("pp", pp)):
                 m = table.loc[n] if n in table.index else None
                 pred = predicted.get((test, n))
@@ -175,7 +175,7 @@ def device_buffers(buffers: dict[str, dict[str, int]]) -> tuple[dict[str, int], 
     return total, len(devices)
 
 
-def memory_check_table(records: list[dict[str, Any]], metadata: dict[str, dict[str, Any]]) -> pd.DataFrame:
+def memory_check_table(records: list[BenchRecord], metadata: dict[str, ModelMeta]) -> pd.DataFrame:
     """llama.cpp's own device buffers (from each run's -v log: its largest context) against our memory model
     (memory.py: weights and KV exact, compute our estimate), per run and buffer."""
     rows = []

@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ..core.records import BenchRecord, Row
 from ..runtime.outputs import atomic_path
 
 SQLITE = "llama-bench.sqlite"
@@ -36,7 +37,7 @@ OUR_FIELDS = {
 }  # fmt: skip
 
 
-def sqlite_row(record: dict[str, Any], provenance: str) -> dict[str, Any]:
+def sqlite_row(record: BenchRecord, provenance: str) -> Row:
     """One record as a llama_bench row: llama-bench's own fields from its JSON, the means over every batch."""
     row = {k: record.get("llama_bench", {}).get(k) for k in LLAMA_BENCH_FIELDS}
     row |= {
@@ -85,7 +86,7 @@ def sqlite_row(record: dict[str, Any], provenance: str) -> dict[str, Any]:
     return row
 
 
-def write_sqlite(rows: list[dict[str, Any]], path: Path) -> None:
+def write_sqlite(rows: list[Row], path: Path) -> None:
     """Measured runs in `llama_bench` (what compare-llama-bench.py averages); runs that failed (out of memory,
     crash, timeout) in `failed_runs`, same columns, no numbers."""
     fields = {**LLAMA_BENCH_FIELDS, **OUR_FIELDS}
@@ -106,7 +107,7 @@ def _sql(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, list | dict) else value
 
 
-def read_sqlite(path: Path) -> list[dict[str, Any]]:
+def read_sqlite(path: Path) -> list[Row]:
     """Every run of a published SQLite, measured or failed."""
     con = sqlite3.connect(path)
     con.row_factory = sqlite3.Row

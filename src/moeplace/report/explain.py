@@ -7,13 +7,14 @@ from __future__ import annotations
 import re
 import shlex
 from collections import Counter
-from typing import Any
+from typing import Any, TypedDict
 
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject
 from ..runtime.llama_log import LogReport, read_log
 from ..runtime.llama_names import MiB, is_host
 from ..runtime.tool_output import read_bench
-from .paste import command_args, looks_cut
+from .paste import CommandArgs, command_args, looks_cut
 
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_\w*_(?:ch)?exps\b")
 _STAGE_WORDS = {
@@ -52,7 +53,7 @@ def _rounded(size: int | None) -> float | None:
     return round(size / MiB, 2) if size else None
 
 
-def _retried(report: LogReport) -> dict[str, Any] | None:
+def _retried(report: LogReport) -> JsonObject | None:
     """The compute-buffer failure with pipeline parallelism that llama.cpp recovered from, where it shows one."""
     failed = report.retried
     return (
@@ -67,7 +68,16 @@ def _mib(kinds: dict[str, int]) -> dict[str, float]:
     return mib | {"total": round(sum(kinds.values()) / MiB, 2)}
 
 
-def experts_on_host(report: LogReport, text: str = "") -> dict[str, Any] | None:
+class ExpertsOnHost(TypedDict):
+    """The routed-expert tensors a log shows in host buffers."""
+
+    tensors: int
+    layers: int
+    layer_list: list[int]
+    at_least: bool  # the paste looks cut: there may be more
+
+
+def experts_on_host(report: LogReport, text: str = "") -> ExpertsOnHost | None:
     """The routed-expert tensors the log shows overridden to a host buffer, and their layers (None: the log has
     no override lines; llama.cpp logs them with -v). at_least: the paste looks cut (a snip mark, or the override
     lines, which llama.cpp prints layer by layer, skip layers or show part of one), so there may be more."""
@@ -163,7 +173,7 @@ def _copies_on(report: LogReport, text: str) -> bool:
     return bool(on and report.oom and report.oom.stage == "compute")
 
 
-def _why(report: LogReport, cause: str, args: dict[str, Any], text: str) -> tuple[str, str]:
+def _why(report: LogReport, cause: str, args: CommandArgs, text: str) -> tuple[str, str]:
     """What happened and what to do about it, in words."""
     oom = report.oom
     asked = f" ({oom.requested_bytes / MiB:,.2f} MiB asked)" if oom.requested_bytes else ""
@@ -224,7 +234,7 @@ def _why(report: LogReport, cause: str, args: dict[str, Any], text: str) -> tupl
     return why, todo
 
 
-def _fix(report: LogReport, args: dict[str, Any]) -> str:
+def _fix(report: LogReport, args: CommandArgs) -> str:
     """The recommend line for this model, card and context, with the pasted command's own -c, -ub, -np, -fa and
     its -ot pins (placeholders where the text does not say)."""
     model = report.model_path or args.get("model") or "MODEL.gguf"
@@ -252,7 +262,34 @@ def _error(report: LogReport) -> dict[str, str]:
     return {"line": report.error, "why": "llama.cpp stopped with an error that is not about memory.", "todo": todo}
 
 
-def explain(text: str, source: str = "the text") -> dict[str, Any]:
+class Explanation(TypedDict, total=False):
+    """What explain finds in a paste, JSON-ready (sizes in MiB): llama-bench's results (kind, gpus, records) or a
+    llama.cpp log's account (the rest)."""
+
+    kind: str  # "llama-bench results" or "llama.cpp log"
+    gpus: list[str]
+    records: list[JsonObject]  # llama-bench's rows as it printed them
+    backend: str | None
+    devices: dict[str, dict[str, float]]  # device -> buffer kind -> MiB (total, free_at_load)
+    host: JsonObject  # the host's buffer kinds in MiB, and each host buffer's
+    experts_on_host: ExpertsOnHost | None
+    offloaded_layers: list[int] | None
+    n_ctx: int | None
+    n_layer: int | None
+    pipeline_parallel: bool | None
+    pipeline_copies: int | None
+    pipeline_retried: JsonObject | None
+    model: str | None
+    breakdown: JsonObject | None
+    command: CommandArgs | None
+    status: str
+    dry_run: dict[str, str] | None
+    error: dict[str, str] | None
+    oom: dict[str, str | float | None] | None  # where it ran out of memory, why, and what to do
+    fix: str | None
+
+
+def explain(text: str, source: str = "the text") -> Explanation:
     """The log's account as JSON-ready values (MiB); a one-line error for text that is not llama.cpp's."""
     if not text.strip():
         raise MoeplaceError(
@@ -277,7 +314,7 @@ def explain(text: str, source: str = "the text") -> dict[str, Any]:
     host = _mib(buffers.host) | {
         "buffers": {name: _mib(kinds) for name, kinds in buffers.sizes.items() if is_host(name)}
     }
-    out: dict[str, Any] = {
+    out: Explanation = {
         "kind": "llama.cpp log",
         "backend": report.backend,
         "gpus": report.gpus,
@@ -304,7 +341,7 @@ def explain(text: str, source: str = "the text") -> dict[str, Any]:
     return out
 
 
-def _out_of_memory(report: LogReport, args: dict[str, Any], text: str) -> tuple[dict[str, Any], str]:
+def _out_of_memory(report: LogReport, args: CommandArgs, text: str) -> tuple[dict[str, str | float | None], str]:
     """Where the run ran out of memory, why, and what to do; and the fix (the `recommend` line that plans it)."""
     oom = report.oom
     requested = round(oom.requested_bytes / MiB, 2) if oom.requested_bytes else None

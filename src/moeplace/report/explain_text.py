@@ -5,12 +5,11 @@ what to do about it.
 
 from __future__ import annotations
 
-from typing import Any
+from ..core.records import JsonObject
+from .explain import Explanation, copies
 
-from .explain import copies
 
-
-def render(found: dict[str, Any]) -> str:
+def render(found: Explanation) -> str:
     """The account as a person reads it."""
     if found["kind"] != "llama.cpp log":
         return _render_bench(found["records"])
@@ -28,7 +27,7 @@ def render(found: dict[str, Any]) -> str:
     return "\n".join(lines + _layout_lines(found) + _status_lines(found))
 
 
-def _render_bench(records: list[dict[str, Any]]) -> str:
+def _render_bench(records: list[JsonObject]) -> str:
     lines = [f"llama-bench results: {len(records)} records"]
     for r in records:
         test = f"pp{r.get('n_prompt', 0)}" if not r.get("n_gen") else f"tg{r['n_gen']}"
@@ -38,7 +37,7 @@ def _render_bench(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _buffer_lines(found: dict[str, Any]) -> list[str]:
+def _buffer_lines(found: Explanation) -> list[str]:
     """The table of buffers per device and on the host (MiB)."""
     if not found["devices"] and not found["host"]["buffers"]:
         return ["buffers: none in this text (llama.cpp logs them as it loads: paste the log from its start)"]
@@ -56,7 +55,7 @@ def _buffer_row(name: str, mib: dict[str, float]) -> str:
     return f"{name:<22}{cells}{mib['total']:>11,.1f}{free}"
 
 
-def _layout_lines(found: dict[str, Any]) -> list[str]:
+def _layout_lines(found: Explanation) -> list[str]:
     """The layers offloaded, llama.cpp's own memory table, pipeline parallelism and a dry run."""
     lines: list[str] = []
     if found["offloaded_layers"]:
@@ -80,7 +79,7 @@ def _layout_lines(found: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _status_lines(found: dict[str, Any]) -> list[str]:
+def _status_lines(found: Explanation) -> list[str]:
     """How the run ended: out of memory, another error, a dry run or ok, and what to do."""
     lines: list[str] = []
     if found["status"] == "oom":

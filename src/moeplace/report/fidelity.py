@@ -15,12 +15,12 @@ that fit flat across placements.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..core.errors import MoeplaceError
+from ..core.records import BenchRecord
 from ..model.meta import ModelMeta
 from ..plan.calibrate import runs_from_records
 from ..plan.speed import SpeedModel
@@ -46,7 +46,7 @@ COLUMNS = [
 
 def fidelity_table(
     meta: ModelMeta,
-    records: list[dict[str, Any]],
+    records: list[BenchRecord],
     base: SpeedModel,
     probed: Collection[tuple[int, int]] = (),
     anchors: Collection[tuple[int, int]] = (),

@@ -9,7 +9,7 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ..core.errors import MoeplaceError
 from ..runtime.llama_names import MiB
@@ -52,7 +52,21 @@ _CUT = re.compile(
 )
 
 
-def command_args(text: str) -> dict[str, Any]:
+class CommandArgs(TypedDict, total=False):
+    """The flags of a pasted llama.cpp command line that explain reads, as typed."""
+
+    ctx: int
+    ngl: int
+    ubatch: int
+    n_cpu_moe: int
+    parallel: int
+    model: str
+    split_mode: str
+    flash_attn: str
+    ot: list[str]  # the -ot rules, in order
+
+
+def command_args(text: str) -> CommandArgs:
     """The flags of the first llama.cpp command line the text shows, or of the router's argument lines ({} where
     it shows neither): ctx, ngl, ubatch, n_cpu_moe, parallel, model, split_mode and flash_attn as typed, ot as the
     list of -ot rules."""
@@ -64,7 +78,7 @@ def command_args(text: str) -> dict[str, Any]:
             tokens = shlex.split(command)
         except ValueError:
             tokens = command.split()
-        args: dict[str, Any] = {}
+        args: CommandArgs = {}
         for i, token in enumerate(tokens):
             flag, _, value = token.partition("=") if token.startswith("--") else (token, "", "")
             key = _OPTIONS.get(flag)

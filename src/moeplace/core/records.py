@@ -1,0 +1,95 @@
+"""The plain records that cross a file: a bench record (results/bench/*.jsonl), one row of an output table, and
+a JSON object as a file or a tool holds it. They stay dicts because they go to JSON, CSV and pandas as they are;
+what they hold is written here once."""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias, TypedDict
+
+# A JSON object as a file or a tool wrote it (llama-bench's JSON lines, the raw config, a manifest), read before
+# it is typed or written after: its keys and nesting are the file's.
+JsonObject: TypeAlias = dict[str, Any]
+# One cell of a CSV table.
+Cell: TypeAlias = str | int | float | bool | None
+# One row of an output table (results/<stage>/*.csv): column -> cell, as the data dictionary lists the columns.
+Row: TypeAlias = dict[str, Cell]
+
+
+class Provenance(TypedDict, total=False):
+    """What ties a measured record to its inputs: the llama.cpp build, the model's files, the host, the revision."""
+
+    llamacpp_version: str | None
+    llamacpp_commit: str | None
+    llamacpp_build: int | None
+    model_files: list[JsonObject]  # ModelFile records: path, size, header hash
+    started: str
+    host: str
+    cpu: str
+    cores: int | None
+    load_avg_1m: float
+    gpu_processes: list[str]
+    gpus: list[str]
+    pipeline_commit: str
+    pipeline_dirty: bool | None
+
+
+class BenchRecord(Provenance, total=False):
+    """One test of one configuration as the bench and placement stages write it (a line of their JSONL), with
+    everything that ties it to its inputs; a failed test has the same keys, its statistics None."""
+
+    # the configuration
+    model: str
+    ctx: int
+    n_cpu_moe: int
+    variant: str  # "ncmoe" for the sweep; an -ot variant's name
+    overrides: str  # the -ot value ("" for none)
+    tensor_split: str
+    n_gpu_layers: int
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    threads: int
+    bench_cpus: list[int]
+    device_cpus: list[int] | None
+    type_k: str
+    type_v: str
+    ubatch: int
+    flash_attn: str
+    paired_n_cpu_moe: int | None
+    # the device
+    device_kind: str
+    device: str
+    device_cap_bytes: int | None
+    device_caps_bytes: list[int]
+    host_slowdown: float
+    others_running: int | None
+    contended: bool | None
+    # llama.cpp's own accounting from its -v log (measure/bench_record.parse_log)
+    kv_contexts: list[JsonObject]  # n_ctx, kv_mib
+    buffers: dict[str, dict[str, int]] | None  # buffer name -> kind -> bytes, of the largest context
+    tensor_buffers: dict[str, str]  # overridden tensor -> its buffer
+    cpu_tensors: list[str]
+    batches: list[int]
+    precision_target: float | None
+    # the test and its statistics
+    test: str  # "tg" or "pp"
+    status: str  # "ok", or how it failed
+    partial: bool
+    median_ts: float | None
+    ci95_low_ts: float | None
+    ci95_high_ts: float | None
+    interval: str
+    outlying_ts: list[float]
+    avg_ts: float | None
+    stddev_ts: float | None
+    samples_ts: list[float]
+    baseline_samples_ts: list[float]
+    repetitions: int
+    cv: float | None
+    ci95_halfwidth_pct: float | None
+    target_reached: bool | None
+    noisy: bool | None
+    backends: str | None
+    gpu_info: str | None
+    llama_bench: JsonObject  # llama-bench's own row of the first batch, its per-sample arrays aside
+    error: str

@@ -1,0 +1,28 @@
+"""The typed records say what the files hold: every key a stage writes is declared, and every declared key is
+written (the ones only some records carry aside)."""
+
+from __future__ import annotations
+
+from test_bench_unit import fake_bench
+
+from moeplace.core.config import Device
+from moeplace.core.records import BenchRecord
+from moeplace.model.memory import Workload
+from moeplace.model.metadata import inspect_model
+from moeplace.plan.budget import BudgetRow, plan
+
+# Keys only some bench records have: a paired sweep's baseline, nvidia-smi's view of the GPU.
+SOMETIMES = {"baseline_samples_ts", "gpu_processes", "gpus"}
+
+
+def test_a_bench_record_has_exactly_the_keys_benchrecord_declares(tmp_path):
+    records = fake_bench(tmp_path, tg="50.0, 50.5, 49.5", copies=3, end="TERM", precision=0.05)
+    declared = set(BenchRecord.__annotations__)
+    for record in records:
+        assert set(record) - declared == set()
+        assert declared - set(record) <= SOMETIMES
+
+
+def test_a_budget_row_has_exactly_the_keys_budgetrow_declares(small_moe):
+    row = plan(inspect_model(small_moe), Device(8 * 2**30, 2**28), Workload(4096, 512, "auto", "f16", "f16"))
+    assert set(row) == set(BudgetRow.__annotations__)
