@@ -9,6 +9,23 @@ from typing import Any, TypeAlias, TypedDict
 # A JSON object as a file or a tool wrote it (llama-bench's JSON lines, the raw config, a manifest), read before
 # it is typed or written after: its keys and nesting are the file's.
 JsonObject: TypeAlias = dict[str, Any]
+
+
+class FileRecord(TypedDict):
+    """One model file's identity as a measured record keeps it (model/meta.ModelFile)."""
+
+    path: str
+    size: int
+    header_sha256: str
+
+
+class KvContext(TypedDict):
+    """One llama.cpp context's KV cache as its -v log gives it."""
+
+    n_ctx: int
+    kv_mib: float
+
+
 # One cell of a CSV table.
 Cell: TypeAlias = str | int | float | bool | None
 # One row of an output table (results/<stage>/*.csv): column -> cell, as the data dictionary lists the columns.
@@ -21,7 +38,7 @@ class Provenance(TypedDict, total=False):
     llamacpp_version: str | None
     llamacpp_commit: str | None
     llamacpp_build: int | None
-    model_files: list[JsonObject]  # ModelFile records: path, size, header hash
+    model_files: list[FileRecord]
     started: str
     host: str
     cpu: str
@@ -65,7 +82,7 @@ class BenchRecord(Provenance, total=False):
     others_running: int | None
     contended: bool | None
     # llama.cpp's own accounting from its -v log (measure/bench_record.parse_log)
-    kv_contexts: list[JsonObject]  # n_ctx, kv_mib
+    kv_contexts: list[KvContext]
     buffers: dict[str, dict[str, int]] | None  # buffer name -> kind -> bytes, of the largest context
     tensor_buffers: dict[str, str]  # overridden tensor -> its buffer
     cpu_tensors: list[str]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import BenchSettings
-from ..core.records import BenchRecord, JsonObject
+from ..core.records import BenchRecord, FileRecord, JsonObject
 from ..core.stats import repetitions_for
 from ..runtime.cpus import split_cpus, wait_for_quiet
 from ..runtime.device import PROGRESS, DeviceSetup, HostSide, attached, bound_rules, host_side
@@ -52,7 +52,7 @@ class BenchJob:
 
     model_name: str
     model_path: str
-    model_files: list[JsonObject]
+    model_files: list[FileRecord]
     ctx: int
     n_cpu_moe: int
     variant: str = "ncmoe"

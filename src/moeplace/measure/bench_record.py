@@ -10,7 +10,7 @@ import statistics
 from typing import TypedDict
 
 from ..core.config import BenchSettings
-from ..core.records import BenchRecord, JsonObject
+from ..core.records import BenchRecord, KvContext
 from ..core.stats import median_halfwidth, median_interval, outlying
 from ..runtime.llama_log import read_log
 from .repetitions import Arm, precise_enough
@@ -19,7 +19,7 @@ from .repetitions import Arm, precise_enough
 class ParsedLog(TypedDict):
     """What a bench record keeps of llama.cpp's -v log."""
 
-    contexts: list[JsonObject]  # each context's n_ctx and kv_mib
+    contexts: list[KvContext]
     tensor_buffers: dict[str, str]  # overridden tensor -> its buffer
     buffers: dict[str, dict[str, int]] | None  # the largest context's buffers: name -> kind -> bytes
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from ..core.errors import MoeplaceError
-from ..core.records import JsonObject
+from ..core.records import FileRecord, JsonObject
 
 ROLES = ("attention", "norm", "router", "shared_expert", "dense_ffn", "expert", "other")
 GLOBALS = ("token_embd", "output", "output_norm", "other")
@@ -98,7 +98,7 @@ class ModelMeta:
     def named(self, model: str) -> ModelMeta:
         return replace(self, model=model)
 
-    def file_records(self) -> list[JsonObject]:
+    def file_records(self) -> list[FileRecord]:
         """The files' identity as a measured row records it (provenance: path, size, header hash)."""
         return [asdict(f) for f in self.files]
 
