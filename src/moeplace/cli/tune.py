@@ -41,6 +41,12 @@ def add_parser(sub: Any) -> None:
     )
     tu.add_argument("--bin-dir", help="your llama.cpp build's bin/ (default: the pinned build, built once)")
     tu.add_argument("--threads", type=int, default=default("bench.threads"))
+    tu.add_argument(
+        "--timeout",
+        type=float,
+        default=default("tune.timeout_s"),
+        help="seconds after which a probe counts as a timeout",
+    )
     tu.add_argument("--cache-type-k", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
     tu.add_argument("--cache-type-v", default=DEFAULT_CACHE_TYPE, choices=CACHE_TYPES)
     tu.add_argument("--ubatch", type=int, default=DEFAULT_UBATCH, help="llama.cpp's ubatch (-ub) the probes run with")
@@ -73,7 +79,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(f"probing {meta.name} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
     workload = request.workload(args.ctx, "rpc")  # the probe's own: llama-bench's logits, no op offload asked
     target = DeviceTarget(args.device, "", parse_size(args.vram, "--vram"))
-    settings = TuneSettings(args.margin, 3600, args.threads)
+    settings = TuneSettings(args.margin, args.timeout, args.threads)
     result, record = tune_model(
         model_name=meta.name,
         model_path=args.model,
