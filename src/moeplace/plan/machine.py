@@ -8,14 +8,15 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
+from ..core.config_schema import default
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
 from ..runtime.native import ram_read_gbps
 from .cards import datasheet
 
-# The seed's workstation (640 GB/s card, dual-channel DDR5 at 57.6 GB/s): the bandwidths a plan assumes when
-# neither a calibration nor the user's own figures say otherwise.
-DEFAULT_BANDWIDTHS = (640.0, 57.6)
+# The seed's workstation (640 GB/s card, dual-channel DDR5 at the config's default host figure, 57.6 GB/s): the
+# bandwidths a plan assumes when neither a calibration nor the user's own figures say otherwise.
+DEFAULT_BANDWIDTHS = (640.0, float(default("host.bw_ddr_gbps")))
 DEFAULT_LINK_GBPS = 31.5  # PCIe 4.0 x16, one direction: what prefill copies host experts over
 DEFAULT_CARD_TFLOPS = 48.7  # the seed's RX 9070 XT (FP32, AMD's figure): what prefill computes at
 # The host RAM probe of a plan for this machine: larger than any CPU cache, ~1.5 s in all.
