@@ -296,12 +296,42 @@ def interval_lines(prior: dict, held_out: dict, heldout_errors: dict) -> list[st
     return lines
 
 
+def tail_lines(held_out: list[tuple[Point, float]]) -> list[str]:
+    """The setups most of whose decode points lie beyond the pooled left-out ~90% factor: what makes the tail."""
+    q = float(np.quantile(np.abs([e for _, e in held_out]), 0.9))
+    beyond: dict[tuple[str, str], list[float]] = {}
+    for p, e in held_out:
+        beyond.setdefault((p.setup, p.machine.backend), []).append(e)
+    worst = sorted(beyond.items(), key=lambda kv: -sum(abs(e) > q for e in kv[1]))[:6]
+    return [
+        "",
+        f"Each source left out, {sum(abs(e) > q for _, e in held_out)} decode points lie beyond x{math.exp(q):.2f}; "
+        "these setups hold most of them:",
+        "",
+        "| setup | backend | points beyond | of | median error |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {s} | {b} | {sum(abs(x) > q for x in e)} | {len(e)} | {100 * math.expm1(np.median(e)):+.0f}% |"
+            for (s, b), e in worst
+        ),
+        "",
+        "Why, as far as the sources say: moearc's Arc B580 is SYCL's one hybrid machine, so left out SYCL's card",
+        "share is one other machine's (an Arc Pro B70, every expert on the card); the RTX 4080 SUPER's sweep is not",
+        "monotonic in N (its lab log reads one point at 24.0, 25.2 and 30.0 tok/s in three sessions); the Arc Pro",
+        "B70's quantized KV cache on Vulkan slows decode at depth many times more than its bytes say (no other",
+        "learned source runs a quantized cache at depth on Vulkan); ROCm's card share is four machines' that",
+        "disagree (an R9700 decodes much faster per byte than the RX 9070 XTs on HIP), so each left out",
+        "is priced by the other. None of these is a term another source could teach the prior; they stay in the data.",
+    ]
+
+
 def bar_lines(prior: dict, held_out: dict, heldout_errors: dict, measured: list[Point]) -> list[str]:
     """Issue 55's bars, each with the number that meets it or does not."""
     tg, loso = np.abs([e for _, e in heldout_errors["tg"]]), np.abs([e for _, e in held_out["tg"]])
     q90_tg = bounds(heldout_errors["tg"], prior["tg"], "90")
     inside, half = float(np.mean(tg <= q90_tg)), float(np.median(q90_tg))
     loso_factor = math.exp(float(np.quantile(loso, 0.90)))
+    per = [math.exp(q["90"]) for q in prior["tg"].log_q_by_backend.values()]
     peer = np.abs([-math.log(q.tok_s * peer_seconds(q.x, q.machine)) for q, _ in heldout_errors["tg"]])
     better, n = measured_not_worse(prior, heldout_errors["tg"], measured)
     bars = [
@@ -328,7 +358,11 @@ def bar_lines(prior: dict, held_out: dict, heldout_errors: dict, measured: list[
             median_pct([e for _, e in heldout_errors["pp"]]) <= 35,
         ),
         ("each source left out: decode median <= 25%", f"{median_pct(loso):.1f}%", median_pct(loso) <= 25),
-        ("each source left out: decode ~90% factor <= x1.5", f"x{loso_factor:.2f}", loso_factor <= 1.5),
+        (
+            "each source left out: decode ~90% factor <= x1.5",
+            f"x{loso_factor:.2f} (per backend x{min(per):.2f} to x{max(per):.2f})",
+            loso_factor <= 1.5,
+        ),
         ("a measured host figure never worse than the datasheet's", f"no worse on {better} of {n} setups", better == n),
     ]
     return [
@@ -386,7 +420,7 @@ def main() -> int:
     lines += gap_lines(heldout_errors["tg"]) + build_lines()
     lines += peer_lines(held_out["tg"], heldout_errors["tg"])
     lines += measured_lines(prior, heldout_errors["tg"], measured)
-    lines += interval_lines(prior, held_out, heldout_errors)
+    lines += interval_lines(prior, held_out, heldout_errors) + tail_lines(held_out["tg"])
     lines += bar_lines(prior, held_out, heldout_errors, measured)
     bounds = ", ".join(f"x{math.exp(p.log_q95_difference):.2f} ({t})" for t, p in prior.items())
     lines += [
