@@ -206,7 +206,10 @@ def inspect_gguf(path):
 
 def test_a_measured_host_figure_is_not_discounted_as_a_datasheet_one():
     """The learned host share turns a datasheet figure into what llama.cpp reads; a measured figure already is
-    that, so the same number given as measured predicts a faster host than given as a datasheet's."""
+    that, so the same number given as measured predicts a faster host than given as a datasheet's. Issue 55's bar (a
+    measured figure never predicts decode worse than the datasheet's) is not met: no worse on 4 of 7 setups, all one
+    machine's (beyondvram, threads 4-12 the prior does not see); no learned setup gives a measured figure to learn a
+    conversion from (docs/speed-prior.md), so nothing here asserts it."""
     prior = load()
     assert prior["tg"].coef["host"] > 1 and prior["tg"].coef["host_measured"] == pytest.approx(1.0)
     x = {"layers": 48, "device_gb": 1.0, "host_gb": 1.0, "hops": 48.0, "kv_gb": 0.0}
