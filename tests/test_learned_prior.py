@@ -23,14 +23,17 @@ def points(tmp_path_factory) -> dict:
     return {"sweeps": prior_points(published(), metas), "heldout": prior_points(published("heldout.csv"), metas)}
 
 
-def scored(errors: list[float], log_q95: float, what: str) -> tuple[float, float]:
-    """Median |error| (%) and the share inside the prior's ~95% interval, printed with the p90."""
-    e = np.abs(errors)
+def scored(pairs: list, learned, what: str) -> tuple[float, float, float]:
+    """Median |error| (%), and the share inside each point's ~90% and ~95% intervals (its backend's), printed."""
+    e = np.abs([e for _, e in pairs])
     pct = 100 * np.expm1(e)
-    inside = float(np.mean(e <= log_q95))
-    print(f"{what}: {len(e)} points, median |error| {np.median(pct):.1f}%, p90 {np.percentile(pct, 90):.0f}%, "
-          f"inside the ~95% interval (x{math.exp(log_q95):.2f}) {100 * inside:.0f}%")  # fmt: skip
-    return float(np.median(pct)), inside
+    b90 = np.array([learned.log_q(p.machine.backend, "90") for p, _ in pairs])
+    b95 = np.array([learned.log_q(p.machine.backend, "95") for p, _ in pairs])
+    in90, in95 = float(np.mean(e <= b90)), float(np.mean(e <= b95))
+    factor = math.exp(np.median(b90))
+    print(f"{what}: {len(e)} points, median |error| {np.median(pct):.1f}%, p90 {np.percentile(pct, 90):.0f}%, inside "
+          f"~90% {100 * in90:.1f}%, ~95% {100 * in95:.1f}%, median ~90% factor x{factor:.2f}")  # fmt: skip
+    return float(np.median(pct)), in90, in95
 
 
 def test_the_stored_prior_is_what_the_published_sweeps_give():
@@ -42,25 +45,38 @@ def test_the_stored_prior_is_what_the_published_sweeps_give():
 
 def test_decode_before_any_run_on_setups_it_did_not_learn_from(points):
     """Decode: each published source (all of one author's setups) predicted by terms learned without it, and the
-    held-out sweeps (other people's cards, sources in HELDOUT_SOURCES.md) by the stored terms. The interval is the
-    left-out errors' 95% quantile; on the held-out sweeps it holds less often: a 192-thread run on a CPU quota of 82
-    and a regressed fork build are 2-6x slower than any learned setup, and IQ quants compute more slowly on the host
-    than their bytes say (docs/speed-prior.md)."""
+    held-out sweeps (other people's cards, sources in HELDOUT_SOURCES.md) by the stored terms. Each point's interval
+    is its backend's left-out errors' quantiles; on the held-out sweeps it holds less often: a 192-thread run on a
+    CPU quota of 82 and a regressed fork build are 2-6x slower than any learned setup, and a quantized KV cache at
+    depth on ROCm many times slower than its bytes say (docs/speed-prior.md)."""
     prior = load()
-    left_out = [e for _, e in held_out_errors("tg", points["sweeps"])]
-    median, inside = scored(left_out, prior["tg"].log_q95, "decode, each source left out")
+    left_out = held_out_errors("tg", points["sweeps"])
+    median, in90, in95 = scored(left_out, prior["tg"], "decode, each source left out")
     # Issue 55's bar: 25%, met (24.7% with 70 setups from 25 machines, each machine's sources left out together;
-    # docs/speed-prior.md). It was 39.8% with 49 setups from 17 sources: the full-GPU setups (DGX Spark, an RTX 3090, a
-    # Strix Halo on ROCm) and the hybrid sweeps added since carry the card's share the left-out fits lacked.
-    assert median <= 25 and 0.9 <= inside <= 0.99
-    errors = [e for _, e in errors_against(prior, [p for p in points["heldout"] if p.test == "tg"])]
-    median, inside = scored(errors, prior["tg"].log_q95, "decode, held-out sweeps")
-    # Issue 55's bar: median <= 20% and 80-97% inside the ~90% interval, met (19.1%, 82%; docs/speed-prior.md).
-    q90 = prior["tg"].log_q95 * 1.645 / Z95
-    assert median <= 20 and 0.8 <= np.mean(np.abs(errors) <= q90) <= 0.97
-    # The bars on the interval's width are not met: its half-width is +76% (bar +40%), and each source left out the
-    # ~90% factor is x1.77 (bar x1.5). These guards catch a regression beyond that.
-    assert math.expm1(q90) <= 0.8 and math.exp(np.quantile(np.abs(left_out), 0.9)) <= 1.8
+    # docs/speed-prior.md).
+    assert median <= 25 and 0.85 <= in90 <= 0.95 and 0.9 <= in95 <= 0.99
+    held = errors_against(prior, [p for p in points["heldout"] if p.test == "tg"])
+    median, in90, _ = scored(held, prior["tg"], "decode, held-out sweeps")
+    # Issue 55's bar: median <= 20% and 80-97% inside the ~90% interval, met (19.1%, 81%; docs/speed-prior.md).
+    assert median <= 20 and 0.8 <= in90 <= 0.97
+    # The bars on the interval's width are not met: its median half-width over the held-out points is +54% (bar +40%;
+    # +76% with one pooled interval), and each source left out the ~90% factor is x1.77 (bar x1.5; per backend
+    # x1.45-x1.96). These guards catch a regression beyond that.
+    half = np.median([prior["tg"].log_q(p.machine.backend, "90") for p, _ in held])
+    assert math.expm1(half) <= 0.6 and math.exp(np.quantile(np.abs([e for _, e in left_out]), 0.9)) <= 1.8
+
+
+def test_the_interval_is_per_backend_from_left_out_errors_only(points):
+    """Each backend's interval is the quantiles of its own left-out errors (never of the held-out sweeps), and a
+    backend no source scored takes the pooled one: CUDA, learned from many machines, is narrower than SYCL, whose
+    hybrid sweeps are one machine's."""
+    prior = load()["tg"]
+    left_out = held_out_errors("tg", points["sweeps"])
+    for backend, q in prior.log_q_by_backend.items():
+        e = np.abs([e for p, e in left_out if p.machine.backend == backend])
+        assert q["90"] == pytest.approx(np.quantile(e, 0.9), rel=1e-3)
+        assert q["95"] == pytest.approx(np.quantile(e, 0.95), rel=1e-3)
+    assert prior.log_q("cuda") < prior.log_q("sycl") and prior.log_q("metal") == prior.log_q95
 
 
 def test_one_machines_sources_are_left_out_together(points):
@@ -79,13 +95,11 @@ def test_prefill_before_any_run_is_given_with_its_interval(points):
     the bar (median <= 35%); the form of the copy term was chosen after reading the published copy rates of both
     sets (7-20 GB/s on PCIe 4.0 and 5.0 alike), its coefficients learned from sweeps.csv alone."""
     prior = load()
-    left_out = [e for _, e in held_out_errors("pp", points["sweeps"])]
-    _, inside = scored(left_out, prior["pp"].log_q95, "prefill, each source left out")
-    assert 0.9 <= inside <= 0.99
-    held_out = [e for _, e in errors_against(prior, [p for p in points["heldout"] if p.test == "pp"])]
-    median, _ = scored(held_out, prior["pp"].log_q95, "prefill, held-out sweeps")
-    inside_90 = float(np.mean(np.abs(held_out) <= prior["pp"].log_q95 * 1.645 / Z95))
-    print(f"prefill, held-out sweeps: inside the ~90% interval {100 * inside_90:.1f}%")
+    left_out = held_out_errors("pp", points["sweeps"])
+    _, _, in95 = scored(left_out, prior["pp"], "prefill, each source left out")
+    assert 0.9 <= in95 <= 0.99
+    held_out = errors_against(prior, [p for p in points["heldout"] if p.test == "pp"])
+    median, inside_90, _ = scored(held_out, prior["pp"], "prefill, held-out sweeps")
     # Each source left out, a backend of one source is unknown when it is out: the interval learned that way is wide
     # enough that the held-out sweeps fall inside it more often than 90% (docs/speed-prior.md).
     assert median <= 35 and inside_90 >= 0.8
@@ -111,7 +125,8 @@ def test_predict_speaks_the_learned_prior_per_backend(tmp_path):
     model = speed_model(meta, Machine("cuda", 672, 60, 31.5, 44.1))
     assert cuda["tg_tok_s"] == pytest.approx(model.predict(meta, Run(24, 0, "tg", 128))["tok_s"])
     assert cuda["pp_tok_s"] == pytest.approx(model.predict(meta, prefill_run(24, 0, 512))["tok_s"])
-    assert cuda["tg_high"] / cuda["tg_tok_s"] == pytest.approx(math.exp(load()["tg"].log_q95), rel=1e-6)
+    assert cuda["tg_high"] / cuda["tg_tok_s"] == pytest.approx(math.exp(load()["tg"].log_q("cuda")), rel=1e-6)
+    assert vulkan["tg_high"] / vulkan["tg_tok_s"] == pytest.approx(math.exp(load()["tg"].log_q("vulkan")), rel=1e-6)
     assert cuda["pp_tok_s"] > 0 and vulkan["tg_tok_s"] != pytest.approx(cuda["tg_tok_s"])
     assert math.log(cuda["tg_high"] / cuda["tg_tok_s"]) == pytest.approx(Z95 * model.tests["tg"].spread)
 
@@ -191,7 +206,10 @@ def inspect_gguf(path):
 
 def test_a_measured_host_figure_is_not_discounted_as_a_datasheet_one():
     """The learned host share turns a datasheet figure into what llama.cpp reads; a measured figure already is
-    that, so the same number given as measured predicts a faster host than given as a datasheet's."""
+    that, so the same number given as measured predicts a faster host than given as a datasheet's. Issue 55's bar (a
+    measured figure never predicts decode worse than the datasheet's) is not met: no worse on 4 of 7 setups, all one
+    machine's (beyondvram, threads 4-12 the prior does not see); no learned setup gives a measured figure to learn a
+    conversion from (docs/speed-prior.md), so nothing here asserts it."""
     prior = load()
     assert prior["tg"].coef["host"] > 1 and prior["tg"].coef["host_measured"] == pytest.approx(1.0)
     x = {"layers": 48, "device_gb": 1.0, "host_gb": 1.0, "hops": 48.0, "kv_gb": 0.0}

@@ -17,8 +17,9 @@ passes over host RAM (the weights are read from pageable RAM into a pinned stagi
 again): published cards copy at 7-20 GB/s whether their link is PCIe 4.0 x16 or 5.0 x16, which no link term alone
 explains, and the learned q_copy is about 3, a read, a write and a read.
 The term that varies most between backends (the card's share, which takes in the per-layer kernel costs of a
-backend) is learned per backend; the others are shared. The fit is in log space (relative errors), robust (a
-soft-L1 loss, so one odd setup does not bend the rest), and weighs each setup as one, however many points it has.
+backend) is learned per backend (and BACKEND_TERMS, none today); the others are shared. The fit is in log space
+(relative errors), robust (a soft-L1 loss, so one odd setup does not bend the rest), and weighs each setup as one,
+however many points it has.
 
 A datasheet's host figure and a measured one are different inputs: llama.cpp reads host RAM at about 60% of the
 datasheet's figure, which a_host learns, while a measured figure (STREAM, moeplace's membw probe) already is what
@@ -26,16 +27,17 @@ a read gets. a_host_measured is learned from setups that give a measured figure;
 bytes over the measured bandwidth), never a_host, which would discount a measured figure a second time.
 
 The interval is what held-out sources show: each source (one person's machine: all its setups) predicted by terms
-learned without it; the 95% quantile of those errors (in log space) is the prior's ~95% interval. A setup left out
-alone would leak its machine through its siblings. The spread is mostly a machine's own offset (its host, its
-threads, its driver), shared by its placements, so it says how far off an absolute speed may be.
+learned without it; the 95% quantile of those errors (in log space) is the prior's ~95% interval, per backend where
+a backend has enough left-out points (MIN_INTERVAL): a backend learned from few machines is known less well. A
+setup left out alone would leak its machine through its siblings. The spread is mostly a machine's own offset (its
+host, its threads, its driver), shared by its placements, so it says how far off an absolute speed may be.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,10 @@ TERMS = {
     "pp": ("compute", "link", "copy", "kv"),
 }
 PER_BACKEND = {"tg": "card", "pp": "compute"}
+# Terms learned per backend beside PER_BACKEND's: none. Decode's hop per backend was tried (a synchronisation of the
+# backend's queue): SYCL's came out free and ROCm's 0.33 ms, and left out, SYCL's one hybrid machine took the others'
+# hop, no better than one shared hop; ROCm's made -ngl 0 faster than every expert on the host (docs/speed-prior.md).
+BACKEND_TERMS: dict[str, tuple[str, ...]] = {"tg": (), "pp": ()}
 # Each term's column in natural units before its coefficient: seconds if the coefficient were 1 (bandwidth
 # shares), or a scale that puts every coefficient near 1 for the solver.
 SCALE = {
@@ -68,6 +74,9 @@ SCALE = {
 # A term no training point informs keeps this coefficient: a measured host figure is what a read gets.
 UNINFORMED = {"host_measured": 1.0}
 SOURCE = "learned (published sweeps)"
+Z90 = 1.645
+# A backend's own interval needs this many left-out points, from two machines at least; else the pooled one.
+MIN_INTERVAL = (20, 2)
 MIN_COEFFICIENT = 1e-3  # of a term scaled near 1: a thousandth of its share is no share
 
 
@@ -133,21 +142,40 @@ class Learned:
     log_q95: float  # 95% quantile of held-out setups' |log(predicted / measured)|
     # ... and of the error of a predicted ratio between two near placements of one setup (see difference_errors)
     log_q95_difference: float
+    # BACKEND_TERMS' coefficients, per term and backend (a prior written before them has none: coef's shared ones)
+    backend_terms: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The interval per backend: the 90% and 95% quantiles of its points' |log error| when their source was left out
+    # (a backend learned from few machines is known less well); a backend without them takes log_q95's
+    log_q_by_backend: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def log_q(self, backend: str, q: str = "95") -> float:
+        """The ~90% (q="90") or ~95% interval's bound on |log(predicted / measured)| for a machine of `backend`;
+        where no left-out point of it was scored, the pooled one (its ~90% as a normal spread scales)."""
+        mine = self.log_q_by_backend.get(backend, {})
+        return mine.get(q, self.log_q95 * (Z90 / Z95 if q == "90" else 1.0))
 
     def coefficients(self, test: str, backend: str) -> dict[str, float]:
-        mine = self.per_backend.get(backend)
-        if mine is None:  # a backend no published sweep used: the geometric mean of those that did
-            mine = math.exp(sum(math.log(v) for v in self.per_backend.values()) / len(self.per_backend))
-        return self.coef | {PER_BACKEND[test]: mine}
+        mine = {PER_BACKEND[test]: self.per_backend} | self.backend_terms
+        return self.coef | {k: _of_backend(values, backend) for k, values in mine.items()}
 
     def seconds(self, test: str, x: dict[str, float], m: Machine) -> float:
         c = self.coefficients(test, m.backend)
         return sum(c.get(k, UNINFORMED.get(k, 1.0)) * v for k, v in columns(test, x, m).items())
 
 
-def _fit(test: str, points: list[Point]) -> tuple[dict[str, float], dict[str, float]]:
-    """Log-coefficients by a robust least squares of log time per token, each setup weighing as one. A term no
-    point informs (a measured host figure where no source measured one) keeps its UNINFORMED coefficient."""
+def _of_backend(values: dict[str, float], backend: str) -> float:
+    """A per-backend coefficient; for a backend no published sweep used, the geometric mean of those that did."""
+    mine = values.get(backend)
+    if mine is None:
+        mine = math.exp(sum(math.log(v) for v in values.values()) / len(values))
+    return mine
+
+
+def _fit(test: str, points: list[Point]) -> Learned:
+    """Log-coefficients by a robust least squares of log time per token, each setup weighing as one; PER_BACKEND's
+    term and BACKEND_TERMS' per backend. A term no point informs (a measured host figure where no source measured
+    one) keeps its UNINFORMED coefficient; a backend's term none of its points informs (a backend whose sweeps keep
+    every expert on the card has no hop) takes the geometric mean of the backends' that are (see _of_backend)."""
     backends = sorted({p.machine.backend for p in points})
     every = np.array([[columns(test, p.x, p.machine)[k] for k in TERMS[test]] for p in points])
     informed = [i for i, k in enumerate(TERMS[test]) if k == PER_BACKEND[test] or np.any(every[:, i] > 0)]
@@ -157,34 +185,49 @@ def _fit(test: str, points: list[Point]) -> tuple[dict[str, float], dict[str, fl
     sizes = {s: sum(1 for p in points if p.setup == s) for s in {p.setup for p in points}}
     weight = np.array([1 / math.sqrt(sizes[p.setup]) for p in points])
     which = np.array([backends.index(p.machine.backend) for p in points])
-    shared = [k for k in terms if k != PER_BACKEND[test]]
+    mine = [PER_BACKEND[test], *(k for k in BACKEND_TERMS[test] if k in terms)]  # learned per backend
+    shared = [k for k in terms if k not in mine]
+    at = {k: len(terms) + j * len(backends) for j, k in enumerate(mine)}  # where a term's per-backend values start
 
     def coefficients(params: np.ndarray) -> np.ndarray:
         c = np.tile(np.exp(params[: len(terms)]), (len(points), 1))
-        c[:, terms.index(PER_BACKEND[test])] = np.exp(params[len(terms) + which])
+        for k in mine:
+            c[:, terms.index(k)] = np.exp(params[at[k] + which])
         return c
 
     def residuals(params: np.ndarray) -> np.ndarray:
         return weight * (np.log((cols * coefficients(params)).sum(axis=1)) - y)
 
-    start = np.zeros(len(terms) + len(backends))
+    start = np.zeros(len(terms) + len(mine) * len(backends))
     # A term the data does not want drifts toward 0 along a flat valley, to a value that differs by machine; the
     # floor stops it where it no longer matters, at the same value everywhere.
     floor = np.full_like(start, math.log(MIN_COEFFICIENT))
     params = least_squares(residuals, start, bounds=(floor, np.inf), loss="soft_l1", f_scale=0.2).x
     coef = {k: float(math.exp(params[terms.index(k)])) for k in shared}
     coef |= {k: UNINFORMED.get(k, 1.0) for k in TERMS[test] if k not in terms}
-    per_backend = {b: float(math.exp(params[len(terms) + i])) for i, b in enumerate(backends)}
-    return coef, per_backend
+    per: dict[str, dict[str, float]] = {}
+    for k in mine:
+        told = set(which) if k == PER_BACKEND[test] else set(which[cols[:, terms.index(k)] > 0])
+        per[k] = {b: float(math.exp(params[at[k] + i])) for i, b in enumerate(backends) if i in told}
+    return Learned(coef, per.pop(PER_BACKEND[test]), 0.0, 0.0, per)  # spreads: learn's
 
 
 def learn(test: str, points: list[Point], held_out: list[tuple[Point, float]]) -> Learned:
     """The terms from all `points` of `test`, with the spreads their leave-one-source-out errors (`held_out`, from
     held_out_errors) show."""
-    coef, per_backend = _fit(test, [p for p in points if p.test == test])
-    errors = np.abs([e for _, e in held_out])
-    differences = difference_errors(held_out)
-    return Learned(coef, per_backend, float(np.quantile(errors, 0.95)), float(np.quantile(differences, 0.95)))
+    learned = _fit(test, [p for p in points if p.test == test])
+    learned.log_q95 = float(np.quantile(np.abs([e for _, e in held_out]), 0.95))
+    learned.log_q95_difference = float(np.quantile(difference_errors(held_out), 0.95))
+    learned.backend_terms = {k: {b: float(f"{v:.4g}") for b, v in c.items()} for k, c in learned.backend_terms.items()}
+    for b in sorted({p.machine.backend for p, _ in held_out}):
+        e = np.abs([e for p, e in held_out if p.machine.backend == b])
+        if (
+            len(e) < MIN_INTERVAL[0]
+            or len({source_of(p) for p, _ in held_out if p.machine.backend == b}) < MIN_INTERVAL[1]
+        ):
+            continue  # too few to tell its own spread: the pooled one
+        learned.log_q_by_backend[b] = {q: float(f"{np.quantile(e, int(q) / 100):.4g}") for q in ("90", "95")}
+    return learned
 
 
 # Placements a ranking weighs against each other differ by a few layers' experts: predicted within this of each
@@ -220,7 +263,7 @@ def held_out_errors(test: str, points: list[Point], by: str = "source") -> list[
     group = source_of if by == "source" else (lambda p: p.setup)
     out = []
     for key in sorted({group(p) for p in mine}):
-        learned = Learned(*_fit(test, [p for p in mine if group(p) != key]), 0.0, 0.0)  # spreads unused here
+        learned = _fit(test, [p for p in mine if group(p) != key])  # spreads unused here
         out += [(p, -math.log(p.tok_s * learned.seconds(test, p.x, p.machine))) for p in mine if group(p) == key]
     return out
 
@@ -253,8 +296,8 @@ def load(path: Path = PRIOR_FILE) -> dict[str, Learned]:
 
 def speed_model(meta: ModelMeta, m: Machine, prior: dict[str, Learned] | None = None) -> SpeedModel:
     """The speed model of `meta` on machine `m` from the learned terms: speed.FEATURES' coefficients, with the
-    held-out spread as each test's (its ~95% interval is the held-out setups' 95% quantile). Prefill's compute
-    is per token and the same at every placement, so it is prefill's time per layer."""
+    held-out spread as each test's (its ~95% interval is the held-out setups' 95% quantile, `m`'s backend's).
+    Prefill's compute is per token and the same at every placement, so it is prefill's time per layer."""
     prior = prior or load()
     tests = {}
     for test, learned in prior.items():
@@ -275,7 +318,7 @@ def speed_model(meta: ModelMeta, m: Machine, prior: dict[str, Learned] | None = 
         tests[test] = TestModel(
             coef,
             dict.fromkeys(coef, SOURCE),
-            spread=learned.log_q95 / Z95,
+            spread=learned.log_q(m.backend) / Z95,
             difference_spread=learned.log_q95_difference / Z95,
         )
     return SpeedModel(tests)
