@@ -447,8 +447,7 @@ def main() -> int:
                 lines.append(f"| {test} | {setup} | {backend[setup]} | {len(e)} | {median:+.0f}% |")
     lines += ["", "## The terms learned", ""]
     for test, p in prior.items():
-        per = {PER_BACKEND[test]: p.per_backend} | p.backend_terms
-        each = "; ".join(f"{k} " + ", ".join(f"{b} {v:g}" for b, v in c.items()) for k, c in per.items())
+        each = f"{PER_BACKEND[test]} " + ", ".join(f"{b} {v:g}" for b, v in p.per_backend.items())
         lines.append(f"- {test}: {', '.join(f'{k} {v:g}' for k, v in p.coef.items())}; per backend: {each}")
     status = write_or_check(PRIOR_FILE, to_json(prior, learned), "plan/learned_prior.json", "speed_prior.py")
     status = status or write_or_check(POINTS_FILE, points_json(points), "published_points.json", "speed_prior.py")

@@ -17,9 +17,9 @@ passes over host RAM (the weights are read from pageable RAM into a pinned stagi
 again): published cards copy at 7-20 GB/s whether their link is PCIe 4.0 x16 or 5.0 x16, which no link term alone
 explains, and the learned q_copy is about 3, a read, a write and a read.
 The term that varies most between backends (the card's share, which takes in the per-layer kernel costs of a
-backend) is learned per backend (and BACKEND_TERMS, none today); the others are shared. The fit is in log space
-(relative errors), robust (a soft-L1 loss, so one odd setup does not bend the rest), and weighs each setup as one,
-however many points it has.
+backend) is learned per backend; the others are shared (a decode hop per backend was tried and left out:
+docs/speed-prior.md). The fit is in log space (relative errors), robust (a soft-L1 loss, so one odd setup does not
+bend the rest), and weighs each setup as one, however many points it has.
 
 A datasheet's host figure and a measured one are different inputs: llama.cpp reads host RAM at about 60% of the
 datasheet's figure, which a_host learns, while a measured figure (STREAM, moeplace's membw probe) already is what
@@ -54,10 +54,6 @@ TERMS = {
     "pp": ("compute", "link", "copy", "kv"),
 }
 PER_BACKEND = {"tg": "card", "pp": "compute"}
-# Terms learned per backend beside PER_BACKEND's: none. Decode's hop per backend was tried (a synchronisation of the
-# backend's queue): SYCL's came out free and ROCm's 0.33 ms, and left out, SYCL's one hybrid machine took the others'
-# hop, no better than one shared hop; ROCm's made -ngl 0 faster than every expert on the host (docs/speed-prior.md).
-BACKEND_TERMS: dict[str, tuple[str, ...]] = {"tg": (), "pp": ()}
 # Each term's column in natural units before its coefficient: seconds if the coefficient were 1 (bandwidth
 # shares), or a scale that puts every coefficient near 1 for the solver.
 SCALE = {
@@ -142,8 +138,6 @@ class Learned:
     log_q95: float  # 95% quantile of held-out setups' |log(predicted / measured)|
     # ... and of the error of a predicted ratio between two near placements of one setup (see difference_errors)
     log_q95_difference: float
-    # BACKEND_TERMS' coefficients, per term and backend (a prior written before them has none: coef's shared ones)
-    backend_terms: dict[str, dict[str, float]] = field(default_factory=dict)
     # The interval per backend: the 90% and 95% quantiles of its points' |log error| when their source was left out
     # (a backend learned from few machines is known less well); a backend without them takes log_q95's
     log_q_by_backend: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -155,27 +149,20 @@ class Learned:
         return mine.get(q, self.log_q95 * (Z90 / Z95 if q == "90" else 1.0))
 
     def coefficients(self, test: str, backend: str) -> dict[str, float]:
-        mine = {PER_BACKEND[test]: self.per_backend} | self.backend_terms
-        return self.coef | {k: _of_backend(values, backend) for k, values in mine.items()}
+        mine = self.per_backend.get(backend)
+        if mine is None:  # a backend no published sweep used: the geometric mean of those that did
+            mine = math.exp(sum(math.log(v) for v in self.per_backend.values()) / len(self.per_backend))
+        return self.coef | {PER_BACKEND[test]: mine}
 
     def seconds(self, test: str, x: dict[str, float], m: Machine) -> float:
         c = self.coefficients(test, m.backend)
         return sum(c.get(k, UNINFORMED.get(k, 1.0)) * v for k, v in columns(test, x, m).items())
 
 
-def _of_backend(values: dict[str, float], backend: str) -> float:
-    """A per-backend coefficient; for a backend no published sweep used, the geometric mean of those that did."""
-    mine = values.get(backend)
-    if mine is None:
-        mine = math.exp(sum(math.log(v) for v in values.values()) / len(values))
-    return mine
-
-
 def _fit(test: str, points: list[Point]) -> Learned:
-    """Log-coefficients by a robust least squares of log time per token, each setup weighing as one; PER_BACKEND's
-    term and BACKEND_TERMS' per backend. A term no point informs (a measured host figure where no source measured
-    one) keeps its UNINFORMED coefficient; a backend's term none of its points informs (a backend whose sweeps keep
-    every expert on the card has no hop) takes the geometric mean of the backends' that are (see _of_backend)."""
+    """Log-coefficients by a robust least squares of log time per token, each setup weighing as one, PER_BACKEND's
+    term per backend. A term no point informs (a measured host figure where no source measured one) keeps its
+    UNINFORMED coefficient."""
     backends = sorted({p.machine.backend for p in points})
     every = np.array([[columns(test, p.x, p.machine)[k] for k in TERMS[test]] for p in points])
     informed = [i for i, k in enumerate(TERMS[test]) if k == PER_BACKEND[test] or np.any(every[:, i] > 0)]
@@ -185,31 +172,25 @@ def _fit(test: str, points: list[Point]) -> Learned:
     sizes = {s: sum(1 for p in points if p.setup == s) for s in {p.setup for p in points}}
     weight = np.array([1 / math.sqrt(sizes[p.setup]) for p in points])
     which = np.array([backends.index(p.machine.backend) for p in points])
-    mine = [PER_BACKEND[test], *(k for k in BACKEND_TERMS[test] if k in terms)]  # learned per backend
-    shared = [k for k in terms if k not in mine]
-    at = {k: len(terms) + j * len(backends) for j, k in enumerate(mine)}  # where a term's per-backend values start
+    shared = [k for k in terms if k != PER_BACKEND[test]]
 
     def coefficients(params: np.ndarray) -> np.ndarray:
         c = np.tile(np.exp(params[: len(terms)]), (len(points), 1))
-        for k in mine:
-            c[:, terms.index(k)] = np.exp(params[at[k] + which])
+        c[:, terms.index(PER_BACKEND[test])] = np.exp(params[len(terms) + which])
         return c
 
     def residuals(params: np.ndarray) -> np.ndarray:
         return weight * (np.log((cols * coefficients(params)).sum(axis=1)) - y)
 
-    start = np.zeros(len(terms) + len(mine) * len(backends))
+    start = np.zeros(len(terms) + len(backends))
     # A term the data does not want drifts toward 0 along a flat valley, to a value that differs by machine; the
     # floor stops it where it no longer matters, at the same value everywhere.
     floor = np.full_like(start, math.log(MIN_COEFFICIENT))
     params = least_squares(residuals, start, bounds=(floor, np.inf), loss="soft_l1", f_scale=0.2).x
     coef = {k: float(math.exp(params[terms.index(k)])) for k in shared}
     coef |= {k: UNINFORMED.get(k, 1.0) for k in TERMS[test] if k not in terms}
-    per: dict[str, dict[str, float]] = {}
-    for k in mine:
-        told = set(which) if k == PER_BACKEND[test] else set(which[cols[:, terms.index(k)] > 0])
-        per[k] = {b: float(math.exp(params[at[k] + i])) for i, b in enumerate(backends) if i in told}
-    return Learned(coef, per.pop(PER_BACKEND[test]), 0.0, 0.0, per)  # spreads: learn's
+    per_backend = {b: float(math.exp(params[len(terms) + i])) for i, b in enumerate(backends)}
+    return Learned(coef, per_backend, 0.0, 0.0)  # spreads: learn's
 
 
 def learn(test: str, points: list[Point], held_out: list[tuple[Point, float]]) -> Learned:
@@ -218,7 +199,6 @@ def learn(test: str, points: list[Point], held_out: list[tuple[Point, float]]) -
     learned = _fit(test, [p for p in points if p.test == test])
     learned.log_q95 = float(np.quantile(np.abs([e for _, e in held_out]), 0.95))
     learned.log_q95_difference = float(np.quantile(difference_errors(held_out), 0.95))
-    learned.backend_terms = {k: {b: float(f"{v:.4g}") for b, v in c.items()} for k, c in learned.backend_terms.items()}
     for b in sorted({p.machine.backend for p, _ in held_out}):
         e = np.abs([e for p, e in held_out if p.machine.backend == b])
         if (
