@@ -10,11 +10,12 @@ import yaml
 from conftest import ROOT
 
 from moeplace.core.config import validate_config
+from moeplace.runtime.build import Build
 from moeplace.runtime.llamacpp import provision
 
 
 @cache
-def manifest() -> dict:
+def manifest() -> Build:
     cfg = validate_config(
         yaml.safe_load((ROOT / "config/config.yaml").read_text()), ROOT / "workflow/schemas/config.schema.yaml"
     )

@@ -162,7 +162,7 @@ def test_a_blocks_twin_has_the_recipes_bytes_and_runs(arch, tmp_path):
         (t.name, t.type_name, t.n_bytes) for t in read_header(sparse).tensors
     ]
     assert blocks.stat().st_size == sparse.stat().st_size and blocks.stat().st_blocks > sparse.stat().st_blocks
-    cmd = [str(Path(manifest()["bin_dir"]) / "llama-bench"), "-m", str(blocks), "-p", "16", "-n", "4", "-r", "1"]
+    cmd = [str(manifest().bin_dir / "llama-bench"), "-m", str(blocks), "-p", "16", "-n", "4", "-r", "1"]
     out = subprocess.run([*cmd, "-t", "1", "-o", "jsonl"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]

@@ -10,6 +10,7 @@ from moeplace.measure.bench import auto_sweep, parse_log
 from moeplace.model.metadata import from_constants, inspect_model
 from moeplace.plan.predict import predict_table
 from moeplace.report.aggregate import compare_table, knee, measured_table
+from moeplace.runtime.build import Build
 from moeplace.runtime.process import Finished, classify, tail
 from moeplace.runtime.tool_output import bench_records
 
@@ -133,7 +134,7 @@ def fake_bench(
     program.chmod(0o755)
     auto = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, max_repetitions=9)
     settings = replace(auto, precision=precision, time_budget_s=budget)
-    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), {"bin_dir": str(program.parent)}, tmp_path / "bench.log",
+    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), Build(program.parent), tmp_path / "bench.log",
               tmp_path)  # fmt: skip
     return run_bench(BenchJob("fake", "fake.gguf", [], 1024, 2), rig)
 
@@ -205,7 +206,7 @@ def test_a_sweep_shares_processes_and_a_failed_load_ends_only_its_own_value(tmp_
     program.write_text(FAKE_SWEEP.format(python=sys.executable, calls=calls, fails={1, 5}))
     program.chmod(0o755)
     settings = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60)
-    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), {"bin_dir": str(program.parent)}, tmp_path / "bench.log",
+    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), Build(program.parent), tmp_path / "bench.log",
               tmp_path)  # fmt: skip
     records = run_sweep(BenchJob("fake", "fake.gguf", [], 1024, 1), [8, 1, 2, 5, 3], rig)
     assert calls.read_text().split() == ["1,2,3,5,8", "2,3,5,8", "8"]
@@ -233,7 +234,7 @@ def test_a_sweep_measures_its_values_in_turn_pass_after_pass(tmp_path):
     program.write_text(FAKE_SWEEP.format(python=sys.executable, calls=calls, fails={1}))
     program.chmod(0o755)
     settings = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, max_repetitions=9)
-    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), {"bin_dir": str(program.parent)}, tmp_path / "bench.log",
+    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), Build(program.parent), tmp_path / "bench.log",
               tmp_path)  # fmt: skip
     records = run_sweep(BenchJob("fake", "fake.gguf", [], 1024, 1), [1, 2, 8], rig)
     assert calls.read_text().split() == ["1,2,8,1,2,8,1,2,8", "2,8,2,8,2,8"]

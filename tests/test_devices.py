@@ -144,7 +144,7 @@ def test_the_emitted_line_loads_on_two_capped_devices_with_the_planned_buffers(t
     args = shlex.split(line)
     assert args[args.index("-ts") + 1] == "/".join(map(str, plan.tensor_split)) and plan.host_expert_layers
     assert 0 < len(plan.host_expert_layers) < meta.n_layer
-    args[0] = str(manifest()["bin_dir"] + "/llama-bench")
+    args[0] = str(manifest().bin_dir / "llama-bench")
     args[args.index("-r") + 1] = "1"
     args[args.index("-n") + 1] = "4"
     with ExitStack() as stack:

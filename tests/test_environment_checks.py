@@ -13,6 +13,7 @@ from workflow_helpers import snakemake, workflow_copy
 
 from moeplace.core.errors import MoeplaceError
 from moeplace.runtime import llamacpp
+from moeplace.runtime.build import Build
 
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 
@@ -84,7 +85,7 @@ def test_vram_auto_reads_the_gpus_free_memory_and_refuses_without_one(tmp_path):
 
     listing = "Available devices:\n  CUDA0: NVIDIA GeForce RTX 4090 (24080 MiB, 23575 MiB free)"
     gpu = fake_llamacpp(tmp_path / "gpu", listing)
-    setup = device_setup(DeviceTarget("auto", "", None), {"bin_dir": str(gpu), "gpu_devices": ["CUDA0: RTX 4090"]})
+    setup = device_setup(DeviceTarget("auto", "", None), Build(gpu, gpu_devices=("CUDA0: RTX 4090",)))
     assert setup.kind == "gpu" and setup.cap_bytes == 23575 * 2**20
     with pytest.raises(MoeplaceError, match="vram is auto, but there is no GPU to ask"):
-        device_setup(DeviceTarget("auto", "", None), {"bin_dir": str(gpu), "gpu_devices": []})
+        device_setup(DeviceTarget("auto", "", None), Build(gpu))

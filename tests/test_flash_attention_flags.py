@@ -6,6 +6,7 @@ from __future__ import annotations
 from moeplace.core.config import BenchSettings
 from moeplace.plan import commands
 from moeplace.plan.request import Cache
+from moeplace.runtime.build import Build
 from moeplace.runtime.llamacpp import bench_command
 
 
@@ -13,7 +14,7 @@ def test_flash_attention_is_asked_for_alike_everywhere(tmp_path):
     """The CLI's llama-server line, its llama-bench line and the pipeline's llama-bench command all turn flash
     attention on exactly when llama.cpp needs it: a quantized V cache (a quantized K cache runs without)."""
     (tmp_path / "llama-bench").touch()  # bench_command only names the binary
-    manifest = {"bin_dir": str(tmp_path)}
+    manifest = Build(tmp_path)
     for type_k, type_v, fa in (
         ("f16", "f16", False),
         ("q8_0", "f16", False),

@@ -10,7 +10,6 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -23,6 +22,7 @@ from moeplace.model.memory import state_bytes
 from moeplace.model.metadata import inspect_model
 from moeplace.model.recipe import PRESETS, UNQUANTIZED
 from moeplace.model.twin import load_spec, make_twin, tensor_type_args, twin_types, write_twin
+from moeplace.runtime.build import Build
 from moeplace.runtime.llamacpp import PINNED
 from moeplace.runtime.native import cache_root
 
@@ -35,7 +35,7 @@ DRY_RUN_LINE = re.compile(r"\]\s+(\S+)\s+- \[.*?type =\s+(\w+), size =[^(\n]*(?:
 
 
 def bin_path(tool: str) -> str:
-    return str(Path(manifest()["bin_dir"]) / tool)
+    return str(manifest().bin_dir / tool)
 
 
 @pytest.mark.llamacpp
@@ -124,7 +124,7 @@ def test_the_gemma4_26b_header_twin_is_the_published_model(tmp_path):
     assert (full, sum(per_layer) - full) == (160 * 2**20, 600 * 2**20)
 
 
-def pinned_llamacpp() -> dict:
+def pinned_llamacpp() -> Build:
     """The pinned llama.cpp build where one is already built here (this test does not start a 5-15 minute build)."""
     builds = cache_root() / "llama.cpp"
     if not any(builds.glob(f"{PINNED['version']}-*/manifest.json")):
@@ -141,7 +141,7 @@ def test_the_tiny_gemma4_quantizes_loads_and_generates_as_its_spec_says(tmp_path
     model = make_twin(load_spec(spec), tmp_path / "tiny.gguf", "random", "Q4_K_M", 0, build, tmp_path / "q.log")
     # One thread: with two, the pinned llama-completion sometimes stops right after the prompt on this twin, exit
     # code 0 and no timings (3 of 12 runs on 2026-12-05; one thread, 12 of 12).
-    cmd = [str(Path(build["bin_dir"]) / "llama-completion"), "-m", str(model), "-n", "8", "-p", "Hello", "-no-cnv",
+    cmd = [str(build.bin_dir / "llama-completion"), "-m", str(model), "-n", "8", "-p", "Hello", "-no-cnv",
            "--no-warmup", "--temp", "0", "-t", "1", "-v"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

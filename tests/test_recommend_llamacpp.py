@@ -48,7 +48,7 @@ def moeplace(*args: str) -> subprocess.CompletedProcess:
 
 
 def binary(name: str) -> str:
-    return str(Path(manifest()["bin_dir"]) / name)
+    return str(manifest().bin_dir / name)
 
 
 def _port() -> int:

@@ -18,6 +18,7 @@ from moeplace.measure.routing import (
     trace_routing,
 )
 from moeplace.report.figures.routing import routing_figure
+from moeplace.runtime.build import Build
 
 
 def synthetic(ids: np.ndarray, n_expert: int, n_prompt: int = 0) -> RoutingTrace:
@@ -151,6 +152,4 @@ def test_tool_failures_are_one_line(tmp_path: Path):
         trace_routing(manifest(), bad, TraceRequest("hello", 1), 1, tmp_path / "routing.log", 60)
     assert "\n" not in str(e.value)
     with pytest.raises(MoeplaceError, match="pinned build"):
-        trace_routing(
-            {"bin_dir": str(tmp_path / "bin")}, bad, TraceRequest("hello", 1), 1, tmp_path / "routing.log", 60
-        )
+        trace_routing(Build(tmp_path / "bin"), bad, TraceRequest("hello", 1), 1, tmp_path / "routing.log", 60)

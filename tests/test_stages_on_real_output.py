@@ -18,6 +18,7 @@ from moeplace.model.memory import Workload
 from moeplace.plan.budget import reserved_compute
 from moeplace.report.aggregate import measured_table, memory_check_table
 from moeplace.runtime.allocation import reserve
+from moeplace.runtime.build import Build
 from moeplace.runtime.device import DeviceSetup
 
 MiB = 2**20
@@ -28,7 +29,7 @@ VULKAN = "vulkan-cpu-moe-docker-vulkan-host-overrides"  # --cpu-moe on Vulkan: e
 RECORDS = "bench-jsonl-qwen25-7b-rtx4080-cuda"  # llama-bench -o jsonl on an RTX 4080
 
 
-def replay(folder: Path, program: str, stdout: str = "", stderr: str = "", code: int = 0) -> dict:
+def replay(folder: Path, program: str, stdout: str = "", stderr: str = "", code: int = 0) -> Build:
     """A llama.cpp build whose `program` prints what a real one printed (whatever it is asked) and exits: the
     manifest the stages take."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -37,8 +38,10 @@ def replay(folder: Path, program: str, stdout: str = "", stderr: str = "", code:
     script = folder / program
     script.write_text(f"#!/bin/sh\ncat '{folder / program}.out'\ncat '{folder / program}.err' >&2\nexit {code}\n")
     script.chmod(0o755)
-    return {"bin_dir": str(folder), "version": "replay", "build_number": 0, "build_commit": "replay",
-            "source": "a replay of published output", "gpu_devices": ["CUDA0: replay"]}  # fmt: skip
+    source = "a replay of published output"
+    return Build(
+        folder, source, version="replay", build_number=0, build_commit="replay", gpu_devices=("CUDA0: replay",)
+    )
 
 
 def text(name: str) -> str:

@@ -120,7 +120,7 @@ def test_tune_prints_the_speed_its_calibration_expects_at_the_chosen_n(tmp_path)
     meta = inspect_model(path)
     calibration = speed_calibration(meta, tmp_path)
     args = [str(path), "--ctx", "8192", "--vram", "50MB", "--device", "emulated", "--calibration", calibration,
-            "--bin-dir", manifest()["bin_dir"], "--log", str(tmp_path / "tune.log")]  # fmt: skip
+            "--bin-dir", str(manifest().bin_dir), "--log", str(tmp_path / "tune.log")]  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "moeplace.cli", "tune", *args], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     chosen = int(done.stdout.split("chosen n = ")[1].split()[0])
@@ -151,7 +151,7 @@ def test_tune_calibrates_the_speed_model_and_plans_with_it(tmp_path):
     meta = inspect_model(path)
     out = tmp_path / "calibration.json"
     args = [str(path), "--ctx", "8192", "--vram", "50MB", "--device", "emulated", "--calibration-out", str(out),
-            "--bin-dir", manifest()["bin_dir"], "--log", str(tmp_path / "tune.log")]  # fmt: skip
+            "--bin-dir", str(manifest().bin_dir), "--log", str(tmp_path / "tune.log")]  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "moeplace.cli", "tune", *args], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     print(done.stdout)

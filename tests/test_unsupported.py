@@ -15,6 +15,7 @@ from moeplace.core.errors import MoeplaceError
 from moeplace.model.memory import Workload
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
+from moeplace.runtime.build import Build
 from moeplace.runtime.device import DeviceSetup
 from moeplace.runtime.llamacpp_args import UNSUPPORTED, refusal
 
@@ -118,7 +119,7 @@ def test_a_sweep_llamacpp_refuses_is_recorded_unsupported_without_running_it(nev
 
     settings = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, type_k="q8_0", type_v="q8_0",
                              flash_attn="off")  # fmt: skip
-    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), {"bin_dir": str(never_bench.parent)}, tmp_path / "bench.log",
+    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), Build(never_bench.parent), tmp_path / "bench.log",
               tmp_path)  # fmt: skip
     records = run_sweep(BenchJob("fake", "fake.gguf", [], 1024, 1), [2, 1], rig)
     assert [(r["n_cpu_moe"], r["test"], r["status"]) for r in records] == [
@@ -142,7 +143,7 @@ def test_the_fit_params_variant_llamacpp_refuses_is_recorded_without_llama_fit_p
     path, meta = twin
     settings = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, type_k="q8_0", type_v="q8_0",
                              flash_attn="off")  # fmt: skip
-    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), {"bin_dir": str(never_bench.parent)}, tmp_path / "v.log",
+    rig = Rig(settings, DeviceSetup("gpu", "fake", 0), Build(never_bench.parent), tmp_path / "v.log",
               tmp_path)  # fmt: skip
     for variant in ("fit_params", "first_n"):
         records = run_variant(variant, meta, 2, {}, BenchJob("m", str(path), [], 4096, 2), rig)

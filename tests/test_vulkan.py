@@ -27,6 +27,7 @@ from workflow_helpers import snakemake, workflow_copy
 from moeplace.core.config import DeviceTarget, validate_config
 from moeplace.core.errors import MoeplaceError
 from moeplace.runtime.backend import detect
+from moeplace.runtime.build import Build
 from moeplace.runtime.llama_log import parse_buffers, read_log
 from moeplace.runtime.llamacpp import provision, require_binary
 from moeplace.runtime.vulkan import PATCH
@@ -48,7 +49,7 @@ pytestmark = [pytest.mark.vulkan, pytest.mark.skipif(bool(_missing()), reason=f"
 
 
 @cache
-def manifest() -> dict:
+def manifest() -> Build:
     """The lavapipe build (built once per machine, ~7-8 min at -j2, cached under ~/.cache/moeplace)."""
     cfg = validate_config(EXAMPLE, ROOT / "workflow/schemas/config.schema.yaml")
     return provision(cfg["llamacpp"], LOG, jobs=2)
@@ -66,10 +67,10 @@ def twin(tmp_path_factory) -> Path:
 
 def test_the_vulkan_build_is_its_own_cache_entry_and_sees_lavapipe_as_vulkan0():
     m = manifest()
-    assert m["backend"] == "lavapipe" and "-DGGML_VULKAN=ON" in m["cmake_options"]
-    assert m["patches"] == [PATCH["sha256"]] and m["env"] == {"GGML_VK_VISIBLE_DEVICES": "0"}
-    assert m["gpu_devices"][0].startswith("Vulkan0: llvmpipe") and m["software_device"]
-    assert m["mesa"].startswith("Mesa ")
+    assert m.backend == "lavapipe" and "-DGGML_VULKAN=ON" in m.cmake_options
+    assert m.patches == (PATCH["sha256"],) and m.env == {"GGML_VK_VISIBLE_DEVICES": "0"}
+    assert m.gpu_devices[0].startswith("Vulkan0: llvmpipe") and m.software_device
+    assert m.mesa.startswith("Mesa ")
     doctor = subprocess.run([MOEPLACE, "doctor", "--backend", "lavapipe", "--json"], capture_output=True, text=True)
     found = json.loads(doctor.stdout)
     assert found["name"] == "lavapipe" and "software" in found["reason"] and "not a GPU" in found["reason"]

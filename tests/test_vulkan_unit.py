@@ -13,6 +13,7 @@ from conftest import ROOT
 from moeplace.core.config import DeviceTarget
 from moeplace.core.errors import MoeplaceError
 from moeplace.runtime import backend, device, vulkan
+from moeplace.runtime.build import Build
 from moeplace.runtime.llamacpp import build_key
 
 VULKANINFO = ROOT / "tests/data/vulkan/vulkaninfo-lavapipe-mesa-22.3.6-debian12.txt"
@@ -93,8 +94,14 @@ def test_a_vulkan_build_is_keyed_by_its_patch_headers_and_lavapipe():
     assert build_key("1", ["-DGGML_RPC=ON"]) == build_key("1", ["-DGGML_RPC=ON"], None)  # the CPU build's key kept
 
 
-MANIFEST = {"software_device": True, "gpu_devices": [f"Vulkan0: {LLVMPIPE}"], "mesa": "Mesa 22.3.6 (LLVM 15.0.6)",
-            "devcap": "/nonexistent/libmoeplace-devcap.so", "env": vulkan.VISIBLE}  # fmt: skip
+MANIFEST = Build(
+    Path("/nonexistent/bin"),
+    gpu_devices=(f"Vulkan0: {LLVMPIPE}",),
+    software_device=True,
+    mesa="Mesa 22.3.6 (LLVM 15.0.6)",
+    devcap=Path("/nonexistent/libmoeplace-devcap.so"),
+    env=vulkan.VISIBLE,
+)
 
 
 def test_a_lavapipe_device_is_labelled_as_software_capped_and_attached_with_its_cap(monkeypatch, tmp_path):

@@ -6,12 +6,13 @@ from pathlib import Path
 from moeplace.core.config import BenchSettings, DeviceTarget
 from moeplace.measure.bench import BenchJob, Rig, run_sweep
 from moeplace.model.meta import read_metadata
+from moeplace.runtime.build import Build
 from moeplace.runtime.device import device_setup
-from moeplace.runtime.outputs import read_json, stage, write_jsonl
+from moeplace.runtime.outputs import stage, write_jsonl
 
 with stage(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params
-    manifest = read_json(snakemake.input.llamacpp)
+    manifest = Build.read(snakemake.input.llamacpp)
     meta = read_metadata(snakemake.input.metadata)
     device = device_setup(DeviceTarget(**p.device), manifest)
     job = BenchJob(w.model, snakemake.input.model[0], meta.file_records(), p.ctx, p.n_cpu_moe[0])

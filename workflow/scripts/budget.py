@@ -8,13 +8,14 @@ from moeplace.model.memory import Workload
 from moeplace.model.meta import read_metadata
 from moeplace.plan.budget import budget_table, compute_from_llamacpp
 from moeplace.plan.devices_budget import devices_budget_table
-from moeplace.runtime.outputs import read_json, stage, write_csv
+from moeplace.runtime.build import Build
+from moeplace.runtime.outputs import stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params
     meta = read_metadata(i.metadata)
     workloads = [Workload(ctx, p.ubatch, p.flash_attn, p.cache_type_k, p.cache_type_v) for ctx in p.contexts]
-    model, manifest = (i.model[0], read_json(i.llamacpp)) if "model" in i.keys() else (None, None)
+    model, manifest = (i.model[0], Build.read(i.llamacpp)) if "model" in i.keys() else (None, None)
     target, log_path = DeviceTarget(**p.device), Path(snakemake.log[0])
     if target.other_vram_bytes:  # several devices
         table = devices_budget_table(meta, model, manifest, target, p.memory["overhead_bytes"], workloads, log_path)

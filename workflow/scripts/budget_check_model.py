@@ -15,12 +15,13 @@ from moeplace.measure.budget_check import (
     summary,
 )
 from moeplace.model.meta import read_metadata
-from moeplace.runtime.outputs import read_json, stage, write_csv
+from moeplace.runtime.build import Build
+from moeplace.runtime.outputs import stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, p, w = snakemake.input, snakemake.params, snakemake.wildcards
     g, target = p.grid, DeviceTarget(**p.device)
-    model = CheckedModel(w.model, i.model[0], read_metadata(i.metadata), read_json(i.llamacpp), Path(snakemake.log[0]))
+    model = CheckedModel(w.model, i.model[0], read_metadata(i.metadata), Build.read(i.llamacpp), Path(snakemake.log[0]))
     workloads = grid(g["contexts"], g["ubatch"], g["cache_types"], g["flash_attn"])
     if target.other_vram_bytes:
         table = devices_table(check_devices(model, workloads, [target.vram_bytes, *target.other_vram_bytes]), w.model)

@@ -6,12 +6,13 @@ from moeplace.core.config import BenchSettings, CeilingsSettings, DeviceTarget
 from moeplace.measure.ceilings import measure_ceilings
 from moeplace.model.meta import read_metadata
 from moeplace.model.metadata import inspect_model
+from moeplace.runtime.build import Build
 from moeplace.runtime.device import device_setup
-from moeplace.runtime.outputs import read_json, stage, write_csv
+from moeplace.runtime.outputs import stage, write_csv
 
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params
-    manifest = read_json(i.llamacpp)
+    manifest = Build.read(i.llamacpp)
     device = device_setup(DeviceTarget(**p.device), manifest)
     models = {m: (Path(i[f"model_{m}"][0]), read_metadata(i[f"metadata_{m}"])) for m in p.models}
     table = measure_ceilings(

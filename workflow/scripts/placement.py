@@ -9,12 +9,13 @@ from moeplace.core.config import BenchSettings, DeviceTarget
 from moeplace.measure.bench import BenchJob, Rig
 from moeplace.measure.placement import run_variant, variant_n
 from moeplace.model.meta import read_metadata
+from moeplace.runtime.build import Build
 from moeplace.runtime.device import device_setup
-from moeplace.runtime.outputs import read_json, stage, write_jsonl
+from moeplace.runtime.outputs import stage, write_jsonl
 
 with stage(snakemake.log[0]) as log:
     i, p, w = snakemake.input, snakemake.params, snakemake.wildcards
-    manifest, meta, ctx = read_json(i.llamacpp), read_metadata(i.metadata), p.ctx
+    manifest, meta, ctx = Build.read(i.llamacpp), read_metadata(i.metadata), p.ctx
     row = pd.read_csv(i.budget).set_index("ctx").loc[ctx]
     device = device_setup(DeviceTarget(**p.device), manifest)
     n = variant_n(meta, int(row.n_cpu_moe) if row.status == "ok" else None, bool(device.other_caps))

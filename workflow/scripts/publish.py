@@ -4,6 +4,7 @@ llama-bench.sqlite, MANIFEST.json) and publish/<name>.tar.gz."""
 from pathlib import Path
 
 from moeplace.report.publish import DICTIONARY, Contents, load_dictionary, publish, snakemake_report
+from moeplace.runtime.build import Build
 from moeplace.runtime.outputs import read_json, read_jsonl, stage
 from moeplace.runtime.provenance import pipeline_revision
 
@@ -14,7 +15,7 @@ with stage(snakemake.log[0]) as log:
     facts = {
         "name": Path(snakemake.output.folder).name,
         "pipeline": pipeline_revision(Path.cwd()),
-        "llamacpp": read_json(i.llamacpp) if "llamacpp" in i.keys() else None,
+        "llamacpp": Build.read(i.llamacpp).to_json() if "llamacpp" in i.keys() else None,
         "models": models,
         "hosts": sorted({f"{r.get('host')} ({r.get('cpu')})" for r in records}),
         "devices": sorted({str(r.get("device")) for r in records}),

@@ -7,11 +7,12 @@ from moeplace.measure.quants import quant_row, quants_table
 from moeplace.measure.ram_tier import run_ram_tier
 from moeplace.model.metadata import inspect_model
 from moeplace.report.figures.quants import quants_figure
-from moeplace.runtime.outputs import read_json, stage, write_csv, write_jsonl
+from moeplace.runtime.build import Build
+from moeplace.runtime.outputs import stage, write_csv, write_jsonl
 
 with stage(snakemake.log[0]) as log:
     i, o, p = snakemake.input, snakemake.output, snakemake.params
-    manifest = read_json(i.llamacpp)
+    manifest = Build.read(i.llamacpp)
     rows, all_records = [], []
     for quant, path in zip(p.types, i.quants):
         meta = inspect_model(path)

@@ -10,7 +10,8 @@ from moeplace.measure.ram_tier_table import predicted_column, ram_tier_table
 from moeplace.model.meta import read_metadata
 from moeplace.plan.measured_prior import measured_bandwidths
 from moeplace.report.figures.ram_tier import ram_tier_figure
-from moeplace.runtime.outputs import read_json, stage, write_csv, write_jsonl
+from moeplace.runtime.build import Build
+from moeplace.runtime.outputs import stage, write_csv, write_jsonl
 
 with stage(snakemake.log[0]) as log:
     i, o, p, w = snakemake.input, snakemake.output, snakemake.params, snakemake.wildcards
@@ -19,7 +20,7 @@ with stage(snakemake.log[0]) as log:
         model_name=w.model,
         model_path=i.model[0],
         meta=meta,
-        manifest=read_json(i.llamacpp),
+        manifest=Build.read(i.llamacpp),
         settings=RamTierSettings(**p.settings),
         log_path=Path(snakemake.log[0]),
         workdir=Path.cwd(),

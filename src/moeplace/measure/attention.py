@@ -14,7 +14,6 @@ import logging
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -24,6 +23,7 @@ from ..core.records import JsonObject, Row
 from ..model.meta import ModelMeta
 from ..plan.measured_prior import probe_run
 from ..plan.speed import TESTS, features
+from ..runtime.build import Build
 from ..runtime.cpus import split_cpus
 from ..runtime.device import DeviceSetup, HostSide, attached, host_side
 from ..runtime.llamacpp import bench_command
@@ -72,7 +72,7 @@ def _placement_rows(
 
 
 def attention_rows(
-    manifest: dict[str, Any],
+    manifest: Build,
     name: str,
     model: Path,
     meta: ModelMeta,
@@ -115,7 +115,7 @@ class _DeviceBench:
     """One model's llama-bench processes on the attached device (`rpc`), as the benchmarks run them: their
     settings, `threads` on the host side `host` watches, each logged to `log_file`."""
 
-    manifest: dict[str, Any]
+    manifest: Build
     name: str
     model: Path
     bench: BenchSettings

@@ -20,6 +20,7 @@ from typing import Any
 from ..core.config import BenchSettings
 from ..core.records import BenchRecord, FileRecord, JsonObject
 from ..core.stats import repetitions_for
+from ..runtime.build import Build
 from ..runtime.cpus import split_cpus, wait_for_quiet
 from ..runtime.device import PROGRESS, DeviceSetup, HostSide, attached, bound_rules, host_side
 from ..runtime.llama_names import is_host
@@ -70,7 +71,7 @@ class Rig:
 
     settings: BenchSettings
     device: DeviceSetup
-    manifest: dict[str, Any]
+    manifest: Build
     log_path: Path
     workdir: Path
 

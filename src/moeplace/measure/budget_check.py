@@ -27,6 +27,7 @@ from ..plan.budget import BudgetRow, plan, reserved_compute
 from ..plan.devices import Attached, MultiPlan, plan_args, reserved_plan
 from ..plan.offload import expert_tensors, matching_tensors
 from ..runtime.allocation import fitted_placement, load_probe
+from ..runtime.build import Build
 from ..runtime.cpus import split_cpus
 from ..runtime.device import DeviceSetup, attached, device_setup, rpc_device
 from ..runtime.llamacpp_args import UNSUPPORTED, refusal
@@ -66,7 +67,7 @@ class CheckedModel:
     name: str
     path: str
     meta: ModelMeta
-    manifest: dict[str, Any]
+    manifest: Build
     log_path: Path
 
 

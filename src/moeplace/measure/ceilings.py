@@ -27,7 +27,6 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -37,6 +36,7 @@ from ..core.records import Row
 from ..core.units import GB
 from ..model.meta import ModelMeta
 from ..model.reads import bytes_per_token
+from ..runtime.build import Build
 from ..runtime.device import LINK_FACTS, LINK_PROBE_BYTES, DeviceSetup, link_facts
 from ..runtime.llamacpp import require_binary
 from ..runtime.native import ram_read_gbps
@@ -107,7 +107,7 @@ def disk_read_mbps(path: Path, *, block: int, random_order: bool, seconds: float
 
 
 def decode_tok_s(
-    manifest: dict[str, Any],
+    manifest: Build,
     model: Path,
     threads: int,
     gen: int,
@@ -163,7 +163,7 @@ def _decode_rows(
 
 def measure_ceilings(
     *,
-    manifest: dict[str, Any],
+    manifest: Build,
     dense: tuple[Path, ModelMeta],
     models: dict[str, tuple[Path, ModelMeta]],
     device: DeviceSetup,
@@ -190,7 +190,7 @@ def measure_ceilings(
     for name, (path, meta) in models.items():
         rows += _decode_rows("moe_decode", name, speeds(path), bytes_per_token(meta), ram, "MoE model, all on the CPU")
         rows += attention_rows(manifest, name, path, meta, device, bench, settings.attention_depths, log_file)
-    if device.kind == "gpu" and manifest.get("backend") == "cuda":
+    if device.kind == "gpu" and manifest.backend == "cuda":
         rows += _link_rows(device, log_file)
     if device.kind == "gpu":
         rows.append(_device_decode_row(manifest, dense, device, settings, log_file))
@@ -249,7 +249,7 @@ def _link_rows(device: DeviceSetup, log_file: Path) -> list[Row]:
 
 
 def _device_decode_row(
-    manifest: dict[str, Any],
+    manifest: Build,
     dense: tuple[Path, ModelMeta],
     device: DeviceSetup,
     settings: CeilingsSettings,

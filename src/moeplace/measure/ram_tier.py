@@ -53,6 +53,7 @@ from ..core.records import JsonObject
 from ..model.gguf_file import GGUFHeader, read_header, shard_paths
 from ..model.meta import ModelMeta
 from ..model.metadata import tensor_role
+from ..runtime.build import Build
 from ..runtime.cgroup import MIB, CgroupSite, cgroup_site, memory_cgroup
 from ..runtime.llamacpp import require_binary, require_flags
 from ..runtime.native import build_native
@@ -105,7 +106,7 @@ def non_expert_ranges(model_path: str | Path, page: int = PAGE) -> list[tuple[Pa
 _BENCH_ARGS = "-p 0 -r 1 --no-warmup -ngl 0 --repack 0 -lm mmap -o jsonl".split()
 
 
-def ram_tier_command(manifest: dict[str, Any], model: str, gen: int, threads: int) -> list[str]:
+def ram_tier_command(manifest: Build, model: str, gen: int, threads: int) -> list[str]:
     return [str(require_binary(manifest, "llama-bench")), "-m", model, "-n", str(gen), "-t", str(threads), *_BENCH_ARGS]
 
 
@@ -247,7 +248,7 @@ def run_ram_tier(
     model_name: str,
     model_path: str,
     meta: ModelMeta,
-    manifest: dict[str, Any],
+    manifest: Build,
     settings: RamTierSettings,
     log_path: Path,
     workdir: Path,
@@ -288,7 +289,7 @@ class _Tier:
 
     model_name: str
     model_path: str
-    manifest: dict[str, Any]
+    manifest: Build
     settings: RamTierSettings
     files: list[str]
     site: CgroupSite | None

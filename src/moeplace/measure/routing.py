@@ -14,13 +14,13 @@ import tempfile
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..core.errors import MoeplaceError
 from ..model.reads import routed_share
+from ..runtime.build import Build
 from ..runtime.native import build_tool
 from ..runtime.outputs import atomic_path
 from ..runtime.process import run
@@ -128,7 +128,7 @@ class TraceRequest:
 
 
 def trace_routing(
-    manifest: dict[str, Any],
+    manifest: Build,
     model_path: str | Path,
     request: TraceRequest,
     threads: int,

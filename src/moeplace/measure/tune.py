@@ -25,6 +25,7 @@ from ..model.meta import ModelMeta
 from ..model.metadata import inspect_model
 from ..plan.budget import plan
 from ..plan.devices import minimum_ncmoe
+from ..runtime.build import Build
 from ..runtime.device import DeviceSetup, device_setup
 from ..runtime.llamacpp_args import UNSUPPORTED, refusal
 from .bench import BenchJob, Rig, run_bench, run_sweep
@@ -44,7 +45,7 @@ class Probing:
     folder (for its revision)."""
 
     settings: TuneSettings
-    manifest: dict[str, Any]
+    manifest: Build
     log_path: Path
     workdir: Path
 

@@ -22,6 +22,7 @@ import yaml
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
 
 from ..core.errors import MoeplaceError
+from ..runtime.build import Build
 from ..runtime.llamacpp import require_binary
 from ..runtime.outputs import atomic_path
 from ..runtime.process import run_checked
@@ -273,7 +274,7 @@ def tensor_type_args(tensor_types: dict[str, str]) -> list[str]:
 
 
 def quantize(
-    llamacpp: dict[str, Any],
+    llamacpp: Build,
     f16: str | Path,
     out: str | Path,
     quant: str,
@@ -300,7 +301,7 @@ def make_twin(
     weights: str,
     quant: str,
     seed: int,
-    llamacpp: dict[str, Any] | None,
+    llamacpp: Build | None,
     log_file: str | Path,
 ) -> Path:
     """A twin as the pipeline needs it: sparse (weights none), random blocks in the spec's recipe (blocks), or

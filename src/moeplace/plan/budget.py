@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
@@ -31,6 +31,7 @@ from ..model.memory import (
 )
 from ..model.meta import ModelMeta, is_seed
 from ..runtime.allocation import reserve
+from ..runtime.build import Build
 from ..runtime.cpus import split_cpus
 from ..runtime.device import attached, device_setup
 
@@ -174,7 +175,7 @@ def does_not_fit_message(p: BudgetRow, vram_bytes: int) -> str:
 @contextmanager
 def compute_from_llamacpp(
     model_path: str | None,
-    manifest: dict[str, Any] | None,
+    manifest: Build | None,
     target: DeviceTarget,
     memory: JsonObject,  # core.config.Device's fields, as a rule's params
     log_path: Path,
@@ -193,7 +194,7 @@ def compute_from_llamacpp(
 
 
 def reserved_compute(
-    manifest: dict[str, Any], model_path: str, rpc: str | None, log_path: Path, pins: str | None = None
+    manifest: Build, model_path: str, rpc: str | None, log_path: Path, pins: str | None = None
 ) -> Compute:
     """The device compute buffer as llama.cpp reserves it for a workload and placement (the user's -ot `pins`
     first), on the attached device."""

@@ -29,6 +29,7 @@ from ..model.kvcache import layer_kv_bytes
 from ..model.memory import Workload, estimate_compute, minimum_n
 from ..model.meta import Layer, ModelMeta
 from ..runtime.allocation import reserve
+from ..runtime.build import Build
 from .offload import expert_tensors, ot_value
 
 if TYPE_CHECKING:
@@ -282,7 +283,7 @@ class Attached:
     the build (`manifest`), the model file, the RPC endpoints to pass (None: local devices) and the log."""
 
     names: list[str]
-    manifest: dict[str, Any]
+    manifest: Build
     model_path: str
     rpc: str | None
     log_path: Path

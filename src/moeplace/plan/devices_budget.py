@@ -4,7 +4,6 @@ own split, and beside it moeplace's per-device plan (plan/devices.py), each comp
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -13,6 +12,7 @@ from ..core.errors import MoeplaceError
 from ..model.kvcache import pad
 from ..model.memory import Workload
 from ..model.meta import ModelMeta
+from ..runtime.build import Build
 from ..runtime.cpus import split_cpus
 from ..runtime.device import attached, device_setup
 from .budget import DOES_NOT_FIT, FITS, BudgetRow, budget_frame
@@ -75,7 +75,7 @@ def budget_row(
 def devices_budget_table(
     meta: ModelMeta,
     model_path: str,
-    manifest: dict[str, Any],
+    manifest: Build,
     target: DeviceTarget,
     margin_bytes: int,
     workloads: list[Workload],
@@ -91,7 +91,7 @@ def devices_budget_table(
     setup = device_setup(target, manifest)
     devices = [Device(cap, margin_bytes) for cap in setup.caps]
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
-        names = rpc.split(",") if rpc else [g.split(":")[0] for g in manifest["gpu_devices"][: len(devices)]]
+        names = rpc.split(",") if rpc else [g.split(":")[0] for g in manifest.gpu_devices[: len(devices)]]
         at = Attached(names, manifest, model_path, rpc, log_path)
         rows = [
             budget_row(

@@ -6,9 +6,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..core.errors import MoeplaceError
+from .build import Build
 from .llama_log import Buffers, parse_buffers
 from .llamacpp import require_binary
 from .process import classify, run, run_checked
@@ -19,7 +19,7 @@ RESERVE_TRIES = 5
 
 
 def _placement_args(
-    manifest: dict[str, Any], model: str, args: list[str], n_cpu_moe: int, rpc: str | None, overrides: str | None
+    manifest: Build, model: str, args: list[str], n_cpu_moe: int, rpc: str | None, overrides: str | None
 ) -> list[str]:
     cmd = ["--rpc", rpc] if rpc else []
     # -ot before -ncmoe: llama.cpp's first matching rule wins, and a user's pins come first.
@@ -28,7 +28,7 @@ def _placement_args(
 
 
 def reserve(
-    manifest: dict[str, Any],
+    manifest: Build,
     model: str,
     workload_args: list[str],
     n_cpu_moe: int,
@@ -48,7 +48,7 @@ def reserve(
 
 
 def load_probe(
-    manifest: dict[str, Any],
+    manifest: Build,
     model: str,
     workload_args: list[str],
     n_cpu_moe: int,
@@ -78,7 +78,7 @@ def fitted_placement_args(stdout: str) -> tuple[int, str | None, str | None]:
 
 
 def fitted_placement(
-    manifest: dict[str, Any], model: str, workload_args: list[str], rpc: str | None, log_path: Path
+    manifest: Build, model: str, workload_args: list[str], rpc: str | None, log_path: Path
 ) -> tuple[int | None, str | None, str | None]:
     """llama-fit-params' own placement with no margin, as fitted_placement_args gives it, or Nones where it found
     none. It may also keep whole layers on the host (a lower -ngl)."""

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..core.config import DeviceTarget
 from ..core.errors import MoeplaceError
+from .build import Build
 from .cpus import CpuSplit, pin, realtime_refusal, slowed
 from .llamacpp import free_device_bytes, require_binary
 from .native import build_native
@@ -52,21 +52,21 @@ def _mib(caps: tuple[int, ...]) -> str:
     return " and ".join(f"{c / 2**20:.0f} MiB" for c in caps)
 
 
-def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
+def device_setup(target: DeviceTarget, manifest: Build) -> DeviceSetup:
     kind, name, vram_bytes = target.kind, target.name, target.vram_bytes
     if kind == "auto":
-        kind = "gpu" if manifest.get("gpu_devices") else "emulated"
-    if kind == "gpu" and manifest.get("software_device"):
+        kind = "gpu" if manifest.gpu_devices else "emulated"
+    if kind == "gpu" and manifest.software_device:
         return _lavapipe_setup(target, manifest)
     if kind == "gpu":
-        if not manifest.get("gpu_devices"):
+        if not manifest.gpu_devices:
             raise MoeplaceError(
                 "device.kind is gpu, but this llama.cpp build sees no GPU; set llamacpp.bin_dir to a "
                 "CUDA/HIP/Vulkan build, or device.kind to emulated."
             )
         others = target.other_vram_bytes
         if others:
-            gpus = manifest["gpu_devices"]
+            gpus = manifest.gpu_devices
             if len(gpus) <= len(others):
                 raise MoeplaceError(
                     f"device.vram names {len(others) + 1} devices, but this llama.cpp build sees "
@@ -74,7 +74,7 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
                 )
             caps = ", ".join(f"{g} capped to {c / 2**30:.2f} GiB" for g, c in zip(gpus, (vram_bytes, *others)))
             return DeviceSetup("gpu", name or caps, vram_bytes, hold=True, other_caps=others)
-        label = name or manifest["gpu_devices"][0]
+        label = name or manifest.gpu_devices[0]
         if vram_bytes is None:
             return DeviceSetup("gpu", label, free_device_bytes(manifest))
         return DeviceSetup("gpu", f"{label}, capped to {vram_bytes / 2**30:.2f} GiB", vram_bytes, hold=True)
@@ -97,7 +97,7 @@ def device_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
     return DeviceSetup("emulated", label, vram_bytes, host_slowdown=slowdown, other_caps=target.other_vram_bytes)
 
 
-def _lavapipe_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSetup:
+def _lavapipe_setup(target: DeviceTarget, manifest: Build) -> DeviceSetup:
     """lavapipe as Vulkan0, its size the config's (auto: the heap it reports), enforced while a job runs."""
     if target.other_vram_bytes:
         raise MoeplaceError("device.vram names several devices, but lavapipe is one Vulkan device; give one size.")
@@ -108,8 +108,8 @@ def _lavapipe_setup(target: DeviceTarget, manifest: dict[str, Any]) -> DeviceSet
             f"device.vram is {cap / 2**20:.0f} MiB, more than the {reported / 2**20:.0f} MiB lavapipe "
             "reports; give at most that."
         )
-    gpu = manifest["gpu_devices"][0]
-    mesa = f", {manifest['mesa']}" if manifest.get("mesa") else ""
+    gpu = manifest.gpu_devices[0]
+    mesa = f", {manifest.mesa}" if manifest.mesa else ""
     label = f"{target.name or gpu}: {LABEL}{mesa}, shown as a {cap / 2**20:.0f} MiB card (Mesa: {reported / 2**20:.0f})"
     return DeviceSetup("gpu", label, cap, reported_bytes=reported)
 
@@ -121,12 +121,17 @@ def _free_port() -> int:
 
 
 @contextmanager
-def rpc_device(manifest: dict[str, Any], cap_bytes: int, cpus: tuple[int, ...], log_path: Path) -> Iterator[str]:
+def rpc_device(manifest: Build, cap_bytes: int, cpus: tuple[int, ...], log_path: Path) -> Iterator[str]:
     """A capped RPC server on 127.0.0.1, pinned to `cpus` with a thread each, for the duration of one job;
     always stopped afterwards."""
     server = require_binary(manifest, "ggml-rpc-server")
     port = _free_port()
-    env = {**os.environ, "LD_PRELOAD": manifest["devcap"], "MOEPLACE_DEVICE_CAP_BYTES": str(cap_bytes)}
+    if manifest.devcap is None:
+        raise MoeplaceError(
+            f"the llama.cpp build in {manifest.bin_dir} names no devcap shim, which the emulated device needs; "
+            "delete resources/llamacpp/ and run the pipeline again."
+        )
+    env = {**os.environ, "LD_PRELOAD": str(manifest.devcap), "MOEPLACE_DEVICE_CAP_BYTES": str(cap_bytes)}
     cmd = [str(server), "-H", "127.0.0.1", "-p", str(port), "-t", str(len(cpus))]
     proc = spawn(cmd, env=env, log_path=log_path, before_exec=lambda: pin(cpus))
     try:
@@ -229,7 +234,7 @@ def host_side(device: DeviceSetup, cpus: tuple[int, ...], log_path: Path) -> Ite
 
 
 @contextmanager
-def attached(device: DeviceSetup, manifest: dict[str, Any], cpus: CpuSplit, log_path: Path) -> Iterator[str | None]:
+def attached(device: DeviceSetup, manifest: Build, cpus: CpuSplit, log_path: Path) -> Iterator[str | None]:
     """The context a llama.cpp run needs for `device`: the RPC servers' addresses, comma-separated as --rpc takes
     them (emulated, on their own CPUs where there are two or more), or None (GPUs, each capped by a memory holder
     when asked to be smaller)."""

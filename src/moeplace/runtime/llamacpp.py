@@ -21,7 +21,7 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from ..core.config import BenchSettings
 from ..core.config_schema import default
 from ..core.errors import MoeplaceError
 from .backend import detect
+from .build import Build, Version
 from .llama_names import backend_of
 from .llamacpp_args import cache_args
 from .native import build_native, cache_root
@@ -194,7 +195,7 @@ def missing_flags(bench: Path, flags: tuple[str, ...]) -> list[str]:
     return [flag for flag in flags if flag not in usage]
 
 
-def require_flags(manifest: dict[str, Any], flags: tuple[str, ...], purpose: str) -> None:
+def require_flags(manifest: Build, flags: tuple[str, ...], purpose: str) -> None:
     bench = require_binary(manifest, "llama-bench")
     if missing := missing_flags(bench, flags):
         raise MoeplaceError(
@@ -203,7 +204,7 @@ def require_flags(manifest: dict[str, Any], flags: tuple[str, ...], purpose: str
         )
 
 
-def version_info(bin_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+def version_info(bin_dir: Path, env: dict[str, str] | None = None) -> Version:
     bench = bin_dir / "llama-bench"
     text = _output(bench, "--version")
     m = _VERSION.search(text)
@@ -214,16 +215,16 @@ def version_info(bin_dir: Path, env: dict[str, str] | None = None) -> dict[str, 
         )
     devices = list_devices(_output(bench, "--list-devices", env=env))
     gpus = [f"{d.name}: {d.description}" for d in devices if _is_gpu(d)]
-    return {
-        "version": m["version"] if m else text.strip().splitlines()[0] if text.strip() else "unknown",
-        "build_number": int(m["number"]) if m else None,
-        "build_commit": m["commit"] if m else "unknown",
-        "gpu_devices": gpus,
-    }
+    return Version(
+        version=m["version"] if m else text.strip().splitlines()[0] if text.strip() else "unknown",
+        build_number=int(m["number"]) if m else None,
+        build_commit=m["commit"] if m else "unknown",
+        gpu_devices=tuple(gpus),
+    )
 
 
-def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> dict[str, Any]:
-    """Return the manifest of a usable llama.cpp build, building and caching the pinned one if needed."""
+def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> Build:
+    """Return a usable llama.cpp build, building and caching the pinned one if needed."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     if cfg.get("bin_dir"):
         return _user_build(Path(cfg["bin_dir"]), log_file)
@@ -255,29 +256,33 @@ def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> d
             shutil.rmtree(partial, ignore_errors=True)
             try:
                 _build(version, sha256, options, partial, log_file, jobs or os.cpu_count() or 2)
-                manifest = {
-                    "source": f"{SDIST_PACKAGE}=={version}",
-                    "backend": backend.name,
-                    "sha256": sha256,
-                    "cmake_options": options,
-                    **({"patches": [build_identity()["patch"]], "env": env} if vulkan else {}),
-                    **version_info(partial / "bin", env),
-                }
-                (partial / "manifest.json").write_text(json.dumps(manifest, indent=1))
+                built = Build(
+                    bin_dir=dest / "bin",
+                    source=f"{SDIST_PACKAGE}=={version}",
+                    backend=backend.name,
+                    sha256=sha256,
+                    cmake_options=tuple(options),
+                    patches=(build_identity()["patch"],) if vulkan else None,
+                    env=env if vulkan else None,
+                    **asdict(version_info(partial / "bin", env)),
+                )
+                # The cache entry's own manifest: the build without where it is (its bin/ beside the file).
+                entry = {k: v for k, v in built.to_json().items() if k != "bin_dir"}
+                (partial / "manifest.json").write_text(json.dumps(entry, indent=1))
                 partial.rename(dest)
             finally:
                 shutil.rmtree(partial, ignore_errors=True)
         else:
             log.info("reusing cached llama.cpp build %s", dest)
-    manifest = json.loads((dest / "manifest.json").read_text())
-    bin_dir = dest / "bin"
+    cached = json.loads((dest / "manifest.json").read_text())
+    build = Build.from_json({**cached, "bin_dir": str(dest / "bin")}, str(dest / "manifest.json"))
     if software:  # the driver is read at each run, not keyed: the binaries do not change with it
-        manifest.update(software_device=True, mesa=mesa_version())
-    return {**manifest, "bin_dir": str(bin_dir), "devcap": str(build_native("devcap", log_file, shared=True))}
+        build = replace(build, software_device=True, mesa=mesa_version())
+    return replace(build, devcap=build_native("devcap", log_file, shared=True))
 
 
-def _user_build(given: Path, log_file: Path) -> dict[str, Any]:
-    """The manifest of the user's own llama.cpp build (llamacpp.bin_dir)."""
+def _user_build(given: Path, log_file: Path) -> Build:
+    """The user's own llama.cpp build (llamacpp.bin_dir)."""
     bin_dir = given.expanduser().resolve()
     missing = [t for t in ("llama-bench",) if not (bin_dir / t).exists()]
     if missing:
@@ -286,12 +291,7 @@ def _user_build(given: Path, log_file: Path) -> dict[str, Any]:
             "holding your built llama.cpp binaries (e.g. build/bin)."
         )
     info = version_info(bin_dir)
-    return {
-        "bin_dir": str(bin_dir),
-        "source": "user build",
-        **info,
-        "devcap": str(build_native("devcap", log_file, shared=True)),
-    }
+    return Build(bin_dir=bin_dir, devcap=build_native("devcap", log_file, shared=True), **asdict(info))
 
 
 def _is_gpu(device: Device) -> bool:
@@ -299,7 +299,7 @@ def _is_gpu(device: Device) -> bool:
     return backend_of(device.name) not in ("rpc", "cpu", None)
 
 
-def free_device_bytes(manifest: dict[str, Any]) -> int:
+def free_device_bytes(manifest: Build) -> int:
     """The first GPU's free memory now, as its backend reports it (device.vram: auto)."""
     for device in list_devices(_output(require_binary(manifest, "llama-bench"), "--list-devices")):
         if _is_gpu(device) and device.free_bytes:
@@ -310,11 +310,11 @@ def free_device_bytes(manifest: dict[str, Any]) -> int:
     )
 
 
-def require_binary(manifest: dict[str, Any], name: str) -> Path:
+def require_binary(manifest: Build, name: str) -> Path:
     """A tool of the build, its environment set for this process and its children (a lavapipe build: lavapipe
     visible as Vulkan0)."""
-    os.environ.update(manifest.get("env") or {})
-    path = Path(manifest["bin_dir"]) / name
+    os.environ.update(manifest.env or {})
+    path = manifest.bin_dir / name
     if not path.exists():
         raise MoeplaceError(
             f"{path} is missing: the llama.cpp build was removed; delete resources/llamacpp/ "
@@ -334,7 +334,7 @@ class Placement:
 
 
 def bench_command(
-    manifest: dict[str, Any],
+    manifest: Build,
     model: str,
     depth: int,
     n_cpu_moe: int | Sequence[int],

@@ -10,9 +10,9 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 from ..core.errors import MoeplaceError
+from .build import Build
 from .process import run_checked
 
 NATIVE_SOURCES = Path(__file__).parents[1] / "native"
@@ -64,13 +64,13 @@ def ram_read_gbps(log_file: Path, threads: int, nbytes: int, seconds: float, tri
     return best
 
 
-def build_tool(name: str, manifest: dict[str, Any], log_file: Path) -> Path:
+def build_tool(name: str, manifest: Build, log_file: Path) -> Path:
     """Compile our C++ tool native/<name>.cpp against the pinned build's static libraries, once per source and build.
 
     The binary goes to cache_root()/native/moeplace-<name>-<12 hex of the source and the build key>.
     """
     source = NATIVE_SOURCES / f"{name}.cpp"
-    root = Path(manifest["bin_dir"]).parent
+    root = manifest.bin_dir.parent
     include_dir, lib_dir = root / "include", root / "lib"
     libs = sorted(lib_dir.glob("lib*.a")) if lib_dir.is_dir() else []
     if not (include_dir / "llama.h").exists() or not (lib_dir / "libllama.a").exists():

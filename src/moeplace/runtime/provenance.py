@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from .build import Build
 from .process import run
 
 
@@ -30,11 +31,11 @@ def host_facts() -> dict[str, Any]:
     return facts
 
 
-def build_facts(manifest: dict[str, Any]) -> dict[str, Any]:
+def build_facts(manifest: Build) -> dict[str, Any]:
     return {
-        "llamacpp_version": manifest.get("version"),
-        "llamacpp_commit": manifest.get("build_commit"),
-        "llamacpp_build": manifest.get("build_number"),
+        "llamacpp_version": manifest.version,
+        "llamacpp_commit": manifest.build_commit,
+        "llamacpp_build": manifest.build_number,
     }
 
 
