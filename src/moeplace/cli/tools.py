@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     backend = detect(args.backend)
     tools = build_tools()
     if args.json:
-        print(json.dumps({**backend.as_dict(), "build_tools": tools}, indent=1))
+        print(json.dumps({**asdict(backend), "build_tools": tools}, indent=1))
         return 0
     print(f"backend: {backend.name} ({backend.reason})")
     for d in backend.devices:

@@ -8,15 +8,15 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from ..core.errors import MoeplaceError
 from .process import run
 from .tool_output import nvidia_smi_csv, rocm_smi
 from .vulkan import INSTALL as LAVAPIPE_INSTALL
-from .vulkan import lavapipe_devices, visible_devices, vulkaninfo_devices
+from .vulkan import VulkanDevice, lavapipe_devices, visible_devices, vulkaninfo_devices
 
 BACKENDS = ("auto", "cpu", "cuda", "hip", "vulkan", "lavapipe")  # lavapipe: only when asked for
 ROCM = os.environ.get("ROCM_PATH", "/opt/rocm")
@@ -28,17 +28,24 @@ INSTALL = {
 }
 
 
+class GpuDevice(TypedDict):
+    """A GPU as its vendor's tool lists it (`moeplace doctor --json` prints it as is): total and free bytes where
+    the tool reports them (None: rocminfo and vulkaninfo --summary do not)."""
+
+    name: str
+    total_bytes: int | None
+    free_bytes: int | None
+    compute_cap: NotRequired[str]  # nvidia-smi's, e.g. "8.9"
+
+
 @dataclass
 class Backend:
     name: str  # cpu, cuda, hip, vulkan or lavapipe (Vulkan on Mesa's CPU implementation)
     reason: str
     cmake_options: list[str] = field(default_factory=list)
-    devices: list[dict[str, Any]] = field(default_factory=list)  # name, total_bytes, free_bytes
+    devices: list[GpuDevice] | list[VulkanDevice] = field(default_factory=list)  # lavapipe: vulkaninfo's devices
     toolkit: str | None = None
     install: str | None = None  # what a present GPU lacks to be used
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _tool(name: str, *extra: str) -> str | None:
@@ -52,7 +59,7 @@ def _lines(cmd: list[str]) -> list[str]:
     return [line.strip() for line in result.stdout.splitlines() if line.strip()] if result.ok else []
 
 
-def nvidia_devices() -> list[dict[str, Any]]:
+def nvidia_devices() -> list[GpuDevice]:
     """NVIDIA GPUs as nvidia-smi reports them (name, total and free bytes, compute capability)."""
     smi = _tool("nvidia-smi")
     result = run([smi, *NVIDIA_QUERY], timeout_s=30) if smi else None
@@ -71,14 +78,14 @@ def nvidia_devices() -> list[dict[str, Any]]:
     ]
 
 
-def amd_devices() -> list[dict[str, Any]]:
+def amd_devices() -> list[GpuDevice]:
     """AMD GPU agents rocminfo lists (their gfx target; memory is not reported there)."""
     tool = _tool("rocminfo", f"{ROCM}/bin/rocminfo")
     names = [line.split(":", 1)[1].strip() for line in (_lines([tool]) if tool else []) if line.startswith("Name:")]
     return [{"name": n, "total_bytes": None, "free_bytes": None} for n in dict.fromkeys(names) if n.startswith("gfx")]
 
 
-def vulkan_devices() -> list[dict[str, Any]]:
+def vulkan_devices() -> list[GpuDevice]:
     """Vulkan GPUs (software rasterisers such as llvmpipe left out)."""
     tool = _tool("vulkaninfo")
     lines = _lines([tool, "--summary"]) if tool else []
@@ -86,7 +93,7 @@ def vulkan_devices() -> list[dict[str, Any]]:
     return [{"name": n, "total_bytes": None, "free_bytes": None} for n in names if "llvmpipe" not in n.lower()]
 
 
-def _candidates() -> list[tuple[str, list[dict[str, Any]], str | None, list[str]]]:
+def _candidates() -> list[tuple[str, list[GpuDevice], str | None, list[str]]]:
     """(backend, devices, toolkit, cmake options) for each GPU kind this machine shows."""
     out = []
     if nvidia := nvidia_devices():

@@ -11,7 +11,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from .llama_names import MiB
 
@@ -31,6 +31,17 @@ class Device:
     free_bytes: int
 
 
+class SmiGpu(TypedDict):
+    """A card as nvidia-smi or rocm-smi reports it: its name and, where the tool printed them, its total, used and
+    free memory in MiB. nvidia-smi's other queried fields (compute_cap, driver_version, ...) follow as printed."""
+
+    name: str | None
+    total_mib: NotRequired[float | None]
+    used_mib: NotRequired[float | None]
+    free_mib: NotRequired[float | None]
+    compute_cap: NotRequired[str]
+
+
 def list_devices(text: str) -> list[Device]:
     """The devices `llama-bench --list-devices` (or llama-server's) prints, with their total and free memory."""
     devices = []
@@ -40,6 +51,8 @@ def list_devices(text: str) -> list[Device]:
     return devices
 
 
+# llama-bench's records are its own JSON objects, as it printed them: their fields are llama-bench's and change with
+# its version (and a markdown row has only its table's columns), so they stay open dicts.
 def bench_records(stdout: str) -> list[dict[str, Any]]:
     """llama-bench's `-o jsonl` records, whole lines only: a stopped or killed run may have been cut mid-line."""
     records = []
@@ -147,9 +160,7 @@ def _mib(cell: str) -> int | None:
     return round(float(m[1])) if m else None
 
 
-def nvidia_smi_csv(
-    text: str, fields: tuple[str, ...] = ("name", "memory.total", "memory.free")
-) -> list[dict[str, Any]]:
+def nvidia_smi_csv(text: str, fields: tuple[str, ...] = ("name", "memory.total", "memory.free")) -> list[SmiGpu]:
     """nvidia-smi --query-gpu=... --format=csv (with its header, `[MiB]` units or none), or with noheader in
     `fields`' order: per GPU its name, total/used/free MiB and any other field queried, as printed. Lines pasted
     as quotes ("> ") and the command line itself are skipped."""
@@ -162,7 +173,7 @@ def nvidia_smi_csv(
     gpus = []
     for row in rows:
         cells = dict(zip(fields, (c.strip() for c in row)))
-        gpu: dict[str, Any] = {"name": cells.pop("name", cells.pop("gpu_name", None))}
+        gpu: SmiGpu = {"name": cells.pop("name", cells.pop("gpu_name", None))}
         for key in ("total", "used", "free"):
             if f"memory.{key}" in cells:
                 gpu[f"{key}_mib"] = _mib(cells.pop(f"memory.{key}"))
@@ -170,8 +181,8 @@ def nvidia_smi_csv(
     return gpus
 
 
-def _rocm_gpu(name: str, total: str | None, used: str | None) -> dict[str, Any]:
-    gpu: dict[str, Any] = {"name": name}
+def _rocm_gpu(name: str, total: str | None, used: str | None) -> SmiGpu:
+    gpu: SmiGpu = {"name": name}
     if total is not None:
         gpu["total_mib"] = round(int(total) / MiB, 2)
     if used is not None:
@@ -184,7 +195,7 @@ def _rocm_gpu(name: str, total: str | None, used: str | None) -> dict[str, Any]:
 _ROCM_SMI = re.compile(r"(GPU\[\d+\])\s*:\s*VRAM Total (Used )?Memory \(B\):\s*(\d+)")
 
 
-def rocm_smi(text: str) -> list[dict[str, Any]]:
+def rocm_smi(text: str) -> list[SmiGpu]:
     """rocm-smi --showmeminfo vram, as text, --csv or --json: per GPU its name (the card series where shown, else
     GPU[n]) and total, used and free MiB."""
     stripped = text.strip()

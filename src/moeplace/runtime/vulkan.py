@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from ..core.errors import MoeplaceError
 from .process import run, run_checked
@@ -33,6 +34,37 @@ INSTALL = f"Mesa's lavapipe and the Vulkan build tools (apt-get install {' '.joi
 # A CPU-type device is skipped by llama.cpp unless named: lavapipe is then Vulkan0.
 VISIBLE = {"GGML_VK_VISIBLE_DEVICES": "0"}
 LABEL = "lavapipe (Mesa's CPU Vulkan), not a GPU"
+
+
+class BuildIdentity(TypedDict):
+    """What keys a Vulkan build beside its CMake options (hashed as JSON into the cache key: keys and values kept)."""
+
+    patch: str  # the pinned patch's sha256
+    vulkan_headers: str | None
+    glslc: str | None
+    lavapipe: NotRequired[bool]  # a build run on lavapipe
+
+
+class VulkanDevice(TypedDict):
+    """A device in vulkaninfo's output (`moeplace doctor --json` prints it as is): its name, whether it is a CPU
+    type (software), its device-local memory as llama.cpp counts it, and its driver where vulkaninfo names one."""
+
+    name: str
+    software: bool
+    total_bytes: int
+    free_bytes: int
+    driver: NotRequired[str]
+
+
+@dataclass
+class _Heap:
+    """One memoryHeaps[n] block of vulkaninfo while it is read."""
+
+    open: bool = False  # a heap's block (not memoryTypes')
+    local: bool = False  # MEMORY_HEAP_DEVICE_LOCAL_BIT
+    size: int = 0
+    budget: int | None = None
+    usage: int = 0
 
 
 def patch_file() -> Path:
@@ -68,13 +100,13 @@ def headers_version() -> str | None:
     return None
 
 
-def build_identity() -> dict[str, Any]:
+def build_identity() -> BuildIdentity:
     """What keys a Vulkan build beside its CMake options: the patch, the headers and the shader compiler."""
     glslc = _first(["glslc", "--version"], r"(.+)")
     return {"patch": PATCH["sha256"], "vulkan_headers": headers_version(), "glslc": glslc}
 
 
-def lavapipe_devices() -> list[dict[str, Any]]:
+def lavapipe_devices() -> list[VulkanDevice]:
     """Mesa's software Vulkan devices (llvmpipe) that vulkaninfo lists: name, memory, and the driver's version."""
     done = run(["vulkaninfo"], timeout_s=60) if shutil.which("vulkaninfo") else None
     found = vulkaninfo_devices(done.stdout) if done and done.ok else []
@@ -98,19 +130,19 @@ def lavapipe_env(vkcap: str, cap_bytes: int) -> dict[str, str]:
     return {"LD_PRELOAD": vkcap, "MOEPLACE_DEVICE_CAP_BYTES": str(cap_bytes)}
 
 
-def vulkaninfo_devices(text: str) -> list[dict[str, Any]]:
+def vulkaninfo_devices(text: str) -> list[VulkanDevice]:
     """Each device in `vulkaninfo`'s full output, in its order (GGML_VK_VISIBLE_DEVICES' indices): name, whether it
     is a CPU type (software), and its device-local memory total and free as llama.cpp counts them (the heap's
     budget less its usage where the driver reports a budget, else its size)."""
-    devices: list[dict[str, Any]] = []
-    heap: dict[str, Any] = {}
+    devices: list[VulkanDevice] = []
+    heap = _Heap()
 
-    def close_heap() -> None:
-        if heap.get("local") and devices:
-            devices[-1]["total_bytes"] += heap.get("size", 0)
-            free = heap["budget"] - heap.get("usage", 0) if "budget" in heap else heap.get("size", 0)
-            devices[-1]["free_bytes"] += free
-        heap.clear()
+    def close_heap(opens: bool = False) -> None:
+        nonlocal heap
+        if heap.local and devices:
+            devices[-1]["total_bytes"] += heap.size
+            devices[-1]["free_bytes"] += heap.size if heap.budget is None else heap.budget - heap.usage
+        heap = _Heap(open=opens)
 
     for raw in text.splitlines():
         line = raw.strip()
@@ -126,17 +158,16 @@ def vulkaninfo_devices(text: str) -> list[dict[str, Any]]:
         elif m := re.match(r"deviceType\s*=\s*(\S+)", line):
             devices[-1]["software"] = m[1] == "PHYSICAL_DEVICE_TYPE_CPU"
         elif re.match(r"memoryHeaps\[\d+\]:", line) or re.match(r"memoryTypes:", line):
-            close_heap()
-            heap["open"] = line.startswith("memoryHeaps")
-        elif heap.get("open") and (m := re.match(r"(size|budget|usage)\s*=\s*(\d+)", line)):
-            heap[m[1]] = int(m[2])
-        elif heap.get("open") and line == "MEMORY_HEAP_DEVICE_LOCAL_BIT":
-            heap["local"] = True
+            close_heap(opens=line.startswith("memoryHeaps"))
+        elif heap.open and (m := re.match(r"(size|budget|usage)\s*=\s*(\d+)", line)):
+            setattr(heap, m[1], int(m[2]))
+        elif heap.open and line == "MEMORY_HEAP_DEVICE_LOCAL_BIT":
+            heap.local = True
     close_heap()
     return devices
 
 
-def visible_devices(devices: list[dict[str, Any]], visible: str | None) -> list[dict[str, Any]]:
+def visible_devices(devices: list[VulkanDevice], visible: str | None) -> list[VulkanDevice]:
     """The devices llama.cpp uses: those GGML_VK_VISIBLE_DEVICES names (software ones included), else the
     hardware ones (llama.cpp skips CPU-type devices unless named)."""
     if visible is None:
