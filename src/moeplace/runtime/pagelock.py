@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from .pagecache import PAGE
 
@@ -46,7 +46,15 @@ def shim_env(targets: Sequence[tuple[Path, list[tuple[int, int]]]], madvise: str
     return env
 
 
-def parse_shim(stderr: str) -> dict[str, Any]:
+class ShimReport(TypedDict):
+    """What the pagelock shim printed (a RAM tier row carries it)."""
+
+    mapped: int  # model mappings it saw
+    locked_bytes: int
+    problems: list[str]  # a failed mlock or madvise, as it printed it
+
+
+def parse_shim(stderr: str) -> ShimReport:
     """How many model mappings the shim saw, the bytes it locked in them, and its complaints (any one of which,
     a failed mlock or madvise, spoils the run)."""
     locked = _SHIM_LINE.findall(stderr)

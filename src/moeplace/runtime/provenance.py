@@ -6,13 +6,13 @@ import os
 import platform
 import shutil
 from pathlib import Path
-from typing import Any
 
+from ..core.records import Provenance
 from .build import Build
 from .process import run
 
 
-def host_facts() -> dict[str, Any]:
+def host_facts() -> Provenance:
     cpu = platform.processor()
     try:
         cpu = next(
@@ -22,7 +22,12 @@ def host_facts() -> dict[str, Any]:
         )
     except (OSError, StopIteration):
         pass
-    facts = {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
+    facts: Provenance = {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0],
+    }
     if shutil.which("nvidia-smi"):  # other processes on the GPU bias a measurement: record them
         query = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"]
         facts["gpu_processes"] = run(query, timeout_s=30).stdout.strip().splitlines()
@@ -31,7 +36,7 @@ def host_facts() -> dict[str, Any]:
     return facts
 
 
-def build_facts(manifest: Build) -> dict[str, Any]:
+def build_facts(manifest: Build) -> Provenance:
     return {
         "llamacpp_version": manifest.version,
         "llamacpp_commit": manifest.build_commit,
@@ -39,7 +44,7 @@ def build_facts(manifest: Build) -> dict[str, Any]:
     }
 
 
-def pipeline_revision(workdir: Path) -> dict[str, Any]:
+def pipeline_revision(workdir: Path) -> Provenance:
     """The pipeline's git commit and whether the tree had uncommitted changes (recorded, never a rerun trigger)."""
 
     def git(*args: str) -> str:
