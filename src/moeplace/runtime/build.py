@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,9 @@ class Build:
     mesa: str | None = None  # lavapipe: the Mesa version it runs on, read at each provision
     devcap: Path | None = None  # the emulated device's preload shim (native/devcap.c)
 
-    def to_json(self) -> dict[str, Any]:
-        """The manifest's JSON object: the keys it has always had, in their order; what a build lacks is left out."""
+    def to_json(self) -> JsonObject:
+        """The manifest's JSON object, written as is (Build is its type): the keys it has always had, in their order;
+        what a build lacks is left out."""
         given = {
             "source": self.source,
             "backend": self.backend,

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from ..core.config import BenchSettings
 from ..core.config_schema import default
@@ -35,7 +35,7 @@ from .llamacpp_args import cache_args
 from .native import build_native, cache_root
 from .process import run, run_checked
 from .tool_output import Device, list_devices
-from .vulkan import apply_patch, build_identity, mesa_version, runtime_env
+from .vulkan import BuildIdentity, apply_patch, build_identity, mesa_version, runtime_env
 
 log = logging.getLogger("moeplace")
 
@@ -63,6 +63,19 @@ BASE_OPTIONS = (
     "-DCMAKE_C_FLAGS=-U__AMX_INT8__",
     "-DCMAKE_CXX_FLAGS=-U__AMX_INT8__",
 )
+
+
+class LlamacppConfig(TypedDict, total=False):
+    """The config's llamacpp section as provision takes it (core.config.LlamacppSettings' fields): a user's bin_dir,
+    else the pinned version and sha256, with the backend (default auto) and extra CMake options (default none)."""
+
+    bin_dir: str | None
+    version: str
+    sha256: str
+    backend: str
+    cmake_options: list[str]
+
+
 _VERSION = re.compile(r"version: (?P<version>\S+) \(build (?P<number>\d+), commit (?P<commit>[^)]+)\)")
 
 
@@ -81,7 +94,7 @@ def _compiler() -> str:
     return run([cxx, "--version"], timeout_s=60).stdout.splitlines()[0]
 
 
-def build_key(version: str, options: list[str], extra: dict[str, Any] | None = None) -> str:
+def build_key(version: str, options: list[str], extra: BuildIdentity | None = None) -> str:
     """The cache key: the source version and a hash of the options, compiler, CPU, layout and (a Vulkan build)
     `extra`, its patch, Vulkan headers and shader compiler, and whether it runs on lavapipe."""
     fields = {"options": options, "cxx": _compiler(), "cpu": _cpu_fingerprint(), "layout": LAYOUT, **(extra or {})}
@@ -223,7 +236,7 @@ def version_info(bin_dir: Path, env: dict[str, str] | None = None) -> Version:
     )
 
 
-def provision(cfg: dict[str, Any], log_file: Path, jobs: int | None = None) -> Build:
+def provision(cfg: LlamacppConfig, log_file: Path, jobs: int | None = None) -> Build:
     """Return a usable llama.cpp build, building and caching the pinned one if needed."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     if cfg.get("bin_dir"):

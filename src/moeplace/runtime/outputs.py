@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject, Row
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -86,15 +87,15 @@ def stage(log_path: str | Path) -> Iterator[logging.Logger]:
         sys.exit(1)
 
 
-def write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
+def write_jsonl(path: str | Path, records: list[JsonObject]) -> None:
     write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in records))
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+def read_jsonl(path: str | Path) -> list[JsonObject]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def append_csv_row(path: str | Path, row: dict[str, Any]) -> None:
+def append_csv_row(path: str | Path, row: Row) -> None:
     """Add one row to a CSV (written whole again, atomically), creating it with a header if needed."""
     import pandas as pd  # here, not at the top: every command imports this module, few write a table
 

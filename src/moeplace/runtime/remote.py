@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject
 
 FIRST_BYTES = 512 * 2**10
 MAX_HEADER_BYTES = 64 * 2**20  # real headers (a 256K-token vocabulary included) stay far below
@@ -51,8 +52,9 @@ def get_range(url: str, start: int, end: int) -> tuple[bytes, int]:
     return data, int(m[3])
 
 
-def get_json(url: str) -> dict[str, Any]:
-    """A small JSON document (the Hub's file list of a repository)."""
+def get_json(url: str) -> JsonObject:
+    """A small JSON document (the Hub's file list of a repository), open as the server wrote it: a caller reads the
+    few fields it needs."""
     request = urllib.request.Request(url, headers={"User-Agent": "moeplace"})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
