@@ -32,6 +32,52 @@ Cell: TypeAlias = str | int | float | bool | None
 Row: TypeAlias = dict[str, Cell]
 
 
+class LlamaBenchRow(TypedDict, total=False):
+    """One test as llama-bench prints it (-o json/jsonl; its SQL table's columns, in that order, then the samples).
+    Fields a build does not print are absent; a newer build's extra fields are kept as they come."""
+
+    build_commit: str
+    build_number: int
+    cpu_info: str
+    gpu_info: str
+    backends: str
+    model_filename: str
+    model_type: str
+    model_size: int
+    model_n_params: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    cpu_mask: str
+    cpu_strict: bool
+    poll: int
+    type_k: str
+    type_v: str
+    n_gpu_layers: int
+    split_mode: str
+    main_gpu: int
+    no_kv_offload: bool
+    flash_attn: int
+    tensor_split: str
+    tensor_buft_overrides: str
+    load_mode: str
+    embeddings: bool
+    no_op_offload: bool
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    test_time: str
+    avg_ns: int
+    stddev_ns: int
+    avg_ts: float
+    stddev_ts: float
+    n_cpu_moe: int
+    fit_target: int
+    fit_min_ctx: int
+    samples_ns: list[int]
+    samples_ts: list[float]
+
+
 class Provenance(TypedDict, total=False):
     """What ties a measured record to its inputs: the llama.cpp build, the model's files, the host, the revision."""
 
@@ -108,5 +154,5 @@ class BenchRecord(Provenance, total=False):
     noisy: bool | None
     backends: str | None
     gpu_info: str | None
-    llama_bench: JsonObject  # llama-bench's own row of the first batch, its per-sample arrays aside
+    llama_bench: LlamaBenchRow  # llama-bench's own row of the first batch, its per-sample arrays aside
     error: str

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core.config import BenchSettings
 from ..core.errors import MoeplaceError
-from ..core.records import JsonObject, Row
+from ..core.records import LlamaBenchRow, Row
 from ..model.meta import ModelMeta
 from ..plan.measured_prior import probe_run
 from ..plan.speed import TESTS, features
@@ -124,7 +124,7 @@ class _DeviceBench:
     threads: int
     log_file: Path
 
-    def records(self, depth: int, n: int) -> list[JsonObject]:
+    def records(self, depth: int, n: int) -> list[LlamaBenchRow]:
         """llama-bench's records at `depth` with `n` layers' routed experts on the host; MoeplaceError where it
         fails."""
         cmd = bench_command(self.manifest, str(self.model), depth, n, self.bench, self.rpc, threads=self.threads)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import BenchSettings
-from ..core.records import BenchRecord, FileRecord, JsonObject
+from ..core.records import BenchRecord, FileRecord, LlamaBenchRow, Provenance
 from ..core.stats import repetitions_for
 from ..runtime.build import Build
 from ..runtime.cpus import split_cpus, wait_for_quiet
@@ -91,7 +91,7 @@ class _Session:
     baseline: Arm | None
     host: HostSide  # how llama-bench runs (runtime.device.host_side)
     t0: float  # the start: the time budget counts the device's start too
-    quiet: list[JsonObject] = field(default_factory=list)  # cpus.wait_for_quiet's findings
+    quiet: list[dict[str, float | bool | None]] = field(default_factory=list)  # cpus.wait_for_quiet's findings
 
 
 def run_bench(job: BenchJob, rig: Rig) -> list[BenchRecord]:
@@ -253,7 +253,7 @@ def _batch(
     arms[failed].failure = (status, reason, tail(logs[failed]))
 
 
-def _add_rows(arms: list[Arm], printed: list[list[JsonObject]], logs: list[str], wall_s: float, tests: int) -> None:
+def _add_rows(arms: list[Arm], printed: list[list[LlamaBenchRow]], logs: list[str], wall_s: float, tests: int) -> None:
     """Each arm's rows of one process, its whole passes (those a failed run finished too), its log where it has
     none yet, and its share of the process's time."""
     whole = [mine[: len(mine) - len(mine) % tests] for mine in printed]
@@ -285,7 +285,7 @@ def _paired_repetitions(s: _Session) -> int:
     return next_batch(wanted, settings.max_repetitions - n, fixed_s, repetition_s, left_s / 2)
 
 
-def _records(s: _Session, started: str, facts: JsonObject) -> list[BenchRecord]:
+def _records(s: _Session, started: str, facts: Provenance) -> list[BenchRecord]:
     """The session's records, one per arm and test, with everything that ties them to their inputs."""
     seen = [q["contended"] for q in s.quiet]
     contended = True if any(seen) else None if seen and all(c is None for c in seen) else False
@@ -299,7 +299,7 @@ def _records(s: _Session, started: str, facts: JsonObject) -> list[BenchRecord]:
     return records
 
 
-def _base(s: _Session, arm: Arm, started: str, facts: JsonObject, contended: bool | None) -> BenchRecord:
+def _base(s: _Session, arm: Arm, started: str, facts: Provenance, contended: bool | None) -> BenchRecord:
     """What every record of `arm` carries: the configuration, the device, the build, the host, the revision."""
     job, rig, settings = s.job, s.rig, s.rig.settings
     parsed = parse_log(arm.stderr)

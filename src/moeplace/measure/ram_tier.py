@@ -49,7 +49,7 @@ from typing import Any
 
 from ..core.config import RamTierSettings
 from ..core.errors import MoeplaceError
-from ..core.records import JsonObject
+from ..core.records import LlamaBenchRow
 from ..model.gguf_file import GGUFHeader, read_header, shard_paths
 from ..model.meta import ModelMeta
 from ..model.metadata import tensor_role
@@ -58,7 +58,7 @@ from ..runtime.cgroup import MIB, CgroupSite, cgroup_site, memory_cgroup
 from ..runtime.llamacpp import require_binary, require_flags
 from ..runtime.native import build_native
 from ..runtime.pagecache import PAGE, evict_page_cache, readahead_control
-from ..runtime.pagelock import merge_ranges, parse_shim, shim_env
+from ..runtime.pagelock import ShimReport, merge_ranges, parse_shim, shim_env
 from ..runtime.process import Finished, classify, run, sigterm_raises, tail
 from ..runtime.provenance import build_facts, host_facts, pipeline_revision
 from ..runtime.tool_output import bench_records
@@ -145,7 +145,7 @@ def run_capped(
         return CappedRun(result, cg.peak_bytes() if cg else None, cg.oom_kills() if cg else 0)
 
 
-def _tg_result(stdout: str) -> JsonObject | None:
+def _tg_result(stdout: str) -> LlamaBenchRow | None:
     return next((r for r in bench_records(stdout) if r.get("n_gen")), None)
 
 
@@ -166,7 +166,7 @@ def _measure(tier: _Tier, env: dict[str, str], cap_bytes: int | None, expect_loc
     runs: list[CappedRun] = []
     evicts: list[tuple[str, int]] = []
     status, error = "ok", ""
-    shim: JsonObject = {}
+    shim: ShimReport | None = None
     for g in tier.settings.gen:
         evicts.append(evict_page_cache(tier.files))
         if cap_bytes is not None and evicts[-1][1] > 0.05 * tier.model_bytes:
@@ -180,7 +180,7 @@ def _measure(tier: _Tier, env: dict[str, str], cap_bytes: int | None, expect_loc
         status, error, shim = _checked(runs[-1], cap_bytes is not None, expect_locked)
         if status != "ok":
             break
-    return _derived(tier.settings.gen, runs, evicts, status, error, shim.get("locked_bytes"))
+    return _derived(tier.settings.gen, runs, evicts, status, error, shim["locked_bytes"] if shim else None)
 
 
 def _logged_run(tier: _Tier, gen: int, env: dict[str, str], cap_bytes: int | None) -> CappedRun:
@@ -193,7 +193,7 @@ def _logged_run(tier: _Tier, gen: int, env: dict[str, str], cap_bytes: int | Non
     return run
 
 
-def _checked(run: CappedRun, capped: bool, expect_locked: int) -> tuple[str, str, JsonObject]:
+def _checked(run: CappedRun, capped: bool, expect_locked: int) -> tuple[str, str, ShimReport]:
     """(status, why, what the pagelock shim reported): classify_run's verdict, then the shim must have seen the
     model mapped and locked exactly `expect_locked` bytes; a failure's reason ends in the stderr's tail."""
     stderr = run.result.stderr

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.config import BenchSettings
-from ..core.records import JsonObject
+from ..core.records import LlamaBenchRow
 from ..core.stats import delta_interval, fewest_for_median_interval, median_halfwidth
 from ..runtime.tool_output import bench_records
 
@@ -24,7 +24,7 @@ class Arm:
     n_cpu_moe: int
     overrides: str | None
     samples: dict[str, list[float]] = field(default_factory=dict)
-    first: dict[str, JsonObject] = field(default_factory=dict)  # llama-bench's JSON per test
+    first: dict[str, LlamaBenchRow] = field(default_factory=dict)  # llama-bench's row per test
     stderr: str = ""
     batches: int = 0
     wall_s: float = 0.0  # its batches' processes, start to exit, less the other arms' repetitions in them
@@ -57,16 +57,16 @@ def precise_enough(samples: dict[str, list[float]], baseline: dict[str, list[flo
     return True
 
 
-def test_of(row: JsonObject) -> str:
+def test_of(row: LlamaBenchRow) -> str:
     return "pp" if row["n_gen"] == 0 else "tg"
 
 
-def samples_of(row: JsonObject) -> list[float]:
+def samples_of(row: LlamaBenchRow) -> list[float]:
     """A llama-bench row's tok/s per repetition (its mean alone where it printed no samples)."""
     return row.get("samples_ts") or [row["avg_ts"]]
 
 
-def rows_per_arm(arms: list[Arm], rows: list[JsonObject]) -> list[list[JsonObject]]:
+def rows_per_arm(arms: list[Arm], rows: list[LlamaBenchRow]) -> list[list[LlamaBenchRow]]:
     """Each arm's rows of one process (arms sharing a process have distinct n values)."""
     if len(arms) == 1:
         return [rows]

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TypeAlias
 
 from ..core.errors import MoeplaceError
-from ..core.records import JsonObject
+from ..core.records import BenchRecord, JsonObject, LlamaBenchRow
 from ..model.meta import ModelMeta
 from ..runtime.llamacpp_args import DEFAULT_BATCH, DEFAULT_UBATCH
 from .offload import matching_tensors
 from .speed import Run, SpeedModel
 from .speed_fit import fit
 
+# What calibrate reads: our bench records, or llama-bench's own rows (-o jsonl) from any run.
+Measured: TypeAlias = BenchRecord | LlamaBenchRow
 
-def runs_from_records(meta: ModelMeta, records: list[JsonObject]) -> list[Run]:
+
+def runs_from_records(meta: ModelMeta, records: list[Measured]) -> list[Run]:
     """Successful tests as Runs: pipeline records (status ok) and raw llama-bench JSONL alike."""
     names = [n for layer in meta.layers for n in layer.expert_tensors]
     runs = []
@@ -49,7 +53,7 @@ def runs_from_records(meta: ModelMeta, records: list[JsonObject]) -> list[Run]:
     return runs
 
 
-def read_runs(paths: list[str | Path]) -> list[JsonObject]:
+def read_runs(paths: list[str | Path]) -> list[Measured]:
     """Records from JSONL files (llama-bench -o jsonl, or the pipeline's); a bad line is one clear error."""
     records = []
     for path in paths:
@@ -69,7 +73,7 @@ def read_runs(paths: list[str | Path]) -> list[JsonObject]:
     return records
 
 
-def calibration_file(meta: ModelMeta, records: list[JsonObject], base: SpeedModel) -> JsonObject:
+def calibration_file(meta: ModelMeta, records: list[Measured], base: SpeedModel) -> JsonObject:
     """What the pipeline's calibrate stage writes: the fitted model, or where the sweep cannot calibrate one
     (every run out of memory, say) an empty model and the reason, so that the rest of the run goes on."""
     partial = sum(1 for r in records if r.get("partial") and r.get("status") != "ok")
@@ -80,7 +84,7 @@ def calibration_file(meta: ModelMeta, records: list[JsonObject], base: SpeedMode
         return {"tests": {}, "status": "not_calibrated", "not_calibrated": str(e), **left_out}
 
 
-def calibrate(meta: ModelMeta, records: list[JsonObject], base: SpeedModel) -> SpeedModel:
+def calibrate(meta: ModelMeta, records: list[Measured], base: SpeedModel) -> SpeedModel:
     """The speed model for `meta` fitted to `records`, the prior `base` (speed.prior) for what the runs cannot
     tell apart."""
     runs = runs_from_records(meta, records)

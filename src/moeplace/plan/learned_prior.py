@@ -39,12 +39,12 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from ..core.errors import MoeplaceError
+from ..core.records import JsonObject
 from ..model.meta import ModelMeta
 from .speed import FEATURES, Z95, Run, SpeedModel, TestModel, features
 
@@ -253,7 +253,7 @@ def errors_against(prior: dict[str, Learned], points: list[Point]) -> list[tuple
     return [(p, -math.log(p.tok_s * prior[p.test].seconds(p.test, p.x, p.machine))) for p in points]
 
 
-def to_json(prior: dict[str, Learned], about: dict[str, Any]) -> str:
+def to_json(prior: dict[str, Learned], about: JsonObject) -> str:
     return json.dumps({"about": about, "tests": {t: asdict(v) for t, v in prior.items()}}, indent=1) + "\n"
 
 

@@ -9,25 +9,17 @@ import json
 import sqlite3
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
-from ..core.records import BenchRecord, Row
+from ..core.records import BenchRecord, LlamaBenchRow, Row
 from ..runtime.outputs import atomic_path
 
 SQLITE = "llama-bench.sqlite"
 SQL_TABLES = ("llama_bench", "failed_runs")
-# llama-bench's SQL table (its -o sql, read by scripts/compare-llama-bench.py): field -> SQL type.
-LLAMA_BENCH_FIELDS = {
-    "build_commit": "TEXT", "build_number": "INTEGER", "cpu_info": "TEXT", "gpu_info": "TEXT", "backends": "TEXT",
-    "model_filename": "TEXT", "model_type": "TEXT", "model_size": "INTEGER", "model_n_params": "INTEGER",
-    "n_batch": "INTEGER", "n_ubatch": "INTEGER", "n_threads": "INTEGER", "cpu_mask": "TEXT", "cpu_strict": "INTEGER",
-    "poll": "INTEGER", "type_k": "TEXT", "type_v": "TEXT", "n_gpu_layers": "INTEGER", "split_mode": "TEXT",
-    "main_gpu": "INTEGER", "no_kv_offload": "INTEGER", "flash_attn": "INTEGER", "tensor_split": "TEXT",
-    "tensor_buft_overrides": "TEXT", "load_mode": "TEXT", "embeddings": "INTEGER", "no_op_offload": "INTEGER",
-    "n_prompt": "INTEGER", "n_gen": "INTEGER", "n_depth": "INTEGER", "test_time": "TEXT", "avg_ns": "INTEGER",
-    "stddev_ns": "INTEGER", "avg_ts": "REAL", "stddev_ts": "REAL", "n_cpu_moe": "INTEGER", "fit_target": "INTEGER",
-    "fit_min_ctx": "INTEGER",
-}  # fmt: skip
+# llama-bench's SQL table (its -o sql, read by scripts/compare-llama-bench.py): field -> SQL type, from its JSON row's
+# fields (a flag is an INTEGER in SQL); the per-sample arrays stay out.
+_SQL_TYPES = {str: "TEXT", int: "INTEGER", bool: "INTEGER", float: "REAL"}
+LLAMA_BENCH_FIELDS = {k: _SQL_TYPES[t] for k, t in get_type_hints(LlamaBenchRow).items() if t in _SQL_TYPES}
 MEASURED = ("avg_ns", "stddev_ns", "avg_ts", "stddev_ts")  # NULL for a run that failed
 # moeplace's own columns beside them: what a run measured and where.
 OUR_FIELDS = {

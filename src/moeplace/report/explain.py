@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any, TypedDict
 
 from ..core.errors import MoeplaceError
-from ..core.records import JsonObject
+from ..core.records import JsonObject, LlamaBenchRow
 from ..runtime.llama_log import LogReport, read_log
 from ..runtime.llama_names import MiB, is_host
 from ..runtime.tool_output import read_bench
@@ -268,7 +268,7 @@ class Explanation(TypedDict, total=False):
 
     kind: str  # "llama-bench results" or "llama.cpp log"
     gpus: list[str]
-    records: list[JsonObject]  # llama-bench's rows as it printed them
+    records: list[LlamaBenchRow]
     backend: str | None
     devices: dict[str, dict[str, float]]  # device -> buffer kind -> MiB (total, free_at_load)
     host: JsonObject  # the host's buffer kinds in MiB, and each host buffer's

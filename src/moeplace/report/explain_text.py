@@ -5,7 +5,7 @@ what to do about it.
 
 from __future__ import annotations
 
-from ..core.records import JsonObject
+from ..core.records import LlamaBenchRow
 from .explain import Explanation, copies
 
 
@@ -27,7 +27,7 @@ def render(found: Explanation) -> str:
     return "\n".join(lines + _layout_lines(found) + _status_lines(found))
 
 
-def _render_bench(records: list[JsonObject]) -> str:
+def _render_bench(records: list[LlamaBenchRow]) -> str:
     lines = [f"llama-bench results: {len(records)} records"]
     for r in records:
         test = f"pp{r.get('n_prompt', 0)}" if not r.get("n_gen") else f"tg{r['n_gen']}"

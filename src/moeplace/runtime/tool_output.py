@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import NotRequired, TypedDict
 
-from ..core.records import JsonObject
+from ..core.records import LlamaBenchRow
 from .llama_names import MiB
 
 # --list-devices (and rpc-server's "Devices:"): "  CUDA0: NVIDIA GeForce RTX 4090 (24080 MiB, 23582 MiB free)"; older
@@ -52,9 +52,9 @@ def list_devices(text: str) -> list[Device]:
     return devices
 
 
-# llama-bench's records are its own JSON objects, as it printed them (JsonObject): their fields are llama-bench's and
-# change with its version, and a markdown row has only its table's columns.
-def bench_records(stdout: str) -> list[JsonObject]:
+# llama-bench's records as it printed them (LlamaBenchRow): which fields a row has changes with llama-bench's version,
+# and a markdown row has only its table's columns.
+def bench_records(stdout: str) -> list[LlamaBenchRow]:
     """llama-bench's `-o jsonl` records, whole lines only: a stopped or killed run may have been cut mid-line."""
     records = []
     for line in stdout[: stdout.rfind("\n") + 1].splitlines():
@@ -103,7 +103,7 @@ _MD_FIELDS = {
 }
 
 
-def _markdown_records(text: str) -> list[JsonObject]:
+def _markdown_records(text: str) -> list[LlamaBenchRow]:
     records, header = [], None
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.strip().startswith("|") else None
@@ -131,7 +131,7 @@ def _markdown_records(text: str) -> list[JsonObject]:
     return records
 
 
-def read_bench(text: str) -> list[JsonObject]:
+def read_bench(text: str) -> list[LlamaBenchRow]:
     """llama-bench's records in any of its output formats: `-o json` (an array), `jsonl`, `csv` or `md` (the
     default table a user pastes). Markdown rows get n_prompt, n_gen, n_depth, avg_ts and stddev_ts from their
     test and t/s cells, and llama-bench's JSON field names for the columns that have one."""
