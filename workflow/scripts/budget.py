@@ -3,7 +3,7 @@ context, each device buffer counted)."""
 
 from pathlib import Path
 
-from moeplace.core.config import DeviceTarget
+from moeplace.core.config import Device, DeviceTarget
 from moeplace.model.memory import Workload
 from moeplace.model.meta import read_metadata
 from moeplace.plan.budget import budget_table, compute_from_llamacpp
@@ -20,7 +20,7 @@ with stage(snakemake.log[0]) as log:
     if target.other_vram_bytes:  # several devices
         table = devices_budget_table(meta, model, manifest, target, p.memory["overhead_bytes"], workloads, log_path)
     else:
-        with compute_from_llamacpp(model, manifest, target, p.memory, log_path) as (device, compute):
+        with compute_from_llamacpp(model, manifest, target, Device(**p.memory), log_path) as (device, compute):
             table = budget_table(meta, device, workloads, compute)
     for row in table.itertuples():
         log.info("ctx %d: %s, n_cpu_moe %s (compute buffer from %s)", row.ctx, row.status, row.n_cpu_moe,

@@ -120,6 +120,18 @@ class Bandwidths:
     measured_hop_s: float | None = None  # one host<->device transfer of a token's activations (ceilings)
 
 
+class SeedConstants(TypedDict, total=False):
+    """The seed's figures for a model without a file (models.<name>.constants; model/metadata.from_constants)."""
+
+    layers: int
+    expert: str | int  # a size: 12GB, or bytes
+    non_expert: str | int
+    kv_bytes_per_token: int
+    n_expert: int
+    n_expert_used: int
+    architecture: str
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     """One model of the config: exactly one of a GGUF file (`gguf`, resolved to a path on disk at start-up), a
@@ -128,7 +140,7 @@ class ModelEntry:
     name: str
     gguf: str | None = None
     twin: str | None = None
-    constants: JsonObject | None = None  # the seed's figures as the config gives them (metadata.from_constants)
+    constants: SeedConstants | None = None
     weights: str = default("models.*.weights")
     quant: str = default("models.*.quant")
     seed: int = default("models.*.seed")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ..core.config import SeedConstants
 from ..core.errors import MoeplaceError
-from ..core.records import JsonObject
 from ..core.units import parse_size
 from .gguf_file import GGUFHeader, quoted, read_header
 from .meta import GLOBALS, ROLES, Attention, Layer, ModelFile, ModelMeta, RopeYarn, SeedModel
@@ -357,7 +357,7 @@ def inspect_model(path: str | Path) -> ModelMeta:
     return from_header(read_header(path))
 
 
-def from_constants(name: str, constants: JsonObject) -> SeedModel:
+def from_constants(name: str, constants: SeedConstants) -> SeedModel:
     """The seed's way: total non-expert/expert bytes spread evenly over the layers."""
     n_layer = int(constants["layers"])
     expert = parse_size(constants["expert"], f"models.{name}.constants.expert")

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, TypedDict
 
 from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
-from ..core.records import JsonObject
 from ..core.units import GB
 from ..model.kvcache import kv_bytes, pad
 from ..model.memory import (
@@ -177,20 +176,20 @@ def compute_from_llamacpp(
     model_path: str | None,
     manifest: Build | None,
     target: DeviceTarget,
-    memory: JsonObject,  # core.config.Device's fields, as a rule's params
+    memory: Device,
     log_path: Path,
 ) -> Iterator[tuple[Device, Compute]]:
     """The device to plan for (device.vram auto: the GPU's free memory now) and llama.cpp's own compute reserve
     on it, the emulated device started for the duration. The seed's constants have no file: no reserve."""
     if model_path is None or manifest is None:
-        if memory["vram_bytes"] is None:
+        if memory.vram_bytes is None:
             raise MoeplaceError("device.vram is auto, which needs a model file and a GPU; give the card's size.")
-        yield Device(**memory), None
+        yield memory, None
         return
 
     setup = device_setup(target, manifest)
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
-        yield Device(setup.cap_bytes, memory["overhead_bytes"]), reserved_compute(manifest, model_path, rpc, log_path)
+        yield Device(setup.cap_bytes, memory.overhead_bytes), reserved_compute(manifest, model_path, rpc, log_path)
 
 
 def reserved_compute(

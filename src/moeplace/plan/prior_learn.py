@@ -19,6 +19,7 @@ import math
 import sqlite3
 import tempfile
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -46,7 +47,20 @@ POINTS_FILE = Path(__file__).with_name("published_points.json")  # written by to
 DIGITS = 4  # coefficients as stored: a solver's last digits differ between machines
 MANIFEST, SQLITE = "MANIFEST.json", "llama-bench.sqlite"  # a publish/ directory's, as report.publish names them
 BACKENDS = {"cuda": "cuda", "rocm": "rocm", "hip": "rocm", "vulkan": "vulkan", "sycl": "sycl", "metal": "metal"}
-MACHINE_KEYS = ("backend", "card_gbps", "host_gbps", "link_gbps", "card_tflops", "host_measured")
+
+
+class MachineFacts(TypedDict, total=False):
+    """What a published directory's machine is, as its MANIFEST.json's machine section or the flags say."""
+
+    backend: str | None
+    card_gbps: float
+    host_gbps: float
+    link_gbps: float
+    card_tflops: float
+    host_measured: bool  # host_gbps is a measured read (STREAM, membw), not the datasheet's
+
+
+MACHINE_KEYS = tuple(MachineFacts.__annotations__)
 
 
 def rounded(x: float) -> float:
@@ -137,7 +151,7 @@ def _meta(
     return meta
 
 
-def _machine(folder: Path, row: Row, given: JsonObject) -> Machine:
+def _machine(folder: Path, row: Row, given: MachineFacts) -> Machine:
     card = str(row.get("gpu_info") or "")
     sheet = datasheet(card) if card else None
     facts = {"backend": BACKENDS.get(str(row.get("backends") or "").split(",")[0].strip().lower())}
@@ -173,7 +187,7 @@ def measured_runs(path: Path) -> list[Row]:
     return rows
 
 
-def directory_points(folder: Path, models: dict[str, str], flags: JsonObject, tmp: Path) -> list[Point]:
+def directory_points(folder: Path, models: dict[str, str], flags: MachineFacts, tmp: Path) -> list[Point]:
     """The runs of one published directory as points: measured rows of --n-cpu-moe placements (-ot and layer
     splits left out), repeats of a point averaged; one source."""
     try:
@@ -232,7 +246,7 @@ def directory_points(folder: Path, models: dict[str, str], flags: JsonObject, tm
 
 
 def learn_from_directories(
-    folders: list[str], models: dict[str, str], flags: JsonObject, shipped: bool, output: str
+    folders: list[str], models: dict[str, str], flags: MachineFacts, shipped: bool, output: str
 ) -> dict[str, list]:
     """Pool published directories' sweeps (with the shipped points unless not `shipped`), learn a prior, write it to
     `output`; each directory's points counted, and the learned prior's left-out errors per test."""

@@ -53,7 +53,15 @@ def _rounded(size: int | None) -> float | None:
     return round(size / MiB, 2) if size else None
 
 
-def _retried(report: LogReport) -> JsonObject | None:
+class Retried(TypedDict):
+    """A compute buffer llama.cpp failed to allocate with pipeline parallelism, and recovered from without it."""
+
+    device: str | None
+    requested_mib: float | None
+    line: str
+
+
+def _retried(report: LogReport) -> Retried | None:
     """The compute-buffer failure with pipeline parallelism that llama.cpp recovered from, where it shows one."""
     failed = report.retried
     return (
@@ -278,7 +286,7 @@ class Explanation(TypedDict, total=False):
     n_layer: int | None
     pipeline_parallel: bool | None
     pipeline_copies: int | None
-    pipeline_retried: JsonObject | None
+    pipeline_retried: Retried | None
     model: str | None
     breakdown: JsonObject | None
     command: CommandArgs | None
