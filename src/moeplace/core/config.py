@@ -315,37 +315,6 @@ def _stages(config: JsonObject) -> Stages:
     )
 
 
-class _Sections(TypedDict):
-    """The settings each stage takes whole (Settings' fields of the same names)."""
-
-    models: dict[str, ModelEntry]
-    sweep: Sweep
-    tune_cache_types: tuple[str, ...]
-    budget_check: BudgetCheckGrid
-    llamacpp: LlamacppSettings
-    routing: RoutingSettings
-    quants: QuantsSettings
-    stages: Stages
-    publish_name: str
-
-
-def _sections(config: JsonObject) -> _Sections:
-    """The sections each stage takes whole, typed."""
-    routing, quants, bench = config["routing"], config["quants"], config["bench"]
-    n_cpu_moe = bench["n_cpu_moe"]
-    return {
-        "models": {name: ModelEntry(name, **entry) for name, entry in config["models"].items()},
-        "sweep": Sweep(None if n_cpu_moe == "auto" else tuple(sorted(set(n_cpu_moe))), bench["sweep_step"]),
-        "tune_cache_types": tuple(config["tune"]["cache_types"]),
-        "budget_check": BudgetCheckGrid(**config["budget_check"]),
-        "llamacpp": LlamacppSettings(**config["llamacpp"]),
-        "routing": RoutingSettings(routing["prompt"], routing["gen"], routing["timeout_s"]),
-        "quants": QuantsSettings(quants["model"], quants["types"], quants["cap_pct"]),
-        "stages": _stages(config),
-        "publish_name": config["publish"]["name"],
-    }
-
-
 def parse_settings(config: JsonObject) -> Settings:
     """The validated config (defaults filled) as typed values; MoeplaceError names a bad field."""
     dev = config["device"]
@@ -353,6 +322,7 @@ def parse_settings(config: JsonObject) -> Settings:
     vram, *others = [None if v == "auto" else parse_size(v, "config device.vram") for v in sizes]
     contexts = tuple(Context(c) for c in config["contexts"])
     bench = _bench(config)
+    routing, quants, n_cpu_moe = config["routing"], config["quants"], config["bench"]["n_cpu_moe"]
     return Settings(
         contexts=contexts,
         device=DeviceTarget(dev["kind"], dev["name"], vram, dev["host_slowdown"], tuple(others)),
@@ -362,5 +332,13 @@ def parse_settings(config: JsonObject) -> Settings:
         tune=TuneSettings(config["tune"]["margin"], config["tune"]["timeout_s"], bench.threads),
         ceilings=_ceilings(config, bench, contexts),
         ram_tier=_ram_tier(config, bench.threads),
-        **_sections(config),
+        models={name: ModelEntry(name, **entry) for name, entry in config["models"].items()},
+        sweep=Sweep(None if n_cpu_moe == "auto" else tuple(sorted(set(n_cpu_moe))), config["bench"]["sweep_step"]),
+        tune_cache_types=tuple(config["tune"]["cache_types"]),
+        budget_check=BudgetCheckGrid(**config["budget_check"]),
+        llamacpp=LlamacppSettings(**config["llamacpp"]),
+        routing=RoutingSettings(routing["prompt"], routing["gen"], routing["timeout_s"]),
+        quants=QuantsSettings(quants["model"], quants["types"], quants["cap_pct"]),
+        stages=_stages(config),
+        publish_name=config["publish"]["name"],
     )
