@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from conftest import ROOT
 
-from moeplace.core.config import validate_config
+from moeplace.core.config import LlamacppSettings, validate_config
 from moeplace.runtime.build import Build
 from moeplace.runtime.llamacpp import provision
 
@@ -19,7 +19,7 @@ def manifest() -> Build:
     cfg = validate_config(
         yaml.safe_load((ROOT / "config/config.yaml").read_text()), ROOT / "workflow/schemas/config.schema.yaml"
     )
-    return provision(cfg["llamacpp"], Path("/tmp/moeplace-test-llamacpp.log"))
+    return provision(LlamacppSettings(**cfg["llamacpp"]), Path("/tmp/moeplace-test-llamacpp.log"))
 
 
 def rpc_servers() -> int:

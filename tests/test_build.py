@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from moeplace.core.config import LlamacppSettings
 from moeplace.core.errors import MoeplaceError
 from moeplace.runtime import llamacpp
 from moeplace.runtime.backend import Backend
@@ -141,7 +142,7 @@ def test_the_pinned_builds_cache_entry_is_written_as_before_and_read_back(monkey
     )
     monkeypatch.setattr(llamacpp, "version_info", lambda bin_dir, env: Version("0.6.0-dev", 11434, "sdist-11434.0.0"))
     monkeypatch.setattr(llamacpp, "build_native", lambda name, log, shared: tmp_path / f"lib{name}.so")
-    cfg = {"version": "11434.0.0", "sha256": json.loads(CPU_ENTRY)["sha256"]}
+    cfg = LlamacppSettings(version="11434.0.0", sha256=json.loads(CPU_ENTRY)["sha256"], backend="cpu")
     build = llamacpp.provision(cfg, tmp_path / "build.log")
     (entry,) = (tmp_path / "llama.cpp").glob("*/manifest.json")
     assert entry.read_text() == CPU_ENTRY

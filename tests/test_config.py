@@ -62,7 +62,7 @@ def test_bad_values_name_the_field(change, field):
 
 
 def test_pinned_build_matches_the_schema_defaults():
-    from moeplace.runtime.llamacpp import PINNED
+    from moeplace.core.config import LlamacppSettings
 
     cfg = validate_config(copy.deepcopy(BASE), SCHEMA)
-    assert {k: cfg["llamacpp"][k] for k in PINNED} == PINNED
+    assert LlamacppSettings(**cfg["llamacpp"]) == LlamacppSettings()

@@ -15,11 +15,18 @@ import yaml
 from conftest import ROOT
 
 from moeplace.cli import build_parser, pipeline
-from moeplace.core.config import SCHEMA_PATH, BenchSettings, ModelEntry, default, params, parse_settings
+from moeplace.core.config import (
+    SCHEMA_PATH,
+    BenchSettings,
+    LlamacppSettings,
+    ModelEntry,
+    default,
+    params,
+    parse_settings,
+)
 from moeplace.core.config_schema import validate_config
 from moeplace.measure.placement import VARIANTS
 from moeplace.plan.request import Request
-from moeplace.runtime.llamacpp import PINNED
 
 SRC = ROOT / "src/moeplace"
 DEFAULT_CONFIG = yaml.safe_load((ROOT / "config/config.yaml").read_text())
@@ -82,7 +89,8 @@ def test_every_default_read_elsewhere_is_the_schemas():
         assert {f.name: f.default for f in fields(cls)}[name] == default(setting), (cls.__name__, name)
     for command, dest, setting in OPTIONS:
         assert _subparser(command).get_default(dest) == default(setting), (command, dest)
-    assert PINNED == {"version": default("llamacpp.version"), "sha256": default("llamacpp.sha256")}
+    pinned = LlamacppSettings()
+    assert (pinned.version, pinned.sha256) == (default("llamacpp.version"), default("llamacpp.sha256"))
 
 
 def _literal_defaults(path):
@@ -111,7 +119,7 @@ def test_no_default_of_a_setting_is_written_twice():
     typed = list(_literal_defaults(SRC / "core/config.py"))
     assert [name for name, _ in typed if name not in NOT_THE_CONFIGS] == []
     assert "512" not in (SRC / "runtime/llamacpp_args.py").read_text()
-    assert PINNED["sha256"] not in (SRC / "runtime/llamacpp.py").read_text()
+    assert LlamacppSettings().sha256 not in (SRC / "runtime/llamacpp.py").read_text()
 
 
 def test_the_schema_is_one_file_the_workflow_links_to():

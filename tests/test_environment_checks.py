@@ -11,6 +11,7 @@ import yaml
 from conftest import ROOT
 from workflow_helpers import snakemake, workflow_copy
 
+from moeplace.core.config import LlamacppSettings
 from moeplace.core.errors import MoeplaceError
 from moeplace.runtime import llamacpp
 from moeplace.runtime.build import Build
@@ -29,13 +30,13 @@ def fake_llamacpp(folder: Path, help_text: str) -> Path:
 def test_bin_dir_without_llama_bench(tmp_path):
     (tmp_path / "bin").mkdir()
     with pytest.raises(MoeplaceError, match="has no llama-bench"):
-        llamacpp.provision({"bin_dir": str(tmp_path / "bin")}, tmp_path / "log")
+        llamacpp.provision(LlamacppSettings(bin_dir=str(tmp_path / "bin")), tmp_path / "log")
 
 
 def test_bin_dir_too_old_for_ncmoe(tmp_path):
     old = fake_llamacpp(tmp_path / "old", "version: 1 (build 4000, commit abc) -ot -d, --rpc")
     with pytest.raises(MoeplaceError, match="too old.*-ncmoe"):
-        llamacpp.provision({"bin_dir": str(old)}, tmp_path / "log")
+        llamacpp.provision(LlamacppSettings(bin_dir=str(old)), tmp_path / "log")
 
 
 def test_missing_compiler_says_what_to_install(monkeypatch):

@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 from llamacpp_helpers import manifest
 
+from moeplace.core.config import LlamacppSettings
 from moeplace.model.describe import layer_kinds
 from moeplace.model.gguf_file import read_header
 from moeplace.model.kvcache import kv_bytes, layer_kv_bytes
@@ -23,7 +24,6 @@ from moeplace.model.metadata import inspect_model
 from moeplace.model.recipe import PRESETS, UNQUANTIZED
 from moeplace.model.twin import load_spec, make_twin, tensor_type_args, twin_types, write_twin
 from moeplace.runtime.build import Build
-from moeplace.runtime.llamacpp import PINNED
 from moeplace.runtime.native import cache_root
 
 SPECS = sorted((ROOT / "config/models").glob("*.yaml"))
@@ -127,8 +127,8 @@ def test_the_gemma4_26b_header_twin_is_the_published_model(tmp_path):
 def pinned_llamacpp() -> Build:
     """The pinned llama.cpp build where one is already built here (this test does not start a 5-15 minute build)."""
     builds = cache_root() / "llama.cpp"
-    if not any(builds.glob(f"{PINNED['version']}-*/manifest.json")):
-        pytest.skip(f"no llama.cpp {PINNED['version']} built under {builds} (moeplace builds it on first use)")
+    if not any(builds.glob(f"{LlamacppSettings().version}-*/manifest.json")):
+        pytest.skip(f"no llama.cpp {LlamacppSettings().version} built under {builds} (moeplace builds it on first use)")
     return manifest()
 
 

@@ -24,7 +24,7 @@ import yaml
 from conftest import ROOT
 from workflow_helpers import snakemake, workflow_copy
 
-from moeplace.core.config import DeviceTarget, validate_config
+from moeplace.core.config import DeviceTarget, LlamacppSettings, validate_config
 from moeplace.core.errors import MoeplaceError
 from moeplace.runtime.backend import detect
 from moeplace.runtime.build import Build
@@ -52,7 +52,7 @@ pytestmark = [pytest.mark.vulkan, pytest.mark.skipif(bool(_missing()), reason=f"
 def manifest() -> Build:
     """The lavapipe build (built once per machine, ~7-8 min at -j2, cached under ~/.cache/moeplace)."""
     cfg = validate_config(EXAMPLE, ROOT / "workflow/schemas/config.schema.yaml")
-    return provision(cfg["llamacpp"], LOG, jobs=2)
+    return provision(LlamacppSettings(**cfg["llamacpp"]), LOG, jobs=2)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..core.config import Device, DeviceTarget, TuneSettings, default
+from ..core.config import Device, DeviceTarget, LlamacppSettings, TuneSettings, default
 from ..core.errors import MoeplaceError
 from ..core.records import BenchRecord, Row
 from ..core.units import parse_size
@@ -22,7 +22,7 @@ from ..plan.assumed import describe_speed, expected, speed_model
 from ..plan.calibrate import calibration_file
 from ..plan.request import Request
 from ..plan.speed import SpeedModel
-from ..runtime.llamacpp import PINNED, provision
+from ..runtime.llamacpp import provision
 from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_FLASH_ATTN, DEFAULT_UBATCH
 from ..runtime.model_ref import is_remote
 from .options import speed_options
@@ -75,7 +75,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     meta = inspect_model(args.model)
     speeds = speed_model(request.speeds, meta)  # before the probes: a bad --calibration fails at once
     log_path = Path(args.log)
-    manifest = provision({"bin_dir": args.bin_dir} if args.bin_dir else PINNED, log_path)
+    manifest = provision(LlamacppSettings(bin_dir=args.bin_dir), log_path)
     print(f"probing {meta.name} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
     workload = request.workload(args.ctx, "rpc")  # the probe's own: llama-bench's logits, no op offload asked
     target = DeviceTarget(args.device, "", parse_size(args.vram, "--vram"))

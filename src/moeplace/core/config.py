@@ -4,7 +4,7 @@ take their defaults from)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
 from .config_schema import SCHEMA_PATH, default, validate_config
@@ -178,13 +178,14 @@ class BudgetCheckGrid:
 
 @dataclass(frozen=True)
 class LlamacppSettings:
-    """Which llama.cpp runs the benchmarks (the rule's params: a new value makes a new manifest)."""
+    """Which llama.cpp runs the benchmarks (the rule's params: a new value makes a new manifest): the user's build
+    (bin_dir), else the pinned one, built with `backend` and extra CMake options. The defaults are the pinned build."""
 
-    bin_dir: str | None
-    version: str
-    sha256: str
-    cmake_options: list[str]
-    backend: str
+    bin_dir: str | None = default("llamacpp.bin_dir")
+    version: str = default("llamacpp.version")
+    sha256: str = default("llamacpp.sha256")
+    cmake_options: list[str] = field(default_factory=lambda: list(default("llamacpp.cmake_options")))
+    backend: str = default("llamacpp.backend")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.config import Device, DeviceTarget
+from ..core.config import Device, DeviceTarget, LlamacppSettings
 from ..core.errors import MoeplaceError
 from ..core.records import JsonObject
 from ..core.units import GB, Context, parse_size
@@ -26,7 +26,7 @@ from ..model.metadata import from_constants, inspect_model
 from ..runtime.backend import gpu_free_memory
 from ..runtime.cpus import split_cpus
 from ..runtime.device import attached, device_setup
-from ..runtime.llamacpp import PINNED, provision
+from ..runtime.llamacpp import provision
 from ..runtime.model_ref import ollama_version
 from . import budget as budget_mod
 from . import commands
@@ -183,7 +183,7 @@ def llamacpp_compute(request: Request, pins: Pins) -> Iterator[budget_mod.Comput
         return
 
     log_path = Path(tempfile.gettempdir()) / "moeplace-recommend.log"
-    manifest = provision({"bin_dir": request.bin_dir} if request.bin_dir else PINNED, log_path)
+    manifest = provision(LlamacppSettings(bin_dir=request.bin_dir), log_path)
     setup = device_setup(DeviceTarget("auto", "", 2**50), manifest)  # a reserve allocates nothing: no cap needed
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
         yield budget_mod.reserved_compute(manifest, request.model, rpc, log_path, ",".join(pins.rules) or None)

