@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, TypeAlias, TypedDict
 
-# A JSON object as a file or a tool wrote it (llama-bench's JSON lines, the raw config, a manifest), read before
-# it is typed or written after: its keys and nesting are the file's.
+# A JSON object at a file's or a tool's edge (the raw config before it is typed, a published MANIFEST's facts, a
+# stored model or calibration before from_json, an HTTP answer): its keys and nesting are the file's.
 JsonObject: TypeAlias = dict[str, Any]
 
 
