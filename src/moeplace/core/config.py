@@ -129,7 +129,6 @@ class SeedConstants(TypedDict, total=False):
     kv_bytes_per_token: int
     n_expert: int
     n_expert_used: int
-    architecture: str
 
 
 @dataclass(frozen=True)

@@ -297,7 +297,7 @@ class _Tier:
     targets: list[tuple[Path, list[tuple[int, int]]]]
     log_path: Path
     readahead: Any
-    common: RamTierRecord = field(default_factory=lambda: RamTierRecord())
+    common: RamTierRecord = field(default_factory=RamTierRecord)
     model_bytes: int = 0  # the model's files
     locked_bytes: int = 0  # what locking the non-expert ranges holds
 

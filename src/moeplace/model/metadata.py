@@ -365,7 +365,7 @@ def from_constants(name: str, constants: SeedConstants) -> SeedModel:
     per_layer = expert / n_layer
     return SeedModel(
         name=name,
-        architecture=constants.get("architecture", "unknown"),
+        architecture="unknown",  # the seed names no architecture
         n_layer=n_layer,
         n_expert=int(constants.get("n_expert", 0)),
         n_expert_used=int(constants.get("n_expert_used", 0)),

@@ -59,8 +59,6 @@ BASE_OPTIONS = (
     "-DCMAKE_C_FLAGS=-U__AMX_INT8__",
     "-DCMAKE_CXX_FLAGS=-U__AMX_INT8__",
 )
-
-
 _VERSION = re.compile(r"version: (?P<version>\S+) \(build (?P<number>\d+), commit (?P<commit>[^)]+)\)")
 
 
@@ -260,7 +258,7 @@ def provision(cfg: LlamacppSettings, log_file: Path, jobs: int | None = None) ->
                     backend=backend.name,
                     sha256=sha256,
                     cmake_options=tuple(options),
-                    patches=(build_identity()["patch"],) if vulkan else None,
+                    patches=(identity["patch"],) if identity else None,
                     env=env if vulkan else None,
                     **asdict(version_info(partial / "bin", env)),
                 )
