@@ -211,8 +211,9 @@ def test_a_gain_inside_the_uncertainty_keeps_the_users_kv_type_and_ncmoe(qwen3):
     )
     best = max(ranked, key=lambda r: r["score"])
     assert best["type_k"] == "q8_0" and best["score"] < ranked[0]["score"] * model.equivalence_factor("tg")
-    experts = [r for r in ranked if r["placement"] != "ngl"]  # whole layers on the host: slower beyond doubt
-    assert (ranked[0]["type_k"], ranked[0]["placement"]) == ("f16", "ncmoe") and all(r["equivalent"] for r in experts)
+    # Each expert placement faster than the user's is so by less than doubt (whole layers on the host are slower)
+    gains = [r for r in ranked if r["placement"] != "ngl" and r["score"] >= ranked[0]["score"]]
+    assert (ranked[0]["type_k"], ranked[0]["placement"]) == ("f16", "ncmoe") and all(r["equivalent"] for r in gains)
     sure = rank_placements(
         OnDevice(qwen3, device, "rpc"), ask("decode"), 32768, certain(model), choices=choices(kv_types, [512])
     )

@@ -17,9 +17,10 @@ passes over host RAM (the weights are read from pageable RAM into a pinned stagi
 again): published cards copy at 7-20 GB/s whether their link is PCIe 4.0 x16 or 5.0 x16, which no link term alone
 explains, and the learned q_copy is about 3, a read, a write and a read.
 The term that varies most between backends (the card's share, which takes in the per-layer kernel costs of a
-backend) is learned per backend; the others are shared (a decode hop per backend was tried and left out:
-docs/speed-prior.md). The fit is in log space (relative errors), robust (a soft-L1 loss, so one odd setup does not
-bend the rest), and weighs each setup as one, however many points it has.
+backend) is learned per backend, pulled toward the backends' centre (POOL) so that a backend few machines teach
+(SYCL: two) borrows from the others instead of taking one machine's word; the other terms are shared (a decode hop
+per backend was tried and left out: docs/speed-prior.md). The fit is in log space (relative errors), robust (a
+soft-L1 loss, so one odd setup does not bend the rest), and weighs each setup as one, however many points it has.
 
 A datasheet's host figure and a measured one are different inputs: llama.cpp reads host RAM at about 60% of the
 datasheet's figure, which a_host learns, while a measured figure (STREAM, moeplace's membw probe) already is what
@@ -74,6 +75,11 @@ Z90 = 1.645
 # A backend's own interval needs this many left-out points, from two machines at least; else the pooled one.
 MIN_INTERVAL = (20, 2)
 MIN_COEFFICIENT = 1e-3  # of a term scaled near 1: a thousandth of its share is no share
+# How hard each backend's per-backend coefficient is pulled toward the backends' centre: the weight of the residual
+# log(coefficient / centre), beside each setup's weight of one. Each is the lowest median error with each source left
+# out (docs/speed-prior.md shows the scan). The centre is then the backends' geometric mean, what a backend no
+# published sweep used gets (Learned.coefficients).
+POOL = {"tg": 0.5, "pp": 0.25}
 
 
 @dataclass(frozen=True)
@@ -159,10 +165,11 @@ class Learned:
         return sum(c.get(k, UNINFORMED.get(k, 1.0)) * v for k, v in columns(test, x, m).items())
 
 
-def _fit(test: str, points: list[Point]) -> Learned:
+def _fit(test: str, points: list[Point], pool: float | None = None) -> Learned:
     """Log-coefficients by a robust least squares of log time per token, each setup weighing as one, PER_BACKEND's
-    term per backend. A term no point informs (a measured host figure where no source measured one) keeps its
-    UNINFORMED coefficient."""
+    term per backend, pulled toward their centre with weight `pool` (POOL's by default). A term no point informs
+    (a measured host figure where no source measured one) keeps its UNINFORMED coefficient."""
+    pool = POOL[test] if pool is None else pool
     backends = sorted({p.machine.backend for p in points})
     every = np.array([[columns(test, p.x, p.machine)[k] for k in TERMS[test]] for p in points])
     informed = [i for i, k in enumerate(TERMS[test]) if k == PER_BACKEND[test] or np.any(every[:, i] > 0)]
@@ -174,13 +181,16 @@ def _fit(test: str, points: list[Point]) -> Learned:
     which = np.array([backends.index(p.machine.backend) for p in points])
     shared = [k for k in terms if k != PER_BACKEND[test]]
 
+    centre = terms.index(PER_BACKEND[test])  # the per-backend term's shared slot: the backends' centre
+
     def coefficients(params: np.ndarray) -> np.ndarray:
         c = np.tile(np.exp(params[: len(terms)]), (len(points), 1))
-        c[:, terms.index(PER_BACKEND[test])] = np.exp(params[len(terms) + which])
+        c[:, centre] = np.exp(params[len(terms) + which])
         return c
 
     def residuals(params: np.ndarray) -> np.ndarray:
-        return weight * (np.log((cols * coefficients(params)).sum(axis=1)) - y)
+        fit = weight * (np.log((cols * coefficients(params)).sum(axis=1)) - y)
+        return np.concatenate([fit, pool * (params[len(terms) :] - params[centre])])
 
     start = np.zeros(len(terms) + len(backends))
     # A term the data does not want drifts toward 0 along a flat valley, to a value that differs by machine; the
@@ -236,14 +246,16 @@ def source_of(p: Point) -> str:
     return p.source or p.setup
 
 
-def held_out_errors(test: str, points: list[Point], by: str = "source") -> list[tuple[Point, float]]:
+def held_out_errors(
+    test: str, points: list[Point], by: str = "source", pool: float | None = None
+) -> list[tuple[Point, float]]:
     """Each point's log(predicted / measured) from terms learned without its source (by="source": every setup of
-    the machine it ran on) or without its setup alone (by="setup")."""
+    the machine it ran on) or without its setup alone (by="setup"); `pool` as _fit's."""
     mine = [p for p in points if p.test == test]
     group = source_of if by == "source" else (lambda p: p.setup)
     out = []
     for key in sorted({group(p) for p in mine}):
-        learned = _fit(test, [p for p in mine if group(p) != key])  # spreads unused here
+        learned = _fit(test, [p for p in mine if group(p) != key], pool)  # spreads unused here
         out += [(p, -math.log(p.tok_s * learned.seconds(test, p.x, p.machine))) for p in mine if group(p) == key]
     return out
 
