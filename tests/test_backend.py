@@ -101,3 +101,23 @@ def test_a_machine_with_two_cards_gets_a_plan_over_both(tmp_path, small_moe):
     assert {d["margin_bytes"] for d in plan["devices"]} == {768 * 2**20} and plan["fits"]
     text = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env).stdout
     assert "free now on NVIDIA GeForce RTX 3090, NVIDIA GeForce RTX 3060 (nvidia-smi)" in text and " -ts " in text
+
+
+def test_vram_auto_reads_the_cards_free_memory_once(small_moe, monkeypatch, capsys):
+    """--vram auto on one card reads its free memory once: the plan is made for the figure it says it read (a second
+    read, as free memory changes, could plan for another)."""
+    from moeplace.cli import main
+    from moeplace.plan import assumed, recommend
+
+    reads = []
+
+    def free_now(backend: str):
+        reads.append(backend)
+        return [((23000 - 1000 * len(reads)) * 2**20, "NVIDIA GeForce RTX 4090")], "nvidia-smi"
+
+    monkeypatch.setattr(recommend, "gpu_free_memory", free_now)
+    monkeypatch.setattr(assumed, "gpu_free_memory", free_now)
+    argv = ["recommend", str(small_moe), "--vram", "auto", "--backend", "cuda", "--bw-ddr", "60", "--ctx", "4096"]
+    assert main([*argv, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert reads == ["cuda"] and row["assumptions"]["vram_bytes"] == 22000 * 2**20

@@ -23,7 +23,7 @@ from ..model.describe import structure
 from ..model.memory import NO_PINS, Pins, Workload, host_bytes
 from ..model.meta import ModelMeta
 from ..model.metadata import from_constants, inspect_model
-from ..runtime.backend import gpu_free_memory
+from ..runtime.backend import FreeMemory, gpu_free_memory
 from ..runtime.cpus import split_cpus
 from ..runtime.device import attached, device_setup
 from ..runtime.llamacpp import provision
@@ -110,7 +110,7 @@ def recommend(request: Request) -> int:
         return _output(_constants(request), list(request.contexts), None)
     meta = inspect_model(request.model)
     rope = check_trained_context(meta, request.contexts)
-    sizes, where = _several_cards(request)
+    sizes, where, free = _several_cards(request)
     if len(sizes) > 1:
         backend = resolve_backend(request)[0]
         margin = margin_bytes(request, backend)[0]
@@ -124,7 +124,7 @@ def recommend(request: Request) -> int:
             model_path(meta, request.model),
             cards_speed(request, meta, backend),
         )
-    a = assumptions(request)
+    a = assumptions(request, free)  # --vram auto's memory read once: the plan and its note agree
     pins = read_pins(meta, list(request.overrides))
     check_pins(pins, a.backend)
     extra = Path(request.mmproj).stat().st_size if request.mmproj else 0
@@ -162,15 +162,16 @@ def cards_speed(request: Request, meta: ModelMeta, backend: str) -> Speed:
     return speed
 
 
-def _several_cards(request: Request) -> tuple[list[int], str]:
-    """--vram A,B,... as given, or with auto every card of this machine's free memory, in llama.cpp's order, and
-    where the sizes came from. One size: a plan for one device."""
+def _several_cards(request: Request) -> tuple[list[int], str, FreeMemory | None]:
+    """--vram A,B,... as given, or with auto every card of this machine's free memory, in llama.cpp's order, where
+    the sizes came from, and --vram auto's read. One size: a plan for one device."""
     if request.auto:
-        cards, tool = gpu_free_memory(resolve_backend(request)[0])
-        return [free for free, _ in cards], "free now on " + ", ".join(name for _, name in cards) + f" ({tool})"
+        free = gpu_free_memory(resolve_backend(request)[0])
+        cards, tool = free
+        return [b for b, _ in cards], "free now on " + ", ".join(name for _, name in cards) + f" ({tool})", free
     if request.card:
-        return [card_named(request.card).memory_bytes], f"--card {request.card}"
-    return [parse_size(v.strip(), "--vram") for v in request.vram or ()], "--vram, as given"
+        return [card_named(request.card).memory_bytes], f"--card {request.card}", None
+    return [parse_size(v.strip(), "--vram") for v in request.vram or ()], "--vram, as given", None
 
 
 @contextmanager

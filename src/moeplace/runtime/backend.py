@@ -176,7 +176,11 @@ def detected_gpu_backend() -> str | None:
     return next((_PLAN_BACKEND[name] for name, *_ in _candidates()), None)
 
 
-def gpu_free_memory(backend: str) -> tuple[list[tuple[int, str]], str]:
+# Every card's free bytes now and its name, in llama.cpp's device order, and the tool that read them.
+FreeMemory = tuple[list[tuple[int, str]], str]
+
+
+def gpu_free_memory(backend: str) -> FreeMemory:
     """Every card's free memory now and its name, in the tools' order (llama.cpp's device order), and the tool
     that read them (nvidia-smi, rocm-smi or vulkaninfo: the devices llama.cpp's Vulkan backend uses, software ones
     such as lavapipe only where GGML_VK_VISIBLE_DEVICES names them, as llama.cpp does)."""
@@ -199,12 +203,6 @@ def gpu_free_memory(backend: str) -> tuple[list[tuple[int, str]], str]:
         "none); "
         "give the card's memory instead, e.g. --vram 16GB."
     )
-
-
-def free_gpu_memory(backend: str) -> tuple[int, str, str]:
-    """The one card's free memory now, its name, and how that was read."""
-    cards, tool = gpu_free_memory(backend)
-    return cards[0][0], cards[0][1], f"{cards[0][1]} ({tool})"
 
 
 def build_tools() -> dict[str, str | None]:
