@@ -107,7 +107,7 @@ def test_vram_auto_reads_the_cards_free_memory_once(small_moe, monkeypatch, caps
     """--vram auto on one card reads its free memory once: the plan is made for the figure it says it read (a second
     read, as free memory changes, could plan for another)."""
     from moeplace.cli import main
-    from moeplace.plan import assumed, recommend
+    from moeplace.plan import recommend
 
     reads = []
 
@@ -116,7 +116,6 @@ def test_vram_auto_reads_the_cards_free_memory_once(small_moe, monkeypatch, caps
         return [((23000 - 1000 * len(reads)) * 2**20, "NVIDIA GeForce RTX 4090")], "nvidia-smi"
 
     monkeypatch.setattr(recommend, "gpu_free_memory", free_now)
-    monkeypatch.setattr(assumed, "gpu_free_memory", free_now)
     argv = ["recommend", str(small_moe), "--vram", "auto", "--backend", "cuda", "--bw-ddr", "60", "--ctx", "4096"]
     assert main([*argv, "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)

@@ -57,7 +57,8 @@ def test_decode_before_any_run_on_setups_it_did_not_learn_from(points):
     assert median <= 25 and 0.85 <= in90 <= 0.95 and 0.9 <= in95 <= 0.99
     held = errors_against(prior, [p for p in points["heldout"] if p.test == "tg"])
     median, in90, _ = scored(held, prior["tg"], "decode, held-out sweeps")
-    # Issue 55's bar: median <= 20% and 80-97% inside the ~90% interval, met (19.8%, 81%; docs/speed-prior.md).
+    # Issue 55's bar: median <= 20% and 80-97% inside the ~90% interval, met (19.8%, 81%; docs/speed-prior.md; 19.1%
+    # before the per-backend pull, which was chosen on the left-out score).
     assert median <= 20 and 0.8 <= in90 <= 0.97
     # The bars on the interval's width are not met: its median half-width over the held-out points is +55% (bar +40%;
     # +76% with one pooled interval), and each source left out the ~90% factor is x1.71 (bar x1.5; per backend
@@ -68,7 +69,7 @@ def test_decode_before_any_run_on_setups_it_did_not_learn_from(points):
 
 def test_pulling_each_backend_toward_the_others_predicts_a_new_machine_better(points):
     """Decode's card share per backend, pulled toward the backends' centre (POOL), predicts each source left out
-    closer than each backend on its own: SYCL's, left without the Arc B580, is one Arc Pro B70's alone."""
+    closer than each backend on its own (POOL was chosen on this score: the test guards the choice as data comes)."""
     pulled = np.median(np.abs([e for _, e in held_out_errors("tg", points["sweeps"])]))
     alone = np.median(np.abs([e for _, e in held_out_errors("tg", points["sweeps"], pool=0.0)]))
     assert POOL["tg"] > 0 and pulled < alone

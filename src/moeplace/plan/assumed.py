@@ -13,7 +13,7 @@ from ..core.errors import MoeplaceError
 from ..core.units import GB, parse_size
 from ..model.memory import Workload
 from ..model.meta import ModelMeta
-from ..runtime.backend import FreeMemory, detected_gpu_backend, gpu_free_memory
+from ..runtime.backend import FreeMemory, detected_gpu_backend
 from . import budget as budget_mod
 from .cards import card_named
 from .learned_prior import Machine
@@ -72,14 +72,14 @@ def box_note(request: Request) -> str | None:
     )
 
 
-def _vram(request: Request, backend: str, free: FreeMemory | None) -> tuple[int, str, str | None]:
+def _vram(request: Request, free: FreeMemory | None) -> tuple[int, str, str | None]:
     """The card's bytes, where they come from, and the card's name where it is known; with --vram auto the card's
-    free memory as `free` read it (read now where not yet)."""
+    free memory as `free` read it."""
     if request.card:
         card = card_named(request.card)
         return card.memory_bytes, f"--card {request.card}: {card.name}, {card.memory_bytes >> 30} GiB", card.name
-    if request.auto:
-        cards, tool = free or gpu_free_memory(backend)
+    if request.auto and free:
+        cards, tool = free
         free_bytes, name = cards[0]
         return free_bytes, f"free on {name} ({tool}) now (--vram auto)", name
     return parse_size(request.vram[0], "--vram"), f"--vram {request.vram[0]}, as given", None
@@ -126,11 +126,11 @@ def _speeds(request: Request, card: str | None) -> tuple[float, float, float, st
     return s.bw_vram_gbps or vram, host or ddr, s.card_tflops or tflops, source, measured
 
 
-def assumptions(request: Request, free: FreeMemory | None = None) -> Assumptions:
+def assumptions(request: Request, free: FreeMemory | None) -> Assumptions:
     """The card, the margin, the bandwidths and the host's RAM the plan assumes, with their sources (`free`: the
-    cards' free memory --vram auto already read)."""
+    cards' free memory, as --vram auto read it; None without it)."""
     backend, backend_source = resolve_backend(request)
-    vram, vram_source, card = _vram(request, backend, free)
+    vram, vram_source, card = _vram(request, free)
     margin, margin_source = margin_bytes(request, backend)
     if margin >= vram:
         raise MoeplaceError(

@@ -75,10 +75,11 @@ Z90 = 1.645
 # A backend's own interval needs this many left-out points, from two machines at least; else the pooled one.
 MIN_INTERVAL = (20, 2)
 MIN_COEFFICIENT = 1e-3  # of a term scaled near 1: a thousandth of its share is no share
-# How hard each backend's per-backend coefficient is pulled toward the backends' centre: the weight of the residual
-# log(coefficient / centre), beside each setup's weight of one. Each is the lowest median error with each source left
-# out (docs/speed-prior.md shows the scan). The centre is then the backends' geometric mean, what a backend no
-# published sweep used gets (Learned.coefficients).
+# How hard each backend's per-backend coefficient is pulled toward the backends' centre: the factor on the residual
+# log(coefficient / centre), as a setup's residuals have a factor of one (in squares, 0.25 and 0.0625 beside one).
+# Each is the lowest median error with each source left out (docs/speed-prior.md shows the scan). The centre is a
+# robust middle of the backends (the soft-L1 loss takes the pulls as it takes the fit), near their geometric mean,
+# which a backend no published sweep used gets (Learned.coefficients).
 POOL = {"tg": 0.5, "pp": 0.25}
 
 
@@ -190,7 +191,7 @@ def _fit(test: str, points: list[Point], pool: float | None = None) -> Learned:
 
     def residuals(params: np.ndarray) -> np.ndarray:
         fit = weight * (np.log((cols * coefficients(params)).sum(axis=1)) - y)
-        return np.concatenate([fit, pool * (params[len(terms) :] - params[centre])])
+        return np.concatenate([fit, pool * (params[len(terms) :] - params[centre])]) if pool else fit
 
     start = np.zeros(len(terms) + len(backends))
     # A term the data does not want drifts toward 0 along a flat valley, to a value that differs by machine; the
