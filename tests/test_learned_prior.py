@@ -23,6 +23,12 @@ def points(tmp_path_factory) -> dict:
     return {"sweeps": prior_points(published(), metas), "heldout": prior_points(published("heldout.csv"), metas)}
 
 
+@pytest.fixture(scope="module")
+def decode_left_out(points) -> list:
+    """Each published decode point's error from terms learned without its source (the costly part: a fit each)."""
+    return held_out_errors("tg", points["sweeps"])
+
+
 def scored(pairs: list, learned, what: str) -> tuple[float, float, float]:
     """Median |error| (%), and the share inside each point's ~90% and ~95% intervals (its backend's), printed."""
     e = np.abs([e for _, e in pairs])
@@ -43,15 +49,14 @@ def test_the_stored_prior_is_what_the_published_sweeps_give():
     assert check.returncode == 0, check.stderr
 
 
-def test_decode_before_any_run_on_setups_it_did_not_learn_from(points):
+def test_decode_before_any_run_on_setups_it_did_not_learn_from(points, decode_left_out):
     """Decode: each published source (all of one author's setups) predicted by terms learned without it, and the
     held-out sweeps (other people's cards, sources in HELDOUT_SOURCES.md) by the stored terms. Each point's interval
     is its backend's left-out errors' quantiles; on the held-out sweeps it holds less often: a 192-thread run on a
     CPU quota of 82 and a regressed fork build are 2-6x slower than any learned setup, and a quantized KV cache at
     depth on ROCm many times slower than its bytes say (docs/speed-prior.md)."""
     prior = load()
-    left_out = held_out_errors("tg", points["sweeps"])
-    median, in90, in95 = scored(left_out, prior["tg"], "decode, each source left out")
+    median, in90, in95 = scored(decode_left_out, prior["tg"], "decode, each source left out")
     # Issue 55's bar: 25%, met (22.0% with 70 setups from 25 machines, each machine's sources left out together;
     # docs/speed-prior.md).
     assert median <= 25 and 0.85 <= in90 <= 0.95 and 0.9 <= in95 <= 0.99
@@ -64,25 +69,24 @@ def test_decode_before_any_run_on_setups_it_did_not_learn_from(points):
     # +76% with one pooled interval), and each source left out the ~90% factor is x1.71 (bar x1.5; per backend
     # x1.46-x1.86). These guards catch a regression beyond that.
     half = np.median([prior["tg"].log_q(p.machine.backend, "90") for p, _ in held])
-    assert math.expm1(half) <= 0.6 and math.exp(np.quantile(np.abs([e for _, e in left_out]), 0.9)) <= 1.75
+    assert math.expm1(half) <= 0.6 and math.exp(np.quantile(np.abs([e for _, e in decode_left_out]), 0.9)) <= 1.75
 
 
-def test_pulling_each_backend_toward_the_others_predicts_a_new_machine_better(points):
+def test_pulling_each_backend_toward_the_others_predicts_a_new_machine_better(points, decode_left_out):
     """Decode's card share per backend, pulled toward the backends' centre (POOL), predicts each source left out
     closer than each backend on its own (POOL was chosen on this score: the test guards the choice as data comes)."""
-    pulled = np.median(np.abs([e for _, e in held_out_errors("tg", points["sweeps"])]))
+    pulled = np.median(np.abs([e for _, e in decode_left_out]))
     alone = np.median(np.abs([e for _, e in held_out_errors("tg", points["sweeps"], pool=0.0)]))
     assert POOL["tg"] > 0 and pulled < alone
 
 
-def test_the_interval_is_per_backend_from_left_out_errors_only(points):
+def test_the_interval_is_per_backend_from_left_out_errors_only(decode_left_out):
     """Each backend's interval is the quantiles of its own left-out errors (never of the held-out sweeps), and a
     backend no source scored takes the pooled one: CUDA, learned from many machines, is narrower than SYCL, whose
     hybrid sweeps are one machine's."""
     prior = load()["tg"]
-    left_out = held_out_errors("tg", points["sweeps"])
     for backend, q in prior.log_q_by_backend.items():
-        e = np.abs([e for p, e in left_out if p.machine.backend == backend])
+        e = np.abs([e for p, e in decode_left_out if p.machine.backend == backend])
         assert q["90"] == pytest.approx(np.quantile(e, 0.9), rel=1e-3)
         assert q["95"] == pytest.approx(np.quantile(e, 0.95), rel=1e-3)
     assert prior.log_q("cuda") < prior.log_q("sycl") and prior.log_q("metal") == prior.log_q95

@@ -120,8 +120,9 @@ def interval_lines(prior: dict, held_out: dict, heldout_errors: dict) -> list[st
 POOL_GRID = (0.0, 0.25, 0.5, 1.0, 2.0)
 
 
-def pool_lines(points: list[Point]) -> list[str]:
-    """Each source left out at each pull of the per-backend term toward the backends' centre: how POOL was chosen."""
+def pool_lines(points: list[Point], held_out: dict[str, list[tuple[Point, float]]]) -> list[str]:
+    """Each source left out at each pull of the per-backend term toward the backends' centre: how POOL was chosen
+    (`held_out`: learn_prior's left-out errors, at POOL's pull)."""
     lines = [
         "",
         "## Pooling the per-backend term",
@@ -139,7 +140,8 @@ def pool_lines(points: list[Point]) -> list[str]:
     ]
     for test, chosen in POOL.items():
         for pool in POOL_GRID:
-            e = np.abs([e for _, e in held_out_errors(test, points, pool=pool)])
+            pairs = held_out[test] if pool == chosen else held_out_errors(test, points, pool=pool)
+            e = np.abs([e for _, e in pairs])
             used = " (used)" if pool == chosen else ""
             lines.append(f"| {test} | {pool:g}{used} | {median_pct(e):.1f}% | x{math.exp(np.quantile(e, 0.9)):.2f} |")
     return lines
@@ -271,7 +273,7 @@ def main() -> int:
     lines += gap_lines(heldout_errors["tg"]) + build_lines()
     lines += peer_lines(held_out["tg"], heldout_errors["tg"])
     lines += measured_lines(prior, heldout_errors["tg"], measured)
-    lines += interval_lines(prior, held_out, heldout_errors) + tail_lines(held_out["tg"]) + pool_lines(points)
+    lines += interval_lines(prior, held_out, heldout_errors) + tail_lines(held_out["tg"]) + pool_lines(points, held_out)
     lines += bar_lines(prior, held_out, heldout_errors, measured)
     bounds = ", ".join(f"x{math.exp(p.log_q95_difference):.2f} ({t})" for t, p in prior.items())
     lines += [
