@@ -139,9 +139,10 @@ def layers() -> list[str]:
         for imported in module_imports(path):
             users.setdefault(imported, set()).add(me.removesuffix("/__init__"))
     order = " < ".join(f"`{layer}/`" for layer in LAYERS)
-    lines = ["## Layers", "", f"Lowest first: {order} < `cli.py`. A module imports only its own layer and the ones",
-             "before it, with no import circle (`tests/test_architecture.py` checks the import graph, lazy imports",
-             "included); `runtime/` imports nothing above `core/`.", ""]  # fmt: skip
+    lines = ["## Layers", "", f"Lowest first: {order} < `api.py` < `cli/`. A module imports only its own layer and",
+             "the ones before it, with no import circle (`tests/test_architecture.py` checks the import graph, lazy",
+             "imports included); `runtime/` imports nothing above `core/`.", ""]  # fmt: skip
+    lines += [f"`api.py`, the library's calls (re-exported from `moeplace`): {docstring(PACKAGE / 'api.py')}", ""]
     for layer in LAYERS:
         lines += [f"### `{layer}/`: {docstring(PACKAGE / layer / '__init__.py')}", ""]
         lines += ["| module | what | used by |", "| --- | --- | --- |"]

@@ -19,13 +19,14 @@ from typing import Any
 import yaml
 from generated import write_or_check
 
+from moeplace.core.backends import op_offload
 from moeplace.core.config import Device
 from moeplace.model.gguf_file import read_header
 from moeplace.model.kvcache import cells, kv_bytes, pad, row_size
 from moeplace.model.memory import Pins, Workload, device_need, state_bytes
 from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
-from moeplace.plan.budget import OP_OFFLOAD, plan
+from moeplace.plan.budget import plan
 from moeplace.runtime.llama_log import read_log
 from moeplace.runtime.tool_output import list_devices, rocm_smi
 
@@ -81,7 +82,7 @@ def workload(fact: dict[str, Any], backend: str) -> Workload:
         fact.get("type_k", "f16"),
         fact.get("type_v", "f16"),
         fact.get("parallel", 1),
-        op_offload=backend in OP_OFFLOAD,
+        op_offload=op_offload(backend),
     )
 
 

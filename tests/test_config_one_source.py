@@ -65,7 +65,7 @@ OPTIONS = [
     ],
     ("recommend", "flash_attn", "flash_attn"),
     ("tune", "flash_attn", "flash_attn"),
-    ("tune", "margin", "tune.margin"),
+    ("tune", "safety_layers", "tune.safety_layers"),
     ("tune", "threads", "bench.threads"),
     ("tune", "device", "device.kind"),
     ("doctor", "backend", "llamacpp.backend"),

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
+from moeplace.core.backends import margin_bytes
 from moeplace.model.twin import load_spec, write_twin
-from moeplace.plan.budget import AUTO_MARGIN_MIB
 
 BOUNDARIES = yaml.safe_load((ROOT / "tests/data/real_cards.yaml").read_text())["boundaries"]
 
@@ -48,7 +48,8 @@ def test_default_margins_never_fall_on_the_out_of_memory_side_of_a_published_bou
         model = twins[(b["spec"], b.get("quant"))]
         answers = [minimum_n(model, b, b["vram_nominal"])]  # the card's size, the default margin
         if "free_at_load" in b:  # its free memory, the margin --vram auto takes
-            answers.append(minimum_n(model, b, b["free_at_load"], "--margin", str(AUTO_MARGIN_MIB[b["backend"]])))
+            margin_mib = margin_bytes(b["backend"], against_free=True) >> 20
+            answers.append(minimum_n(model, b, b["free_at_load"], "--margin", str(margin_mib)))
         for n in answers:
             cases += 1
             assert n > b["failed"], (b["setup"], b["ctx"], n, b["failed"])

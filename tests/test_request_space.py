@@ -76,7 +76,7 @@ def _pins(meta: dict, draw_layer: int | None) -> Pins:
 
 
 def _fits(meta: dict, device: Device, w, n: int, pins: Pins, extra: int = 0) -> bool:
-    return device_need(meta, w, n, None, extra, pins).total + device.overhead_bytes <= device.vram_bytes
+    return device_need(meta, w, n, None, extra, pins).total + device.kept_free <= device.vram_bytes
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

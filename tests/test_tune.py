@@ -26,8 +26,8 @@ def test_search_finds_the_cliff_from_any_prediction(n_layer):
     assert worst <= math.ceil(math.log2(n_layer + 1)) + 2
 
 
-def test_margin_adds_whole_layers():
-    r = search(4, 8, threshold(4), margin=2)
+def test_safety_layers_add_whole_layers():
+    r = search(4, 8, threshold(4), safety_layers=2)
     assert (r.lowest_n, r.chosen_n, r.loads) == (4, 6, 3)
 
 

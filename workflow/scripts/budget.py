@@ -18,7 +18,7 @@ with stage(snakemake.log[0]) as log:
     model, manifest = (i.model[0], Build.read(i.llamacpp)) if "model" in i.keys() else (None, None)
     target, log_path = DeviceTarget(**p.device), Path(snakemake.log[0])
     if target.other_vram_bytes:  # several devices
-        table = devices_budget_table(meta, model, manifest, target, p.memory["overhead_bytes"], workloads, log_path)
+        table = devices_budget_table(meta, model, manifest, target, Device(**p.memory), workloads, log_path)
     else:
         with compute_from_llamacpp(model, manifest, target, Device(**p.memory), log_path) as (device, compute):
             table = budget_table(meta, device, workloads, compute)

@@ -3,7 +3,7 @@ devices: the per-device plan against what loads on each) -> results/budget_check
 
 from pathlib import Path
 
-from moeplace.core.config import DeviceTarget
+from moeplace.core.config import Device, DeviceTarget
 from moeplace.measure.budget_check import (
     CheckedModel,
     check_devices,
@@ -27,13 +27,12 @@ with stage(snakemake.log[0]) as log:
         table = devices_table(check_devices(model, workloads, [target.vram_bytes, *target.other_vram_bytes]), w.model)
         log.info("%s: %s", w.model, devices_summary(table))
     else:
-        overhead, depth_checks = p.memory["overhead_bytes"], g["depth_checks"]
         rows = check_model(
             model,
             workloads,
             target=target,
-            overhead_bytes=overhead,
-            depth_checks=depth_checks,
+            memory=Device(**p.memory),
+            depth_checks=g["depth_checks"],
             threads=snakemake.threads,
         )
         table = check_table(rows)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..core.backends import PRIOR_NAMES
 from ..core.errors import MoeplaceError
-from ..plan.prior_learn import BACKENDS, learn_from_directories
+from ..plan.prior_learn import learn_from_directories
 
 
 def add_parser(sub: Any) -> None:
@@ -35,7 +36,7 @@ def add_parser(sub: Any) -> None:
     le.add_argument("--bw-vram", type=float, dest="card_gbps", help="the card's memory bandwidth, GB/s")
     le.add_argument("--card-tflops", type=float, dest="card_tflops", help="the card's FP32 TFLOPS")
     le.add_argument("--bw-link", type=float, dest="link_gbps", help="the card's PCIe link, GB/s")
-    le.add_argument("--backend", choices=sorted(set(BACKENDS.values())), help="the runs' llama.cpp backend")
+    le.add_argument("--backend", choices=sorted(set(PRIOR_NAMES.values())), help="the runs' llama.cpp backend")
     le.set_defaults(func=cmd_prior_learn)
 
 
@@ -55,5 +56,6 @@ def cmd_prior_learn(args: argparse.Namespace) -> None:
     elif args.host_gbps:
         flags["host_measured"] = False
     flags = {k: v for k, v in flags.items() if v is not None}
-    learn_from_directories(args.folders, models, flags, not args.no_shipped, args.output)
+    for line in learn_from_directories(args.folders, models, flags, not args.no_shipped, args.output):
+        print(line)
     print(f"prior: {args.output}; use it with moeplace recommend/predict --prior {args.output}")

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
+from ..core.backends import NAMES as BACKEND_NAMES
 from ..core.errors import MoeplaceError
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN
-from ..plan import budget as budget_mod
 from ..plan.recommend import recommend
 from ..plan.request import Constants, Request, parse_contexts
 from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_FLASH_ATTN, DEFAULT_UBATCH
 from .options import MODEL_HELP, speed_options, speeds
+from .recommend_text import render
 
 _CONSTANTS = ("vram_gb", "non_expert_gb", "expert_gb", "layers", "kv_bytes_per_token")
 
@@ -68,7 +70,17 @@ def request_from_args(args: argparse.Namespace) -> Request:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    return recommend(request_from_args(args))
+    """Print the plan as --emit asks, each context that does not fit on stderr with its fixes: 1 where one does
+    not fit."""
+    rec = recommend(request_from_args(args))
+    for line in rec.errors():
+        print(line if line.startswith("  ") else f"moeplace: {line}", file=sys.stderr)
+    if rec.request.emit == "bench":  # the lines alone on stdout, to paste: what they differ by on stderr
+        for p in rec.fitting:
+            for note in p.get("notes", []):
+                print(f"note: {note}", file=sys.stderr)
+    sys.stdout.write(render(rec))
+    return 0 if rec.fits else 1
 
 
 def add_parser(sub: Any) -> None:
@@ -92,7 +104,7 @@ def add_parser(sub: Any) -> None:
     )
     rec.add_argument(
         "--backend",
-        choices=("auto", *budget_mod.DEFAULT_MARGIN_MIB),
+        choices=("auto", *BACKEND_NAMES),
         default="auto",
         help="the card's llama.cpp backend, for its default margin (auto: this machine's GPU)",
     )

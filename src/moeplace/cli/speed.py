@@ -9,16 +9,17 @@ import json
 import sys
 from typing import Any
 
+from ..core.backends import PRIOR_NAMES
 from ..core.config import Bandwidths
 from ..core.errors import MoeplaceError
 from ..model.kvcache import CACHE_TYPES
 from ..model.metadata import inspect_model
-from ..plan.assumed import speed_model
+from ..plan.assumed import card_speed_model
 from ..plan.calibrate import calibrate, read_runs
-from ..plan.cards import card_named
 from ..plan.machine import DEFAULT_BANDWIDTHS
+from ..plan.predict import predicted_speeds
 from ..plan.request import check_ubatch, parse_contexts
-from ..plan.speed import UNITS, Run, prefill_run, prior, zero_fit_notes
+from ..plan.speed import UNITS, prior, zero_fit_notes
 from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_UBATCH
 from .options import MODEL_HELP, speed_options
 from .options import speeds as speeds_of
@@ -36,7 +37,7 @@ def add_parser(sub: Any) -> None:
     pr.add_argument("--json", action="store_true", help="print a JSON list of objects")
     pr.add_argument(
         "--backend",
-        choices=("cuda", "rocm", "vulkan", "sycl", "metal"),
+        choices=sorted(set(PRIOR_NAMES.values())),
         help="the card's llama.cpp backend: the prior learned from published sweeps differs by backend (default: "
         "--card's, else cuda)",
     )
@@ -70,26 +71,10 @@ def cmd_predict(args: argparse.Namespace) -> None:
     check_ubatch(args.ubatch)
     speeds = speeds_of(args)
     meta = inspect_model(args.model)
-    bw, backend, tflops = (None, args.backend, None)
-    if args.card:
-        card = card_named(args.card)
-        bw, tflops = (card.gbps, None), card.tflops
-        backend = args.backend or card.backend
-    model = speed_model(speeds, meta, bw, backend or "cuda", tflops)
-    kv = (args.cache_type_k, args.cache_type_v)
-    rows = []
-    for depth in parse_contexts(args.depth, "--depth", allow_zero=True):
-        for n in _n_values(args.n_cpu_moe or f"0-{meta.n_layer}", meta.n_layer):
-            tg = model.predict(meta, Run(n, depth, "tg", 128, args.ubatch, *kv))
-            pp = model.predict(meta, prefill_run(n, depth, args.ubatch, *kv))
-            row = {"n_cpu_moe": n, "depth": depth, "ubatch": args.ubatch}
-            for test, pred in (("tg", tg), ("pp", pp)):
-                row |= {
-                    f"{test}_tok_s": pred and pred["tok_s"],
-                    f"{test}_low": pred and pred["low"],
-                    f"{test}_high": pred and pred["high"],
-                }
-            rows.append(row)
+    model = card_speed_model(speeds, meta, args.card, args.backend)
+    depths = parse_contexts(args.depth, "--depth", allow_zero=True)
+    n_values = _n_values(args.n_cpu_moe or f"0-{meta.n_layer}", meta.n_layer)
+    rows = predicted_speeds(meta, model, n_values, depths, args.ubatch, (args.cache_type_k, args.cache_type_v))
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         print()

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..core.backends import BUILDS
 from ..core.config import default
 from ..report.explain import explain
 from ..report.explain_text import render
@@ -20,9 +21,7 @@ from ..runtime.backend import build_tools, detect
 def add_parser(sub: Any) -> None:
     """doctor, explain, verify and merge."""
     do = sub.add_parser("doctor", help="which llama.cpp backend this machine will build and use, and why")
-    do.add_argument(
-        "--backend", choices=("auto", "cpu", "cuda", "hip", "vulkan", "lavapipe"), default=default("llamacpp.backend")
-    )
+    do.add_argument("--backend", choices=BUILDS, default=default("llamacpp.backend"))
     do.add_argument("--json", action="store_true")
     do.set_defaults(func=cmd_doctor)
     ex = sub.add_parser("explain", help="what a llama.cpp log put on each device, and why it ran out of memory")

@@ -37,7 +37,10 @@ def add_parser(sub: Any) -> None:
     tu.add_argument("--vram", required=True, help="device memory, e.g. 16GB (the emulated device's cap)")
     tu.add_argument("--device", choices=("auto", "gpu", "emulated"), default=default("device.kind"))
     tu.add_argument(
-        "--margin", type=int, default=default("tune.margin"), help="whole layers added to the lowest feasible n"
+        "--safety-layers",
+        type=int,
+        default=default("tune.safety_layers"),
+        help="whole layers added to the lowest --n-cpu-moe that ran (bytes kept free are recommend's --margin)",
     )
     tu.add_argument("--bin-dir", help="your llama.cpp build's bin/ (default: the pinned build, built once)")
     tu.add_argument("--threads", type=int, default=default("bench.threads"))
@@ -79,14 +82,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(f"probing {meta.name} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
     workload = request.workload(args.ctx, "rpc")  # the probe's own: llama-bench's logits, no op offload asked
     target = DeviceTarget(args.device, "", parse_size(args.vram, "--vram"))
-    settings = TuneSettings(args.margin, args.timeout, args.threads)
+    settings = TuneSettings(args.safety_layers, args.timeout, args.threads)
     result, record = tune_model(
         model_name=meta.name,
         model_path=args.model,
         meta=meta,
         workload=workload,
         target=target,
-        memory=Device(target.vram_bytes, 0),
+        memory=Device(target.vram_bytes, None),  # the margin: the device's backend's default
         probing=Probing(settings, manifest, log_path, Path.cwd()),
     )
     print(f"predicted minimum --n-cpu-moe: {result.predicted_n}; probed on {record['device']}")
@@ -103,7 +106,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 1
     print(
         f"{result.loads} loads; lowest feasible n = {result.lowest_n}, chosen n = {result.chosen_n} "
-        f"(margin {args.margin}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens"
+        f"(safety layers {args.safety_layers}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens"
     )
     if not (args.calibration or args.no_calibrate):
         probing = Probing(settings, manifest, log_path, Path.cwd())
@@ -127,8 +130,10 @@ def _checked_request(args: argparse.Namespace) -> Request:
         emit="bench",
         speeds=speeds_of(args),
     )
-    if args.margin < 0:
-        raise MoeplaceError(f"--margin {args.margin}: whole layers added to the lowest n that runs, 0 or more.")
+    if args.safety_layers < 0:
+        raise MoeplaceError(
+            f"--safety-layers {args.safety_layers}: whole layers added to the lowest n that runs, 0 or more."
+        )
     if args.threads < 1:
         raise MoeplaceError(f"--threads {args.threads}: give at least 1.")
     if is_remote(args.model):

@@ -4,10 +4,12 @@ take their defaults from)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypedDict
 
+from .backends import margin_bytes
 from .config_schema import SCHEMA_PATH, default, validate_config
+from .errors import MoeplaceError
 from .records import JsonObject
 from .units import Context, parse_size
 
@@ -66,7 +68,7 @@ class BenchSettings:
 
 @dataclass(frozen=True)
 class TuneSettings:
-    margin: int
+    safety_layers: int  # whole layers added to the lowest n that ran (not bytes: that is Device.margin_bytes)
     timeout_s: float
     threads: int
 
@@ -97,12 +99,27 @@ class RamTierSettings:
 
 @dataclass(frozen=True)
 class Device:
-    """The card a budget plans for: its bytes, and what is kept free beyond llama.cpp's buffers (the margin;
-    the seed's constants mode: its fixed overhead)."""
+    """The card a budget plans for: its bytes, and the margin: what is kept free beyond llama.cpp's buffers (the
+    seed's constants mode: its fixed overhead, in place of the compute buffers). One name and one unit (bytes)
+    everywhere: recommend's --margin (MiB), the config's device.margin, the budget tables' margin_bytes."""
 
     vram_bytes: int
-    overhead_bytes: int
+    margin_bytes: int | None  # None: the config's `auto`, the device's backend's default (core/backends.py)
     other_vram_bytes: tuple[int, ...] = ()  # several devices: the ones after the first (each keeps the margin)
+
+    def for_backend(self, backend: str, against_free: bool = False) -> Device:
+        """This device with its margin as given, or where it is auto the backend's default (against the card's
+        size, or against the free memory read just before a job)."""
+        if self.margin_bytes is not None:
+            return self
+        return replace(self, margin_bytes=margin_bytes(backend, against_free))
+
+    @property
+    def kept_free(self) -> int:
+        """The margin in bytes, once known (for_backend)."""
+        if self.margin_bytes is None:
+            raise MoeplaceError("device.margin is auto: plan on a device of a known backend (Device.for_backend).")
+        return self.margin_bytes
 
 
 @dataclass(frozen=True)
@@ -326,10 +343,12 @@ def parse_settings(config: JsonObject) -> Settings:
     return Settings(
         contexts=contexts,
         device=DeviceTarget(dev["kind"], dev["name"], vram, dev["host_slowdown"], tuple(others)),
-        memory=Device(vram, parse_size(dev["overhead"], "config device.overhead"), tuple(others)),
+        memory=Device(
+            vram, None if dev["margin"] == "auto" else parse_size(dev["margin"], "config device.margin"), tuple(others)
+        ),
         bandwidths=_bandwidths(config),
         bench=bench,
-        tune=TuneSettings(config["tune"]["margin"], config["tune"]["timeout_s"], bench.threads),
+        tune=TuneSettings(config["tune"]["safety_layers"], config["tune"]["timeout_s"], bench.threads),
         ceilings=_ceilings(config, bench, contexts),
         ram_tier=_ram_tier(config, bench.threads),
         models={name: ModelEntry(name, **entry) for name, entry in config["models"].items()},

@@ -119,6 +119,13 @@ def _read_strings(config: JsonObject, validator: jsonschema.protocols.Validator)
             container[last] = value
 
 
+# Settings renamed so that one word means one thing: (section, old name, new name).
+RENAMED = (
+    ("device", "overhead", "device.margin (bytes kept free, as recommend's --margin)"),
+    ("tune", "margin", "tune.safety_layers (whole layers added to the lowest n that ran)"),
+)
+
+
 def validate_config(config: JsonObject, schema_path: str | Path = SCHEMA_PATH) -> JsonObject:
     """Validate in place (filling defaults, reading numbers given as strings) and return the config;
     MoeplaceError names the first bad field."""
@@ -126,6 +133,9 @@ def validate_config(config: JsonObject, schema_path: str | Path = SCHEMA_PATH) -
         schema() if Path(schema_path) == SCHEMA_PATH else yaml.safe_load(Path(schema_path).read_text())
     )
     _read_strings(config, validator)
+    for section, old, new in RENAMED:
+        if isinstance(config.get(section), dict) and old in config[section]:
+            raise MoeplaceError(f"config: {section}.{old} is now {new}; rename it (the same value).")
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), e.path))
     if errors:
         error = jsonschema.exceptions.best_match(errors)

@@ -29,7 +29,7 @@ from ..plan.offload import expert_tensors, matching_tensors
 from ..runtime.allocation import fitted_placement, load_probe
 from ..runtime.build import Build
 from ..runtime.cpus import split_cpus
-from ..runtime.device import DeviceSetup, attached, device_setup, rpc_device
+from ..runtime.device import DeviceSetup, attached, device_setup, margin_on, rpc_device
 from ..runtime.llamacpp_args import UNSUPPORTED, refusal
 from .bench import BenchJob, Rig, run_bench
 from .tune import search
@@ -76,20 +76,20 @@ def check_model(
     workloads: list[Workload],
     *,
     target: DeviceTarget,
-    overhead_bytes: int,
+    memory: Device,
     depth_checks: int = 0,
     threads: int = 2,
 ) -> list[Row]:
     """One row per grid cell; the deep checks' runs carry the revision of the pipeline in the working folder."""
 
     setup = device_setup(target, model.manifest)
-    device = Device(setup.cap_bytes, overhead_bytes)
+    device = Device(setup.cap_bytes, margin_on(setup, model.manifest, memory))
     rows = []
     with attached(setup, model.manifest, split_cpus(setup.kind == "emulated"), model.log_path) as rpc:
         compute = reserved_compute(model.manifest, model.path, rpc, model.log_path)
 
         for i, w in enumerate(workloads):
-            row = _cell(model, setup, w, overhead_bytes)
+            row = _cell(model, setup, w, device.kept_free)
             if refusal(w.flash_attn, w.type_v):
                 rows.append({**row, "status": UNSUPPORTED})
                 continue
@@ -102,7 +102,7 @@ def check_model(
     return rows
 
 
-def _cell(model: CheckedModel, setup: DeviceSetup, w: Workload, overhead_bytes: int) -> Row:
+def _cell(model: CheckedModel, setup: DeviceSetup, w: Workload, margin_bytes: int) -> Row:
     """The columns that name a grid cell of check_model: the model, the workload and the device."""
     return {
         "model": model.name,
@@ -113,7 +113,7 @@ def _cell(model: CheckedModel, setup: DeviceSetup, w: Workload, overhead_bytes: 
         "flash_attn": w.flash_attn,
         "device": setup.label,
         "vram_bytes": setup.cap_bytes,
-        "margin_bytes": overhead_bytes,
+        "margin_bytes": margin_bytes,
     }
 
 

@@ -26,7 +26,7 @@ from ..model.metadata import inspect_model
 from ..plan.budget import plan
 from ..plan.devices import minimum_ncmoe
 from ..runtime.build import Build
-from ..runtime.device import DeviceSetup, device_setup
+from ..runtime.device import DeviceSetup, device_setup, margin_on
 from ..runtime.llamacpp_args import UNSUPPORTED, refusal
 from .bench import BenchJob, Rig, run_bench, run_sweep
 
@@ -81,7 +81,7 @@ def search(
     predicted_n: int,
     n_layer: int,
     run: Callable[[int], tuple[str, float | None]],
-    margin: int = 0,
+    safety_layers: int = 0,
     spill_ratio: float = SPILL_RATIO,
 ) -> TuneResult:
     """Find the lowest feasible n with `run(n) -> (status, tg tok/s)`, starting from the prediction."""
@@ -118,12 +118,14 @@ def search(
     if lo > n_layer or not feasible(lo):
         return result  # even all experts on the host does not run: the context does not fit
     result.lowest_n = lo
-    result.chosen_n = min(n_layer, lo + margin)
+    result.chosen_n = min(n_layer, lo + safety_layers)
     result.chosen_tok_s = probe(result.chosen_n).tg_tok_s
     return result
 
 
-def tune_record(model: str, ctx: int, result: TuneResult, device: str, margin: int, type_k: str, type_v: str) -> Row:
+def tune_record(
+    model: str, ctx: int, result: TuneResult, device: str, safety_layers: int, type_k: str, type_v: str
+) -> Row:
     return {
         "model": model,
         "ctx": ctx,
@@ -131,7 +133,7 @@ def tune_record(model: str, ctx: int, result: TuneResult, device: str, margin: i
         "device": device,
         "predicted_n": result.predicted_n,
         "lowest_feasible_n": result.lowest_n,
-        "margin": margin,
+        "safety_layers": safety_layers,
         "chosen_n": result.chosen_n,
         "chosen_tg_tok_s": result.chosen_tok_s,
         "loads": result.loads,
@@ -160,7 +162,7 @@ def tune(
         (record,) = run_bench(job, rig)
         return record["status"], record["avg_ts"]
 
-    return search(predicted_n, n_layer, run, settings.margin, 0.0 if device.kind == "emulated" else SPILL_RATIO)
+    return search(predicted_n, n_layer, run, settings.safety_layers, 0.0 if device.kind == "emulated" else SPILL_RATIO)
 
 
 def calibrate_runs(
@@ -194,7 +196,7 @@ def tune_model(
     meta: ModelMeta,
     workload: Workload,
     target: DeviceTarget,
-    memory: Any,
+    memory: Device,
     probing: Probing,
 ) -> tuple[TuneResult, Row]:
     """The tuner for one model and workload (context, KV cache type, ubatch), from the budget's prediction: the
@@ -206,17 +208,18 @@ def tune_model(
         log.info("%s at %d tokens: %s; recorded %s", model_name, workload.ctx, reason, UNSUPPORTED)
         result = TuneResult(predicted_n=meta.n_layer, lowest_n=None, chosen_n=None, chosen_tok_s=None)
         w = workload
-        record = tune_record(model_name, w.ctx, result, device.label, settings.margin, w.type_k, w.type_v)
+        record = tune_record(model_name, w.ctx, result, device.label, settings.safety_layers, w.type_k, w.type_v)
         return result, {**record, "predicted_n": None, "status": UNSUPPORTED, "device_kind": device.kind}
+    margin = margin_on(device, probing.manifest, memory)
     if device.other_caps:  # several devices: --n-cpu-moe with llama.cpp's own split over them
-        predicted = minimum_ncmoe(meta, [Device(cap, memory.overhead_bytes) for cap in device.caps], workload)[0]
+        predicted = minimum_ncmoe(meta, [Device(cap, margin) for cap in device.caps], workload)[0]
     else:
-        predicted = plan(meta, Device(device.cap_bytes, memory.overhead_bytes), workload)["n_cpu_moe"]
+        predicted = plan(meta, Device(device.cap_bytes, margin), workload)["n_cpu_moe"]
     log.info("predicted minimum n_cpu_moe at %d tokens: %s; probing on %s", workload.ctx, predicted, device.label)
     start = meta.n_layer if predicted is None else predicted
     result = tune(model_path, workload, device, meta.n_layer, start, probing)
     w = workload
-    record = tune_record(model_name, w.ctx, result, device.label, settings.margin, w.type_k, w.type_v)
+    record = tune_record(model_name, w.ctx, result, device.label, settings.safety_layers, w.type_k, w.type_v)
     return result, {**record, "device_kind": device.kind}
 
 

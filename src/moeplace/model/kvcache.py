@@ -10,7 +10,7 @@ from __future__ import annotations
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..core.errors import MoeplaceError
-from ..runtime.llamacpp_args import DEFAULT_UBATCH
+from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_UBATCH
 from .meta import ModelMeta, SeedModel
 
 CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
@@ -39,7 +39,11 @@ def cells(ctx: int, window: int = 0, n_ubatch: int = DEFAULT_UBATCH, n_seq: int 
 
 
 def layer_kv_bytes(
-    meta: ModelMeta, ctx: int, type_k: str = "f16", type_v: str = "f16", n_ubatch: int = DEFAULT_UBATCH
+    meta: ModelMeta,
+    ctx: int,
+    type_k: str = DEFAULT_CACHE_TYPE,
+    type_v: str = DEFAULT_CACHE_TYPE,
+    n_ubatch: int = DEFAULT_UBATCH,
 ) -> list[int]:
     """KV bytes of every layer at a context (0 for layers without a cache)."""
     if isinstance(meta, SeedModel):
@@ -60,12 +64,16 @@ def layer_kv_bytes(
 
 
 def kv_bytes(
-    meta: ModelMeta, ctx: int, type_k: str = "f16", type_v: str = "f16", n_ubatch: int = DEFAULT_UBATCH
+    meta: ModelMeta,
+    ctx: int,
+    type_k: str = DEFAULT_CACHE_TYPE,
+    type_v: str = DEFAULT_CACHE_TYPE,
+    n_ubatch: int = DEFAULT_UBATCH,
 ) -> int:
     return sum(layer_kv_bytes(meta, ctx, type_k, type_v, n_ubatch))
 
 
-def kv_bytes_per_token(meta: ModelMeta, type_k: str = "f16", type_v: str = "f16") -> float:
+def kv_bytes_per_token(meta: ModelMeta, type_k: str = DEFAULT_CACHE_TYPE, type_v: str = DEFAULT_CACHE_TYPE) -> float:
     """Bytes per token of context for full-attention layers (windowed layers excluded)."""
     if isinstance(meta, SeedModel):
         return kv_bytes(meta, 1, type_k, type_v)

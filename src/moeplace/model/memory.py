@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..runtime.llamacpp_args import batch_for
+from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_FLASH_ATTN, DEFAULT_UBATCH, batch_for
 from .kvcache import kv_bytes, pad
 from .meta import ModelMeta
 
@@ -31,10 +31,10 @@ class Workload:
     """What a llama.cpp run asks of memory besides its weights (llama-server -c, -ub, -b, -fa, -ctk/-ctv, -np)."""
 
     ctx: int
-    ubatch: int = 512
-    flash_attn: str = "auto"  # auto resolves to on where the device runs flash attention (GPUs, the RPC device)
-    type_k: str = "f16"
-    type_v: str = "f16"
+    ubatch: int = DEFAULT_UBATCH
+    flash_attn: str = DEFAULT_FLASH_ATTN  # auto resolves to on where the device runs it (GPUs, the RPC device)
+    type_k: str = DEFAULT_CACHE_TYPE
+    type_v: str = DEFAULT_CACHE_TYPE
     parallel: int = 1
     # Logits the graph is reserved for: a whole ubatch's (llama-bench, llama-fit-params, llama-completion), or one
     # per slot (llama-server since llama.cpp b11434 reserves n_outputs_max = --parallel: SERVER).

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from ..core import backends
 from ..core.errors import MoeplaceError
 from ..core.units import GB, parse_size
 from ..model.memory import Workload
 from ..model.meta import ModelMeta
 from ..runtime.backend import FreeMemory, detected_gpu_backend
-from . import budget as budget_mod
 from .cards import card_named
 from .learned_prior import Machine
 from .learned_prior import speed_model as learned
@@ -90,9 +90,8 @@ def margin_bytes(request: Request, backend: str) -> tuple[int, str]:
     the backend's default (against its free memory with --vram auto)."""
     if request.margin_mib is not None:
         return request.margin_mib * 2**20, "--margin"
-    margins = budget_mod.AUTO_MARGIN_MIB if request.auto else budget_mod.DEFAULT_MARGIN_MIB
     source = f"{backend}'s default: what real cards used beyond llama.cpp's buffers, docs/real-cards.md"
-    return margins[backend] * 2**20, source
+    return backends.margin_bytes(backend, against_free=request.auto), source
 
 
 def _speeds(request: Request, card: str | None) -> tuple[float, float, float, str]:
@@ -155,11 +154,11 @@ def assumptions(request: Request, free: FreeMemory | None) -> Assumptions:
 def speed_model(
     speeds: Speeds,
     meta: ModelMeta,
-    bw: tuple[float | None, float | None] | None = None,  # noqa: ANN201
+    bw: tuple[float | None, float | None] | None = None,
     backend: str = "cuda",
     tflops: float | None = None,
     host_measured: bool | None = None,
-):
+) -> SpeedModel:
     """--calibration's fitted model, else the prior (--prior's, or the one learned from the shipped sweeps) for these
     bandwidths and card compute (each, where not given, the flag's or moeplace's default); the host figure measured
     or a datasheet's as `host_measured` says (None: as the flags say)."""
@@ -181,6 +180,15 @@ def speed_model(
         measured if host_measured is None else host_measured,
     )
     return learned(meta, machine, load_prior(speeds.prior))
+
+
+def card_speed_model(speeds: Speeds, meta: ModelMeta, card: str | None, backend: str | None) -> SpeedModel:
+    """`predict`'s speed model: --card's datasheet bandwidth and TFLOPS where a card is named, its backend unless
+    --backend says another (else CUDA's)."""
+    if not card:
+        return speed_model(speeds, meta, None, backend or "cuda")
+    found = card_named(card)
+    return speed_model(speeds, meta, (found.gbps, None), backend or found.backend, found.tflops)
 
 
 class Expected(TypedDict):

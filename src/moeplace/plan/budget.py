@@ -32,27 +32,13 @@ from ..model.meta import ModelMeta, is_seed
 from ..runtime.allocation import reserve
 from ..runtime.build import Build
 from ..runtime.cpus import split_cpus
-from ..runtime.device import attached, device_setup
+from ..runtime.device import attached, device_setup, margin_on
 
 if TYPE_CHECKING:
     import pandas as pd
 
 FITS = "ok"
 DOES_NOT_FIT = "does_not_fit"
-
-# MiB a card needs beyond llama.cpp's logged buffers, per backend, against the card's size (--vram 16GiB) and
-# against its free memory read before the load (--vram auto): its runtime's own allocations (the CUDA/HIP context,
-# BLAS workspaces, the pool for temporary tensors) and, against the size, what the driver and others hold. From
-# real cards (docs/real-cards.md): an RTX 4070 Ti SUPER's published out-of-memory boundary puts CUDA's between 176
-# and 923 MiB over its 16 GiB (CUDA's context took 231-521 MiB of headless cards, its runtime 254-681 MiB more);
-# five Arc B580 boundaries put SYCL's between 698 and 997 MiB over its size and 369-668 over its free memory.
-# ROCm and Vulkan have no boundary of their own and take CUDA's; on Metal --vram is the recommended working set,
-# which llama.cpp reports as the card's. The emulated device (rpc) is capped exactly: nothing beyond.
-DEFAULT_MARGIN_MIB = {"cuda": 768, "rocm": 768, "vulkan": 768, "metal": 1024, "sycl": 768, "rpc": 0}
-AUTO_MARGIN_MIB = {**DEFAULT_MARGIN_MIB, "sycl": 448}
-# Backends that run a large batch's op on the card with host weights copied into the compute buffer (llama.cpp's
-# op offload, from 32 tokens); the emulated device and Metal's unified memory do not.
-OP_OFFLOAD = ("cuda", "rocm", "vulkan", "sycl")
 
 # compute(workload, n_cpu_moe) -> the device compute buffer's bytes; None: our estimate.
 Compute = Callable[[Workload, int], int] | None
@@ -93,7 +79,7 @@ def resident_layers(meta: ModelMeta, budget_bytes: float) -> int:
 
 def _constants_plan(meta: ModelMeta, device: Device, w: Workload) -> BudgetRow:
     kv = kv_bytes(meta, w.ctx, w.type_k, w.type_v) * w.parallel
-    budget = device.vram_bytes - meta.non_expert_bytes - kv - device.overhead_bytes
+    budget = device.vram_bytes - meta.non_expert_bytes - kv - device.kept_free
     fits = budget >= 0
     resident = resident_layers(meta, budget) if fits else 0
     return {
@@ -135,7 +121,7 @@ def plan(
                 needs[n] = device_need(meta, w, n, compute and (lambda k: compute(w, k)), extra_bytes, pins)
             return needs[n]
 
-        n = minimum_n(meta, lambda k: need(k).total + device.overhead_bytes <= device.vram_bytes)
+        n = minimum_n(meta, lambda k: need(k).total + device.kept_free <= device.vram_bytes)
         shown = need(meta.n_layer if n is None else n)
         resident_experts = meta.expert_bytes - (meta.total_bytes - host_kept_bytes(meta) - shown.weights)
         row |= {
@@ -144,10 +130,10 @@ def plan(
             "compute_bytes": shown.compute,
             "compute_source": "llama.cpp" if compute else "estimate",
             "extra_bytes": shown.extra,
-            "budget_bytes": device.vram_bytes - device.overhead_bytes - (shown.total - resident_experts),
+            "budget_bytes": device.vram_bytes - device.kept_free - (shown.total - resident_experts),
             "n_cpu_moe": n,
         }
-    row["margin_bytes"] = device.overhead_bytes
+    row["margin_bytes"] = device.kept_free
     fits = row["n_cpu_moe"] is not None
     if not fits:
         row["resident_layers"] = 0
@@ -184,12 +170,13 @@ def compute_from_llamacpp(
     if model_path is None or manifest is None:
         if memory.vram_bytes is None:
             raise MoeplaceError("device.vram is auto, which needs a model file and a GPU; give the card's size.")
-        yield memory, None
+        yield memory.for_backend("rpc"), None  # no device to ask: auto keeps nothing beyond the seed's overhead
         return
 
     setup = device_setup(target, manifest)
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
-        yield Device(setup.cap_bytes, memory.overhead_bytes), reserved_compute(manifest, model_path, rpc, log_path)
+        device = Device(setup.cap_bytes, margin_on(setup, manifest, memory))
+        yield device, reserved_compute(manifest, model_path, rpc, log_path)
 
 
 def reserved_compute(

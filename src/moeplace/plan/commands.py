@@ -6,6 +6,7 @@ import json
 import shlex
 
 from ..model.meta import ModelMeta
+from ..runtime.llamacpp_args import DEFAULT_UBATCH
 from ..runtime.model_ref import is_remote
 from .request import Cache, rope_args
 
@@ -136,6 +137,10 @@ def ollama_modelfile(
     mmproj = flags[flags.index("--mmproj") + 1] if "--mmproj" in flags else None
     lines = [f"FROM {source}", *([f"FROM {mmproj}"] if mmproj else []), f"PARAMETER num_ctx {ctx}"]
     env = [f"LLAMA_ARG_N_CPU_MOE={n_cpu_moe}", *flags_env(flags)]
+    if cache.ubatch != DEFAULT_UBATCH:  # the plan's compute buffer is for this ubatch
+        env.append(f"LLAMA_ARG_UBATCH={cache.ubatch}")
+    if cache.parallel > 1:  # Ollama's own slots: each holds num_ctx tokens, as the plan counted
+        env.append(f"OLLAMA_NUM_PARALLEL={cache.parallel}")
     if pins:
         env.insert(0, f"LLAMA_ARG_OVERRIDE_TENSOR={shlex.quote(','.join(pins))}")
     shown = ".".join(map(str, version)) if version else ""

@@ -110,7 +110,7 @@ def device_share(
     kv_per_layer = layer_kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch)[span.start : span.stop]
     kv = (sum(kv_per_layer) + sum(layer.state_bytes for layer in layers)) * w.parallel
     weights = sum(_non_expert(layer) for layer in layers) + (_output_bytes(meta) if output else 0)
-    room = device.vram_bytes - device.overhead_bytes - weights - kv - compute
+    room = device.vram_bytes - device.kept_free - weights - kv - compute
     kept: list[int] = []
     for layer in reversed(layers):  # the last layers' experts stay: the host rule is then one range per device
         if host_layers is not None:
@@ -125,7 +125,7 @@ def device_share(
     return DevicePlan(
         index,
         device.vram_bytes,
-        device.overhead_bytes,
+        device.kept_free,
         span.start,
         span.stop,
         tuple(sorted(kept)),

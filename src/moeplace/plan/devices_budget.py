@@ -14,7 +14,7 @@ from ..model.memory import Workload
 from ..model.meta import ModelMeta
 from ..runtime.build import Build
 from ..runtime.cpus import split_cpus
-from ..runtime.device import attached, device_setup
+from ..runtime.device import attached, device_setup, margin_on
 from .budget import DOES_NOT_FIT, FITS, BudgetRow, budget_frame
 from .devices import Attached, MultiPlan, reserved_ncmoe, reserved_plan
 
@@ -58,7 +58,7 @@ def budget_row(
         "weights_bytes": sum(d.weights for d in at_n.devices),
         "compute_bytes": sum(d.compute for d in at_n.devices),
         "compute_source": compute_source,
-        "margin_bytes": devices[0].overhead_bytes,
+        "margin_bytes": devices[0].kept_free,
         "budget_bytes": sum(d.free_bytes for d in at_n.devices) + kept,
         "n_cpu_moe": n,
         "resident_layers": meta.n_layer - n if n is not None else 0,
@@ -77,7 +77,7 @@ def devices_budget_table(
     model_path: str,
     manifest: Build,
     target: DeviceTarget,
-    margin_bytes: int,
+    memory: Device,
     workloads: list[Workload],
     log_path: Path,
 ) -> pd.DataFrame:
@@ -89,7 +89,7 @@ def devices_budget_table(
             "their layers; the seed's constants have none: give one device."
         )
     setup = device_setup(target, manifest)
-    devices = [Device(cap, margin_bytes) for cap in setup.caps]
+    devices = [Device(cap, margin_on(setup, manifest, memory)) for cap in setup.caps]
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
         names = rpc.split(",") if rpc else [g.split(":")[0] for g in manifest.gpu_devices[: len(devices)]]
         at = Attached(names, manifest, model_path, rpc, log_path)

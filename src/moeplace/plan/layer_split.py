@@ -22,6 +22,7 @@ from ..core.units import GB
 from ..model.memory import Workload, estimate_compute
 from ..model.meta import Layer, ModelMeta
 from ..model.reads import active_fraction
+from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE
 from .devices import device_share
 from .speed import SpeedModel, kv_read_gb
 
@@ -37,8 +38,8 @@ def ngl_features(
     n_gpu_layers: int,
     depth: int = 0,
     n_gen: int = 128,
-    type_k: str = "f16",
-    type_v: str = "f16",
+    type_k: str = DEFAULT_CACHE_TYPE,
+    type_v: str = DEFAULT_CACHE_TYPE,
 ) -> dict[str, float]:
     """speed.features("tg") of -ngl n_gpu_layers: the last n_gpu_layers layers on the card, the rest on the host."""
     n_layer = meta.n_layer
@@ -70,8 +71,8 @@ def predict_ngl(
     n_gpu_layers: int,
     depth: int = 0,
     n_gen: int = 128,
-    type_k: str = "f16",
-    type_v: str = "f16",
+    type_k: str = DEFAULT_CACHE_TYPE,
+    type_v: str = DEFAULT_CACHE_TYPE,
 ) -> dict[str, float] | None:
     """Decode tok/s of -ngl n_gpu_layers (no --n-cpu-moe) with its ~95% interval, as SpeedModel.predict gives one
     for an expert placement; None where the model has no decode terms."""

@@ -67,7 +67,7 @@ def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, f
 def fits(on: OnDevice, request: Request, ctx: int, host: frozenset[str]) -> bool:
     """Whether this host set fits the device for the request at `ctx`, by the plain plan's own budget."""
     need = device_need(on.meta, request.workload(ctx, on.backend), 0, None, on.extra_bytes, Pins(host=host))
-    return need.total + on.device.overhead_bytes <= on.device.vram_bytes
+    return need.total + on.device.kept_free <= on.device.vram_bytes
 
 
 class RankedPlacement(TypedDict, total=False):
@@ -149,7 +149,7 @@ def _row(
 
 def _layer_split(on: OnDevice, asked: Request, ctx: int, model: Any, s: Setting) -> list[RankedPlacement]:
     """The largest -ngl that fits the device at `ctx` (none, or every layer: nothing to add), decode only."""
-    device = Device(on.device.vram_bytes - on.extra_bytes, on.device.overhead_bytes)
+    device = Device(on.device.vram_bytes - on.extra_bytes, on.device.kept_free)
     g = largest_ngl(on.meta, device, asked.workload(ctx, on.backend))
     if g is None or g > on.meta.n_layer:
         return []

@@ -9,14 +9,14 @@ is the part of D(n) that does not fit in the host RAM given (host.ram) and is pa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from ..core.config import Bandwidths
 from ..core.errors import MoeplaceError
 from ..core.units import GB
 from ..model.meta import ModelMeta, is_seed
 from ..model.reads import active_fraction, bytes_per_token, disk_share, read_bytes, unread_bytes
-from .speed import Run, prior
+from .speed import Run, prefill_run, prior
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,3 +77,47 @@ def ram_tier_tok_s(meta: ModelMeta, weight_ram_bytes: int | None, ddr_gbps: floa
     missing = 0.0 if spare is None or meta.expert_bytes <= spare else 1 - max(spare, 0) / meta.expert_bytes
     s = active_fraction(meta) * meta.expert_bytes * missing
     return 1 / token_seconds(per_token, 0.0, 1.0, ddr_gbps, s, disk_gbps)
+
+
+class PredictedSpeed(TypedDict):
+    """Decode and prefill at one --n-cpu-moe and depth: tok/s with its ~95% interval (None: the model cannot say)."""
+
+    n_cpu_moe: int
+    depth: int
+    ubatch: int
+    tg_tok_s: float | None
+    tg_low: float | None
+    tg_high: float | None
+    pp_tok_s: float | None
+    pp_low: float | None
+    pp_high: float | None
+
+
+def predicted_speeds(
+    meta: ModelMeta,
+    model: SpeedModel,
+    n_values: list[int],
+    depths: tuple[int, ...],
+    ubatch: int,
+    kv: tuple[str, str],
+) -> list[PredictedSpeed]:
+    """`moeplace predict`'s rows: decode of 128 tokens and llama-bench's prefill at each depth and n."""
+    rows = []
+    for depth in depths:
+        for n in n_values:
+            tg = model.predict(meta, Run(n, depth, "tg", 128, ubatch, *kv))
+            pp = model.predict(meta, prefill_run(n, depth, ubatch, *kv))
+            rows.append(
+                PredictedSpeed(
+                    n_cpu_moe=n,
+                    depth=depth,
+                    ubatch=ubatch,
+                    tg_tok_s=tg and tg["tok_s"],
+                    tg_low=tg and tg["low"],
+                    tg_high=tg and tg["high"],
+                    pp_tok_s=pp and pp["tok_s"],
+                    pp_low=pp and pp["low"],
+                    pp_high=pp and pp["high"],
+                )
+            )
+    return rows

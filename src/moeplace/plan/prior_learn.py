@@ -23,6 +23,7 @@ from typing import TypedDict
 
 import numpy as np
 
+from ..core.backends import PRIOR_NAMES
 from ..core.errors import MoeplaceError
 from ..core.records import JsonObject, Row
 from ..model.meta import ModelMeta
@@ -46,7 +47,6 @@ from .speed import Run
 POINTS_FILE = Path(__file__).with_name("published_points.json")  # written by tools/speed_prior.py
 DIGITS = 4  # coefficients as stored: a solver's last digits differ between machines
 MANIFEST, SQLITE = "MANIFEST.json", "llama-bench.sqlite"  # a publish/ directory's, as report.publish names them
-BACKENDS = {"cuda": "cuda", "rocm": "rocm", "hip": "rocm", "vulkan": "vulkan", "sycl": "sycl", "metal": "metal"}
 
 
 class MachineFacts(TypedDict, total=False):
@@ -154,7 +154,7 @@ def _meta(
 def _machine(folder: Path, row: Row, given: MachineFacts) -> Machine:
     card = str(row.get("gpu_info") or "")
     sheet = datasheet(card) if card else None
-    facts = {"backend": BACKENDS.get(str(row.get("backends") or "").split(",")[0].strip().lower())}
+    facts = {"backend": PRIOR_NAMES.get(str(row.get("backends") or "").split(",")[0].strip().lower())}
     if sheet:
         facts |= {"card_gbps": sheet.gbps, "card_tflops": sheet.tflops}
     facts |= {"link_gbps": DEFAULT_LINK_GBPS, "host_measured": False} | given
@@ -247,14 +247,16 @@ def directory_points(folder: Path, models: dict[str, str], flags: MachineFacts, 
 
 def learn_from_directories(
     folders: list[str], models: dict[str, str], flags: MachineFacts, shipped: bool, output: str
-) -> dict[str, list]:
+) -> list[str]:
     """Pool published directories' sweeps (with the shipped points unless not `shipped`), learn a prior, write it to
-    `output`; each directory's points counted, and the learned prior's left-out errors per test."""
+    `output`; what it learned from and how well, in lines: each directory's points, and the learned prior's
+    left-out errors per test."""
     points = load_points() if shipped else []
+    said = []
     with tempfile.TemporaryDirectory() as tmp:
         for folder in folders:
             found = directory_points(Path(folder), models, flags, Path(tmp))
-            print(f"{folder}: {len(found)} points, {len({p.setup for p in found})} setups")
+            said.append(f"{folder}: {len(found)} points, {len({p.setup for p in found})} setups")
             points += found
     prior, held = learn_prior(points)
     learned_from = ([str(POINTS_FILE.name)] if shipped else []) + list(folders)
@@ -262,9 +264,9 @@ def learn_from_directories(
     for test, errors in held.items():
         e = np.abs([x for _, x in errors])
         sources = len({source_of(p) for p, _ in errors})
-        print(
+        said.append(
             f"{test}: {len({p.setup for p, _ in errors})} setups from {sources} sources; each source left out: "
             f"median error {100 * math.expm1(float(np.median(e))):.0f}%, ~95% interval "
             f"x{math.exp(prior[test].log_q95):.2f}"
         )
-    return held
+    return said

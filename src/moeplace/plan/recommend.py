@@ -5,16 +5,13 @@ said with its source."""
 
 from __future__ import annotations
 
-import json
-import shlex
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
+from ..core.backends import device_name
 from ..core.config import Device, DeviceTarget, LlamacppSettings
 from ..core.errors import MoeplaceError
 from ..core.records import JsonObject
@@ -27,7 +24,7 @@ from ..runtime.backend import FreeMemory, gpu_free_memory
 from ..runtime.cpus import split_cpus
 from ..runtime.device import attached, device_setup
 from ..runtime.llamacpp import provision
-from ..runtime.model_ref import ollama_version
+from ..runtime.model_ref import is_remote, ollama_version
 from . import budget as budget_mod
 from . import commands
 from .assumed import (
@@ -42,15 +39,15 @@ from .assumed import (
     ram_note,
     resolve_backend,
     speed_model,
-    speed_text,
 )
 from .cards import card_named
 from .fixes import fixes, longest_context
 from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
-from .offload import host_layers, ot_value, read_pins
+from .offload import ot_value, read_pins
 from .optimal import OnDevice, RankedPlacement, rank_placements
-from .request import DEVICE_PREFIX, Cache, Request, check_trained_context
-from .several_devices import Speed, several_devices
+from .request import Cache, Request, check_trained_context
+from .several_devices import DevicesPlanJson, Speed, SplitContext, several_devices
+from .speed import SpeedModel
 
 MAX_LONGEST = 1 << 20  # --ctx max on a model that states no trained context: the longest it looks for
 
@@ -58,7 +55,7 @@ MAX_LONGEST = 1 << 20  # --ctx max on a model that states no trained context: th
 def check_pins(pins: Pins, backend: str) -> None:
     """A pin to a device this plan does not have (one card: device 0 of its backend) is refused: the plan could
     not count where its tensors go."""
-    device = f"{DEVICE_PREFIX[backend]}0"
+    device = device_name(backend, 0)
     for rule in pins.rules:
         buffer = rule.rpartition("=")[2]
         if buffer != "CPU" and buffer != device and not (backend == "rpc" and buffer.startswith("RPC")):
@@ -69,8 +66,8 @@ def check_pins(pins: Pins, backend: str) -> None:
 
 
 class Plan(budget_mod.BudgetRow, total=False):
-    """One context's plan as recommend prints it (--json: as is): the budget, then where a model is at hand its
-    assumptions, speeds, host RAM, command line and, with --placement optimal, the ranked placements."""
+    """One context's plan (--json prints it as is): the budget, then where a model is at hand its assumptions,
+    speeds, host RAM, command lines and, with --placement optimal, the ranked placements."""
 
     assumptions: JsonObject  # assumed.Assumptions' fields
     pins: list[str]  # the user's -ot rules
@@ -78,8 +75,55 @@ class Plan(budget_mod.BudgetRow, total=False):
     speed: Expected
     host_bytes: int
     ram_note: str | None
-    command: str
+    command: str  # the line for the request's tool: llama-bench's with --emit bench, else llama-server's
+    commands: dict[str, str]  # the line for each tool: server, bench, ollama (a Modelfile)
+    notes: list[str]  # what a line's reader should know: why the bench line keeps another n
     placements: list[RankedPlacement]
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """recommend's answer as a value: one plan per context on one device (`plans`) or over several (`split`),
+    what it assumed, and the notes said before them. The CLI prints it; a Python caller reads it."""
+
+    request: Request
+    plans: tuple[Plan, ...] = ()
+    split: tuple[SplitContext, ...] = ()
+    name: str = ""  # the model's ("" for the seed's constants)
+    structure: str | None = None  # the model's layers and experts in one line
+    assumptions: Assumptions | None = None
+    notes: tuple[str, ...] = ()  # said before the plans: the box's GB and, over several cards, their speeds
+    rope_note: str | None = None  # past the trained context: the RoPE flags the lines carry
+    vram_bytes: int = 0  # one device's size (the does-not-fit message names it)
+    sizes_source: str = ""  # over several devices: where their sizes came from
+
+    @property
+    def fits(self) -> bool:
+        """Every context fits."""
+        return all(p["status"] == budget_mod.FITS for p in self.plans) and all(s.error is None for s in self.split)
+
+    @property
+    def fitting(self) -> list[Plan]:
+        return [p for p in self.plans if p["status"] == budget_mod.FITS]
+
+    def errors(self) -> list[str]:
+        """One line per context that does not fit, each followed by its fixes ("  fix: ...")."""
+        lines = [s.error for s in self.split if s.error]
+        for p in self.plans:
+            if p["status"] == budget_mod.FITS:
+                continue
+            lines.append(budget_mod.does_not_fit_message(p, self.vram_bytes))
+            fixes_ = p.get("fixes", []) or (["none found: a larger card"] if self.assumptions else [])
+            lines += [f"  fix: {fix}" for fix in fixes_]
+        return lines
+
+    def as_json(self) -> list[Plan] | list[DevicesPlanJson]:
+        return [s.plan for s in self.split] if self.split else list(self.plans)
+
+    def llama_swap(self) -> str | None:
+        """One llama-swap config with an entry per fitting context (None: none fits)."""
+        servers = {f"{self.name}-{Context(p['ctx']).label}": p["commands"]["llama-swap"] for p in self.fitting}
+        return commands.llama_swap(servers) if servers else None
 
 
 @dataclass(frozen=True)
@@ -104,26 +148,20 @@ class Setup:
         )["n_cpu_moe"]
 
 
-def recommend(request: Request) -> int:
-    """Plan the request, print what --emit asks for; 1 where some context does not fit."""
+def recommend(request: Request) -> Recommendation:
+    """Plan the request: every context's plan with its buffers, speeds and command lines."""
     if request.constants is not None:
-        return _output(_constants(request), list(request.contexts), None)
+        return _plan_contexts(_constants(request), list(request.contexts), ())
     meta = inspect_model(request.model)
     rope = check_trained_context(meta, request.contexts)
     sizes, where, free = _several_cards(request)
     if len(sizes) > 1:
         backend = resolve_backend(request)[0]
         margin = margin_bytes(request, backend)[0]
-        return several_devices(
-            request,
-            meta,
-            sizes,
-            where,
-            backend,
-            margin,
-            model_path(meta, request.model),
-            cards_speed(request, meta, backend),
-        )
+        speed, said = cards_speed(request, meta, backend)
+        split = several_devices(request, meta, sizes, backend, margin, model_path(meta, request.model), speed)
+        notes = (said,) if said else ()
+        return Recommendation(request, split=tuple(split), name=meta.name, notes=notes, sizes_source=where)
     a = assumptions(request, free)  # --vram auto's memory read once: the plan and its note agree
     pins = read_pins(meta, list(request.overrides))
     check_pins(pins, a.backend)
@@ -139,18 +177,20 @@ def recommend(request: Request) -> int:
                 "the host; see the fixes with a short --ctx, e.g. --ctx 4096."
             )
         contexts = [found]
-    return _output(setup, contexts, rope)
+    return replace(_plan_contexts(setup, contexts, tuple(filter(None, [box_note(request)]))), rope_note=rope)
 
 
-def cards_speed(request: Request, meta: ModelMeta, backend: str) -> Speed:
-    """The speeds of a plan over several cards, from --bw-vram/--bw-ddr or the defaults (said once)."""
+def cards_speed(request: Request, meta: ModelMeta, backend: str) -> tuple[Speed, str | None]:
+    """The speeds of a plan over several cards, from --bw-vram/--bw-ddr or the defaults, and the line that says
+    which (None with a calibration)."""
     s = request.speeds
     bw = (s.bw_vram_gbps or DEFAULT_BANDWIDTHS[0], s.host[0] or DEFAULT_BANDWIDTHS[1])
     tflops = s.card_tflops or DEFAULT_CARD_TFLOPS
     model = speed_model(s, meta, bw, backend, tflops)
-    if request.emit == "server" and not request.as_json and not s.calibration:
+    said = None
+    if not s.calibration:
         given = "--bw-vram/--bw-ddr" if s.bw_vram_gbps or s.host[0] else "moeplace's defaults"
-        print(
+        said = (
             f"speeds: {bw[0]:g} GB/s and {tflops:g} TFLOPS on every card, {bw[1]:g} GB/s host RAM ({given}); "
             "efficiencies learned from published sweeps of real cards (docs/speed-prior.md)"
         )
@@ -159,7 +199,7 @@ def cards_speed(request: Request, meta: ModelMeta, backend: str) -> Speed:
         expected_ = expected(meta, model, host, w, device_hops)
         return expected_, describe_speed(expected_, w.ctx)
 
-    return speed
+    return speed, said
 
 
 def _several_cards(request: Request) -> tuple[list[int], str, FreeMemory | None]:
@@ -198,59 +238,79 @@ def _constants(request: Request) -> Setup:
     return Setup(request, meta, Device(round(c.vram_gb * GB), round(c.overhead_gb * GB)), None, NO_PINS, 0)
 
 
-def _output(setup: Setup, contexts: list[int], rope: str | None) -> int:
-    """Plan every context, then print what --emit asks for: 1 where some context does not fit."""
-    r, meta = setup.request, setup.meta
+def _plan_contexts(setup: Setup, contexts: list[int], notes: tuple[str, ...]) -> Recommendation:
+    """Plan every context: its budget, then where a model is at hand its speeds, lines and placements."""
+    r, meta, a = setup.request, setup.meta, setup.a
     with llamacpp_compute(r, setup.pins) as compute:
         plans = [
             budget_mod.plan(meta, setup.device, r.workload(c, setup.backend), compute, setup.extra_bytes, setup.pins)
             for c in contexts
         ]
-    a = setup.a
     model = (
         speed_model(r.speeds, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops, a.ddr_measured)
         if a
         else None
     )
+    complete: list[Plan] = []
     for p in plans:
-        _complete(setup, p, model)
-    failed = [p for p in plans if p["status"] != budget_mod.FITS]
-    for p in failed:
-        print(f"moeplace: {budget_mod.does_not_fit_message(p, setup.device.vram_bytes)}", file=sys.stderr)
-        for fix in p.get("fixes", []) or (["none found: a larger card"] if a else []):
-            print(f"  fix: {fix}", file=sys.stderr)
-    fitting = [p for p in plans if p["status"] == budget_mod.FITS]
-    if r.as_json:
-        json.dump(plans, sys.stdout, indent=1)
-        print()
-    elif r.emit == "server":
-        _print_server(setup, fitting, rope)
-    elif r.emit == "llama-swap" and fitting:
-        print(commands.llama_swap({f"{meta.name}-{_label(p['ctx'])}": p["command"] for p in fitting}), end="")
-    elif r.emit == "bench":
-        print("\n".join(p["command"] for p in fitting))
-    elif r.emit == "ollama" and fitting:
-        print(_ollama(setup, fitting[0]), end="")
-    return 1 if failed else 0
+        complete.append(_complete(setup, Plan(**p), model))
+    return Recommendation(
+        r,
+        tuple(complete),
+        name=meta.name if a else "",
+        structure=structure(meta) if a else None,
+        assumptions=a,
+        notes=notes,
+        vram_bytes=setup.device.vram_bytes,
+    )
 
 
-def _complete(setup: Setup, p: Plan, model: Any) -> None:
-    """A plan's speeds, host RAM, command line, placements and assumptions, where it fits and a model is at hand."""
+def _complete(setup: Setup, p: Plan, model: SpeedModel | None) -> Plan:
+    """A plan's speeds, host RAM, command lines, placements and assumptions, where it fits and a model is at hand."""
     r, meta, a = setup.request, setup.meta, setup.a
-    if a is None:
-        return
+    if a is None or model is None:
+        return p
     p["assumptions"] = asdict(a)
     p["pins"] = list(setup.pins.rules)
-    if p["n_cpu_moe"] is None:
+    n = p["n_cpu_moe"]
+    if n is None:
         p["fixes"] = [str(fix) for fix in fixes(r, p["ctx"], setup.fitted)]
-        return
-    host = setup.pins.host_set(meta, p["n_cpu_moe"])
+        return p
+    host = setup.pins.host_set(meta, n)
     p["speed"] = expected(meta, model, host, r.workload(p["ctx"], setup.backend))
     p["host_bytes"] = host_bytes(meta, host)
     p["ram_note"] = ram_note(p["host_bytes"], a)
-    p["command"] = _bench_line(setup, p) if r.emit == "bench" else _server_line(setup, p["ctx"], p["n_cpu_moe"])
+    p["commands"], p["notes"] = _commands(setup, p["ctx"], n)
+    p["command"] = p["commands"]["bench" if r.emit == "bench" else "server"]
     if r.placement == "optimal":
         p["placements"] = _placements(setup, p["ctx"], model)
+    return p
+
+
+def _commands(setup: Setup, ctx: int, n: int) -> tuple[dict[str, str], list[str]]:
+    """Every tool's line for the plan's n at `ctx` (the plan is for the request's tool: --emit bench plans for
+    llama-bench), and why a tool's line keeps another n. llama-bench reserves logits for a whole batch where a
+    server reserves them for one token per slot, so its compute buffer is larger and it may need one more layer's
+    experts on the host."""
+    r = setup.request
+    planned = "bench" if r.emit == "bench" else "server"
+    other = "server" if planned == "bench" else "bench"
+    n_of = {planned: n, other: setup.fitted(r.with_(emit=other, json=False), ctx)}
+    notes = []
+    if n_of[other] != n:
+        kept = "does not fit" if n_of[other] is None else f"keeps --n-cpu-moe {n_of[other]}"
+        notes.append(
+            f"the llama-{other} line {kept} where the llama-{planned} line keeps {n}: llama-bench reserves "
+            "logits for a whole batch, llama-server for one token per slot."
+        )
+    lines = {}
+    if n_of["server"] is not None:
+        lines["server"] = _server_line(setup, ctx, n_of["server"])
+        lines["llama-swap"] = _server_line(setup, ctx, n_of["server"], absolute=True)
+        lines["ollama"] = _ollama(setup, ctx, n_of["server"], lines["server"])
+    if n_of["bench"] is not None:
+        lines["bench"] = _bench_line(setup, ctx, n_of["bench"])
+    return lines, notes
 
 
 def _server_line(
@@ -260,36 +320,39 @@ def _server_line(
     overrides: str | None = None,
     cache: Cache | None = None,
     n_gpu_layers: int = 99,
+    absolute: bool = False,
 ) -> str:
     """The llama-server line of this placement: --n-cpu-moe n, an -ot placement's own patterns after the pins, or
-    a whole-layer split's -ngl (n None); `cache`: a ranked placement's own KV type and ubatch (else the request's)."""
+    a whole-layer split's -ngl (n None); `cache`: a ranked placement's own KV type and ubatch (else the request's).
+    `absolute`: the files by absolute path, for a tool that starts the server from its own folder (llama-swap)."""
     r = setup.request
-    flags = commands.request_flags(setup.meta, ctx, r.mmproj, r.no_kv_offload)
+    mmproj = str(Path(r.mmproj).resolve()) if r.mmproj and absolute else r.mmproj
+    flags = commands.request_flags(setup.meta, ctx, mmproj, r.no_kv_offload)
     rules = (*setup.pins.rules, *([overrides] if overrides else []))
     path, n = model_path(setup.meta, r.model), None if overrides else n_cpu_moe
+    if absolute and not is_remote(path):
+        path = str(Path(path).resolve())
     return commands.llama_server(path, ctx, n, cache or r.cache(), rules, flags, n_gpu_layers)
 
 
-def _bench_line(setup: Setup, p: Plan) -> str:
+def _bench_line(setup: Setup, ctx: int, n_cpu_moe: int) -> str:
     r = setup.request
-    flags = commands.request_flags(setup.meta, p["ctx"], r.mmproj, r.no_kv_offload, "bench")
+    flags = commands.request_flags(setup.meta, ctx, r.mmproj, r.no_kv_offload, "bench")
     path, pins = model_path(setup.meta, r.model), list(setup.pins.rules)
-    return commands.llama_bench(path, p["ctx"], p["n_cpu_moe"], r.cache(), pins, extra=flags)
+    return commands.llama_bench(path, ctx, n_cpu_moe, r.cache(), pins, extra=flags)
 
 
-def _ollama(setup: Setup, p: Plan) -> str:
-
+def _ollama(setup: Setup, ctx: int, n_cpu_moe: int, server_line: str) -> str:
+    """The Ollama Modelfile for one context (Ollama's own name for a model it pulled, else the file)."""
     r = setup.request
     ref = r.model_ref or r.model
     source = ref.removeprefix("ollama:") if ref.startswith("ollama:") else r.model
-    flags = commands.request_flags(setup.meta, p["ctx"], r.mmproj, r.no_kv_offload)
+    flags = commands.request_flags(setup.meta, ctx, r.mmproj, r.no_kv_offload)
     pins = list(setup.pins.rules)
-    return commands.ollama_modelfile(
-        source, p["ctx"], p["n_cpu_moe"], r.cache(), pins, ollama_version(), p["command"], flags
-    )
+    return commands.ollama_modelfile(source, ctx, n_cpu_moe, r.cache(), pins, ollama_version(), server_line, flags)
 
 
-def _placements(setup: Setup, ctx: int, model: Any) -> list[RankedPlacement]:
+def _placements(setup: Setup, ctx: int, model: SpeedModel) -> list[RankedPlacement]:
     """--placement optimal's ranked placements at `ctx`, each with its -ot value (the plan's own patterns; the
     user's pins stay as written, before them) and its llama-server line."""
 
@@ -302,82 +365,3 @@ def _placements(setup: Setup, ctx: int, model: Any) -> list[RankedPlacement]:
         ngl = row.get("n_gpu_layers", 99)
         row["command"] = _server_line(setup, ctx, row["n_cpu_moe"], row["override_tensor"], cache, ngl)
     return ranked
-
-
-def _print_server(setup: Setup, fitting: list[Plan], rope: str | None) -> None:
-    r, meta, a = setup.request, setup.meta, setup.a
-    if note := box_note(r):
-        print(note)
-    if a:
-        print(f"{meta.name}: {structure(meta)}")
-        print(describe_assumptions(a))
-    if rope:
-        print(rope)
-    for p in fitting:
-        _print_plan(setup, p)
-
-
-def describe_assumptions(a: Assumptions) -> str:
-    ram = f"{a.ram_bytes / GB:.1f} GB ({a.ram_source})" if a.ram_bytes else a.ram_source
-    bandwidths = ""
-    if a.bw_vram_gbps:
-        bandwidths = f"{a.bw_vram_gbps:g} GB/s and {a.card_tflops:g} TFLOPS card, {a.bw_ddr_gbps:g} GB/s host, "
-    return "\n".join(
-        [
-            "assumed:",
-            f"  card: {a.backend} ({a.backend_source}), {a.vram_bytes / GB:.2f} GB ({a.vram_source})",
-            f"  margin: {a.margin_bytes / 2**20:.0f} MiB kept free ({a.margin_source})",
-            f"  speeds: {bandwidths}{a.speed_source}",
-            f"  host RAM: {ram}",
-        ]
-    )
-
-
-def _label(ctx: int) -> str:
-
-    return Context(ctx).label
-
-
-def _print_plan(setup: Setup, p: Plan) -> None:
-    """One context's plan as text: the buffers, the n, the server line and the expected speeds."""
-    compute = (
-        f"compute={p['compute_bytes'] / GB:5.2f} GB ({p['compute_source']})  " if p["compute_bytes"] is not None else ""
-    )
-    print(
-        f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  {compute}budget={p['budget_bytes'] / GB:5.2f} GB  "
-        f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
-    )
-    if setup.a is None:
-        return
-    print("  " + p["command"])
-    print("  expected: " + describe_speed(p["speed"], p["ctx"]))
-    print(f"  host RAM: {p['host_bytes'] / GB:.2f} GB of weights stay there")
-    if p["ram_note"]:
-        print("  " + p["ram_note"])
-    if "placements" in p:
-        _print_placements(setup.request, p["ctx"], p["placements"])
-
-
-def _print_placements(r: Request, ctx: int, ranked: list[RankedPlacement]) -> None:
-    """The feasible placements and KV cache types at this context, best first by --objective."""
-    if not ranked or ranked[0]["score"] is None:
-        why = "the speed model gives no prefill" if r.objective != "decode" else "nothing fits"
-        print(f"  placements by {r.objective}: cannot rank ({why}).")
-        return
-    print(
-        f"  placements by {r.objective} at {ctx} tokens, best first; '~' marks those the speed model cannot "
-        "tell from the best (its uncertainty on a ratio), of which yours as given leads:"
-    )
-    for row in ranked:
-        tensors, layers = len(row["host_tensors"]), len(host_layers(row["host_tensors"]))
-        what = {
-            "ncmoe": f"--n-cpu-moe {row['n_cpu_moe']}",
-            "ngl": f"-ngl {row.get('n_gpu_layers')} (whole layers on the host: decode only)",
-            "optimal": f"-ot {shlex.quote(row['override_tensor'] or '')} ({tensors} expert tensors on the host, in "
-            f"{layers} layers)",
-        }[row["placement"]]
-        print(
-            f"  {'~' if row['equivalent'] else ' '} {what}, KV {row['type_k']}/{row['type_v']}, -ub {row['ubatch']}: "
-            f"decode {speed_text(row['tg'])}, prefill {speed_text(row['pp'])}"
-        )
-    print("  " + ranked[0]["command"])

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..core.backends import NAMES as BACKENDS
+from ..core.backends import op_offload
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
 from ..model.gguf_file import read_header
@@ -20,17 +22,13 @@ from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, SERVER, Workload
 from ..model.meta import ModelMeta
 from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_FLASH_ATTN, DEFAULT_UBATCH, cache_args, refusal
-from .budget import OP_OFFLOAD
 from .offload import override_rules
 
 MAX_CONTEXT = 10_000_000  # no GGUF model has a trained context this long: a typo, not a plan
 MAX_UBATCH = 65_536  # llama.cpp's graph for a larger ubatch would not fit any card's compute buffer
 MAX_PARALLEL = 256
-BACKENDS = ("cuda", "rocm", "vulkan", "metal", "sycl", "rpc")
 EMITS = ("server", "bench", "llama-swap", "ollama", "json")
 PLACEMENTS = ("ncmoe", "optimal")
-# llama.cpp's device buffer names per backend, as -ot takes them (the CPU's is "CPU").
-DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "sycl": "SYCL", "metal": "MTL", "rpc": "RPC"}
 # Past the trained context llama.cpp stretches RoPE with YaRN; beyond this factor models degrade badly.
 MAX_ROPE_SCALE = 8.0
 
@@ -268,6 +266,11 @@ class Request:
             )
         if why := refusal(self.flash_attn, self.type_v):
             raise MoeplaceError(f"--cache-type-v {self.type_v}: {why}; drop --flash-attn off.")
+        if self.json and self.emit not in ("server", "json"):
+            raise MoeplaceError(
+                f"--json and --emit {self.emit} ask for two outputs: --json prints the plan (with every tool's "
+                "line in it); give one."
+            )
         if self.emit == "ollama" and (len(self.contexts) > 1 or self.longest):
             raise MoeplaceError("--emit ollama: a Modelfile holds one context; give one --ctx value per Modelfile.")
         if len(self.vram or ()) > 1 and (
@@ -304,7 +307,7 @@ class Request:
             self.type_v,
             self.parallel,
             "batch" if self.emit == "bench" else SERVER,
-            backend in OP_OFFLOAD,
+            op_offload(backend),
             self.no_kv_offload,
         )
         return replace(w, **changes)

@@ -3,11 +3,11 @@ the plan over them (plan/devices.py), each device's share in words or JSON, its 
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable
-from typing import TypedDict
+from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
+from ..core.backends import device_name
 from ..core.config import Device
 from ..core.records import JsonObject
 from ..model.memory import Workload, host_bytes
@@ -15,7 +15,7 @@ from ..model.meta import ModelMeta
 from . import commands
 from .assumed import Expected
 from .devices import MultiPlan, plan_devices
-from .request import DEVICE_PREFIX, Request
+from .request import Request
 
 
 def _layers_text(layers: tuple[int, ...] | list[int]) -> str:
@@ -34,7 +34,7 @@ def describe(meta: ModelMeta, plan: MultiPlan, backend: str) -> list[str]:
     mib = 2**20
     lines = []
     for d in plan.devices:
-        name = f"{DEVICE_PREFIX.get(backend, backend)}{d.index}"
+        name = device_name(backend, d.index)
         layers = f"layers {d.first}-{d.end - 1}" if d.end > d.first else "no layers"
         buffers = ", ".join(
             f"{what} {size / mib:.0f} MiB"
@@ -68,6 +68,8 @@ class DevicesPlanJson(TypedDict):
     devices: list[JsonObject]  # each device's buffers (plan/devices.DevicePlan's fields) and free bytes
     host_expert_layers: list[int]
     host_bytes: int
+    speed: NotRequired[Expected | None]  # where it fits
+    command: NotRequired[str]
 
 
 def plan_json(meta: ModelMeta, plan: MultiPlan, w: Workload) -> DevicesPlanJson:
@@ -86,56 +88,53 @@ def plan_json(meta: ModelMeta, plan: MultiPlan, w: Workload) -> DevicesPlanJson:
 Speed = Callable[[frozenset[str], Workload, int], tuple[Expected, str]]
 
 
+@dataclass(frozen=True)
+class SplitContext:
+    """One context's plan over several devices: its JSON, and in words each device's share, the expected speeds
+    and why it does not fit (None: it fits)."""
+
+    plan: DevicesPlanJson
+    shares: tuple[str, ...]
+    speed_text: str
+    error: str | None
+
+
 def several_devices(
     request: Request,
     meta: ModelMeta,
     sizes: list[int],
-    where: str,
     backend: str,
     margin_bytes: int,
     path: str,
     speed: Speed,
-) -> int:
-    """recommend on several devices (--vram A,B,... or auto on a machine with several cards, `sizes` from `where`):
-    per context the plan over them in llama.cpp's order, each device's share, its expected speeds and the command
-    line (`path`: the file llama.cpp loads)."""
+) -> list[SplitContext]:
+    """recommend on several devices (--vram A,B,... or auto on a machine with several cards): per context the plan
+    over them in llama.cpp's order, each device's share, its expected speeds and the command line (`path`: the
+    file llama.cpp loads)."""
     devices = [Device(size, margin_bytes) for size in sizes]
-    failed, plans = 0, []
+    contexts = []
     for ctx in request.contexts:
         w = request.workload(ctx, backend)
         p = plan_devices(meta, devices, w)
         expected, said = speed(frozenset(p.host_tensors(meta)), w, p.device_hops) if p.fits else (None, "")
         flags = commands.request_flags(meta, ctx, None, False, "bench" if request.emit == "bench" else "server")
-        plans.append(plan_json(meta, p, w) | {"speed": expected})
+        row = plan_json(meta, p, w)
+        row["speed"] = expected
         if not p.fits:
-            failed += 1
             short = ", ".join(
                 f"device {d.index} by {-d.free_bytes / 2**20:.0f} MiB" for d in p.devices if d.free_bytes < 0
             )
-            print(
-                f"moeplace: context {ctx} does not fit on these devices even with every expert on the host "
-                f"({short}); reduce the context or quantize the KV cache.",
-                file=sys.stderr,
+            error = (
+                f"context {ctx} does not fit on these devices even with every expert on the host ({short}); "
+                "reduce the context or quantize the KV cache."
             )
+            contexts.append(SplitContext(row, (), "", error))
             continue
         rule = p.host_rule(meta, ";" if request.emit == "bench" else ",")
         if request.emit == "bench":
             line = commands.llama_bench(path, ctx, 0, request.cache(), [rule] if rule else None, p.tensor_split, flags)
         else:
             line = commands.llama_server_split(path, ctx, p.tensor_split, rule, request.cache(), flags)
-        plans[-1]["command"] = line
-        if request.as_json:
-            continue
-        if request.emit == "server":
-            print(
-                f"context {ctx} on {len(devices)} devices (llama.cpp's layer split, -ts as layer counts; "
-                f"sizes: {where}):"
-            )
-            for text in describe(meta, p, backend):
-                print("  " + text)
-            print(f"  expected: {said}; each step from one card to the next priced as a host hop")
-        print("  " + line if request.emit == "server" else line)
-    if request.as_json:
-        json.dump(plans, sys.stdout, indent=1)
-        print()
-    return 1 if failed else 0
+        row["command"] = line
+        contexts.append(SplitContext(row, tuple(describe(meta, p, backend)), said, None))
+    return contexts

@@ -40,7 +40,7 @@ from ..model.kvcache import KV_PAD, row_size
 from ..model.memory import OP_OFFLOAD_MIN_BATCH
 from ..model.meta import ModelMeta
 from ..model.reads import active_fraction, routed_share, unread_bytes
-from ..runtime.llamacpp_args import DEFAULT_UBATCH, batch_for
+from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_UBATCH, batch_for
 
 TESTS = ("tg", "pp")
 FEATURES = {
@@ -73,8 +73,8 @@ class Run:
     test: str  # tg or pp
     n_tokens: int  # generated (tg) or prompt (pp) tokens
     ubatch: int = DEFAULT_UBATCH
-    type_k: str = "f16"
-    type_v: str = "f16"
+    type_k: str = DEFAULT_CACHE_TYPE
+    type_v: str = DEFAULT_CACHE_TYPE
     host_tensors: frozenset[str] = frozenset()  # -ot placements beyond the first n_cpu_moe layers
     tok_s: float | None = None  # measured
     device_hops: int = 0  # over several devices (a layer split): where a token moves from one card to the next
@@ -114,8 +114,8 @@ def prefill_run(
     n_cpu_moe: int,
     depth: int,
     ubatch: int,
-    type_k: str = "f16",
-    type_v: str = "f16",
+    type_k: str = DEFAULT_CACHE_TYPE,
+    type_v: str = DEFAULT_CACHE_TYPE,
     host_tensors: frozenset[str] = frozenset(),
 ) -> Run:
     """The prefill a prediction is for: one batch of a long prompt with `depth` tokens already cached, as llama.cpp
@@ -127,8 +127,8 @@ def prefill_up_to(
     n_cpu_moe: int,
     ctx: int,
     ubatch: int,
-    type_k: str = "f16",
-    type_v: str = "f16",
+    type_k: str = DEFAULT_CACHE_TYPE,
+    type_v: str = DEFAULT_CACHE_TYPE,
     host_tensors: frozenset[str] = frozenset(),
 ) -> Run:
     """The last batch of a long prompt that fills `ctx` (see prefill_run): what a context's prefill ends with."""

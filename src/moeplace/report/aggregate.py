@@ -12,6 +12,7 @@ from ..plan.calibrate import runs_from_records
 from ..plan.speed import SpeedModel
 from ..plan.speed_fit import leave_one_out
 from ..runtime.llama_names import is_host
+from ..runtime.llamacpp_args import DEFAULT_FLASH_ATTN, DEFAULT_UBATCH
 
 MEASURED_COLUMNS = [
     "model",
@@ -186,7 +187,9 @@ def memory_check_table(records: list[BenchRecord], metadata: dict[str, ModelMeta
         buffers, devices = device_buffers(r["buffers"])
         meta = metadata[r["model"]]
         n_ctx = max(c["n_ctx"] for c in contexts)
-        w = Workload(n_ctx, r.get("ubatch", 512), r.get("flash_attn", "auto"), r["type_k"], r["type_v"])
+        w = Workload(
+            n_ctx, r.get("ubatch", DEFAULT_UBATCH), r.get("flash_attn", DEFAULT_FLASH_ATTN), r["type_k"], r["type_v"]
+        )
         host = frozenset(r.get("cpu_tensors") or []) if r.get("overrides") else frozenset()
         need = device_need(meta, w, 0 if host else r["n_cpu_moe"], pins=Pins(host=host))
         for buffer, ours in (("weights", need.weights), ("kv", need.kv), ("compute", need.compute)):

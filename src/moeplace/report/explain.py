@@ -9,10 +9,12 @@ import shlex
 from collections import Counter
 from typing import Any, TypedDict
 
+from ..core.backends import NAMES as BACKEND_NAMES
 from ..core.errors import MoeplaceError
 from ..core.records import JsonObject, LlamaBenchRow
 from ..runtime.llama_log import LogReport, read_log
 from ..runtime.llama_names import MiB, is_host
+from ..runtime.llamacpp_args import DEFAULT_UBATCH
 from ..runtime.tool_output import read_bench
 from .paste import CommandArgs, command_args, looks_cut
 
@@ -22,14 +24,6 @@ _STAGE_WORDS = {
     "kv": "allocating the KV cache",
     "compute": "reserving the compute buffers",
     "runtime": "running (after the load)",
-}
-_RECOMMEND_BACKEND = {
-    "cuda": "cuda",
-    "rocm": "rocm",
-    "vulkan": "vulkan",
-    "metal": "metal",
-    "sycl": "sycl",
-    "rpc": "rpc",
 }
 
 
@@ -203,7 +197,7 @@ def _why(report: LogReport, cause: str, args: CommandArgs, text: str) -> tuple[s
         )
         apu = _APU.search(text)
         smaller = {
-            "compute": f"a smaller -ub (e.g. -ub {max(64, (_number(args.get('ubatch')) or 512) // 2)})",
+            "compute": f"a smaller -ub (e.g. -ub {max(64, (_number(args.get('ubatch')) or DEFAULT_UBATCH) // 2)})",
             "kv": "a smaller -c, or a quantized cache (-ctk q8_0 -ctv q8_0)",
         }.get(oom.stage, "fewer layers on the device (-ngl), or the largest tensors kept on the host (-ot ...=CPU)")
         todo = f"Make that buffer smaller: {smaller}; or split it over several devices."
@@ -251,8 +245,8 @@ def _fix(report: LogReport, args: CommandArgs) -> str:
     vram = f"{free // MiB}MiB" if free else "YOUR_CARD_MEMORY"
     ctx = report.n_ctx or (_number(args.get("ctx")) or None) or "CONTEXT"
     line = ["moeplace", "recommend", model, "--vram", vram, "--ctx", str(ctx)]
-    if report.backend in _RECOMMEND_BACKEND:
-        line += ["--backend", _RECOMMEND_BACKEND[report.backend]]
+    if report.backend in BACKEND_NAMES:  # a backend recommend plans for
+        line += ["--backend", report.backend]
     for flag, key in (("--ubatch", "ubatch"), ("--parallel", "parallel")):
         if (_number(args.get(key)) or 0) > 0:
             line += [flag, args[key]]

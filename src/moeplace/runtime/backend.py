@@ -12,20 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
+from ..core.backends import BUILDS, built_as
 from ..core.errors import MoeplaceError
 from .process import run
 from .tool_output import nvidia_smi_csv, rocm_smi
 from .vulkan import INSTALL as LAVAPIPE_INSTALL
 from .vulkan import VulkanDevice, lavapipe_devices, visible_devices, vulkaninfo_devices
 
-BACKENDS = ("auto", "cpu", "cuda", "hip", "vulkan", "lavapipe")  # lavapipe: only when asked for
+BACKENDS = BUILDS  # lavapipe: only when asked for
 ROCM = os.environ.get("ROCM_PATH", "/opt/rocm")
 NVIDIA_QUERY = ["--query-gpu=name,memory.total,memory.free,compute_cap", "--format=csv,noheader,nounits"]
-INSTALL = {
-    "cuda": "the CUDA toolkit for nvcc (Debian: apt-get install nvidia-cuda-toolkit; or NVIDIA's cuda-toolkit)",
-    "hip": "ROCm's HIP compiler hipcc (Debian: apt-get install hipcc; or AMD's rocm-hip-sdk)",
-    "vulkan": "the Vulkan SDK's glslc and headers (Debian: apt-get install glslc libvulkan-dev)",
-}
 
 
 class GpuDevice(TypedDict):
@@ -99,13 +95,13 @@ def _candidates() -> list[tuple[str, list[GpuDevice], str | None, list[str]]]:
     if nvidia := nvidia_devices():
         archs = sorted({d["compute_cap"].replace(".", "") for d in nvidia})
         nvcc = _tool("nvcc", f"{os.environ.get('CUDA_HOME', '/usr/local/cuda')}/bin/nvcc")
-        out.append(("cuda", nvidia, nvcc, ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}"]))
+        out.append(("cuda", nvidia, nvcc, [*built_as("cuda").cmake, f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}"]))
     if amd := amd_devices():
         targets = ";".join(d["name"] for d in amd)
         hipcc = _tool("hipcc", f"{ROCM}/bin/hipcc")
-        out.append(("hip", amd, hipcc, ["-DGGML_HIP=ON", f"-DAMDGPU_TARGETS={targets}"]))
+        out.append(("hip", amd, hipcc, [*built_as("hip").cmake, f"-DAMDGPU_TARGETS={targets}"]))
     if vulkan := vulkan_devices():
-        out.append(("vulkan", vulkan, _tool("glslc"), ["-DGGML_VULKAN=ON"]))
+        out.append(("vulkan", vulkan, _tool("glslc"), list(built_as("vulkan").cmake)))
     return out
 
 
@@ -126,13 +122,14 @@ def detect(requested: str = "auto") -> Backend:
             return Backend(name, f"{what} found, and {Path(toolkit).name} to build for it", options, devices, toolkit)
         if requested == name:
             raise MoeplaceError(
-                f"llamacpp.backend is {name}, but {Path(toolkit or name).name} is missing: install {INSTALL[name]}."
+                f"llamacpp.backend is {name}, but {Path(toolkit or name).name} is missing: "
+                f"install {built_as(name).install}."
             )
         return Backend(
             "cpu",
             f"{what} found, but no {name.upper()} compiler to build for it: the CPU build for now",
             devices=devices,
-            install=INSTALL[name],
+            install=built_as(name).install,
         )
     if requested != "auto":
         raise MoeplaceError(f"llamacpp.backend is {requested}, but this machine shows no such GPU.")
@@ -159,21 +156,17 @@ def _lavapipe() -> Backend:
     return Backend(
         "lavapipe",
         f"llamacpp.backend is lavapipe: the Vulkan build on {what}, software (Mesa's CPU Vulkan), not a GPU",
-        ["-DGGML_VULKAN=ON"],
+        list(built_as("lavapipe").cmake),
         devices,
         glslc,
     )
-
-
-# The name a plan uses for each build backend's cards (llama.cpp calls HIP's devices ROCm0, ROCm1, ...).
-_PLAN_BACKEND = {"cuda": "cuda", "hip": "rocm", "vulkan": "vulkan", "lavapipe": "vulkan"}
 
 
 def detected_gpu_backend() -> str | None:
     """The backend of the GPU this machine shows (cuda, rocm or vulkan; metal on a Mac), whatever is built."""
     if platform.system() == "Darwin" and platform.machine() == "arm64":
         return "metal"
-    return next((_PLAN_BACKEND[name] for name, *_ in _candidates()), None)
+    return next((built_as(name).name for name, *_ in _candidates()), None)
 
 
 # Every card's free bytes now and its name, in llama.cpp's device order, and the tool that read them.

@@ -21,7 +21,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.config import DeviceTarget
+from ..core.backends import built_as
+from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
 from .build import Build
 from .cpus import CpuSplit, pin, realtime_refusal, slowed
@@ -50,6 +51,14 @@ class DeviceSetup:
 
 def _mib(caps: tuple[int, ...]) -> str:
     return " and ".join(f"{c / 2**20:.0f} MiB" for c in caps)
+
+
+def margin_on(setup: DeviceSetup, manifest: Build, memory: Device) -> int:
+    """The bytes a stage keeps free on this device: the config's device.margin, or where it is auto its backend's
+    default (core/backends.py; the emulated device and lavapipe are capped exactly: 0), against its free memory
+    where device.vram is auto. A user's build that does not say its backend is taken for CUDA's."""
+    backend = "rpc" if setup.kind == "emulated" else built_as(manifest.backend or "cuda").name
+    return memory.for_backend(backend, against_free=memory.vram_bytes is None).kept_free
 
 
 def device_setup(target: DeviceTarget, manifest: Build) -> DeviceSetup:

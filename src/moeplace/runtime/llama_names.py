@@ -4,13 +4,18 @@
 
 from __future__ import annotations
 
+from ..core.backends import BACKENDS, LOGGED_ONLY
+
 MiB = 2**20
 
+# The backend a buffer or device name belongs to, by its prefix (the registry's, the first record of a prefix
+# winning, then the backends moeplace only reads, and the host's).
 _BACKEND_OF_BUFFER = (
-    ("CUDA", "cuda"), ("ROCm", "rocm"), ("HIP", "rocm"), ("Vulkan", "vulkan"), ("MTL", "metal"), ("Metal", "metal"),
-    ("SYCL", "sycl"), ("RPC", "rpc"), ("CANN", "cann"), ("MUSA", "musa"), ("CPU", "cpu"),
-)  # fmt: skip
-_DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "musa": "MUSA"}
+    *((prefix, b.name) for b in BACKENDS for prefix in b.log_prefixes),
+    *LOGGED_ONLY,
+    ("CPU", "cpu"),
+)
+_DEVICE_PREFIX = {**{b.name: b.device_prefix for b in BACKENDS}, **{name: prefix for prefix, name in LOGGED_ONLY}}
 
 
 def is_host(buffer: str) -> bool:
@@ -25,6 +30,6 @@ def backend_of(buffer: str) -> str | None:
 
 
 def device_name(backend: str | None, index: int | str) -> str:
-    """The name llama.cpp gives a backend's device by its index (a log that names only the index: CUDA unless
-    it says ROCm or MUSA)."""
+    """The name llama.cpp gives a backend's device by its index (a log that names only the index and no backend:
+    CUDA's)."""
     return f"{_DEVICE_PREFIX.get(backend or '', 'CUDA')}{index}"

@@ -83,8 +83,7 @@ def stage(log_path: str | Path) -> Iterator[logging.Logger]:
         yield log
     except MoeplaceError as e:
         log.error("%s", e)
-        print(f"moeplace: {e}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(f"moeplace: {e}")  # the job's one line on stderr, exit status 1
 
 
 def write_jsonl(path: str | Path, records: list[JsonObject]) -> None:

@@ -1,0 +1,128 @@
+"""recommend's answer (plan/recommend.py's Recommendation) as the command line prints it, per --emit: the plan in
+words with its llama-server lines, the llama-bench lines, a llama-swap config, an Ollama Modelfile, or JSON."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from ..core.units import GB
+from ..plan.assumed import Assumptions, describe_speed, speed_text
+from ..plan.offload import host_layers
+from ..plan.optimal import RankedPlacement
+from ..plan.recommend import Plan, Recommendation
+from ..plan.request import Request
+
+
+def render(rec: Recommendation) -> str:
+    """What recommend prints on stdout for the request's --emit (the errors go to stderr: Recommendation.errors)."""
+    r = rec.request
+    if r.as_json:
+        return json.dumps(rec.as_json(), indent=1) + "\n"
+    if rec.split:
+        return _split_text(rec)
+    fitting = rec.fitting
+    if r.emit == "server":
+        return _server_text(rec)
+    if r.emit == "bench":
+        return "".join(p["command"] + "\n" for p in fitting)
+    if r.emit == "llama-swap":
+        return rec.llama_swap() or ""
+    if r.emit == "ollama" and fitting:
+        return fitting[0]["commands"]["ollama"]
+    return ""
+
+
+def describe_assumptions(a: Assumptions) -> str:
+    ram = f"{a.ram_bytes / GB:.1f} GB ({a.ram_source})" if a.ram_bytes else a.ram_source
+    bandwidths = ""
+    if a.bw_vram_gbps:
+        bandwidths = f"{a.bw_vram_gbps:g} GB/s and {a.card_tflops:g} TFLOPS card, {a.bw_ddr_gbps:g} GB/s host, "
+    return "\n".join(
+        [
+            "assumed:",
+            f"  card: {a.backend} ({a.backend_source}), {a.vram_bytes / GB:.2f} GB ({a.vram_source})",
+            f"  margin: {a.margin_bytes / 2**20:.0f} MiB kept free ({a.margin_source})",
+            f"  speeds: {bandwidths}{a.speed_source}",
+            f"  host RAM: {ram}",
+        ]
+    )
+
+
+def _server_text(rec: Recommendation) -> str:
+    lines = list(rec.notes)
+    if rec.assumptions:
+        lines += [f"{rec.name}: {rec.structure}", describe_assumptions(rec.assumptions)]
+    if rec.rope_note:
+        lines.append(rec.rope_note)
+    for p in rec.fitting:
+        lines += _plan_lines(rec, p)
+    return "".join(line + "\n" for line in lines)
+
+
+def _plan_lines(rec: Recommendation, p: Plan) -> list[str]:
+    """One context's plan as text: the buffers, the n, the server line and the expected speeds."""
+    compute = (
+        f"compute={p['compute_bytes'] / GB:5.2f} GB ({p['compute_source']})  " if p["compute_bytes"] is not None else ""
+    )
+    lines = [
+        f"ctx={p['ctx']:>6}  KV={p['kv_bytes'] / GB:5.2f} GB  {compute}budget={p['budget_bytes'] / GB:5.2f} GB  "
+        f"resident_layers={p['resident_layers']:>2}  --n-cpu-moe {p['n_cpu_moe']}"
+    ]
+    if rec.assumptions is None:
+        return lines
+    lines += [
+        "  " + p["command"],
+        *(f"  note: {note}" for note in p["notes"]),
+        "  expected: " + describe_speed(p["speed"], p["ctx"]),
+        f"  host RAM: {p['host_bytes'] / GB:.2f} GB of weights stay there",
+    ]
+    if p["ram_note"]:
+        lines.append("  " + p["ram_note"])
+    if "placements" in p:
+        lines += _placement_lines(rec.request, p["ctx"], p["placements"])
+    return lines
+
+
+def _placement_lines(r: Request, ctx: int, ranked: list[RankedPlacement]) -> list[str]:
+    """The feasible placements and KV cache types at this context, best first by --objective."""
+    if not ranked or ranked[0]["score"] is None:
+        why = "the speed model gives no prefill" if r.objective != "decode" else "nothing fits"
+        return [f"  placements by {r.objective}: cannot rank ({why})."]
+    lines = [
+        f"  placements by {r.objective} at {ctx} tokens, best first; '~' marks those the speed model cannot "
+        "tell from the best (its uncertainty on a ratio), of which yours as given leads:"
+    ]
+    for row in ranked:
+        tensors, layers = len(row["host_tensors"]), len(host_layers(row["host_tensors"]))
+        what = {
+            "ncmoe": f"--n-cpu-moe {row['n_cpu_moe']}",
+            "ngl": f"-ngl {row.get('n_gpu_layers')} (whole layers on the host: decode only)",
+            "optimal": f"-ot {shlex.quote(row['override_tensor'] or '')} ({tensors} expert tensors on the host, in "
+            f"{layers} layers)",
+        }[row["placement"]]
+        lines.append(
+            f"  {'~' if row['equivalent'] else ' '} {what}, KV {row['type_k']}/{row['type_v']}, -ub {row['ubatch']}: "
+            f"decode {speed_text(row['tg'])}, prefill {speed_text(row['pp'])}"
+        )
+    lines.append("  " + ranked[0]["command"])
+    return lines
+
+
+def _split_text(rec: Recommendation) -> str:
+    """Over several devices: per context each device's share, the expected speeds and the line (--emit bench: the
+    lines alone)."""
+    server = rec.request.emit == "server"
+    lines = list(rec.notes) if server else []
+    for s in rec.split:
+        if s.error:
+            continue
+        if server:
+            lines.append(
+                f"context {s.plan['ctx']} on {len(s.plan['devices'])} devices (llama.cpp's layer split, -ts as layer "
+                f"counts; sizes: {rec.sizes_source}):"
+            )
+            lines += ["  " + text for text in s.shares]
+            lines.append(f"  expected: {s.speed_text}; each step from one card to the next priced as a host hop")
+        lines.append(("  " if server else "") + s.plan["command"])
+    return "".join(line + "\n" for line in lines)
