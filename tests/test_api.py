@@ -12,6 +12,8 @@ import sys
 
 import pytest
 from conftest import ROOT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import moeplace
 from moeplace.core.errors import MoeplaceError
@@ -78,3 +80,74 @@ def test_only_the_command_line_and_the_report_print():
     }
     assert offenders == {}
     assert _prints(PACKAGE / "cli" / "recommend.py")  # the check can see a print where there is one
+
+
+# One answer: the same card, model and request through the pipeline's budget stage, `recommend --json` and the
+# library give one n for llama-bench (what the sweep runs) and keep the same bytes free.
+SPECS = ("qwen3-coder-30b-a3b", "gpt-oss-20b", "glm-4.5-air", "gemma-4-26b-a4b", "nemotron-3-nano-30b-a3b")
+CARD_NAMES = ("RTX 3060 12GB", "RTX 4070 Ti SUPER", "RTX 4090", "RX 7900 XTX", "RTX 5090", "RTX 3090")
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory) -> dict[str, str]:
+    from moeplace.model.twin import load_spec, write_twin
+
+    folder = tmp_path_factory.mktemp("twins")
+    return {name: str(write_twin(load_spec(ROOT / f"config/models/{name}.yaml"), folder / f"{name}.gguf"))
+            for name in SPECS}  # fmt: skip
+
+
+def _stage_budget(path: str, card_name: str, ctx: int, ubatch: int, flash_attn: str, kv: str) -> dict:
+    """The budget stage's row for this card as the stage plans it (plan/budget.py's StageDevice, device.margin
+    auto), with the estimate for the compute buffer where the stage asks llama.cpp."""
+    from moeplace.core.config import Device
+    from moeplace.model.metadata import inspect_model
+    from moeplace.plan.budget import StageDevice, budget_table
+    from moeplace.plan.cards import card_named
+
+    card = card_named(card_name)
+    on = StageDevice(Device(card.memory_bytes, None).for_backend(card.backend), card.backend, None)
+    table = budget_table(inspect_model(path), on.device, [on.workload(ctx, ubatch, flash_attn, kv, kv)], on.compute)
+    return table.iloc[0].to_dict()
+
+
+@settings(max_examples=210, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    spec=st.sampled_from(SPECS),
+    card=st.sampled_from(CARD_NAMES),
+    ctx=st.sampled_from([4096, 16384, 32768, 65536, 131072]),
+    ubatch=st.sampled_from([256, 512, 2048]),
+    kv=st.sampled_from(["f16", "q8_0", "q4_0"]),
+)
+def test_the_pipeline_recommend_and_the_library_give_one_answer(twins, capsys, spec, card, ctx, ubatch, kv):
+    from moeplace.cli import main
+
+    path, flash = twins[spec], "on" if kv != "f16" else "auto"
+    row = _stage_budget(path, card, ctx, ubatch, flash, kv)
+    args = ["--card", card, "--ctx", str(ctx), "--ubatch", str(ubatch), "-ctk", kv, "-ctv", kv, "--flash-attn", flash]
+    main(["recommend", path, *args, "--json"])
+    (cli,) = json.loads(capsys.readouterr().out)
+    (lib,) = moeplace.recommend(path, ctx=ctx, card=card, ubatch=ubatch, type_k=kv, type_v=kv, flash_attn=flash).plans
+    stage_n = None if row["n_cpu_moe"] is None or row["n_cpu_moe"] != row["n_cpu_moe"] else int(row["n_cpu_moe"])
+    assert cli["margin_bytes"] == lib["margin_bytes"] == row["margin_bytes"]
+    if cli["n_cpu_moe"] is None:  # nothing fits the server: nor llama-bench, which needs more
+        assert stage_n is None and lib["n_cpu_moe"] is None
+        return
+    assert cli["n_cpu_moe_by_tool"] == lib["n_cpu_moe_by_tool"]
+    assert cli["n_cpu_moe_by_tool"]["bench"] == stage_n
+    assert cli["n_cpu_moe_by_tool"]["server"] == cli["n_cpu_moe"] == lib["n_cpu_moe"]
+
+
+def test_every_emit_format_is_one_record_with_its_renderer():
+    from moeplace.cli.recommend_text import RENDERERS
+    from moeplace.plan.emit_formats import NAMES
+
+    assert set(RENDERERS) == set(NAMES)
+    assert _choices("--emit") == NAMES
+
+
+def _choices(flag: str) -> tuple[str, ...]:
+    from moeplace.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if getattr(a, "choices", None))
+    return tuple(next(a for a in sub.choices["recommend"]._actions if flag in a.option_strings).choices)

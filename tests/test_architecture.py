@@ -155,6 +155,16 @@ def test_modules_stay_readable_and_scripts_thin():
         assert len(script.read_text().splitlines()) < 60, script.name
 
 
+def test_config_reference_is_generated_from_the_schema():
+    check = subprocess.run([sys.executable, "docs/config_reference.py", "--check"], cwd=ROOT, capture_output=True)
+    assert check.returncode == 0, check.stderr.decode()
+
+
+def test_readme_seed_table_is_what_the_program_computes():
+    check = subprocess.run([sys.executable, "docs/seed_table.py", "--check"], cwd=ROOT, capture_output=True)
+    assert check.returncode == 0, check.stderr.decode()
+
+
 def test_readme_fault_matrix_is_generated_from_the_fault_tests():
     check = subprocess.run([sys.executable, "docs/fault_matrix.py", "--check"], cwd=ROOT, capture_output=True)
     assert check.returncode == 0, check.stderr.decode()

@@ -14,14 +14,15 @@ from moeplace.runtime.outputs import stage, write_csv
 with stage(snakemake.log[0]) as log:
     i, p = snakemake.input, snakemake.params
     meta = read_metadata(i.metadata)
-    workloads = [Workload(ctx, p.ubatch, p.flash_attn, p.cache_type_k, p.cache_type_v) for ctx in p.contexts]
+    cache = (p.ubatch, p.flash_attn, p.cache_type_k, p.cache_type_v)
     model, manifest = (i.model[0], Build.read(i.llamacpp)) if "model" in i.keys() else (None, None)
     target, log_path = DeviceTarget(**p.device), Path(snakemake.log[0])
     if target.other_vram_bytes:  # several devices
+        workloads = [Workload(ctx, *cache) for ctx in p.contexts]
         table = devices_budget_table(meta, model, manifest, target, Device(**p.memory), workloads, log_path)
     else:
-        with compute_from_llamacpp(model, manifest, target, Device(**p.memory), log_path) as (device, compute):
-            table = budget_table(meta, device, workloads, compute)
+        with compute_from_llamacpp(model, manifest, target, Device(**p.memory), log_path) as on:
+            table = budget_table(meta, on.device, [on.workload(ctx, *cache) for ctx in p.contexts], on.compute)
     for row in table.itertuples():
         log.info("ctx %d: %s, n_cpu_moe %s (compute buffer from %s)", row.ctx, row.status, row.n_cpu_moe,
                  row.compute_source)  # fmt: skip

@@ -10,6 +10,8 @@ from ..core.backends import NAMES as BACKEND_NAMES
 from ..core.errors import MoeplaceError
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN
+from ..plan.emit_formats import EMIT_FORMATS
+from ..plan.emit_formats import NAMES as EMIT_NAMES
 from ..plan.recommend import recommend
 from ..plan.request import Constants, Request, parse_contexts
 from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_FLASH_ATTN, DEFAULT_UBATCH
@@ -145,10 +147,9 @@ def _llamacpp_options(rec: argparse.ArgumentParser) -> None:
     rec.add_argument("--json", action="store_true", help="print the plan per context as JSON (= --emit json)")
     rec.add_argument(
         "--emit",
-        choices=("server", "bench", "llama-swap", "ollama", "json"),
+        choices=EMIT_NAMES,
         default="server",
-        help="what to print: the llama-server line (default), the llama-bench line that checks it, a llama-swap "
-        "entry, an Ollama Modelfile, or the plan as JSON",
+        help="what to print: " + "; ".join(f"{f.name}: {f.what}" for f in EMIT_FORMATS),
     )
     rec.add_argument(
         "--ubatch", type=int, default=DEFAULT_UBATCH, help="llama.cpp's ubatch (-ub): compute buffer and prefill"

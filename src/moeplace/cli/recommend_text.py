@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 
 from ..core.units import GB
 from ..plan.assumed import Assumptions, describe_speed, speed_text
@@ -16,21 +17,17 @@ from ..plan.request import Request
 
 def render(rec: Recommendation) -> str:
     """What recommend prints on stdout for the request's --emit (the errors go to stderr: Recommendation.errors)."""
-    r = rec.request
-    if r.as_json:
-        return json.dumps(rec.as_json(), indent=1) + "\n"
-    if rec.split:
+    if rec.split and not rec.request.as_json:
         return _split_text(rec)
-    fitting = rec.fitting
-    if r.emit == "server":
-        return _server_text(rec)
-    if r.emit == "bench":
-        return "".join(p["command"] + "\n" for p in fitting)
-    if r.emit == "llama-swap":
-        return rec.llama_swap() or ""
-    if r.emit == "ollama" and fitting:
-        return fitting[0]["commands"]["ollama"]
-    return ""
+    return RENDERERS["json" if rec.request.as_json else rec.request.emit](rec)
+
+
+def _bench_lines(rec: Recommendation) -> str:
+    return "".join(p["command"] + "\n" for p in rec.fitting)
+
+
+def _modelfile(rec: Recommendation) -> str:
+    return rec.fitting[0]["commands"]["ollama"] if rec.fitting else ""
 
 
 def describe_assumptions(a: Assumptions) -> str:
@@ -126,3 +123,13 @@ def _split_text(rec: Recommendation) -> str:
             lines.append(f"  expected: {s.speed_text}; each step from one card to the next priced as a host hop")
         lines.append(("  " if server else "") + s.plan["command"])
     return "".join(line + "\n" for line in lines)
+
+
+# Each --emit format's text (plan/emit_formats.py lists them; json is the plan itself, above).
+RENDERERS: dict[str, Callable[[Recommendation], str]] = {
+    "server": _server_text,
+    "bench": _bench_lines,
+    "llama-swap": lambda rec: rec.llama_swap() or "",
+    "ollama": _modelfile,
+    "json": lambda rec: json.dumps(rec.as_json(), indent=1) + "\n",
+}

@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 from jsonschema import Draft202012Validator, validators
 
+from .backends import BUILDS
 from .errors import MoeplaceError
 from .records import JsonObject
 
@@ -22,8 +23,11 @@ SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 
 @cache
 def schema() -> JsonObject:
-    """The schema, read once."""
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    """The schema, read once, with the builds llamacpp.backend takes from the backend registry (core/backends.py:
+    adding a backend is its record alone)."""
+    loaded = yaml.safe_load(SCHEMA_PATH.read_text())
+    loaded["properties"]["llamacpp"]["properties"]["backend"]["enum"] = list(BUILDS)
+    return loaded
 
 
 def default(setting: str) -> Any:
@@ -130,7 +134,9 @@ def validate_config(config: JsonObject, schema_path: str | Path = SCHEMA_PATH) -
     """Validate in place (filling defaults, reading numbers given as strings) and return the config;
     MoeplaceError names the first bad field."""
     validator = _Validator(
-        schema() if Path(schema_path) == SCHEMA_PATH else yaml.safe_load(Path(schema_path).read_text())
+        schema()
+        if Path(schema_path).resolve() == SCHEMA_PATH.resolve()
+        else yaml.safe_load(Path(schema_path).read_text())
     )
     _read_strings(config, validator)
     for section, old, new in RENAMED:

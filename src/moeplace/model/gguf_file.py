@@ -100,6 +100,9 @@ class GGUFHeader:
         return self.metadata.get(f"{self.architecture}.{suffix}", default)
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
     """Bounds-checked reads from a mapped file, or from the first bytes of a file of `size` bytes."""
 
@@ -150,6 +153,26 @@ class _Cursor:
         self.need(n, what)
         self.pos += n
 
+    def skip_strings(self, key: str, count: int) -> None:
+        """Skip an array's `count` strings (a tokenizer's vocabulary, 150,000 of them: most of a header's read).
+        A tight loop while every string is in bounds; from the first that is not, skip_string's checked path,
+        which names the string and raises as it does."""
+        buf, pos, end = self.buf, self.pos, min(self.size, len(self.buf))
+        unpack = _U64.unpack_from
+        for i in range(count):
+            if pos + 8 > end:
+                break
+            (n,) = unpack(buf, pos)
+            if n > MAX_STRING or pos + 8 + n > end:
+                break
+            pos += 8 + n
+        else:
+            self.pos = pos
+            return
+        self.pos = pos
+        for j in range(i, count):
+            self.skip_string(f"{key}[{j}]")
+
     def value(self, vtype: int, key: str) -> GGUFValue:
         if vtype in _SCALARS:
             return self.scalar(vtype, f"value of {key}")
@@ -178,8 +201,7 @@ class _Cursor:
             if count > MAX_STRINGS:
                 raise self.fail(f"array {key} claims {count} strings, more than any GGUF holds ({MAX_STRINGS})")
             if count > MAX_KEPT_ARRAY:
-                for i in range(count):
-                    self.skip_string(f"{key}[{i}]")
+                self.skip_strings(key, count)
                 return {"array_length": count}
             return [self.string(f"{key}[{i}]") for i in range(count)]
         raise self.fail(f"array {key} has unsupported element type {etype}")

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from ..core.backends import op_offload
 from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
 from ..core.units import GB
@@ -32,7 +34,7 @@ from ..model.meta import ModelMeta, is_seed
 from ..runtime.allocation import reserve
 from ..runtime.build import Build
 from ..runtime.cpus import split_cpus
-from ..runtime.device import attached, device_setup, margin_on
+from ..runtime.device import attached, device_setup, margin_on, planned_backend
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -157,6 +159,21 @@ def does_not_fit_message(p: BudgetRow, vram_bytes: int) -> str:
     )
 
 
+@dataclass(frozen=True)
+class StageDevice:
+    """What the budget stage plans on: the device (its cap and margin), its backend, and llama.cpp's own compute
+    reserve there (None: the estimate)."""
+
+    device: Device
+    backend: str
+    compute: Compute
+
+    def workload(self, ctx: int, ubatch: int, flash_attn: str, type_k: str, type_v: str) -> Workload:
+        """What the sweep's llama-bench asks of the device at `ctx`: logits for a whole batch, one sequence, and
+        on a backend that copies host experts for a large batch, their copy (as recommend's --emit bench)."""
+        return Workload(ctx, ubatch, flash_attn, type_k, type_v, outputs="batch", op_offload=op_offload(self.backend))
+
+
 @contextmanager
 def compute_from_llamacpp(
     model_path: str | None,
@@ -164,19 +181,21 @@ def compute_from_llamacpp(
     target: DeviceTarget,
     memory: Device,
     log_path: Path,
-) -> Iterator[tuple[Device, Compute]]:
+) -> Iterator[StageDevice]:
     """The device to plan for (device.vram auto: the GPU's free memory now) and llama.cpp's own compute reserve
     on it, the emulated device started for the duration. The seed's constants have no file: no reserve."""
     if model_path is None or manifest is None:
         if memory.vram_bytes is None:
             raise MoeplaceError("device.vram is auto, which needs a model file and a GPU; give the card's size.")
-        yield memory.for_backend("rpc"), None  # no device to ask: auto keeps nothing beyond the seed's overhead
+        # No device to ask: the seed's constants plan for no backend, and auto keeps nothing beyond its overhead.
+        yield StageDevice(memory.for_backend("rpc"), "", None)
         return
 
     setup = device_setup(target, manifest)
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
         device = Device(setup.cap_bytes, margin_on(setup, manifest, memory))
-        yield device, reserved_compute(manifest, model_path, rpc, log_path)
+        compute = reserved_compute(manifest, model_path, rpc, log_path)
+        yield StageDevice(device, planned_backend(setup, manifest), compute)
 
 
 def reserved_compute(

@@ -76,7 +76,8 @@ class Plan(budget_mod.BudgetRow, total=False):
     host_bytes: int
     ram_note: str | None
     command: str  # the line for the request's tool: llama-bench's with --emit bench, else llama-server's
-    commands: dict[str, str]  # the line for each tool: server, bench, ollama (a Modelfile)
+    n_cpu_moe_by_tool: dict[str, int | None]  # server and bench: llama-bench reserves logits for a whole batch
+    commands: dict[str, str]  # the line for each tool: server, bench, llama-swap, ollama (a Modelfile)
     notes: list[str]  # what a line's reader should know: why the bench line keeps another n
     placements: list[RankedPlacement]
 
@@ -280,20 +281,20 @@ def _complete(setup: Setup, p: Plan, model: SpeedModel | None) -> Plan:
     p["speed"] = expected(meta, model, host, r.workload(p["ctx"], setup.backend))
     p["host_bytes"] = host_bytes(meta, host)
     p["ram_note"] = ram_note(p["host_bytes"], a)
-    p["commands"], p["notes"] = _commands(setup, p["ctx"], n)
-    p["command"] = p["commands"]["bench" if r.emit == "bench" else "server"]
+    p["n_cpu_moe_by_tool"], p["commands"], p["notes"] = _commands(setup, p["ctx"], n)
+    p["command"] = p["commands"][r.tool]
     if r.placement == "optimal":
         p["placements"] = _placements(setup, p["ctx"], model)
     return p
 
 
-def _commands(setup: Setup, ctx: int, n: int) -> tuple[dict[str, str], list[str]]:
-    """Every tool's line for the plan's n at `ctx` (the plan is for the request's tool: --emit bench plans for
-    llama-bench), and why a tool's line keeps another n. llama-bench reserves logits for a whole batch where a
+def _commands(setup: Setup, ctx: int, n: int) -> tuple[dict[str, int | None], dict[str, str], list[str]]:
+    """Each tool's n and line at `ctx` (the plan is for the request's tool: --emit bench plans for llama-bench),
+    and why a tool's line keeps another n. llama-bench reserves logits for a whole batch where a
     server reserves them for one token per slot, so its compute buffer is larger and it may need one more layer's
     experts on the host."""
     r = setup.request
-    planned = "bench" if r.emit == "bench" else "server"
+    planned = r.tool
     other = "server" if planned == "bench" else "bench"
     n_of = {planned: n, other: setup.fitted(r.with_(emit=other, json=False), ctx)}
     notes = []
@@ -310,7 +311,7 @@ def _commands(setup: Setup, ctx: int, n: int) -> tuple[dict[str, str], list[str]
         lines["ollama"] = _ollama(setup, ctx, n_of["server"], lines["server"])
     if n_of["bench"] is not None:
         lines["bench"] = _bench_line(setup, ctx, n_of["bench"])
-    return lines, notes
+    return n_of, lines, notes
 
 
 def _server_line(

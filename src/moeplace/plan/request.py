@@ -22,12 +22,13 @@ from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, SERVER, Workload
 from ..model.meta import ModelMeta
 from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_FLASH_ATTN, DEFAULT_UBATCH, cache_args, refusal
+from .emit_formats import NAMES as EMIT_NAMES
+from .emit_formats import emit_format
 from .offload import override_rules
 
 MAX_CONTEXT = 10_000_000  # no GGUF model has a trained context this long: a typo, not a plan
 MAX_UBATCH = 65_536  # llama.cpp's graph for a larger ubatch would not fit any card's compute buffer
 MAX_PARALLEL = 256
-EMITS = ("server", "bench", "llama-swap", "ollama", "json")
 PLACEMENTS = ("ncmoe", "optimal")
 # Past the trained context llama.cpp stretches RoPE with YaRN; beyond this factor models degrade badly.
 MAX_ROPE_SCALE = 8.0
@@ -215,7 +216,7 @@ class Request:
             ("--cache-type-v", self.type_v, CACHE_TYPES),
             ("--flash-attn", self.flash_attn, FLASH_ATTN),
             ("--backend", self.backend, ("auto", *BACKENDS)),
-            ("--emit", self.emit, EMITS),
+            ("--emit", self.emit, EMIT_NAMES),
             ("--placement", self.placement, PLACEMENTS),
         ):
             if value not in allowed:
@@ -249,6 +250,7 @@ class Request:
                     "a MODEL.gguf with --vram/--card, or the constants alone."
                 )
             if self.longest or self.placement != "ncmoe" or self.emit not in ("server", "json") or self.mmproj:
+                # the seed's constants have no file to put in a line: the plan in words or JSON only
                 raise MoeplaceError(
                     "the constants mode plans --n-cpu-moe only: --ctx max, --placement optimal, "
                     "--emit bench/llama-swap/ollama and --mmproj need a MODEL.gguf."
@@ -271,13 +273,13 @@ class Request:
                 f"--json and --emit {self.emit} ask for two outputs: --json prints the plan (with every tool's "
                 "line in it); give one."
             )
-        if self.emit == "ollama" and (len(self.contexts) > 1 or self.longest):
-            raise MoeplaceError("--emit ollama: a Modelfile holds one context; give one --ctx value per Modelfile.")
+        if emit_format(self.emit).one_context and (len(self.contexts) > 1 or self.longest):
+            raise MoeplaceError(f"--emit {self.emit}: it holds one context; give one --ctx value for each.")
         if len(self.vram or ()) > 1 and (
             self.overrides
             or self.placement == "optimal"
             or self.mmproj
-            or self.emit in ("llama-swap", "ollama")
+            or not emit_format(self.emit).several_devices
             or self.no_kv_offload
             or self.longest
         ):
@@ -286,6 +288,11 @@ class Request:
                 "--mmproj, -nkvo, --ctx max and --emit llama-swap/ollama take one device for now: "
                 "give one --vram."
             )
+
+    @property
+    def tool(self) -> str:
+        """The llama.cpp program the plan is for: llama-bench with --emit bench, else llama-server."""
+        return emit_format(self.emit).tool
 
     @property
     def as_json(self) -> bool:
@@ -306,7 +313,7 @@ class Request:
             self.type_k,
             self.type_v,
             self.parallel,
-            "batch" if self.emit == "bench" else SERVER,
+            "batch" if self.tool == "bench" else SERVER,
             op_offload(backend),
             self.no_kv_offload,
         )

@@ -117,7 +117,7 @@ def several_devices(
         w = request.workload(ctx, backend)
         p = plan_devices(meta, devices, w)
         expected, said = speed(frozenset(p.host_tensors(meta)), w, p.device_hops) if p.fits else (None, "")
-        flags = commands.request_flags(meta, ctx, None, False, "bench" if request.emit == "bench" else "server")
+        flags = commands.request_flags(meta, ctx, None, False, request.tool)
         row = plan_json(meta, p, w)
         row["speed"] = expected
         if not p.fits:
@@ -130,8 +130,8 @@ def several_devices(
             )
             contexts.append(SplitContext(row, (), "", error))
             continue
-        rule = p.host_rule(meta, ";" if request.emit == "bench" else ",")
-        if request.emit == "bench":
+        rule = p.host_rule(meta, ";" if request.tool == "bench" else ",")
+        if request.tool == "bench":
             line = commands.llama_bench(path, ctx, 0, request.cache(), [rule] if rule else None, p.tensor_split, flags)
         else:
             line = commands.llama_server_split(path, ctx, p.tensor_split, rule, request.cache(), flags)

@@ -53,11 +53,17 @@ def _mib(caps: tuple[int, ...]) -> str:
     return " and ".join(f"{c / 2**20:.0f} MiB" for c in caps)
 
 
+def planned_backend(setup: DeviceSetup, manifest: Build) -> str:
+    """The backend a plan on this device counts by (core/backends.py): the emulated device is rpc, else the
+    build's; a user's build that does not say its backend is taken for CUDA's."""
+    return "rpc" if setup.kind == "emulated" else built_as(manifest.backend or "cuda").name
+
+
 def margin_on(setup: DeviceSetup, manifest: Build, memory: Device) -> int:
     """The bytes a stage keeps free on this device: the config's device.margin, or where it is auto its backend's
-    default (core/backends.py; the emulated device and lavapipe are capped exactly: 0), against its free memory
-    where device.vram is auto. A user's build that does not say its backend is taken for CUDA's."""
-    backend = "rpc" if setup.kind == "emulated" else built_as(manifest.backend or "cuda").name
+    default (the emulated device and lavapipe are capped exactly: 0), against its free memory where device.vram is
+    auto."""
+    backend = planned_backend(setup, manifest)
     return memory.for_backend(backend, against_free=memory.vram_bytes is None).kept_free
 
 
