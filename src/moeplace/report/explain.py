@@ -258,6 +258,54 @@ def _fix(report: LogReport, args: CommandArgs) -> str:
     return shlex.join(line)
 
 
+# llama.cpp's own table prints each column as whole MiB rounded down (common/fit.cpp, common_memory_breakdown_print);
+# the buffer lines print two decimals each, so their sum may sit a hundredth or two either side.
+_TABLE_COLUMNS = {"model": ("weights",), "context": ("kv",), "compute": ("compute",)}
+
+
+class TableCheck(TypedDict):
+    """One row of llama.cpp's memory table beside the same sums of the log's buffer lines for the main model and
+    its context (MiB)."""
+
+    buffers: dict[str, float]  # model, context, compute, self
+    table: dict[str, int]
+    matches: bool
+
+
+def table_check(report: LogReport) -> dict[str, TableCheck]:
+    """Per device row of llama.cpp's own memory table, the main model's and context's buffer lines
+    summed as the table sums them: model = weights, context = KV and recurrent state, compute = compute buffers
+    (output buffers are not counted: llama_context::memory_breakdown). The table counts the main context only
+    (llama-server prints it for its main context at exit), so a draft model's, an MTP head's and a projector's
+    buffers are left out of it. Rows the buffer lines say nothing of are left out."""
+    main = report.main
+    out: dict[str, TableCheck] = {}
+    for row_name, row in report.breakdown.items():
+        if "total" not in row or "self" not in row:  # the Host row: mapped weights are counted otherwise there
+            continue
+        kinds = main.device(row_name)
+        if not kinds:
+            continue
+        ours = {col: sum(kinds.get(k, 0) for k in ks) / MiB for col, ks in _TABLE_COLUMNS.items()}
+        ours["self"] = sum(ours.values())
+        matches = all(row[col] - 0.05 <= ours[col] < row[col] + 1.05 for col in ours)
+        table = {col: row[col] for col in ours}
+        out[row_name] = {"buffers": {k: round(v, 2) for k, v in ours.items()}, "table": table, "matches": matches}
+    return out
+
+
+def _parts(report: LogReport) -> dict[str, dict[str, dict[str, float]]] | None:
+    """Per live part (the model, a draft model, an MTP head, a projector), its MiB per device and on the host;
+    None where the model is all there is."""
+    parts = report.parts
+    if len(parts) < 2:
+        return None
+    return {
+        part.role: {name: _mib(kinds) for name, kinds in part.devices.items()} | {"host": _mib(part.host)}
+        for part in parts
+    }
+
+
 def _error(report: LogReport) -> dict[str, str]:
     hint = next((h for pattern, h in _ERROR_HINTS if pattern.search(report.error)), None)
     todo = hint or "search llama.cpp's issues for this line; moving memory around will not fix it"
@@ -282,7 +330,9 @@ class Explanation(TypedDict, total=False):
     pipeline_copies: int | None
     pipeline_retried: Retried | None
     model: str | None
+    parts: dict[str, dict[str, dict[str, float]]] | None  # role -> device (and host) -> kind -> MiB
     breakdown: JsonObject | None
+    breakdown_check: dict[str, TableCheck] | None
     command: CommandArgs | None
     status: str
     dry_run: dict[str, str] | None
@@ -330,7 +380,9 @@ def explain(text: str, source: str = "the text") -> Explanation:
         "pipeline_copies": report.pipeline_copies,
         "pipeline_retried": _retried(report),
         "model": report.model_path,
+        "parts": _parts(report),
         "breakdown": report.breakdown,
+        "breakdown_check": table_check(report) or None,
         "command": args or None,
         "status": report.status,
         "dry_run": {"kind": report.dry_run, "why": _DRY_RUN_WORDS[report.dry_run]} if report.dry_run else None,

@@ -1,6 +1,6 @@
 """A llama.cpp log as a person reads it, on any backend and in any llama.cpp version's wording: buffers per device
-and per host buffer, each load and context, overridden tensors, the cards, and where an allocation failed (read by
-llama_failures.py). tool_output.py reads the rest: --list-devices, llama-bench's records, llama-fit-params,
+and per host buffer, each load and context (the main model's, a draft model's, a model's own MTP head's, a
+multimodal projector's), overridden tensors, the cards, and where an allocation failed (read by llama_failures.py). tool_output.py reads the rest: --list-devices, llama-bench's records, llama-fit-params,
 nvidia-smi, rocm-smi.
 
 Real cards print what the emulated device never does (CUDA_Host pinned buffers, several devices, each backend's
@@ -71,6 +71,23 @@ _BACKEND_OF_INIT = (
 )
 
 
+# What the next load or context is for. llama-server loads a draft model (-md) after the main model and its context
+# ("srv    load_model: loading draft model '...'"); a model's own MTP head (--spec-type mtp, draft-mtp) gets a second,
+# small context on the main model ("creating MTP draft context against the target model"; the MTP pull request's
+# branch re-loaded the head from the same GGUF: "partial load — used 18 of 866 tensors"). A multimodal projector
+# (--mmproj) logs its own weights and compute buffer (tools/mtmd/clip.cpp: "CLIP using CUDA0 backend", "load_hparams:
+# model size: ... MiB", "alloc_compute_meta: CUDA0 compute buffer size = ... MiB").
+_DRAFT_LOAD = re.compile(r"loading draft model|load_model: loading draft|draft model '")
+_MTP_CONTEXT = re.compile(r"\bMTP\b.*\bcontext\b")
+_MTP_LOAD = re.compile(r"partial load\b")
+_MTP_ANYWHERE = re.compile(r"\bMTP\b|spec-type (?:draft-)?mtp|\bnextn\b", re.I)
+_CLIP_DEVICE = re.compile(r"CLIP using (\S+) backend")
+_CLIP_WEIGHTS = re.compile(r"(?:load_hparams|clip\w*):\s+model size:\s+(\d+(?:[.,]\d+)?) MiB")
+_CLIP_BUFFER = re.compile(r"alloc_compute_meta|\bclip_")
+# The parts of a run that are alive together, in the order explain shows them.
+ROLES = ("main", "draft", "mtp", "projector")
+
+
 @dataclass
 class Buffers:
     """What one load and one of its contexts hold: bytes per buffer, as llama.cpp names it, and kind
@@ -78,6 +95,7 @@ class Buffers:
 
     sizes: dict[str, dict[str, int]] = field(default_factory=dict)
     n_ctx: int | None = None  # the context's size in tokens, where the log says
+    role: str = "main"  # main, draft (a -md model's), mtp (a model's own MTP head), projector (--mmproj)
 
     def add(self, buffer: str, kind: str, size: int) -> None:
         kinds = self.sizes.setdefault(buffer, {})
@@ -118,35 +136,103 @@ class Buffers:
         return next(iter(devices.values()), {})
 
 
+def merged(*parts: Buffers, role: str = "main") -> Buffers:
+    """The buffers of several parts as one (the first part's n_ctx)."""
+    out = Buffers(n_ctx=next((p.n_ctx for p in parts if p.n_ctx), None), role=role)
+    for part in parts:
+        for name, kinds in part.sizes.items():
+            for kind, size in kinds.items():
+                out.add(name, kind, size)
+    return out
+
+
 @dataclass
 class Load:
-    """One model load: its weights and the contexts created on it (llama-bench creates one per test)."""
+    """One model load: its weights and the contexts created on it (llama-bench creates one per test), and what it
+    is for: the main model, a draft model (-md), or an MTP head re-loaded from the main model's file."""
 
     weights: Buffers = field(default_factory=Buffers)
     contexts: list[Buffers] = field(default_factory=list)
+    role: str = "main"
+    projector: Buffers = field(default_factory=lambda: Buffers(role="projector"))
 
-    def last(self) -> Buffers:
+    def last(self, role: str = "main") -> Buffers:
         """The weights with the last context's KV, compute and output buffers (the weights alone before any)."""
-        context = self.contexts[-1] if self.contexts else Buffers()
-        merged = Buffers({name: dict(kinds) for name, kinds in self.weights.sizes.items()}, context.n_ctx)
-        for name, kinds in context.sizes.items():
-            for kind, size in kinds.items():
-                merged.add(name, kind, size)
-        return merged
+        mine = [c for c in self.contexts if c.role == role] or self.contexts
+        context = mine[-1] if mine else Buffers()
+        return merged(self.weights, context, role=self.role)
 
     def each_context(self) -> list[Buffers]:
-        return [Load(self.weights, [context]).last() for context in self.contexts]
+        return [merged(self.weights, context) for context in self.contexts]
+
+
+def _is_repeat(load: Load, main: Load) -> bool:
+    """An MTP head re-loaded from the main model's own file maps the same weights again: the same buffers."""
+    return load.role == "mtp" and load.weights.sizes == main.weights.sizes
+
+
+def live_parts(loads: list[Load], log: str = "") -> list[Buffers]:
+    """What a run holds at once: the main model with its context, a draft model with its context, an MTP head's
+    context and a projector, each once. A context printed again (an MTP head re-loaded from the same file, a paste
+    that repeats a block) is counted once; llama-bench's contexts, one per test, follow each other, so only the
+    last is held."""
+    if not loads:
+        return []
+    main_at = max((i for i, load in enumerate(loads) if load.role == "main"), default=len(loads) - 1)
+    main = loads[main_at]
+    contexts = [c for load in loads[main_at:] if load.role != "draft" for c in load.contexts]
+    if _MTP_ANYWHERE.search(log) and not any(c.role == "mtp" for c in contexts) and len(main.contexts) > 1:
+        main.contexts[-1].role = "mtp"  # the MTP pull request's branch names the head after its context
+    parts = [main.last("main")]
+    for load in loads[main_at + 1 :]:
+        if load.role == "draft":
+            parts.append(merged(load.weights, *load.contexts[-1:], role="draft"))
+        elif not _is_repeat(load, main) and load.weights.sizes:
+            parts.append(merged(load.weights, role="mtp"))
+    mtp = [c for c in contexts if c.role == "mtp" and c.sizes != parts[0].sizes]
+    if mtp:
+        parts.append(merged(mtp[-1], role="mtp"))
+    projector = [load.projector for load in loads[main_at:] if load.projector.sizes]
+    if projector:
+        parts.append(projector[-1])
+    return _join_roles(parts)
+
+
+def _join_roles(parts: list[Buffers]) -> list[Buffers]:
+    """One part per role, in ROLES' order (an MTP head's own weights and its context are one part)."""
+    out = []
+    for role in ROLES:
+        mine = [p for p in parts if p.role == role]
+        if mine:
+            out.append(merged(*mine, role=role))
+    return out
 
 
 def read_loads(log: str) -> list[Load]:
-    """Every load in a llama.cpp log, with its contexts' buffers, in order."""
+    """Every load in a llama.cpp log, with its contexts' buffers and what each is for, in order."""
     loads: list[Load] = []
     previous_kind = None
+    next_load, next_context = "main", "main"
+    clip_device = None
     for line in log.splitlines():
+        if _DRAFT_LOAD.search(line):
+            next_load = "draft"
+        elif _MTP_LOAD.search(line):
+            next_load = "mtp"
+        elif _MTP_CONTEXT.search(line):
+            next_context = "mtp"
+        if m := _CLIP_DEVICE.search(line):
+            clip_device = m[1]
+        if (m := _CLIP_WEIGHTS.search(line)) and loads:
+            name = clip_device if clip_device and clip_device != "CPU" else "CPU"
+            loads[-1].projector.add(name, "weights", round(float(m[1].replace(",", ".")) * MiB))
+            continue
         if m := _CONTEXT.search(line):
             if not loads:
                 loads.append(Load())
-            loads[-1].contexts.append(Buffers(n_ctx=int(m[1])))
+            role = loads[-1].role if loads[-1].role != "main" else next_context
+            loads[-1].contexts.append(Buffers(n_ctx=int(m[1]), role=role))
+            next_context = "main"
             previous_kind = "context"
             continue
         m = _BUFFER.search(line)
@@ -157,9 +243,13 @@ def read_loads(log: str) -> list[Load]:
         name = m["name"]
         if name.endswith("_Mapped") and not is_host(name):  # Metal's mapped weights: the card reads them
             name = name.removesuffix("_Mapped")
+        if _CLIP_BUFFER.search(line) and loads:  # the projector's compute buffer
+            loads[-1].projector.add(name, kind, size)
+            continue
         if kind == "weights":
             if previous_kind != "weights" or not loads:
-                loads.append(Load())
+                loads.append(Load(role=next_load))
+                next_load = "main"
             loads[-1].weights.add(name, kind, size)
         else:
             if not loads:
@@ -169,7 +259,8 @@ def read_loads(log: str) -> list[Load]:
             # second output buffer shows a new one.
             if not load.contexts or previous_kind == "weights" or (kind == "output" and _has(load.contexts[-1], kind)):
                 if previous_kind != "context":
-                    load.contexts.append(Buffers())
+                    load.contexts.append(Buffers(role=load.role if load.role != "main" else next_context))
+                    next_context = "main"
             load.contexts[-1].add(name, kind, size)
         previous_kind = kind
     return loads
@@ -213,6 +304,10 @@ _BREAKDOWN = re.compile(
     r"\|\s+- (?P<device>\S+)(?: \((?P<card>[^)]*)\))?\s+\|\s+(?P<total>\d+) = (?P<free>-?\d+) \+ \(\s*(?P<self>\d+) = "
     r"\s*(?P<model>\d+) \+\s+(?P<context>\d+) \+\s+(?P<compute>\d+)\) \+\s+(?P<unaccounted>-?\d+) \|"
 )
+# its host row: "|   - Host               |                  25094 =  1502 +   21504 +    2088                |"
+_BREAKDOWN_HOST = re.compile(
+    r"\|\s+- Host\s+\|\s+(?P<self>\d+) = \s*(?P<model>\d+) \+\s+(?P<context>\d+) \+\s+(?P<compute>\d+)\s+\|"
+)
 # --fit's projection: "- CUDA0 (NVIDIA GeForce RTX 3090):  24124 total,  48454 used, -24608 free vs. target of   1024"
 _PROJECTED = re.compile(
     r"- (?P<device>\S+) \((?P<card>[^)]*)\):\s+(?P<total>\d+) total,\s+(?P<used>-?\d+) used,\s+(?P<free>-?\d+) free"
@@ -221,10 +316,13 @@ _PROJECTED = re.compile(
 
 def memory_breakdown(log: str) -> dict[str, dict[str, int]]:
     """The last memory table llama.cpp printed, per device (MiB): total, free, self = model + context + compute,
-    and what it could not account for; or --fit's projection (total, used, free) where no table is printed."""
+    and what it could not account for (its Host row: self, model, context, compute); or --fit's projection (total,
+    used, free) where no table is printed."""
     rows: dict[str, dict[str, int]] = {}
     for m in _BREAKDOWN.finditer(log):
         rows[m["device"]] = {k: int(v) for k, v in m.groupdict().items() if k not in ("device", "card")}
+    if rows and (hosts := list(_BREAKDOWN_HOST.finditer(log))):
+        rows["Host"] = {k: int(v) for k, v in hosts[-1].groupdict().items()}
     if not rows:
         for m in _PROJECTED.finditer(log):
             rows[m["device"]] = {k: int(m[k]) for k in ("total", "used", "free")}
@@ -252,19 +350,31 @@ class LogReport:
     error: str | None = None  # the line of an error that is not about memory, where nothing ran out of memory
     dry_run: str | None = None  # "fit-pass" or "fit-projection": sizes llama.cpp computed, nothing allocated
     retried: OutOfMemory | None = None  # the failure with pipeline parallelism that llama.cpp retried without it
+    text: str = field(default="", repr=False)  # the log itself
 
     @property
     def status(self) -> str:
         return "oom" if self.oom else "error" if self.error else "ok"
 
     @property
+    def parts(self) -> list[Buffers]:
+        """What the run held at once, per part (main, draft, mtp, projector): see live_parts."""
+        return live_parts(self.loads, self.text)
+
+    @property
     def buffers(self) -> Buffers:
-        """The last load with its last context: what the run held when it ran (or stopped)."""
-        return self.loads[-1].last() if self.loads else Buffers()
+        """Every live part together (the main model and context, a draft's, an MTP head's, a projector's): what
+        the run held when it ran (or stopped)."""
+        return merged(*self.parts)
+
+    @property
+    def main(self) -> Buffers:
+        """The main model with its context: what llama.cpp's own memory table counts."""
+        return next(iter(self.parts), Buffers())
 
     @property
     def n_ctx(self) -> int | None:
-        return self.buffers.n_ctx
+        return self.main.n_ctx
 
     def is_llamacpp(self) -> bool:
         found = (self.loads, self.gpus, self.overridden, self.offloaded, self.oom, self.model_path, self.breakdown)
@@ -289,7 +399,9 @@ def _backend(log: str, buffers: Buffers) -> str | None:
 def _free_at_load(log: str, backend: str | None) -> dict[str, int]:
     """Each device's free memory as the load found it: llama.cpp's "using device CUDA0 (...) - 23010 MiB free",
     else the free memory ggml_cuda_init printed."""
-    free = {m[1]: int(m[3]) * MiB for m in _USING.finditer(log)}
+    free: dict[str, int] = {}
+    for m in _USING.finditer(log):  # the first: a draft model's load, later, finds the main model's weights there
+        free.setdefault(m[1], int(m[3]) * MiB)
     for m in _INIT_VRAM.finditer(log):
         if m[3]:
             free.setdefault(device_name(backend, m[1]), int(m[3]) * MiB)
@@ -302,8 +414,7 @@ def read_log(log: str) -> LogReport:
     """Everything moeplace reads from a llama-server / llama-cli / llama-completion / llama-bench -v /
     llama-fit-params log."""
     loads = read_loads(log)
-    last = loads[-1].last() if loads else Buffers()
-    backend = _backend(log, last)
+    backend = _backend(log, merged(*live_parts(loads, log)))
     gpus = [m[1].strip() for line in log.splitlines() for p in _GPU_NAMES if (m := p.search(line))]
     pipeline = _PIPELINE.search(log)
     offloaded = _OFFLOADED.findall(log)
@@ -329,4 +440,5 @@ def read_log(log: str) -> LogReport:
         error=error,
         dry_run=dry_run(log, loads),
         retried=pipeline_retry(log, backend),
+        text=log,
     )
