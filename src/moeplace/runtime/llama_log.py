@@ -1,7 +1,7 @@
 """A llama.cpp log as a person reads it, on any backend and in any llama.cpp version's wording: buffers per device
 and per host buffer, each load and context (the main model's, a draft model's, a model's own MTP head's, a
-multimodal projector's), overridden tensors, the cards, and where an allocation failed (read by llama_failures.py). tool_output.py reads the rest: --list-devices, llama-bench's records, llama-fit-params,
-nvidia-smi, rocm-smi.
+multimodal projector's), overridden tensors, the cards, and where an allocation failed (read by llama_failures.py).
+tool_output.py reads the rest: --list-devices, llama-bench's records, llama-fit-params, nvidia-smi, rocm-smi.
 
 Real cards print what the emulated device never does (CUDA_Host pinned buffers, several devices, each backend's
 own out-of-memory wording), so every reader is tested on real output from real cards (tests/data/llamacpp/).
