@@ -16,6 +16,8 @@ from ..runtime.llama_log import LogReport, read_log
 from ..runtime.llama_names import MiB, is_host
 from ..runtime.llamacpp_args import DEFAULT_UBATCH
 from ..runtime.tool_output import read_bench
+from .explain_advice import APU as _APU
+from .explain_advice import flash_attention, split_fix, tool, tool_todo, unified
 from .paste import CommandArgs, command_args, looks_cut
 
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_\w*_(?:ch)?exps\b")
@@ -105,12 +107,6 @@ def card_memory(report: LogReport, device: str) -> int | None:
 
 # The driver saying that one allocation was over its limit (Vulkan's maxMemoryAllocationSize, a buffer-size cap).
 _LIMIT_SAYS = re.compile(r"exceeds device (?:memory allocation|buffer size) limit|maxMemoryAllocationSize", re.I)
-# An integrated GPU sharing the host's RAM: Vulkan's "uma: 1", ROCm's UMA memory line, AMD APUs by name or gfx id.
-_APU = re.compile(
-    r"uma: 1\b|get_available_uma_memory|gfx(?:1150|1151|1152|1103|1035|1036|90c)\b|Radeon (?:\d{3,4}[MS]\b|8060S)|"
-    r"Radeon\(TM\) \d{3}M|Ryzen AI",
-    re.I,
-)
 _RETRIED = re.compile(r"retrying without pipeline parallelism")
 _ERROR_HINTS = (
     (
@@ -210,7 +206,7 @@ def _why(report: LogReport, cause: str, args: CommandArgs, text: str) -> tuple[s
         return why, todo
     why = f"{where} ran out of memory while {stage}{asked}{before}{had}."
     if not _copies_on(report, text):
-        return why, ""
+        return why, split_fix(report) or ""
     n = report.pipeline_copies or 4
     ngl = f" (your -ngl {args['ngl']} does)" if args.get("ngl") else ""
     layers = f"-ngl {report.n_layer}" if report.n_layer else "-ngl equal to the layer count"
@@ -239,10 +235,16 @@ def _why(report: LogReport, cause: str, args: CommandArgs, text: str) -> tuple[s
 def _fix(report: LogReport, args: CommandArgs) -> str:
     """The recommend line for this model, card and context, with the pasted command's own -c, -ub, -np, -fa and
     its -ot pins (placeholders where the text does not say)."""
-    model = report.model_path or args.get("model") or "MODEL.gguf"
+    model = (
+        report.model_path or args.get("model") or ("ollama:MODEL" if tool(report.text) == "ollama" else "MODEL.gguf")
+    )
     device = (report.oom and report.oom.device) or next(iter(report.buffers.devices), None)
     free = card_memory(report, device or "")
     vram = f"{free // MiB}MiB" if free else "YOUR_CARD_MEMORY"
+    cards = sorted(set(report.buffers.devices) | set(report.free_at_load))
+    if len(cards) > 1:  # several cards are planned together, each with its own memory
+        sizes = [card_memory(report, card) for card in cards]
+        vram = ",".join(f"{size // MiB}MiB" for size in sizes) if all(sizes) else "EACH_CARDS_MEMORY,..."
     ctx = report.n_ctx or (_number(args.get("ctx")) or None) or "CONTEXT"
     line = ["moeplace", "recommend", model, "--vram", vram, "--ctx", str(ctx)]
     if report.backend in BACKEND_NAMES:  # a backend recommend plans for
@@ -334,6 +336,10 @@ class Explanation(TypedDict, total=False):
     breakdown: JsonObject | None
     breakdown_check: dict[str, TableCheck] | None
     command: CommandArgs | None
+    tool: str  # the program that printed the log: llama.cpp, ollama or lm-studio
+    unified: str | None  # the words for a GPU whose memory is the system's RAM
+    flash_attention: str | None  # why llama.cpp turned flash attention off by itself
+    expert_logging: bool  # whether running with -v would show where the experts went (a MoE model, a quiet log)
     status: str
     dry_run: dict[str, str] | None
     error: dict[str, str] | None
@@ -384,6 +390,10 @@ def explain(text: str, source: str = "the text") -> Explanation:
         "breakdown": report.breakdown,
         "breakdown_check": table_check(report) or None,
         "command": args or None,
+        "tool": tool(text),
+        "unified": unified(report, text),
+        "flash_attention": flash_attention(text),
+        "expert_logging": bool(buffers.host.get("weights")) and not _DENSE.search(text) and not _VERBOSE.search(text),
         "status": report.status,
         "dry_run": {"kind": report.dry_run, "why": _DRY_RUN_WORDS[report.dry_run]} if report.dry_run else None,
         "error": _error(report) if report.error else None,
@@ -395,12 +405,22 @@ def explain(text: str, source: str = "the text") -> Explanation:
     return out
 
 
+# A dense model (print_info: n_expert = 0) has no experts to place; a log at -v or -lv 4 already shows each
+# overridden tensor, so asking for -v again is no help.
+_DENSE = re.compile(r"(?:print_info|llm_load_print_meta):\s+n_expert\s+=\s+0\b")
+_VERBOSE = re.compile(
+    r"verbosity\s*=\s*(?:[4-9]|\d{2,})|(?:-lv|--log-verbosity)\s+[4-9]|--verbose\b|\s-v(?:\s|$)|OLLAMA_DEBUG=1", re.M
+)
+
+
 def _out_of_memory(report: LogReport, args: CommandArgs, text: str) -> tuple[dict[str, str | float | None], str]:
     """Where the run ran out of memory, why, and what to do; and the fix (the `recommend` line that plans it)."""
     oom = report.oom
     requested = round(oom.requested_bytes / MiB, 2) if oom.requested_bytes else None
     cause = _cause(report, text)
     why, todo = _why(report, cause, args, text)
+    if in_tool := tool_todo(tool(text), oom.stage, report):
+        todo = f"{todo} {in_tool}".strip()
     found = {
         "stage": oom.stage,
         "device": oom.device,

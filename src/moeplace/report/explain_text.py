@@ -22,8 +22,12 @@ def render(found: Explanation) -> str:
         at_least = "at least " if experts["at_least"] else ""
         cut = " (the paste looks cut: lines are missing)" if experts["at_least"] else ""
         lines.append(f"experts in host RAM: {at_least}{experts['tensors']} tensors in {experts['layers']} layers{cut}")
-    elif found["host"].get("weights"):
+    elif found["expert_logging"]:
         lines.append("experts in host RAM: not logged (run with -v to see each tensor's buffer)")
+    if found["unified"]:
+        lines.append(f"unified memory: {found['unified']}.")
+    if found["flash_attention"]:
+        lines.append(f"flash attention: {found['flash_attention']}.")
     return "\n".join(lines + _layout_lines(found) + _status_lines(found))
 
 

@@ -282,7 +282,10 @@ _FIT = re.compile(
     r"printing estimated memory"
 )
 _KV_SIZE = re.compile(r"KV buffer size\s*=\s*(\d+(?:[.,]\d+)?) MiB")
-_RAN = re.compile(r"server is listening|memory breakdown|model loaded|prompt eval|llama_perf|generate:|main loop")
+_RAN = re.compile(
+    r"server is listening|memory breakdown|model loaded|prompt eval|llama_perf|generate:|main loop|"
+    r"failed to allocate|unable to allocate|out of memory"  # a load that ran out of memory is no dry run
+)
 
 
 def dry_run(log: str, loads: list[Load]) -> str | None:
@@ -415,7 +418,8 @@ def read_log(log: str) -> LogReport:
     llama-fit-params log."""
     loads = read_loads(log)
     backend = _backend(log, merged(*live_parts(loads, log)))
-    gpus = [m[1].strip() for line in log.splitlines() for p in _GPU_NAMES if (m := p.search(line))]
+    found = [m[1].strip() for line in log.splitlines() for p in _GPU_NAMES if (m := p.search(line))]
+    gpus = [name for name in found if len(name) > 2]  # a feature table's flag column ("Y", "N") names no GPU
     pipeline = _PIPELINE.search(log)
     offloaded = _OFFLOADED.findall(log)
     n_layer = _N_LAYER.search(log)

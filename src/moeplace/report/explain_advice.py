@@ -1,0 +1,157 @@
+"""What explain says beside the buffers, in the terms of whoever printed the log: the tool (llama.cpp's own programs,
+Ollama, LM Studio) and its settings, unified memory (an APU's or a Mac's GPU using the system's RAM), flash
+attention that llama.cpp turned off by itself and why, and a multi-GPU split that put too much on one card.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..runtime.llama_log import LogReport
+from ..runtime.llama_names import MiB
+
+_OLLAMA = re.compile(r"\.ollama[/\\]|ollama\[\d+\]|ollama_llama_server|ollama runner|source=\w+\.go:\d+|OLLAMA_")
+_LMSTUDIO = re.compile(r"LM Studio|lmstudio|LM STUDIO|lms server|\.lmstudio[/\\]")
+
+
+def tool(text: str) -> str:
+    """The program that printed the log: "ollama", "lm-studio" or "llama.cpp" (its own programs and the rest)."""
+    if _OLLAMA.search(text):
+        return "ollama"
+    if _LMSTUDIO.search(text):
+        return "lm-studio"
+    return "llama.cpp"
+
+
+# An Ollama paste without the runner's load lines: its server log holds them.
+_OLLAMA_PARTIAL = (
+    "the paste is partial: Ollama's server log has the runner's whole output (journalctl -u ollama on Linux, "
+    "~/.ollama/logs/server.log on macOS, %LOCALAPPDATA%\\Ollama\\server.log on Windows); set OLLAMA_DEBUG=1 for each "
+    "tensor's buffer"
+)
+
+
+def tool_todo(name: str, stage: str, report: LogReport) -> str | None:
+    """What to change, in the settings of the tool that printed the log (None: llama.cpp's flags, said elsewhere)."""
+    if name == "ollama":
+        fewer = f" (it placed {report.offloaded[0]} of {report.offloaded[1]} layers)" if report.offloaded else ""
+        todo = (
+            f"In Ollama: put fewer layers on the GPU with num_gpu{fewer} (PARAMETER num_gpu N in a Modelfile, or "
+            '"options": {"num_gpu": N} in the request), a shorter context with num_ctx, and for the server '
+            "OLLAMA_FLASH_ATTENTION=1 with OLLAMA_KV_CACHE_TYPE=q8_0 (half the KV bytes). Ollama 0.30.0 and newer "
+            "run llama.cpp's llama-server: LLAMA_ARG_N_CPU_MOE=N ollama serve keeps N layers' experts in RAM"
+        )
+        if not report.model_path or not any(load.weights.sizes for load in report.loads):
+            todo += "; " + _OLLAMA_PARTIAL
+        return todo + "."
+    if name == "lm-studio":
+        return (
+            "In LM Studio, in the model's load settings: lower 'GPU Offload' (layers on the GPU), or turn on "
+            "'Force Model Expert Weights onto CPU' for a mixture-of-experts model; a smaller 'Context Length'; "
+            "'Flash Attention' on with a q8_0 'K Cache Quantization Type' and 'V Cache Quantization Type'."
+        )
+    return None
+
+
+# An integrated GPU sharing the host's RAM: Vulkan's "uma: 1", ROCm's UMA memory line, AMD APUs by name or gfx id.
+APU = re.compile(
+    r"uma: 1\b|get_available_uma_memory|gfx(?:1150|1151|1152|1103|1035|1036|90c)\b|Radeon (?:\d{3,4}[MS]\b|8060S)|"
+    r"Radeon\(TM\) \d{3}M|Ryzen AI",
+    re.I,
+)
+_METAL = re.compile(r"ggml_metal|MTL\d|Metal_Mapped|recommendedMaxWorkingSetSize")
+_WORKING_SET = re.compile(r"recommendedMaxWorkingSetSize\s*=\s*(\d+(?:\.\d+)?) MB")
+
+
+def unified(report: LogReport, text: str) -> str | None:
+    """The words for a GPU whose memory is the system's RAM (None: a card with its own memory)."""
+    metal = report.backend == "metal" or bool(_METAL.search(text))
+    if not metal and not APU.search(text):
+        return None
+    shared = (
+        "this GPU has no memory of its own: its buffers are the system's RAM, shared with the host's buffers, the "
+        "OS and every other program, so a device's 'free' figure is the system's free RAM, not room the GPU alone "
+        "can use, and the host's share above comes out of the same pool"
+    )
+    if metal:
+        cap = _WORKING_SET.search(text)
+        said = f" ({float(cap[1]) / 1024:,.1f} GB here)" if cap else ""
+        return (
+            f"{shared}. macOS caps what the GPU may hold at Metal's recommendedMaxWorkingSetSize{said}, about "
+            "two thirds to three quarters of the RAM; sudo sysctl iogpu.wired_limit_mb=N raises it until the next "
+            "reboot (leave the OS 8 GB or so)"
+        )
+    return (
+        f"{shared}. Linux caps the GPU's share with the kernel's GTT/TTM limit (amdgpu.gttsize, ttm.pages_limit "
+        "on the kernel command line) and the BIOS's dedicated VRAM carve-out; the OS needs some GB of the rest"
+    )
+
+
+# "llama_context: layer 0 is assigned to device CUDA0 but the Flash Attention tensor is assigned to device CPU (usually
+# due to missing support)" then "llama_context: Flash Attention was auto, set to disabled" (builds of late 2025);
+# "resolve_fused_ops: layer 0 is assigned to device CUDA0 but Flash Attention is assigned to device CPU" then
+# "resolve_fused_ops: Flash Attention not supported, set to disabled" (2026, src/llama-context.cpp).
+_FA_OFF = re.compile(r"Flash Attention was auto, set to disabled|Flash Attention not supported, set to disabled")
+_FA_WHY = re.compile(
+    r"layer (\d+) is assigned to device (\S+) but (?:the )?Flash Attention (?:tensor )?is assigned to device (\S+)"
+)
+
+
+def flash_attention(text: str) -> str | None:
+    """Why llama.cpp turned flash attention off by itself (asked for auto), from the log; None where it did not."""
+    if not _FA_OFF.search(text):
+        return None
+    why = _FA_WHY.search(text)
+    if why and why[3] in ("CPU", "none"):
+        cause = (
+            f"layer {why[1]} runs on {why[2]}, but its flash-attention step would run on {why[3]}: {why[2]}'s "
+            "backend has no flash-attention kernel for this model's head size or KV cache type (or the KV cache is "
+            "kept in host RAM with -nkvo)"
+        )
+    elif why:
+        cause = f"layer {why[1]} runs on {why[2]}, but its flash-attention step would run on {why[3]}"
+    else:
+        cause = "the backend cannot run it for this model"
+    return (
+        f"flash attention was asked for as auto and llama.cpp turned it off: {cause}. Without it a quantized V "
+        "cache (-ctv q8_0) is refused and the compute buffer grows with the context; -fa on forces it where the "
+        "backend has the kernel, and a KV cache type it supports (f16) can bring it back"
+    )
+
+
+def split_fix(report: LogReport) -> str | None:
+    """On several GPUs, a failure on one card while the others had room: the split put too much there. The fix in
+    numbers: -ts proportional to the cards' free memory at load, more --n-cpu-moe, or --fit. None: one GPU, or no
+    room to speak of elsewhere."""
+    oom = report.oom
+    cards = sorted(set(report.free_at_load) | set(report.buffers.devices) | set(_table_free(report)))
+    if not oom or not oom.device or len(cards) < 2 or oom.device not in cards:
+        return None
+    room = {card: _room(report, card) for card in cards}
+    others = {card: free for card, free in room.items() if card != oom.device and free is not None}
+    spare = {card: free for card, free in others.items() if free > 2 * 1024 * MiB}
+    if not spare:
+        return None
+    free_at = {card: report.free_at_load.get(card) or report.card_memory.get(card) for card in cards}
+    split = ""
+    if all(free_at.values()):
+        biggest = max(free_at.values())
+        split = " (e.g. -ts " + ",".join(f"{round(10 * free_at[c] / biggest)}" for c in cards) + ", by free memory)"
+    left = ", ".join(f"{card} {free / MiB:,.0f} MiB" for card, free in spare.items())
+    return (
+        f"the split put too much on {oom.device} while the other cards had room ({left} left): move layers off "
+        f"it with -ts{split}, keep more experts in RAM with a larger --n-cpu-moe, or let llama.cpp split by free "
+        "memory with --fit on (builds since late 2025)"
+    )
+
+
+def _table_free(report: LogReport) -> dict[str, int]:
+    return {d: row["free"] for d, row in report.breakdown.items() if "free" in row}
+
+
+def _room(report: LogReport, card: str) -> int | None:
+    """What a card had left: its free memory at load less what the run put there."""
+    free = report.free_at_load.get(card) or report.card_memory.get(card)
+    if free is None:
+        return None
+    return free - sum(report.buffers.devices.get(card, {}).values())

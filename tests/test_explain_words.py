@@ -1,0 +1,121 @@
+"""What `moeplace explain` adds to the buffers, checked on the corpus's real logs (tests/data/llamacpp/): every live
+part of a run counted once, llama.cpp's own memory table beside the buffer lines, and the words for each kind of
+setup (the tool that printed the log, unified memory, flash attention turned off, several GPUs)."""
+
+from __future__ import annotations
+
+import pytest
+from corpus import samples
+
+from moeplace.report.explain import explain
+from moeplace.report.explain_text import render
+from moeplace.runtime.llama_log import read_log
+
+LOGS = {s.path.stem: s for s in samples("log")}
+TABLES = [stem for stem, s in LOGS.items() if "memory_breakdown_print: |   - " in s.text]
+
+
+def test_the_corpus_logs_with_a_memory_table_are_the_five_known():
+    assert sorted(TABLES) == [
+        "cuda-single-qwen-moe-fit-partial-experts-4090-2026",
+        "fit-deepseek-v4-4090-48g-pro6000-fill",
+        "fit-server-5090-3090-memory-breakdown",
+        "fit-server-8x3090-memory-breakdown-timestamped",
+        "fit-server-qwen3-30b-4090-readme-no-change",
+    ]
+
+
+@pytest.mark.parametrize("stem", TABLES)
+def test_every_table_is_read_and_checked_only_against_buffer_lines_of_the_same_device(stem):
+    found = explain(LOGS[stem].text)
+    checks = found["breakdown_check"] or {}
+    for device, check in checks.items():
+        assert device in found["devices"]  # never a check against a device the buffer lines do not name
+        row = found["breakdown"][device]
+        assert check["table"] == {k: row[k] for k in ("model", "context", "compute", "self")}
+    if not found["devices"]:
+        assert not checks  # table only: nothing to check it against, and no claim made
+
+
+def test_a_table_is_matched_column_by_column_and_a_cut_paste_is_said_to_be_cut():
+    """The 4090 excerpt keeps the model buffer (19,201.62 MiB; the table: 19,201) and the KV (2,560.00) but is cut
+    before the recurrent state and the compute buffers, which the table counts (context 2,622, compute 630)."""
+    found = explain(LOGS["cuda-single-qwen-moe-fit-partial-experts-4090-2026"].text)
+    check = found["breakdown_check"]["CUDA0"]
+    assert check["buffers"]["model"] == 19201.62 and check["table"]["model"] == 19201
+    assert check["buffers"]["context"] == 2560.0 and check["table"]["context"] == 2622 and not check["matches"]
+    assert "lines are missing from the paste" in render(found)
+
+
+def test_an_mtp_head_reloaded_from_the_same_file_is_counted_once():
+    """The MTP pull request's branch re-loads the head from the main GGUF and prints the same mapped buffers again
+    (644.14 MiB CPU_Mapped, 14,803.73 MiB MTL0_Mapped): one model's weights, not two."""
+    found = explain(LOGS["metal-mtl0-m2pro-mtp-two-loads-runtime-oom"].text)
+    assert found["devices"]["MTL0"]["total"] == 14803.73 and found["host"]["total"] == 644.14
+    report = read_log(LOGS["metal-mtl0-m2pro-mtp-two-loads-runtime-oom"].text)
+    assert [load.role for load in report.loads] == ["main", "mtp"]  # the second load is the head's, by its words
+
+
+def test_an_ollama_failure_gets_ollamas_settings_and_is_called_partial():
+    """The Ollama runner's compute failure (ollama#4225) shows no model load: its fix is in Ollama's terms."""
+    found = explain(LOGS["cuda-oom-compute-old-style-kv-on-host-ollama"].text)
+    todo = found["oom"]["todo"]
+    assert found["tool"] == "ollama"
+    for setting in ("num_gpu", "num_ctx", "OLLAMA_FLASH_ATTENTION=1", "OLLAMA_KV_CACHE_TYPE=q8_0", "paste is partial"):
+        assert setting in todo
+    assert found["fix"].startswith("moeplace recommend ollama:MODEL ")
+    llama = explain(LOGS["rocm-kv-oom-qwen35-27b-rx9060xt"].text)  # llama-server's own: its flags, no Ollama words
+    assert llama["tool"] == "llama.cpp" and "num_gpu" not in (llama["oom"]["todo"] or "")
+
+
+def test_unified_memory_is_said_to_be_the_systems_ram():
+    apu = explain(LOGS["vulkan-strix-halo-radv-init-free"].text)["unified"]  # Vulkan's "uma: 1" on a Strix Halo
+    assert "system's RAM" in apu and "'free' figure is the system's free RAM" in apu and "GTT" in apu
+    mac = explain(LOGS["metal-mtl0-m2pro-mtp-two-loads-runtime-oom"].text)["unified"]
+    assert "recommendedMaxWorkingSetSize" in mac and "iogpu.wired_limit_mb" in mac
+    assert explain(LOGS["rocm-kv-oom-qwen35-27b-rx9060xt"].text)["unified"] is None  # an RX 9060 XT has its own
+
+
+def test_expert_logging_is_asked_for_only_where_it_would_show_experts():
+    assert not explain(LOGS["cpu-ci-x86-pythia-q4_0-cpu-aarch64-repack"].text)["expert_logging"]  # n_expert = 0
+    moe = LOGS["cuda-single-qwen-moe-fit-partial-experts-4090-2026"].text
+    assert explain(moe)["expert_logging"]
+    # a verbose log already shows every override: the line llama-server prints at -v (ggml-org/llama.cpp#23269)
+    verbose = "0.00.073.306 I log_info: verbosity = 2147483647 (adjust with the `-lv N` CLI arg)\n"
+    assert not explain(verbose + moe)["expert_logging"]
+    assert "run with -v" not in render(explain(verbose + moe))
+
+
+def test_flash_attention_turned_off_by_llama_cpp_is_explained_with_its_cause():
+    """The two lines the pinned llama.cpp prints when auto flash attention cannot run where its layer runs
+    (src/llama-context.cpp, resolve_fused_ops), before a real Vulkan log."""
+    lines = (
+        "resolve_fused_ops: layer 0 is assigned to device Vulkan0 but Flash Attention is assigned to device CPU "
+        "(usually due to missing support)\nresolve_fused_ops: Flash Attention not supported, set to disabled\n"
+    )
+    found = explain(lines + LOGS["vulkan-ok-f16-kv-60-layers"].text)
+    assert "layer 0 runs on Vulkan0, but its flash-attention step would run on CPU" in found["flash_attention"]
+    assert "no flash-attention kernel" in found["flash_attention"] and "-ctv q8_0" in found["flash_attention"]
+    assert explain(LOGS["vulkan-ok-f16-kv-60-layers"].text)["flash_attention"] is None
+
+
+def test_a_feature_tables_flag_column_is_no_gpu():
+    """ggml-sycl prints an optimisation-feature table after its device table; its Y/N column names no card."""
+    table = "|ID|        Device Type|Reorder|\n|--|-------------------|-------|\n| 0| [level_zero:gpu:0]|      Y|\n"
+    report = read_log(table)
+    assert report.gpus == []
+    assert read_log(LOGS["sycl-a770-compute-oom-long-context"].text).gpus == ["Intel Arc A770 Graphics"]
+
+
+def test_several_gpus_get_the_split_fix_in_numbers_not_a_one_card_plan():
+    """The KV failure on CUDA3 after CUDA0-CUDA2 took 3,840 MiB each (gpustack#1269), with each card's free memory
+    at load given as llama.cpp prints it: the split put too much on CUDA3."""
+    using = "".join(
+        f"llama_model_load_from_file_impl: using device CUDA{i} (NVIDIA GeForce RTX 4090) - {free} MiB free\n"
+        for i, free in enumerate((23000, 23000, 23000, 4000))
+    )
+    found = explain(using + LOGS["cuda-oom-kv-deepseek-r1-timestamped-4090s"].text)
+    todo = found["oom"]["todo"]
+    assert "the split put too much on CUDA3" in todo and "-ts 10,10,10,2" in todo
+    assert "--n-cpu-moe" in todo and "--fit on" in todo and "dry run" not in render(found)
+    assert "--vram 23000MiB,23000MiB,23000MiB,4000MiB " in found["fix"]
