@@ -15,8 +15,9 @@ LOGS = {s.path.stem: s for s in samples("log")}
 TABLES = [stem for stem, s in LOGS.items() if "memory_breakdown_print: |   - " in s.text]
 
 
-def test_the_corpus_logs_with_a_memory_table_are_the_five_known():
+def test_the_corpus_logs_with_a_memory_table_are_the_six_known():
     assert sorted(TABLES) == [
+        "cuda-mtp-projector-fit-table-qwen36-27b-5090",
         "cuda-single-qwen-moe-fit-partial-experts-4090-2026",
         "fit-deepseek-v4-4090-48g-pro6000-fill",
         "fit-server-5090-3090-memory-breakdown",
@@ -26,15 +27,44 @@ def test_the_corpus_logs_with_a_memory_table_are_the_five_known():
 
 
 @pytest.mark.parametrize("stem", TABLES)
-def test_every_table_is_read_and_checked_only_against_buffer_lines_of_the_same_device(stem):
-    found = explain(LOGS[stem].text)
+def test_every_table_is_matched_where_the_log_holds_the_main_contexts_buffer_lines(stem):
+    """Where the log holds the main model's and context's buffer lines whole (its header types `breakdown`), they
+    add up to llama.cpp's own table on every device, to the MiB; a cut paste is said to be cut; a table alone is
+    never checked against nothing."""
+    sample = LOGS[stem]
+    found = explain(sample.text)
     checks = found["breakdown_check"] or {}
+    for device, want in sample.expect.get("breakdown", {}).items():
+        assert checks[device]["table"] == want and checks[device]["matches"], device
     for device, check in checks.items():
         assert device in found["devices"]  # never a check against a device the buffer lines do not name
-        row = found["breakdown"][device]
-        assert check["table"] == {k: row[k] for k in ("model", "context", "compute", "self")}
+        if device not in sample.expect.get("breakdown", {}):
+            assert not check["matches"] and "lines are missing from the paste" in render(found)
     if not found["devices"]:
-        assert not checks  # table only: nothing to check it against, and no claim made
+        assert not checks
+
+
+@pytest.mark.parametrize("stem", [stem for stem, s in LOGS.items() if "parts" in s.expect])
+def test_every_live_part_is_counted_once_and_shown(stem):
+    sample = LOGS[stem]
+    found = explain(sample.text)
+    parts = {role: {d: mib["total"] for d, mib in rows.items() if d != "host"} for role, rows in found["parts"].items()}
+    assert parts == {role: pytest.approx(devices, abs=0.02) for role, devices in sample.expect["parts"].items()}
+
+
+def test_an_mtp_run_is_the_model_plus_its_head_plus_its_projector_and_the_table_counts_the_model_only():
+    """RTX 5090, Qwen3.6-27B with --spec-type mtp and its projector: the card holds 23,735.53 MiB; llama.cpp's table
+    (21,832 = 16,386 + 4,950 + 495) counts the main model and context, which the buffer lines give to the MiB."""
+    found = explain(LOGS["cuda-mtp-projector-fit-table-qwen36-27b-5090"].text)
+    assert found["devices"]["CUDA0"]["total"] == pytest.approx(23735.53, abs=0.02)
+    assert found["breakdown_check"]["CUDA0"]["matches"]
+    out = render(found)
+    assert "the buffer lines add up to this table on CUDA0 (to the MiB)" in out
+    assert (
+        "the MTP head's context (--spec-type mtp): CUDA0 767.0" in out and "projector (--mmproj): CUDA0 1,136.1" in out
+    )
+    assert "table counts the main model and its context only" in out
+    assert "run with -v" not in out  # n_expert = 0: a dense model has no experts to place
 
 
 def test_a_table_is_matched_column_by_column_and_a_cut_paste_is_said_to_be_cut():
@@ -56,16 +86,32 @@ def test_an_mtp_head_reloaded_from_the_same_file_is_counted_once():
     assert [load.role for load in report.loads] == ["main", "mtp"]  # the second load is the head's, by its words
 
 
-def test_an_ollama_failure_gets_ollamas_settings_and_is_called_partial():
-    """The Ollama runner's compute failure (ollama#4225) shows no model load: its fix is in Ollama's terms."""
-    found = explain(LOGS["cuda-oom-compute-old-style-kv-on-host-ollama"].text)
+@pytest.mark.parametrize(
+    "stem", ["cuda-oom-compute-old-style-kv-on-host-ollama", "cuda-oom-weights-ollama-docker-deepseek-panic"]
+)
+def test_an_ollama_failure_gets_ollamas_settings_and_is_called_partial(stem):
+    """Ollama's runner ran out of memory (ollama#4225 on Windows, ollama#8447 in docker): its fix is in Ollama's
+    terms, and neither paste shows the model's load, so each is called partial."""
+    found = explain(LOGS[stem].text)
     todo = found["oom"]["todo"]
     assert found["tool"] == "ollama"
     for setting in ("num_gpu", "num_ctx", "OLLAMA_FLASH_ATTENTION=1", "OLLAMA_KV_CACHE_TYPE=q8_0", "paste is partial"):
         assert setting in todo
     assert found["fix"].startswith("moeplace recommend ollama:MODEL ")
-    llama = explain(LOGS["rocm-kv-oom-qwen35-27b-rx9060xt"].text)  # llama-server's own: its flags, no Ollama words
+
+
+def test_a_llama_server_failure_gets_its_flags_not_ollamas():
+    llama = explain(LOGS["rocm-kv-oom-qwen35-27b-rx9060xt"].text)
     assert llama["tool"] == "llama.cpp" and "num_gpu" not in (llama["oom"]["todo"] or "")
+
+
+def test_a_quantized_v_cache_without_flash_attention_is_an_error_with_its_way_out():
+    """Ollama 0.17.7 turned flash attention off for Grok, then refused the q8_0 V cache (ollama#15043)."""
+    log = LOGS["cuda-error-ollama-flash-attn-forced-off-v-cache-grok"]
+    found = explain(log.text)
+    assert found["status"] == "error" and found["error"]["line"] == log.expect["error"]
+    assert "-ctv f16" in found["error"]["todo"] and "OLLAMA_KV_CACHE_TYPE" in found["error"]["todo"]
+    assert "flash_attn is not compatible with Grok" in found["flash_attention"] and found["tool"] == "ollama"
 
 
 def test_unified_memory_is_said_to_be_the_systems_ram():
@@ -87,15 +133,13 @@ def test_expert_logging_is_asked_for_only_where_it_would_show_experts():
 
 
 def test_flash_attention_turned_off_by_llama_cpp_is_explained_with_its_cause():
-    """The two lines the pinned llama.cpp prints when auto flash attention cannot run where its layer runs
-    (src/llama-context.cpp, resolve_fused_ops), before a real Vulkan log."""
-    lines = (
-        "resolve_fused_ops: layer 0 is assigned to device Vulkan0 but Flash Attention is assigned to device CPU "
-        "(usually due to missing support)\nresolve_fused_ops: Flash Attention not supported, set to disabled\n"
-    )
-    found = explain(lines + LOGS["vulkan-ok-f16-kv-60-layers"].text)
-    assert "layer 0 runs on Vulkan0, but its flash-attention step would run on CPU" in found["flash_attention"]
-    assert "no flash-attention kernel" in found["flash_attention"] and "-ctv q8_0" in found["flash_attention"]
+    """llama-bench on ROCm0 with -ctk q8_0 -ctv q5_1 (ggml-org/llama.cpp#25007): the layer on ROCm0, its
+    flash-attention step on the CPU, and the mixed cache types asked."""
+    log = LOGS["rocm-bench-flash-attention-auto-off-q5-1-v-cache"]
+    said = explain(log.text)["flash_attention"]
+    want = log.expect["flash_attention"]
+    assert f"layer {want['layer']} runs on {want['device']}, but its flash-attention step would run on CPU" in said
+    assert "-ctk q8_0 -ctv q5_1 are asked here" in said and "quantized V cache is refused" in said
     assert explain(LOGS["vulkan-ok-f16-kv-60-layers"].text)["flash_attention"] is None
 
 

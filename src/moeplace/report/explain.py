@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 from ..core.backends import NAMES as BACKEND_NAMES
 from ..core.errors import MoeplaceError
 from ..core.records import JsonObject, LlamaBenchRow
-from ..runtime.llama_log import LogReport, read_log
+from ..runtime.llama_log import LogReport, memory_tables, read_log
 from ..runtime.llama_names import MiB, is_host
 from ..runtime.llamacpp_args import DEFAULT_UBATCH
 from ..runtime.tool_output import read_bench
@@ -128,6 +128,12 @@ _ERROR_HINTS = (
         "the model file is incomplete or damaged: download it again and check its size or checksum",
     ),
     (re.compile(r"failed to open|No such file"), "llama.cpp could not open the model file: check its path"),
+    (
+        re.compile(r"V cache quantization requires flash_attn|quantized V cache was requested"),
+        "a quantized V cache needs flash attention, which is off for this model or backend: keep the V cache at "
+        "f16 (-ctv f16; in Ollama leave OLLAMA_KV_CACHE_TYPE unset for this model), or turn flash attention on "
+        "(-fa on) where the backend supports it",
+    ),
     (
         re.compile(r"illegal memory access|DeviceLost|DEVICE_LOST|Memory access fault|HSA_STATUS_ERROR"),
         "the GPU faulted while computing: a driver or llama.cpp bug; update both, and report it with this line",
@@ -278,9 +284,10 @@ def table_check(report: LogReport) -> dict[str, TableCheck]:
     """Per device row of llama.cpp's own memory table, the main model's and context's buffer lines
     summed as the table sums them: model = weights, context = KV and recurrent state, compute = compute buffers
     (output buffers are not counted: llama_context::memory_breakdown). The table counts the main context only
-    (llama-server prints it for its main context at exit), so a draft model's, an MTP head's and a projector's
-    buffers are left out of it. Rows the buffer lines say nothing of are left out."""
+    (llama-server prints it for its main context at exit: tools/server/server.cpp), so a draft model's, an MTP
+    head's and a projector's buffers are left out of it. Rows the buffer lines say nothing of are left out."""
     main = report.main
+    tables = memory_tables(report.text)
     out: dict[str, TableCheck] = {}
     for row_name, row in report.breakdown.items():
         if "total" not in row or "self" not in row:  # the Host row: mapped weights are counted otherwise there
@@ -290,6 +297,10 @@ def table_check(report: LogReport) -> dict[str, TableCheck]:
             continue
         ours = {col: sum(kinds.get(k, 0) for k in ks) / MiB for col, ks in _TABLE_COLUMNS.items()}
         ours["self"] = sum(ours.values())
+        # the main model's table: the last whose model column is these weights (a draft's or an MTP head's, which
+        # --fit prints beside it in 2026 builds, holds other weights)
+        rows = [t[row_name] for t in tables if row_name in t and abs(t[row_name]["model"] - ours["model"]) < 1.05]
+        row = rows[-1] if rows else row
         matches = all(row[col] - 0.05 <= ours[col] < row[col] + 1.05 for col in ours)
         table = {col: row[col] for col in ours}
         out[row_name] = {"buffers": {k: round(v, 2) for k, v in ours.items()}, "table": table, "matches": matches}
@@ -392,7 +403,7 @@ def explain(text: str, source: str = "the text") -> Explanation:
         "command": args or None,
         "tool": tool(text),
         "unified": unified(report, text),
-        "flash_attention": flash_attention(text),
+        "flash_attention": flash_attention(text, args),
         "expert_logging": bool(buffers.host.get("weights")) and not _DENSE.search(text) and not _VERBOSE.search(text),
         "status": report.status,
         "dry_run": {"kind": report.dry_run, "why": _DRY_RUN_WORDS[report.dry_run]} if report.dry_run else None,

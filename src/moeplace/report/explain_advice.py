@@ -9,6 +9,7 @@ import re
 
 from ..runtime.llama_log import LogReport
 from ..runtime.llama_names import MiB
+from .paste import CommandArgs
 
 _OLLAMA = re.compile(r"\.ollama[/\\]|ollama\[\d+\]|ollama_llama_server|ollama runner|source=\w+\.go:\d+|OLLAMA_")
 _LMSTUDIO = re.compile(r"LM Studio|lmstudio|LM STUDIO|lms server|\.lmstudio[/\\]")
@@ -92,30 +93,45 @@ def unified(report: LogReport, text: str) -> str | None:
 # "resolve_fused_ops: layer 0 is assigned to device CUDA0 but Flash Attention is assigned to device CPU" then
 # "resolve_fused_ops: Flash Attention not supported, set to disabled" (2026, src/llama-context.cpp).
 _FA_OFF = re.compile(r"Flash Attention was auto, set to disabled|Flash Attention not supported, set to disabled")
+# Builds of 2024-25 turn it off for a model they cannot run it on: "flash_attn is not compatible with Grok - forcing
+# off", "flash_attn requires n_embd_head_k == n_embd_head_v - forcing off".
+_FA_FORCED = re.compile(r"flash_attn (is not compatible with \S+|requires [^\n]*?) - forcing off")
 _FA_WHY = re.compile(
     r"layer (\d+) is assigned to device (\S+) but (?:the )?Flash Attention (?:tensor )?is assigned to device (\S+)"
 )
 
 
-def flash_attention(text: str) -> str | None:
-    """Why llama.cpp turned flash attention off by itself (asked for auto), from the log; None where it did not."""
+def flash_attention(text: str, args: CommandArgs) -> str | None:
+    """Why llama.cpp turned flash attention off by itself (asked for auto), from the log and the pasted command's
+    cache types; None where it did not."""
+    if forced := _FA_FORCED.search(text):
+        return (
+            f"llama.cpp turned flash attention off for this model (the log: flash_attn {forced[1]}): without it "
+            "a quantized V cache is refused and the compute buffer grows with the context; keep the V cache at f16"
+        )
     if not _FA_OFF.search(text):
         return None
     why = _FA_WHY.search(text)
+    types = (args.get("type_k", "f16"), args.get("type_v", "f16"))
+    asked = (
+        f"; -ctk {types[0]} -ctv {types[1]} are asked here, and K and V of one type (q8_0, or f16) have kernels on "
+        "most backends"
+        if types != ("f16", "f16")
+        else ""
+    )
     if why and why[3] in ("CPU", "none"):
         cause = (
-            f"layer {why[1]} runs on {why[2]}, but its flash-attention step would run on {why[3]}: {why[2]}'s "
-            "backend has no flash-attention kernel for this model's head size or KV cache type (or the KV cache is "
-            "kept in host RAM with -nkvo)"
+            f"layer {why[1]} runs on {why[2]}, but its flash-attention step would run on {why[3]}, so that backend "
+            f"has no kernel for this model's head size or these cache types (or the KV cache is in host RAM: -nkvo)"
+            f"{asked}"
         )
     elif why:
         cause = f"layer {why[1]} runs on {why[2]}, but its flash-attention step would run on {why[3]}"
     else:
         cause = "the backend cannot run it for this model"
     return (
-        f"flash attention was asked for as auto and llama.cpp turned it off: {cause}. Without it a quantized V "
-        "cache (-ctv q8_0) is refused and the compute buffer grows with the context; -fa on forces it where the "
-        "backend has the kernel, and a KV cache type it supports (f16) can bring it back"
+        f"flash attention was asked for as auto and llama.cpp turned it off: {cause}. Without flash attention a "
+        "quantized V cache is refused and the compute buffer grows with the context"
     )
 
 

@@ -72,7 +72,10 @@ def _table_lines(found: Explanation) -> list[str]:
             )
     if found["parts"]:
         others = ", ".join(_ROLE_WORDS[role] for role in found["parts"] if role != "main")
-        lines.append(f"  the table counts the main model and its context only: {others} are in its 'unaccounted'")
+        lines.append(
+            f"  the table counts the main model and its context only: {others} are not in it (at exit llama.cpp "
+            "puts them in its 'unaccounted')"
+        )
     return lines
 
 

@@ -131,6 +131,7 @@ _ERRORS = (
     re.compile(r"error loading model: (?!.*(?:allocat|memory)).*\S"),
     re.compile(r".*(?:DeviceLost|VK_ERROR_DEVICE_LOST|Memory access fault by GPU|HSA_STATUS_ERROR_).*\S"),
     re.compile(r".*(?:GGML_ASSERT\(.*\) failed|ggml_cuda_compute_forward: \w+ failed).*"),
+    re.compile(r"\w+: (?:[\w ]+: )?(?:V cache quantization requires flash_attn|quantized V cache was requested.*)"),
     re.compile(r".*(?:Segmentation fault|SIGSEGV|Illegal instruction|core dumped).*"),
 )
 

@@ -317,6 +317,19 @@ _PROJECTED = re.compile(
 )
 
 
+def memory_tables(log: str) -> list[dict[str, dict[str, int]]]:
+    """Every memory table llama.cpp printed, in order, each per device (MiB): --fit prints one per try (2026 builds
+    one more for a draft model or an MTP head fitted beside the main one), llama-server one for its main context at
+    exit."""
+    tables: list[dict[str, dict[str, int]]] = []
+    for line in log.splitlines():
+        if "memory breakdown" in line:
+            tables.append({})
+        elif (m := _BREAKDOWN.search(line)) and tables:
+            tables[-1][m["device"]] = {k: int(v) for k, v in m.groupdict().items() if k not in ("device", "card")}
+    return [table for table in tables if table]
+
+
 def memory_breakdown(log: str) -> dict[str, dict[str, int]]:
     """The last memory table llama.cpp printed, per device (MiB): total, free, self = model + context + compute,
     and what it could not account for (its Host row: self, model, context, compute); or --fit's projection (total,
@@ -381,9 +394,13 @@ class LogReport:
 
     def is_llamacpp(self) -> bool:
         found = (self.loads, self.gpus, self.overridden, self.offloaded, self.oom, self.model_path, self.breakdown)
-        return any(found) or bool(self.error or self.dry_run or self.retried)
+        return any(found) or bool(self.error or self.dry_run or self.retried or _OWN_LINE.search(self.text))
 
 
+# A line only llama.cpp prints: its functions' names before a colon (a paste of a few lines, grep's output).
+_OWN_LINE = re.compile(
+    r"^(?:.*\s)?(?:sched_reserve|llama_context|llama_kv_cache|load_tensors|llama_model_loader):", re.M
+)
 _DEVICE_TOKEN = re.compile(r"\b((?:CUDA|ROCm|Vulkan|MTL|SYCL|CANN|MUSA|RPC)\d+)\b")
 
 
