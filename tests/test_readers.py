@@ -8,7 +8,7 @@ import re
 import pytest
 from corpus import CORPUS, ids, samples
 
-from moeplace.runtime import llama_log, tool_output
+from moeplace.runtime import llama_log, llama_names, tool_output
 
 MiB = 2**20
 LOGS = samples("log")
@@ -57,7 +57,7 @@ def test_a_log_is_read_as_a_person_reads_it(sample):
     if "devices" in expect:
         assert {name: _mib(kinds) for name, kinds in buffers.devices.items()} == _approx(expect["devices"])
     if "host" in expect:
-        host = {name: _mib(kinds) for name, kinds in buffers.sizes.items() if llama_log.is_host(name)}
+        host = {name: _mib(kinds) for name, kinds in buffers.sizes.items() if llama_names.is_host(name)}
         assert host == _approx(expect["host"])
     assert report.status == expect.get("status", "ok")
     if "oom" in expect:
@@ -131,7 +131,7 @@ def test_fit_params_arguments_and_memory(sample):
     if "devices" in expect:
         assert {name: _mib(kinds) for name, kinds in buffers.devices.items()} == _approx(expect["devices"])
     if "host" in expect:
-        host = {name: _mib(kinds) for name, kinds in buffers.sizes.items() if llama_log.is_host(name)}
+        host = {name: _mib(kinds) for name, kinds in buffers.sizes.items() if llama_names.is_host(name)}
         assert host == _approx(expect["host"])
 
 

@@ -12,12 +12,13 @@ from typing import Any, TypedDict
 from ..core.backends import NAMES as BACKEND_NAMES
 from ..core.errors import MoeplaceError
 from ..core.records import JsonObject, LlamaBenchRow
-from ..runtime.llama_log import LogReport, memory_tables, read_log
+from ..runtime.llama_log import LogReport, read_log
 from ..runtime.llama_names import MiB, is_host
 from ..runtime.llamacpp_args import DEFAULT_UBATCH
 from ..runtime.tool_output import read_bench
 from .explain_advice import APU as _APU
 from .explain_advice import flash_attention, split_fix, tool, tool_todo, unified
+from .explain_parts import TableCheck, mib_row, parts, table_check
 from .paste import CommandArgs, command_args, looks_cut
 
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_\w*_(?:ch)?exps\b")
@@ -65,11 +66,6 @@ def _retried(report: LogReport) -> Retried | None:
         if failed
         else None
     )
-
-
-def _mib(kinds: dict[str, int]) -> dict[str, float]:
-    mib = {kind: round(size / MiB, 2) for kind, size in kinds.items()}
-    return mib | {"total": round(sum(kinds.values()) / MiB, 2)}
 
 
 class ExpertsOnHost(TypedDict):
@@ -266,59 +262,6 @@ def _fix(report: LogReport, args: CommandArgs) -> str:
     return shlex.join(line)
 
 
-# llama.cpp's own table prints each column as whole MiB rounded down (common/fit.cpp, common_memory_breakdown_print);
-# the buffer lines print two decimals each, so their sum may sit a hundredth or two either side.
-_TABLE_COLUMNS = {"model": ("weights",), "context": ("kv",), "compute": ("compute",)}
-
-
-class TableCheck(TypedDict):
-    """One row of llama.cpp's memory table beside the same sums of the log's buffer lines for the main model and
-    its context (MiB)."""
-
-    buffers: dict[str, float]  # model, context, compute, self
-    table: dict[str, int]
-    matches: bool
-
-
-def table_check(report: LogReport) -> dict[str, TableCheck]:
-    """Per device row of llama.cpp's own memory table, the main model's and context's buffer lines
-    summed as the table sums them: model = weights, context = KV and recurrent state, compute = compute buffers
-    (output buffers are not counted: llama_context::memory_breakdown). The table counts the main context only
-    (llama-server prints it for its main context at exit: tools/server/server.cpp), so a draft model's, an MTP
-    head's and a projector's buffers are left out of it. Rows the buffer lines say nothing of are left out."""
-    main = report.main
-    tables = memory_tables(report.text)
-    out: dict[str, TableCheck] = {}
-    for row_name, row in report.breakdown.items():
-        if "total" not in row or "self" not in row:  # the Host row: mapped weights are counted otherwise there
-            continue
-        kinds = main.device(row_name)
-        if not kinds:
-            continue
-        ours = {col: sum(kinds.get(k, 0) for k in ks) / MiB for col, ks in _TABLE_COLUMNS.items()}
-        ours["self"] = sum(ours.values())
-        # the main model's table: the last whose model column is these weights (a draft's or an MTP head's, which
-        # --fit prints beside it in 2026 builds, holds other weights)
-        rows = [t[row_name] for t in tables if row_name in t and abs(t[row_name]["model"] - ours["model"]) < 1.05]
-        row = rows[-1] if rows else row
-        matches = all(row[col] - 0.05 <= ours[col] < row[col] + 1.05 for col in ours)
-        table = {col: row[col] for col in ours}
-        out[row_name] = {"buffers": {k: round(v, 2) for k, v in ours.items()}, "table": table, "matches": matches}
-    return out
-
-
-def _parts(report: LogReport) -> dict[str, dict[str, dict[str, float]]] | None:
-    """Per live part (the model, a draft model, an MTP head, a projector), its MiB per device and on the host;
-    None where the model is all there is."""
-    parts = report.parts
-    if len(parts) < 2:
-        return None
-    return {
-        part.role: {name: _mib(kinds) for name, kinds in part.devices.items()} | {"host": _mib(part.host)}
-        for part in parts
-    }
-
-
 def _error(report: LogReport) -> dict[str, str]:
     hint = next((h for pattern, h in _ERROR_HINTS if pattern.search(report.error)), None)
     todo = hint or "search llama.cpp's issues for this line; moving memory around will not fix it"
@@ -376,12 +319,12 @@ def explain(text: str, source: str = "the text") -> Explanation:
         )
     args = command_args(text)
     buffers = report.buffers
-    devices = {name: _mib(kinds) for name, kinds in buffers.devices.items()}
+    devices = {name: mib_row(kinds) for name, kinds in buffers.devices.items()}
     for name, row in devices.items():
         if name in report.free_at_load:
             row["free_at_load"] = round(report.free_at_load[name] / MiB, 2)
-    host = _mib(buffers.host) | {
-        "buffers": {name: _mib(kinds) for name, kinds in buffers.sizes.items() if is_host(name)}
+    host = mib_row(buffers.host) | {
+        "buffers": {name: mib_row(kinds) for name, kinds in buffers.sizes.items() if is_host(name)}
     }
     out: Explanation = {
         "kind": "llama.cpp log",
@@ -397,7 +340,7 @@ def explain(text: str, source: str = "the text") -> Explanation:
         "pipeline_copies": report.pipeline_copies,
         "pipeline_retried": _retried(report),
         "model": report.model_path,
-        "parts": _parts(report),
+        "parts": parts(report),
         "breakdown": report.breakdown,
         "breakdown_check": table_check(report) or None,
         "command": args or None,
