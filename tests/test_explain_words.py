@@ -144,11 +144,11 @@ def test_flash_attention_turned_off_by_llama_cpp_is_explained_with_its_cause():
 
 
 def test_a_feature_tables_flag_column_is_no_gpu():
-    """ggml-sycl prints an optimisation-feature table after its device table; its Y/N column names no card."""
-    table = "|ID|        Device Type|Reorder|\n|--|-------------------|-------|\n| 0| [level_zero:gpu:0]|      Y|\n"
-    report = read_log(table)
-    assert report.gpus == []
-    assert read_log(LOGS["sycl-a770-compute-oom-long-context"].text).gpus == ["Intel Arc A770 Graphics"]
+    """ggml-sycl prints an optimisation-feature table after its device table (ipex-llm's quickstart output on an
+    Arc A770); its Y/N column names no card, and a dense model gets no advice to log its experts."""
+    found = explain(LOGS["sycl-a770-ipex-llm-feature-table-mistral-7b"].text)
+    assert found["gpus"] == ["Intel Arc A770 Graphics"]
+    assert not found["expert_logging"] and "run with -v" not in render(found)
 
 
 def test_several_gpus_get_the_split_fix_in_numbers_not_a_one_card_plan():
