@@ -87,11 +87,16 @@ def test_an_mtp_head_reloaded_from_the_same_file_is_counted_once():
 
 
 @pytest.mark.parametrize(
-    "stem", ["cuda-oom-compute-old-style-kv-on-host-ollama", "cuda-oom-weights-ollama-docker-deepseek-panic"]
+    "stem",
+    [
+        "cuda-oom-compute-old-style-kv-on-host-ollama",
+        "cuda-oom-weights-ollama-docker-deepseek-panic",
+        "cuda-oom-compute-ollama-2026-3gpu-kvsize-262144",
+    ],
 )
 def test_an_ollama_failure_gets_ollamas_settings_and_is_called_partial(stem):
-    """Ollama's runner ran out of memory (ollama#4225 on Windows, ollama#8447 in docker): its fix is in Ollama's
-    terms, and neither paste shows the model's load, so each is called partial."""
+    """Ollama's runner ran out of memory (ollama#4225 on Windows, #8447 in docker, #15284 with its own engine in
+    2026): its fix is in Ollama's terms, and no paste shows the model's load, so each is called partial."""
     found = explain(LOGS[stem].text)
     todo = found["oom"]["todo"]
     assert found["tool"] == "ollama"
@@ -100,9 +105,42 @@ def test_an_ollama_failure_gets_ollamas_settings_and_is_called_partial(stem):
     assert found["fix"].startswith("moeplace recommend ollama:MODEL ")
 
 
+def test_the_context_ollama_gave_its_runner_is_said_and_planned():
+    found = explain(LOGS["cuda-oom-compute-ollama-2026-3gpu-kvsize-262144"].text)  # "KvSize:262144"
+    assert "num_ctx (this runner was given 262,144 tokens)" in found["oom"]["todo"]
+    assert " --ctx 262144 " in found["fix"] and "--vram EACH_CARD," in found["fix"]  # devices 1 and 2 failed
+
+
 def test_a_llama_server_failure_gets_its_flags_not_ollamas():
     llama = explain(LOGS["rocm-kv-oom-qwen35-27b-rx9060xt"].text)
     assert llama["tool"] == "llama.cpp" and "num_gpu" not in (llama["oom"]["todo"] or "")
+    # llama.cpp's own program run on a model in LM Studio's folder is llama.cpp, not LM Studio
+    strix = explain(LOGS["vulkan-strix-halo-compute-oom-qwen3-30b-a3b"].text)
+    assert ".lmstudio/models" in LOGS["vulkan-strix-halo-compute-oom-qwen3-30b-a3b"].text
+    assert strix["tool"] == "llama.cpp" and "GPU Offload" not in strix["fix"]
+
+
+def test_lm_studios_developer_log_is_read_as_lm_studios():
+    """LM Studio 0.3.31's developer log (lmstudio-bug-tracker#1216): a date and level on one line, llama.cpp's on
+    the next; both cards' free memory at load are read and shown."""
+    from moeplace.report.explain_advice import tool_todo
+    from moeplace.runtime.llama_log import read_log
+
+    log = LOGS["vulkan-lm-studio-two-gpus-free-at-load-arc-b60-a2000"]
+    found = explain(log.text)
+    assert found["tool"] == "lm-studio" and found["free_at_load"] == log.expect["free_at_load"]
+    assert "free at load (MiB): Vulkan0 23,607, Vulkan1 19,491" in render(found)
+    words = tool_todo("lm-studio", "compute", read_log(log.text))
+    assert "'GPU Offload'" in words and "'Context Length'" in words and "Force Model Expert Weights onto CPU" in words
+
+
+def test_n_cpu_moe_on_two_gpus_is_said_to_overfill_the_last_card():
+    """ik_llama.cpp before PR #1464: --n-cpu-moe 24 on 2x RTX 3090 asked 35,378.09 MiB of CUDA1 (the last card)."""
+    found = explain(LOGS["cuda-oom-weights-ik-ncmoe-last-card-2x3090"].text)
+    assert found["oom"]["stage"] == "weights" and found["oom"]["device"] == "CUDA1"
+    todo = found["oom"]["todo"]
+    assert "the split put too much on CUDA1" in todo and "--n-cpu-moe 24 keeps the experts of the first 24" in todo
+    assert "-ts" in todo and "dry run" not in render(found) and "--vram EACH_CARD," in found["fix"]
 
 
 def test_a_quantized_v_cache_without_flash_attention_is_an_error_with_its_way_out():

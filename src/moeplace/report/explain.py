@@ -13,11 +13,11 @@ from ..core.backends import NAMES as BACKEND_NAMES
 from ..core.errors import MoeplaceError
 from ..core.records import JsonObject, LlamaBenchRow
 from ..runtime.llama_log import LogReport, read_log
-from ..runtime.llama_names import MiB, is_host
+from ..runtime.llama_names import MiB, device_order, is_host
 from ..runtime.llamacpp_args import DEFAULT_UBATCH
 from ..runtime.tool_output import read_bench
 from .explain_advice import APU as _APU
-from .explain_advice import flash_attention, split_fix, tool, tool_todo, unified
+from .explain_advice import flash_attention, ollama_context, split_fix, tool, tool_todo, unified
 from .explain_parts import TableCheck, mib_row, parts, table_check
 from .paste import CommandArgs, command_args, looks_cut
 
@@ -208,7 +208,7 @@ def _why(report: LogReport, cause: str, args: CommandArgs, text: str) -> tuple[s
         return why, todo
     why = f"{where} ran out of memory while {stage}{asked}{before}{had}."
     if not _copies_on(report, text):
-        return why, split_fix(report) or ""
+        return why, split_fix(report, args) or ""
     n = report.pipeline_copies or 4
     ngl = f" (your -ngl {args['ngl']} does)" if args.get("ngl") else ""
     layers = f"-ngl {report.n_layer}" if report.n_layer else "-ngl equal to the layer count"
@@ -243,11 +243,11 @@ def _fix(report: LogReport, args: CommandArgs) -> str:
     device = (report.oom and report.oom.device) or next(iter(report.buffers.devices), None)
     free = card_memory(report, device or "")
     vram = f"{free // MiB}MiB" if free else "YOUR_CARD_MEMORY"
-    cards = sorted(set(report.buffers.devices) | set(report.free_at_load))
-    if len(cards) > 1:  # several cards are planned together, each with its own memory
+    cards = sorted(set(report.buffers.devices) | set(report.free_at_load), key=device_order)
+    if len(cards) > 1 or device_order(device or "")[1] > 0:  # several cards, planned together, each its memory
         sizes = [card_memory(report, card) for card in cards]
-        vram = ",".join(f"{size // MiB}MiB" for size in sizes) if all(sizes) else "EACH_CARDS_MEMORY,..."
-    ctx = report.n_ctx or (_number(args.get("ctx")) or None) or "CONTEXT"
+        vram = ",".join(f"{size // MiB}MiB" for size in sizes) if len(sizes) > 1 and all(sizes) else "EACH_CARD,..."
+    ctx = report.n_ctx or (_number(args.get("ctx")) or None) or ollama_context(report.text) or "CONTEXT"
     line = ["moeplace", "recommend", model, "--vram", vram, "--ctx", str(ctx)]
     if report.backend in BACKEND_NAMES:  # a backend recommend plans for
         line += ["--backend", report.backend]
@@ -278,6 +278,7 @@ class Explanation(TypedDict, total=False):
     backend: str | None
     devices: dict[str, dict[str, float]]  # device -> buffer kind -> MiB (total, free_at_load)
     host: JsonObject  # the host's buffer kinds in MiB, and each host buffer's
+    free_at_load: dict[str, float]  # device -> MiB free as the load found it
     experts_on_host: ExpertsOnHost | None
     offloaded_layers: list[int] | None
     n_ctx: int | None
@@ -332,6 +333,7 @@ def explain(text: str, source: str = "the text") -> Explanation:
         "gpus": report.gpus,
         "devices": devices,
         "host": host,
+        "free_at_load": {name: round(free / MiB, 2) for name, free in report.free_at_load.items()},
         "experts_on_host": experts_on_host(report, text),
         "offloaded_layers": list(report.offloaded) if report.offloaded else None,
         "n_ctx": report.n_ctx,

@@ -8,11 +8,22 @@ from __future__ import annotations
 import re
 
 from ..runtime.llama_log import LogReport
-from ..runtime.llama_names import MiB
+from ..runtime.llama_names import MiB, device_order
 from .paste import CommandArgs
 
-_OLLAMA = re.compile(r"\.ollama[/\\]|ollama\[\d+\]|ollama_llama_server|ollama runner|source=\w+\.go:\d+|OLLAMA_")
-_LMSTUDIO = re.compile(r"LM Studio|lmstudio|LM STUDIO|lms server|\.lmstudio[/\\]")
+# Ollama's own lines ("time=... level=INFO source=server.go:...", journal "ollama[1234]:", its Go runner), then what
+# only hints at it (a blob path under .ollama/): a user may run llama-server on a model in Ollama's or LM Studio's
+# folder, and then llama.cpp's flags are the fix, not that app's settings.
+_OLLAMA = re.compile(r"ollama\[\d+\]|ollama_llama_server|ollama runner|source=\w+\.go:\d+|OLLAMA_|ollama\s+\|")
+_OLLAMA_PATH = re.compile(r"\.ollama[/\\]")
+# LM Studio's developer log: "2025-11-12 14:34:51 [DEBUG]" alone on a line, the llama.cpp line on the next (0.3.x);
+# "[2026-03-11 16:57:06][INFO][model] ..." (0.4.x); "[LM Studio] GPU Configuration:".
+_LMSTUDIO = re.compile(
+    r"LM Studio|LM STUDIO|^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[(?:DEBUG|INFO|WARN|ERROR)\]\s*$|"
+    r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\]\[(?:DEBUG|INFO|WARN|ERROR)\]",
+    re.M,
+)
+_OWN_PROGRAM = re.compile(r"(?:^|[\s/\\])(?:llama-server|llama-cli|llama-bench|llama-sweep-bench|llama-completion)\b")
 
 
 def tool(text: str) -> str:
@@ -21,7 +32,27 @@ def tool(text: str) -> str:
         return "ollama"
     if _LMSTUDIO.search(text):
         return "lm-studio"
+    if _OWN_PROGRAM.search(text):
+        return "llama.cpp"
+    if _OLLAMA_PATH.search(text):
+        return "ollama"
     return "llama.cpp"
+    if _OLLAMA.search(text):
+        return "ollama"
+    if _LMSTUDIO.search(text):
+        return "lm-studio"
+    return "llama.cpp"
+
+
+# The context Ollama gave its runner: "KvSize:262144" in a load request (2025-26), "--ctx-size 8192" in the runner's
+# command line (2024-25), num_ctx times the parallel requests.
+_OLLAMA_CTX = re.compile(r"\bKvSize:(\d+)|ollama(?:_llama_server)?(?:\.exe)? runner .*?--ctx-size (\d+)")
+
+
+def ollama_context(text: str) -> int | None:
+    """The context Ollama gave its runner, in tokens, where the paste shows it."""
+    m = _OLLAMA_CTX.search(text)
+    return int(m[1] or m[2]) if m else None
 
 
 # An Ollama paste without the runner's load lines: its server log holds them.
@@ -36,11 +67,14 @@ def tool_todo(name: str, stage: str, report: LogReport) -> str | None:
     """What to change, in the settings of the tool that printed the log (None: llama.cpp's flags, said elsewhere)."""
     if name == "ollama":
         fewer = f" (it placed {report.offloaded[0]} of {report.offloaded[1]} layers)" if report.offloaded else ""
+        ctx = ollama_context(report.text)
+        asked = f" (this runner was given {ctx:,} tokens)" if ctx else ""
         todo = (
             f"In Ollama: put fewer layers on the GPU with num_gpu{fewer} (PARAMETER num_gpu N in a Modelfile, or "
-            '"options": {"num_gpu": N} in the request), a shorter context with num_ctx, and for the server '
-            "OLLAMA_FLASH_ATTENTION=1 with OLLAMA_KV_CACHE_TYPE=q8_0 (half the KV bytes). Ollama 0.30.0 and newer "
-            "run llama.cpp's llama-server: LLAMA_ARG_N_CPU_MOE=N ollama serve keeps N layers' experts in RAM"
+            '"options": {"num_gpu": N} in the request), a shorter context with num_ctx'
+            f"{asked}, and for the server OLLAMA_FLASH_ATTENTION=1 with OLLAMA_KV_CACHE_TYPE=q8_0 (half the KV "
+            "bytes). Ollama 0.30.0 and newer run llama.cpp's llama-server: LLAMA_ARG_N_CPU_MOE=N ollama serve keeps "
+            "N layers' experts in RAM"
         )
         if not report.model_path or not any(load.weights.sizes for load in report.loads):
             todo += "; " + _OLLAMA_PARTIAL
@@ -135,19 +169,29 @@ def flash_attention(text: str, args: CommandArgs) -> str | None:
     )
 
 
-def split_fix(report: LogReport) -> str | None:
+def split_fix(report: LogReport, args: CommandArgs) -> str | None:
     """On several GPUs, a failure on one card while the others had room: the split put too much there. The fix in
-    numbers: -ts proportional to the cards' free memory at load, more --n-cpu-moe, or --fit. None: one GPU, or no
-    room to speak of elsewhere."""
+    numbers where the log gives each card's free memory (-ts proportional to it), more --n-cpu-moe, or --fit; with
+    --n-cpu-moe, why the last card gets the GPU's experts. None: one GPU, or nothing to say of the others."""
     oom = report.oom
-    cards = sorted(set(report.free_at_load) | set(report.buffers.devices) | set(_table_free(report)))
-    if not oom or not oom.device or len(cards) < 2 or oom.device not in cards:
+    if not oom or not oom.device:
         return None
-    room = {card: _room(report, card) for card in cards}
-    others = {card: free for card, free in room.items() if card != oom.device and free is not None}
-    spare = {card: free for card, free in others.items() if free > 2 * 1024 * MiB}
+    cards = sorted(set(report.free_at_load) | set(report.buffers.devices) | set(_table_free(report)), key=device_order)
+    if len(cards) < 2 and device_order(oom.device)[1] == 0:
+        return None
+    n = args.get("n_cpu_moe")
+    tail = (
+        f" --n-cpu-moe {n} keeps the experts of the first {n} layers in RAM, so the layers whose experts stay on a "
+        "GPU are the last ones, and a layer split gives them to the last cards: spread them with -ts (more layers "
+        "to the first cards) or -ot rules that keep experts in RAM from each card's own layers (ik_llama.cpp "
+        "builds since March 2026 spread --n-cpu-moe over the cards themselves)."
+        if n
+        else ""
+    )
+    room = {card: _room(report, card) for card in cards if card != oom.device}
+    spare = {card: free for card, free in room.items() if free is not None and free > 2 * 1024 * MiB}
     if not spare:
-        return None
+        return f"the split put too much on {oom.device}.{tail}".strip() if tail else None
     free_at = {card: report.free_at_load.get(card) or report.card_memory.get(card) for card in cards}
     split = ""
     if all(free_at.values()):
@@ -157,7 +201,7 @@ def split_fix(report: LogReport) -> str | None:
     return (
         f"the split put too much on {oom.device} while the other cards had room ({left} left): move layers off "
         f"it with -ts{split}, keep more experts in RAM with a larger --n-cpu-moe, or let llama.cpp split by free "
-        "memory with --fit on (builds since late 2025)"
+        f"memory with --fit on (builds since late 2025).{tail}"
     )
 
 

@@ -92,7 +92,10 @@ def _render_bench(records: list[LlamaBenchRow]) -> str:
 def _buffer_lines(found: Explanation) -> list[str]:
     """The table of buffers per device and on the host (MiB)."""
     if not found["devices"] and not found["host"]["buffers"]:
-        return ["buffers: none in this text (llama.cpp logs them as it loads: paste the log from its start)"]
+        free = ", ".join(f"{name} {mib:,.0f}" for name, mib in found["free_at_load"].items())
+        return ["buffers: none in this text (llama.cpp logs them as it loads: paste the log from its start)"] + (
+            [f"free at load (MiB): {free}"] if free else []
+        )
     lines = [f"{'':<22}{'weights':>10}{'KV':>10}{'compute':>10}{'output':>10}{'total':>11}  MiB"]
     for name, mib in found["devices"].items():
         lines.append(_buffer_row(name, mib))

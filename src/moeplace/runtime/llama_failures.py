@@ -42,7 +42,10 @@ _ALLOC_FAILED = (
 _STAGE_SAYS = (
     (re.compile(r"command buffer \d+ failed with status"), "runtime"),  # Metal: a graph ran out while computing
     (
-        re.compile(r"unable to allocate \S+ buffer|error loading model|failed to load model|load_tensors: failed"),
+        re.compile(
+            r"unable to allocate \S+ buffer|error loading model|failed to load model|load_tensors: failed|"
+            r"Failed to allocate buffer type"  # ik_llama.cpp's weights
+        ),
         "weights",
     ),
     (re.compile(r"buffer for (?:kv|rs) cache|kv_cache\w*: failed|failed for self-attention cache"), "kv"),

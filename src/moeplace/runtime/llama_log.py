@@ -166,7 +166,8 @@ class LogReport:
         return self.main.n_ctx
 
     def is_llamacpp(self) -> bool:
-        found = (self.loads, self.gpus, self.overridden, self.offloaded, self.oom, self.model_path, self.breakdown)
+        found = (self.loads, self.gpus, self.overridden, self.offloaded, self.oom, self.model_path, self.breakdown,
+                 self.free_at_load)  # fmt: skip
         return any(found) or bool(self.error or self.dry_run or self.retried or _OWN_LINE.search(self.text))
 
 
