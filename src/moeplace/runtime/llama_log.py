@@ -166,9 +166,9 @@ class LogReport:
         return self.main.n_ctx
 
     def is_llamacpp(self) -> bool:
-        found = (self.loads, self.gpus, self.overridden, self.offloaded, self.oom, self.model_path, self.breakdown,
-                 self.free_at_load)  # fmt: skip
-        return any(found) or bool(self.error or self.dry_run or self.retried or _OWN_LINE.search(self.text))
+        read = (self.loads, self.gpus, self.overridden, self.offloaded, self.oom, self.model_path, self.breakdown)
+        said = (self.error, self.dry_run, self.retried, self.free_at_load, _OWN_LINE.search(self.text))
+        return any(read) or any(said)
 
 
 # A line only llama.cpp prints: its functions' names before a colon (a paste of a few lines, grep's output).
