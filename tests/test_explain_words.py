@@ -157,6 +157,9 @@ def test_unified_memory_is_said_to_be_the_systems_ram():
     assert "system's RAM" in apu and "'free' figure is the system's free RAM" in apu and "GTT" in apu
     mac = explain(LOGS["metal-mtl0-m2pro-mtp-two-loads-runtime-oom"].text)["unified"]
     assert "recommendedMaxWorkingSetSize" in mac and "iogpu.wired_limit_mb" in mac
+    # the M4 CI runner prints "recommendedMaxWorkingSetSize  = 11453.25 MB" (10^6 bytes): 10,923 MiB
+    m4 = explain(LOGS["metal-ci-m4-pythia-q4k-metal-mapped"].text)["unified"]
+    assert "recommendedMaxWorkingSetSize (10,923 MiB here)" in m4
     assert explain(LOGS["rocm-kv-oom-qwen35-27b-rx9060xt"].text)["unified"] is None  # an RX 9060 XT has its own
 
 

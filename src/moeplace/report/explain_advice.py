@@ -109,12 +109,12 @@ def unified(report: LogReport, text: str) -> str | None:
         "can use, and the host's share above comes out of the same pool"
     )
     if metal:
-        cap = _WORKING_SET.search(text)
-        said = f" ({float(cap[1]) / 1024:,.1f} GB here)" if cap else ""
+        cap = _WORKING_SET.search(text)  # ggml-metal prints it in MB of 10^6 bytes
+        said = f" ({float(cap[1]) * 1e6 / MiB:,.0f} MiB here)" if cap else ""
         return (
             f"{shared}. macOS caps what the GPU may hold at Metal's recommendedMaxWorkingSetSize{said}, about "
-            "two thirds to three quarters of the RAM; sudo sysctl iogpu.wired_limit_mb=N raises it until the next "
-            "reboot (leave the OS 8 GB or so)"
+            "two thirds to three quarters of the RAM, and llama.cpp reports that cap as the GPU's memory; sudo "
+            "sysctl iogpu.wired_limit_mb=N raises it until the next reboot (leave the OS 8 GB or so)"
         )
     return (
         f"{shared}. Linux caps the GPU's share with the kernel's GTT/TTM limit (amdgpu.gttsize, ttm.pages_limit "
