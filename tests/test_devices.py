@@ -132,7 +132,7 @@ def test_the_emitted_line_loads_on_two_capped_devices_with_the_planned_buffers(t
     from llamacpp_helpers import manifest, rpc_servers, tiny_twin
 
     from moeplace.runtime.device import rpc_device
-    from moeplace.runtime.llama_log import parse_buffers
+    from moeplace.runtime.llama_buffers import parse_buffers
 
     path = tiny_twin(tmp_path)
     meta = inspect_model(path)

@@ -29,7 +29,8 @@ from moeplace.model.twin import load_spec, write_twin
 from moeplace.plan.offload import read_pins
 from moeplace.runtime.allocation import reserve
 from moeplace.runtime.device import rpc_device
-from moeplace.runtime.llama_log import is_host, read_log
+from moeplace.runtime.llama_log import read_log
+from moeplace.runtime.llama_names import is_host
 from moeplace.runtime.tool_output import bench_records
 
 pytestmark = pytest.mark.llamacpp

@@ -28,7 +28,8 @@ from moeplace.core.config import DeviceTarget, LlamacppSettings, validate_config
 from moeplace.core.errors import MoeplaceError
 from moeplace.runtime.backend import detect
 from moeplace.runtime.build import Build
-from moeplace.runtime.llama_log import parse_buffers, read_log
+from moeplace.runtime.llama_buffers import parse_buffers
+from moeplace.runtime.llama_log import read_log
 from moeplace.runtime.llamacpp import provision, require_binary
 from moeplace.runtime.vulkan import PATCH
 

@@ -19,7 +19,7 @@ from ..plan.offload import expert_tensors, matching_tensors, optimal_placement, 
 from ..runtime.allocation import fitted_placement
 from ..runtime.cpus import split_cpus
 from ..runtime.device import attached, portable_rules
-from ..runtime.llama_log import is_host
+from ..runtime.llama_names import is_host
 from ..runtime.llamacpp_args import cache_args, refusal
 from .bench import BenchJob, Rig, run_bench
 

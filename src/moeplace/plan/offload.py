@@ -21,7 +21,7 @@ from ..core.errors import MoeplaceError
 from ..model.memory import Pins
 from ..model.meta import ModelMeta
 from ..model.metadata import EXPERT_TENSOR
-from ..runtime.llama_log import is_host
+from ..runtime.llama_names import is_host
 
 
 def _digits(a: int, b: int) -> str:

@@ -13,9 +13,12 @@ from ..core.backends import NAMES as BACKEND_NAMES
 from ..core.errors import MoeplaceError
 from ..core.records import JsonObject, LlamaBenchRow
 from ..runtime.llama_log import LogReport, read_log
-from ..runtime.llama_names import MiB, is_host
+from ..runtime.llama_names import MiB, device_order, is_host
 from ..runtime.llamacpp_args import DEFAULT_UBATCH
 from ..runtime.tool_output import read_bench
+from .explain_advice import APU as _APU
+from .explain_advice import flash_attention, ollama_context, split_fix, tool, tool_todo, unified
+from .explain_parts import TableCheck, mib_row, parts, table_check
 from .paste import CommandArgs, command_args, looks_cut
 
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_\w*_(?:ch)?exps\b")
@@ -65,11 +68,6 @@ def _retried(report: LogReport) -> Retried | None:
     )
 
 
-def _mib(kinds: dict[str, int]) -> dict[str, float]:
-    mib = {kind: round(size / MiB, 2) for kind, size in kinds.items()}
-    return mib | {"total": round(sum(kinds.values()) / MiB, 2)}
-
-
 class ExpertsOnHost(TypedDict):
     """The routed-expert tensors a log shows in host buffers."""
 
@@ -105,12 +103,6 @@ def card_memory(report: LogReport, device: str) -> int | None:
 
 # The driver saying that one allocation was over its limit (Vulkan's maxMemoryAllocationSize, a buffer-size cap).
 _LIMIT_SAYS = re.compile(r"exceeds device (?:memory allocation|buffer size) limit|maxMemoryAllocationSize", re.I)
-# An integrated GPU sharing the host's RAM: Vulkan's "uma: 1", ROCm's UMA memory line, AMD APUs by name or gfx id.
-_APU = re.compile(
-    r"uma: 1\b|get_available_uma_memory|gfx(?:1150|1151|1152|1103|1035|1036|90c)\b|Radeon (?:\d{3,4}[MS]\b|8060S)|"
-    r"Radeon\(TM\) \d{3}M|Ryzen AI",
-    re.I,
-)
 _RETRIED = re.compile(r"retrying without pipeline parallelism")
 _ERROR_HINTS = (
     (
@@ -132,6 +124,12 @@ _ERROR_HINTS = (
         "the model file is incomplete or damaged: download it again and check its size or checksum",
     ),
     (re.compile(r"failed to open|No such file"), "llama.cpp could not open the model file: check its path"),
+    (
+        re.compile(r"V cache quantization requires flash_attn|quantized V cache was requested"),
+        "a quantized V cache needs flash attention, which is off for this model or backend: keep the V cache at "
+        "f16 (-ctv f16; in Ollama leave OLLAMA_KV_CACHE_TYPE unset for this model), or turn flash attention on "
+        "(-fa on) where the backend supports it",
+    ),
     (
         re.compile(r"illegal memory access|DeviceLost|DEVICE_LOST|Memory access fault|HSA_STATUS_ERROR"),
         "the GPU faulted while computing: a driver or llama.cpp bug; update both, and report it with this line",
@@ -210,7 +208,7 @@ def _why(report: LogReport, cause: str, args: CommandArgs, text: str) -> tuple[s
         return why, todo
     why = f"{where} ran out of memory while {stage}{asked}{before}{had}."
     if not _copies_on(report, text):
-        return why, ""
+        return why, split_fix(report, args) or ""
     n = report.pipeline_copies or 4
     ngl = f" (your -ngl {args['ngl']} does)" if args.get("ngl") else ""
     layers = f"-ngl {report.n_layer}" if report.n_layer else "-ngl equal to the layer count"
@@ -239,11 +237,17 @@ def _why(report: LogReport, cause: str, args: CommandArgs, text: str) -> tuple[s
 def _fix(report: LogReport, args: CommandArgs) -> str:
     """The recommend line for this model, card and context, with the pasted command's own -c, -ub, -np, -fa and
     its -ot pins (placeholders where the text does not say)."""
-    model = report.model_path or args.get("model") or "MODEL.gguf"
+    model = (
+        report.model_path or args.get("model") or ("ollama:MODEL" if tool(report.text) == "ollama" else "MODEL.gguf")
+    )
     device = (report.oom and report.oom.device) or next(iter(report.buffers.devices), None)
     free = card_memory(report, device or "")
     vram = f"{free // MiB}MiB" if free else "YOUR_CARD_MEMORY"
-    ctx = report.n_ctx or (_number(args.get("ctx")) or None) or "CONTEXT"
+    cards = sorted(set(report.buffers.devices) | set(report.free_at_load), key=device_order)
+    if len(cards) > 1 or device_order(device or "")[1] > 0:  # several cards, planned together, each its memory
+        sizes = [card_memory(report, card) for card in cards]
+        vram = ",".join(f"{size // MiB}MiB" for size in sizes) if len(sizes) > 1 and all(sizes) else "EACH_CARD,..."
+    ctx = report.n_ctx or (_number(args.get("ctx")) or None) or ollama_context(report.text) or "CONTEXT"
     line = ["moeplace", "recommend", model, "--vram", vram, "--ctx", str(ctx)]
     if report.backend in BACKEND_NAMES:  # a backend recommend plans for
         line += ["--backend", report.backend]
@@ -274,6 +278,7 @@ class Explanation(TypedDict, total=False):
     backend: str | None
     devices: dict[str, dict[str, float]]  # device -> buffer kind -> MiB (total, free_at_load)
     host: JsonObject  # the host's buffer kinds in MiB, and each host buffer's
+    free_at_load: dict[str, float]  # device -> MiB free as the load found it
     experts_on_host: ExpertsOnHost | None
     offloaded_layers: list[int] | None
     n_ctx: int | None
@@ -282,8 +287,14 @@ class Explanation(TypedDict, total=False):
     pipeline_copies: int | None
     pipeline_retried: Retried | None
     model: str | None
+    parts: dict[str, dict[str, dict[str, float]]] | None  # role -> device (and host) -> kind -> MiB
     breakdown: JsonObject | None
+    breakdown_check: dict[str, TableCheck] | None
     command: CommandArgs | None
+    tool: str  # the program that printed the log: llama.cpp, ollama or lm-studio
+    unified: str | None  # the words for a GPU whose memory is the system's RAM
+    flash_attention: str | None  # why llama.cpp turned flash attention off by itself
+    expert_logging: bool  # whether running with -v would show where the experts went (a MoE model, a quiet log)
     status: str
     dry_run: dict[str, str] | None
     error: dict[str, str] | None
@@ -309,12 +320,12 @@ def explain(text: str, source: str = "the text") -> Explanation:
         )
     args = command_args(text)
     buffers = report.buffers
-    devices = {name: _mib(kinds) for name, kinds in buffers.devices.items()}
+    devices = {name: mib_row(kinds) for name, kinds in buffers.devices.items()}
     for name, row in devices.items():
         if name in report.free_at_load:
             row["free_at_load"] = round(report.free_at_load[name] / MiB, 2)
-    host = _mib(buffers.host) | {
-        "buffers": {name: _mib(kinds) for name, kinds in buffers.sizes.items() if is_host(name)}
+    host = mib_row(buffers.host) | {
+        "buffers": {name: mib_row(kinds) for name, kinds in buffers.sizes.items() if is_host(name)}
     }
     out: Explanation = {
         "kind": "llama.cpp log",
@@ -322,6 +333,7 @@ def explain(text: str, source: str = "the text") -> Explanation:
         "gpus": report.gpus,
         "devices": devices,
         "host": host,
+        "free_at_load": {name: round(free / MiB, 2) for name, free in report.free_at_load.items()},
         "experts_on_host": experts_on_host(report, text),
         "offloaded_layers": list(report.offloaded) if report.offloaded else None,
         "n_ctx": report.n_ctx,
@@ -330,8 +342,14 @@ def explain(text: str, source: str = "the text") -> Explanation:
         "pipeline_copies": report.pipeline_copies,
         "pipeline_retried": _retried(report),
         "model": report.model_path,
+        "parts": parts(report),
         "breakdown": report.breakdown,
+        "breakdown_check": table_check(report) or None,
         "command": args or None,
+        "tool": tool(text),
+        "unified": unified(report, text),
+        "flash_attention": flash_attention(text, args),
+        "expert_logging": bool(buffers.host.get("weights")) and not _DENSE.search(text) and not _VERBOSE.search(text),
         "status": report.status,
         "dry_run": {"kind": report.dry_run, "why": _DRY_RUN_WORDS[report.dry_run]} if report.dry_run else None,
         "error": _error(report) if report.error else None,
@@ -343,12 +361,22 @@ def explain(text: str, source: str = "the text") -> Explanation:
     return out
 
 
+# A dense model (print_info: n_expert = 0) has no experts to place; a log at -v or -lv 4 already shows each
+# overridden tensor, so asking for -v again is no help.
+_DENSE = re.compile(r"(?:print_info|llm_load_print_meta):\s+n_expert\s+=\s+0\b")
+_VERBOSE = re.compile(
+    r"verbosity\s*=\s*(?:[4-9]|\d{2,})|(?:-lv|--log-verbosity)\s+[4-9]|--verbose\b|\s-v(?:\s|$)|OLLAMA_DEBUG=1", re.M
+)
+
+
 def _out_of_memory(report: LogReport, args: CommandArgs, text: str) -> tuple[dict[str, str | float | None], str]:
     """Where the run ran out of memory, why, and what to do; and the fix (the `recommend` line that plans it)."""
     oom = report.oom
     requested = round(oom.requested_bytes / MiB, 2) if oom.requested_bytes else None
     cause = _cause(report, text)
     why, todo = _why(report, cause, args, text)
+    if in_tool := tool_todo(tool(text), oom.stage, report):
+        todo = f"{todo} {in_tool}".strip()
     found = {
         "stage": oom.stage,
         "device": oom.device,

@@ -16,15 +16,67 @@ def render(found: Explanation) -> str:
     lines = [f"backend: {found['backend'] or 'unknown'}" + (f" ({', '.join(found['gpus'])})" if found["gpus"] else "")]
     if found["n_ctx"]:
         lines.append(f"context: {found['n_ctx']} tokens")
-    lines += _buffer_lines(found)
+    lines += _buffer_lines(found) + _part_lines(found)
     experts = found["experts_on_host"]
     if experts:
         at_least = "at least " if experts["at_least"] else ""
         cut = " (the paste looks cut: lines are missing)" if experts["at_least"] else ""
         lines.append(f"experts in host RAM: {at_least}{experts['tensors']} tensors in {experts['layers']} layers{cut}")
-    elif found["host"].get("weights"):
+    elif found["expert_logging"]:
         lines.append("experts in host RAM: not logged (run with -v to see each tensor's buffer)")
+    if found["unified"]:
+        lines.append(f"unified memory: {found['unified']}.")
+    if found["flash_attention"]:
+        lines.append(f"flash attention: {found['flash_attention']}.")
     return "\n".join(lines + _layout_lines(found) + _status_lines(found))
+
+
+_ROLE_WORDS = {
+    "main": "the model and its context",
+    "draft": "the draft model (-md) and its context",
+    "mtp": "the MTP head's context (--spec-type mtp)",
+    "projector": "the projector (--mmproj)",
+}
+
+
+def _part_lines(found: Explanation) -> list[str]:
+    """What each live part holds, where there are several (the totals above are their sum)."""
+    if not found["parts"]:
+        return []
+    lines = ["of which (each part is held at the same time):"]
+    for role, rows in found["parts"].items():
+        cells = ", ".join(f"{name} {mib['total']:,.1f}" for name, mib in rows.items() if mib["total"])
+        lines.append(f"  {_ROLE_WORDS[role]}: {cells or 'nothing in this text'} MiB")
+    return lines
+
+
+def _table_lines(found: Explanation) -> list[str]:
+    """Whether the buffer lines add up to llama.cpp's own table, which counts the main model and context only."""
+    checks = found["breakdown_check"]
+    if not checks:
+        return []
+    same = [name for name, check in checks.items() if check["matches"]]
+    lines = []
+    if same:
+        lines.append(f"  the buffer lines add up to this table on {', '.join(same)} (to the MiB)")
+    for name, check in checks.items():
+        if not check["matches"]:
+            ours, table = check["buffers"], check["table"]
+            cols = ("model", "context", "compute")
+            lines.append(
+                f"  on {name} the buffer lines give model, context, compute = "
+                + ", ".join(f"{ours[c]:,.0f}" for c in cols)
+                + " MiB, the table "
+                + ", ".join(f"{table[c]:,}" for c in cols)
+                + ": lines are missing from the paste, or the table is from another try (--fit prints one per try)"
+            )
+    if found["parts"]:
+        others = ", ".join(_ROLE_WORDS[role] for role in found["parts"] if role != "main")
+        lines.append(
+            f"  the table counts the main model and its context only: {others} are not in it (at exit llama.cpp "
+            "puts them in its 'unaccounted')"
+        )
+    return lines
 
 
 def _render_bench(records: list[LlamaBenchRow]) -> str:
@@ -40,7 +92,10 @@ def _render_bench(records: list[LlamaBenchRow]) -> str:
 def _buffer_lines(found: Explanation) -> list[str]:
     """The table of buffers per device and on the host (MiB)."""
     if not found["devices"] and not found["host"]["buffers"]:
-        return ["buffers: none in this text (llama.cpp logs them as it loads: paste the log from its start)"]
+        free = ", ".join(f"{name} {mib:,.0f}" for name, mib in found["free_at_load"].items())
+        return ["buffers: none in this text (llama.cpp logs them as it loads: paste the log from its start)"] + (
+            [f"free at load (MiB): {free}"] if free else []
+        )
     lines = [f"{'':<22}{'weights':>10}{'KV':>10}{'compute':>10}{'output':>10}{'total':>11}  MiB"]
     for name, mib in found["devices"].items():
         lines.append(_buffer_row(name, mib))
@@ -64,7 +119,8 @@ def _layout_lines(found: Explanation) -> list[str]:
         columns = list(next(iter(found["breakdown"].values())))
         lines.append("llama.cpp's own memory table (MiB): " + ", ".join(columns))
         for device, row in found["breakdown"].items():
-            lines.append(f"  {device:<20}" + "".join(f"{row[c]:>10,}" for c in columns))
+            lines.append(f"  {device:<20}" + "".join(f"{row[c]:>10,}" if c in row else f"{'':>10}" for c in columns))
+        lines += _table_lines(found)
     if found["pipeline_parallel"]:
         n = found["pipeline_copies"] or 4
         lines.append(f"pipeline parallelism: on ({copies(n)} of the compute buffers' inputs per device)")

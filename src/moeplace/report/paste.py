@@ -42,6 +42,10 @@ _OPTIONS = {
     "--split-mode": "split_mode",
     "-fa": "flash_attn",
     "--flash-attn": "flash_attn",
+    "-ctk": "type_k",
+    "--cache-type-k": "type_k",
+    "-ctv": "type_v",
+    "--cache-type-v": "type_v",
 }
 # A paste with lines cut out of it: a line that is only an ellipsis or a snip mark, or one that says lines were cut.
 _CUT = re.compile(
@@ -63,13 +67,15 @@ class CommandArgs(TypedDict, total=False):
     model: str
     split_mode: str
     flash_attn: str
+    type_k: str
+    type_v: str
     ot: list[str]  # the -ot rules, in order
 
 
 def command_args(text: str) -> CommandArgs:
     """The flags of the first llama.cpp command line the text shows, or of the router's argument lines ({} where
-    it shows neither): ctx, ngl, ubatch, n_cpu_moe, parallel, model, split_mode and flash_attn as typed, ot as the
-    list of -ot rules."""
+    it shows neither): ctx, ngl, ubatch, n_cpu_moe, parallel, model, split_mode, flash_attn, type_k and type_v as
+    typed, ot as the list of -ot rules."""
     lines = re.sub(r"\\[ \t]*\r?\n", " ", text).splitlines()
     commands = [m[1] for line in lines if (m := _PROGRAM.search(line))]
     arg_lines = [m[1] for line in lines if (m := _ARG_LINE.search(line))]

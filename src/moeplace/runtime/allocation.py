@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..core.errors import MoeplaceError
 from .build import Build
-from .llama_log import Buffers, parse_buffers
+from .llama_buffers import Buffers, parse_buffers
 from .llamacpp import require_binary
 from .process import classify, run, run_checked
 from .tool_output import fitted_args

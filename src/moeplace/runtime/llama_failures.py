@@ -42,7 +42,10 @@ _ALLOC_FAILED = (
 _STAGE_SAYS = (
     (re.compile(r"command buffer \d+ failed with status"), "runtime"),  # Metal: a graph ran out while computing
     (
-        re.compile(r"unable to allocate \S+ buffer|error loading model|failed to load model|load_tensors: failed"),
+        re.compile(
+            r"unable to allocate \S+ buffer|error loading model|failed to load model|load_tensors: failed|"
+            r"Failed to allocate buffer type"  # ik_llama.cpp's weights
+        ),
         "weights",
     ),
     (re.compile(r"buffer for (?:kv|rs) cache|kv_cache\w*: failed|failed for self-attention cache"), "kv"),
@@ -131,6 +134,7 @@ _ERRORS = (
     re.compile(r"error loading model: (?!.*(?:allocat|memory)).*\S"),
     re.compile(r".*(?:DeviceLost|VK_ERROR_DEVICE_LOST|Memory access fault by GPU|HSA_STATUS_ERROR_).*\S"),
     re.compile(r".*(?:GGML_ASSERT\(.*\) failed|ggml_cuda_compute_forward: \w+ failed).*"),
+    re.compile(r"\w+: (?:[\w ]+: )?(?:V cache quantization requires flash_attn|quantized V cache was requested.*)"),
     re.compile(r".*(?:Segmentation fault|SIGSEGV|Illegal instruction|core dumped).*"),
 )
 

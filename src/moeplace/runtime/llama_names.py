@@ -33,3 +33,9 @@ def device_name(backend: str | None, index: int | str) -> str:
     """The name llama.cpp gives a backend's device by its index (a log that names only the index and no backend:
     CUDA's)."""
     return f"{_DEVICE_PREFIX.get(backend or '', 'CUDA')}{index}"
+
+
+def device_order(name: str) -> tuple[str, int]:
+    """A device name as (prefix, index), to sort devices by index (CUDA2 before CUDA10): ("CUDA", 2)."""
+    digits = len(name) - len(name.rstrip("0123456789"))
+    return (name[: len(name) - digits], int(name[len(name) - digits :])) if digits else (name, 0)
