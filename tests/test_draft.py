@@ -193,3 +193,17 @@ def test_a_mac_is_planned_as_one_pool(twins, capsys, monkeypatch):
     code, _, err = _cli(capsys, "recommend", twins["gpt-oss-120b"], "--backend", "metal", "--vram", "36GiB", "--ctx",
                         "32768")  # fmt: skip
     assert code == 1 and "experts on the CPU do not help" in err and "fix: a Mac with 96 GB" in err
+
+
+def test_the_library_call_takes_a_draft_and_a_mac(twins):
+    """moeplace.recommend(..., draft=...) plans the draft and every tool's line carries it; a Mac's pool likewise."""
+    import moeplace
+
+    rec = moeplace.recommend(twins["qwen3-coder-30b-a3b"], ctx=32768, vram="24GiB", backend="cuda",
+                             draft=twins["qwen3-1.7b"])  # fmt: skip
+    (p,) = rec.plans
+    assert p["spec_type"] == "draft-simple" and p["draft_kv_bytes"] == 28 * 2 * 8 * 128 * 2 * 32768
+    assert all(f"-md {twins['qwen3-1.7b']}" in p["commands"][tool] for tool in ("server", "llama-swap"))
+    assert "LLAMA_ARG_SPEC_DRAFT_MODEL" in p["commands"]["ollama"] and "-md" not in p["commands"]["bench"]
+    mac = moeplace.recommend(twins["gpt-oss-120b"], ctx=32768, vram="36GiB", backend="metal")
+    assert not mac.fits and any("a Mac with 96 GB" in line for line in mac.errors())

@@ -204,6 +204,7 @@ class Request:
     def __post_init__(self) -> None:
         self._check_values()
         self._check_combinations()
+        self._check_beside()
 
     def cache(self, kv: tuple[str, str] | None = None, ubatch: int | None = None) -> Cache:
         """The request's cache flags, with another KV type or ubatch where a plan chose one."""
@@ -251,6 +252,25 @@ class Request:
                     "not clip); give the mmproj .gguf published beside the model."
                 )
 
+    def _check_beside(self) -> None:
+        """A draft and unified memory: their flags together with the rest."""
+        if self.draft.asked and (why := refusal(self.flash_attn, self.draft.type_v)):
+            raise MoeplaceError(f"-ctvd {self.draft.type_v}: {why}; drop --flash-attn off.")
+        if self.unified and self.backend != "auto" and backend_record(self.backend).software:
+            raise MoeplaceError(
+                f"--unified with --backend {self.backend}: an emulated device has no unified memory; --unified is "
+                "for an APU (ROCm, Vulkan) or a unified-memory GPU such as DGX Spark's (CUDA)."
+            )
+        if self.wired_limit_mib is not None and not self.is_unified:
+            raise MoeplaceError(
+                "--wired-limit is a unified-memory GPU's cap: give it with --backend metal, or --unified for an APU."
+            )
+        if (self.draft.asked or self.is_unified) and (self.constants is not None or len(self.vram or ()) > 1):
+            raise MoeplaceError(
+                "a draft (-md, --spec-type) and unified memory are planned on one device of a MODEL.gguf: give one "
+                "--vram and the model's file."
+            )
+
     def _check_combinations(self) -> None:
         if self.constants is not None:
             if self.model or self.vram or self.auto or self.card:
@@ -280,22 +300,6 @@ class Request:
             raise MoeplaceError(
                 f"--json and --emit {self.emit} ask for two outputs: --json prints the plan (with every tool's "
                 "line in it); give one."
-            )
-        if self.draft.asked and (why := refusal(self.flash_attn, self.draft.type_v)):
-            raise MoeplaceError(f"-ctvd {self.draft.type_v}: {why}; drop --flash-attn off.")
-        if self.unified and self.backend != "auto" and backend_record(self.backend).software:
-            raise MoeplaceError(
-                f"--unified with --backend {self.backend}: an emulated device has no unified memory; --unified is "
-                "for an APU (ROCm, Vulkan) or a unified-memory GPU such as DGX Spark's (CUDA)."
-            )
-        if self.wired_limit_mib is not None and not self.is_unified:
-            raise MoeplaceError(
-                "--wired-limit is a unified-memory GPU's cap: give it with --backend metal, or --unified for an APU."
-            )
-        if (self.draft.asked or self.is_unified) and (self.constants is not None or len(self.vram or ()) > 1):
-            raise MoeplaceError(
-                "a draft (-md, --spec-type) and unified memory are planned on one device of a MODEL.gguf: give one "
-                "--vram and the model's file."
             )
         if self.emit == "ollama" and (len(self.contexts) > 1 or self.longest):
             raise MoeplaceError("--emit ollama: a Modelfile holds one context; give one --ctx value per Modelfile.")
