@@ -7,9 +7,11 @@ our estimate printed beside it."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ from moeplace.runtime.device import rpc_device
 from moeplace.runtime.llama_log import Load, read_log
 
 pytestmark = pytest.mark.llamacpp
+_RESERVED = re.compile(r"sched_reserve: RPC0\S* compute buffer size =\s+([\d.]+) MiB")
 CTX = 2048
 MODELS = ROOT / "config/models"
 
@@ -93,6 +96,10 @@ def test_the_draft_s_buffers_are_the_plan_s(twins, tmp_path, kind, extra):
     else:  # the MTP head's weights are the main model's, loaded for draft-mtp only
         assert draft_load is main_load
         assert logged_main["weights"] / MiB == pytest.approx((main.weights + ours.weights) / MiB, abs=PRINTED)
+        # the MTP context reserves its graph again once drafting is set up: its buffer is the last reserve's (the
+        # log reader sums the two lines); no llama.cpp tool reserves an MTP context alone, so ours is the estimate
+        logged_draft["compute"] = round(float(_RESERVED.findall(log)[-1]) * MiB)
+        assert logged_draft["compute"] <= ours.compute
     assert logged_main["kv"] / MiB == pytest.approx(main.kv / MiB, abs=PRINTED)
     assert logged_draft["kv"] / MiB == pytest.approx(ours.kv / MiB, abs=PRINTED)
     print(f"compute: main logged {logged_main['compute'] / MiB:.2f} MiB, ours {main.compute / MiB:.2f}; draft logged "
@@ -101,21 +108,25 @@ def test_the_draft_s_buffers_are_the_plan_s(twins, tmp_path, kind, extra):
 
 def test_llama_server_refuses_the_draft_moeplace_refuses(twins, tmp_path):
     """A draft whose vocabulary differs (tiny-qwen35moe's 512 tokens against tiny-qwen3moe's 4096): moeplace says
-    so in one line, and the pinned llama-server refuses to speculate with it."""
-    with pytest.raises(MoeplaceError, match="vocabulary"):
+    so in one line; the pinned llama-server loads it, then refuses to speculate with it ("failed to initialize
+    speculative decoding context") and serves without it: the draft's memory for nothing."""
+    with pytest.raises(MoeplaceError, match="vocabulary") as e:
         read_speculative("draft-simple", twins["tiny-qwen3moe"], twins["tiny-qwen35moe"])
+    assert "\n" not in str(e.value)
     argv = [binary("llama-server"), "-m", twins["tiny-qwen3moe"], "-md", twins["tiny-qwen35moe"], "--spec-type",
             "draft-simple", "-c", "512", "-t", "1", "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
-    with open(tmp_path / "server.log", "w") as out:
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
         server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
-        code = server.wait(timeout=180)
+        deadline = time.monotonic() + 120
+        while server.poll() is None and "listening" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-    log = (tmp_path / "server.log").read_text()
-    assert code != 0 and "vocab" in log, log[-3000:]
+        server.terminate()
+        server.wait(timeout=60)
+    text = log.read_text()
+    assert "vocabs are not compatible" in text and "failed to initialize speculative decoding" in text, text[-3000:]
 
 
 def test_the_printed_line_with_a_draft_loads_as_planned(twins, tmp_path):
@@ -136,6 +147,8 @@ def test_the_printed_line_with_a_draft_loads_as_planned(twins, tmp_path):
     log = (tmp_path / "server.log").read_text()
     (main_load, main_ctx), (draft_load, draft_ctx) = contexts_of(log, plan["cells"])[-2:]
     logged = device_of(Load(main_load.weights, [main_ctx]).last())
+    print(f"printed line: plan {dict((k, plan[k]) for k in plan if k.endswith('_bytes'))}; logged {logged}, draft "
+          f"{device_of(draft_load.weights)}, {device_of(draft_ctx)}", file=sys.stderr)  # fmt: skip
     assert logged["weights"] / MiB == pytest.approx(plan["weights_bytes"] / MiB, abs=PRINTED)
     assert logged["kv"] / MiB == pytest.approx(plan["kv_bytes"] / MiB, abs=PRINTED)
     assert logged["compute"] <= plan["compute_bytes"] + PRINTED * MiB
