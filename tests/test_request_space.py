@@ -372,3 +372,32 @@ def test_optimal_ranks_the_whole_layer_split_with_a_line_that_runs_it(metas, cap
     on_card = [sum(layer.bytes.values()) + 32768 * (layer.k_dim + layer.v_dim) * 2 for layer in meta.layers]
     room = 16 * 2**30 - plan["margin_bytes"]
     assert sum(on_card[-g:]) < room < sum(on_card[-g - 1 :]) + 2**30  # one layer more: over, a compute buffer aside
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests(), st.sampled_from([16, 24, 32, 36, 48, 64, 96, 128]), st.one_of(st.none(), st.integers(8, 120)))
+def test_on_unified_memory_a_plan_fits_the_cap_and_the_ram(metas, drawn, ram_gib, limit_gib):
+    """One pool (plan/unified.py): a plan that fits keeps its device buffers within the GPU's cap less the margin,
+    and everything (those, the weights on the CPU side, the OS's share) within the RAM; one that does not fit at any
+    n is short of one of the two."""
+    from moeplace.model.memory import host_bytes
+    from moeplace.plan.unified import pool_for
+
+    name, request, device, backend = drawn
+    meta = metas[name]
+    limit = limit_gib * 1024 if limit_gib and limit_gib < ram_gib else None
+    pool = pool_for(ram_gib * GiB, "metal", limit)
+    card = Device(pool.cap_bytes, device.kept_free)
+    w = request.workload(request.contexts[0], "metal")
+    p = budget.plan(meta, card, w, beside=budget.Beside(pool=pool))
+    n = p["n_cpu_moe"]
+    if n is None:
+        n_all = budget.plan(meta, card, w)["n_cpu_moe"]
+        if n_all is not None:  # the cap alone would take it: the RAM is short
+            need = device_need(meta, w, n_all).total + card.kept_free
+            assert need + host_bytes(meta, Pins().host_set(meta, n_all)) + pool.os_bytes > pool.ram_bytes
+        return
+    need = device_need(meta, w, n).total + card.kept_free
+    assert need <= pool.cap_bytes
+    assert need + host_bytes(meta, Pins().host_set(meta, n)) + pool.os_bytes <= pool.ram_bytes
+    assert p["pool_used_bytes"] <= pool.ram_bytes
