@@ -163,6 +163,7 @@ def test_every_emitted_form_carries_the_draft(twins, capsys):
     ("args", "says"),
     [
         (["-cd", "4096"], "-cd 4096: the pinned llama.cpp (b11434) has no --ctx-size-draft"),
+        (["-md", "/nonexistent.gguf", "-ngld", "10"], "-ngld 10: moeplace plans the draft wholly on the card"),
         (["--spec-type", "draft-simple"], "give it with -md DRAFT.gguf"),
         (["--draft-max", "0"], "--draft-max 0: draft 1 to 64 tokens"),
         (["-md", "/nonexistent.gguf"], "-md /nonexistent.gguf: no such file"),

@@ -74,6 +74,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
             args.cache_type_k_draft,
             args.cache_type_v_draft,
             args.ctx_size_draft,
+            args.gpu_layers_draft,
         ),
         unified=args.unified,
         wired_limit_mib=args.wired_limit,
@@ -203,6 +204,9 @@ def _draft_options(rec: argparse.ArgumentParser) -> None:
     )
     group.add_argument("-ctkd", "--cache-type-k-draft", default="f16", choices=CACHE_TYPES)
     group.add_argument("-ctvd", "--cache-type-v-draft", default="f16", choices=CACHE_TYPES)
+    group.add_argument(
+        "-ngld", "--gpu-layers-draft", default="all", help="the draft's layers on the card: all (planned whole)"
+    )
     group.add_argument(
         "-cd", "--ctx-size-draft", type=int, help="older llama.cpp's draft context (refused: the pinned build has none)"
     )

@@ -66,8 +66,14 @@ class DraftRequest:
     type_k: str = "f16"
     type_v: str = "f16"
     ctx: int | None = None
+    ngl: str = "all"  # -ngld: the draft's layers on the card; planned whole (all, or a count of 99 or more)
 
     def __post_init__(self) -> None:
+        if self.ngl != "all" and not (self.ngl.isdigit() and int(self.ngl) >= 99):
+            raise MoeplaceError(
+                f"-ngld {self.ngl}: moeplace plans the draft wholly on the card (-ngld all); a draft split with the "
+                "host is not planned: give -ngld all, or plan without the draft."
+            )
         if self.ctx is not None:
             raise MoeplaceError(
                 f"-cd {self.ctx}: the pinned llama.cpp (b11434) has no --ctx-size-draft: its draft context holds the "
