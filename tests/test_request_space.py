@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from moeplace.core.config import Device
+from moeplace.model.draft import DraftRequest, draft_need, read_speculative
 from moeplace.model.memory import Pins, device_need
 from moeplace.model.meta import RopeYarn
 from moeplace.model.metadata import inspect_model
@@ -137,6 +138,55 @@ def test_every_fix_is_a_different_request_that_fits(metas, drawn):
         assert _fits(meta, device, fix.request.workload(fix.ctx, backend), fix.n_cpu_moe, Pins())
 
 
+@pytest.fixture(scope="module")
+def drafts(metas, tmp_path_factory) -> dict[str, tuple]:
+    """Each drafted model's meta and speculation: Qwen3-Coder-30B-A3B with Qwen3-1.7B as its draft (-md), and
+    Qwen3.6-35B-A3B with its own MTP block (block_count 41, as the MTP GGUFs are made)."""
+    folder = tmp_path_factory.mktemp("drafts")
+    draft = write_twin(load_spec(ROOT / "config/models/qwen3-1.7b.yaml"), folder / "qwen3-1.7b.gguf")
+    coder = metas["qwen3-coder-30b-a3b"].files[0].path
+    spec = load_spec(ROOT / "config/models/qwen3.6-35b-a3b.yaml")
+    mtp = replace(spec, n_layer=spec.n_layer + 1, params={**spec.params, "nextn_predict_layers": 1})
+    qwen36 = write_twin(mtp, folder / "qwen3.6-mtp.gguf")
+    return {
+        "draft": (metas["qwen3-coder-30b-a3b"], read_speculative(None, coder, str(draft)), str(draft)),
+        "mtp": (inspect_model(qwen36), read_speculative("draft-mtp", str(qwen36), None), None),
+    }
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests(), st.sampled_from(["draft", "mtp"]), st.sampled_from(["f16", "q8_0"]), st.integers(1, 8))
+def test_with_a_draft_the_plan_fits_and_one_layer_less_does_not(drafts, drawn, kind, draft_kv, n_max):
+    """The main context as drafting changes it and the draft's own buffers (model/draft.py), both on the device: the
+    plan's n fits them, n - 1 does not; every fix offered is a different request that fits, with its own draft."""
+    _, request, device, backend = drawn
+    meta, spec, draft_path = drafts[kind]
+    flash = "on" if draft_kv != "f16" else request.flash_attn
+    request = request.with_(draft=DraftRequest(draft_path, spec.kind, n_max, draft_kv, draft_kv), flash_attn=flash)
+
+    def spec_of(r: Request):
+        d = r.draft
+        return replace(spec, n_max=d.n_max, type_k=d.type_k, type_v=d.type_v) if d.asked else None
+
+    def fits_with(r: Request, ctx: int, n: int) -> bool:
+        w, s = r.workload(ctx, backend), spec_of(r)
+        need = device_need(meta, s.main(meta, w) if s else w, n).total + (draft_need(s, meta, w, n).total if s else 0)
+        return need + device.kept_free <= device.vram_bytes
+
+    def fitted(r: Request, ctx: int) -> int | None:
+        return budget.plan(meta, device, r.workload(ctx, backend), beside=budget.Beside(spec_of(r)))["n_cpu_moe"]
+
+    ctx = request.contexts[0]
+    n = fitted(request, ctx)
+    if n is not None:
+        assert fits_with(request, ctx, n) and (n == 0 or not fits_with(request, ctx, n - 1))
+        return
+    assert not fits_with(request, ctx, meta.n_layer)
+    for fix in fixes(request, ctx, fitted):
+        assert (fix.request, fix.ctx) != (request, ctx)
+        assert fix.n_cpu_moe is not None and fits_with(fix.request, fix.ctx, fix.n_cpu_moe)
+
+
 def parse_line(line: str) -> dict:
     """A llama-server or llama-bench line as llama.cpp reads it: the options that decide memory and placement."""
     words = shlex.split(line)
@@ -145,7 +195,9 @@ def parse_line(line: str) -> dict:
              "-ot": "ot", "--cache-type-k": "type_k", "--cache-type-v": "type_v", "-fa": "flash_attn", "-ub": "ubatch",
              "--parallel": "parallel", "--mmproj": "mmproj", "--rope-scaling": "rope", "--rope-scale": "rope_scale",
              "--yarn-orig-ctx": "yarn_orig_ctx", "-m": "model", "-ngl": "ngl", "-b": "batch", "-n": "gen", "-r": "reps",
-             "-nkvo": "nkvo", "--port": "port", "-ts": "tensor_split"}  # fmt: skip
+             "-nkvo": "nkvo", "--port": "port", "-ts": "tensor_split", "-md": "draft", "-ngld": "ngld",
+             "--spec-type": "spec_type", "--spec-draft-n-max": "draft_max", "-ctkd": "draft_type_k",
+             "-ctvd": "draft_type_v"}  # fmt: skip
     out: dict = {"tool": tool, "nkvo": False}
     it = iter(args)
     for word in it:
@@ -320,3 +372,32 @@ def test_optimal_ranks_the_whole_layer_split_with_a_line_that_runs_it(metas, cap
     on_card = [sum(layer.bytes.values()) + 32768 * (layer.k_dim + layer.v_dim) * 2 for layer in meta.layers]
     room = 16 * 2**30 - plan["margin_bytes"]
     assert sum(on_card[-g:]) < room < sum(on_card[-g - 1 :]) + 2**30  # one layer more: over, a compute buffer aside
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests(), st.sampled_from([16, 24, 32, 36, 48, 64, 96, 128]), st.one_of(st.none(), st.integers(8, 120)))
+def test_on_unified_memory_a_plan_fits_the_cap_and_the_ram(metas, drawn, ram_gib, limit_gib):
+    """One pool (plan/unified.py): a plan that fits keeps its device buffers within the GPU's cap less the margin,
+    and everything (those, the weights on the CPU side, the OS's share) within the RAM; one that does not fit at any
+    n is short of one of the two."""
+    from moeplace.model.memory import host_bytes
+    from moeplace.plan.unified import pool_for
+
+    name, request, device, backend = drawn
+    meta = metas[name]
+    limit = limit_gib * 1024 if limit_gib and limit_gib < ram_gib else None
+    pool = pool_for(ram_gib * GiB, "metal", limit)
+    card = Device(pool.cap_bytes, device.kept_free)
+    w = request.workload(request.contexts[0], "metal")
+    p = budget.plan(meta, card, w, beside=budget.Beside(pool=pool))
+    n = p["n_cpu_moe"]
+    if n is None:
+        n_all = budget.plan(meta, card, w)["n_cpu_moe"]
+        if n_all is not None:  # the cap alone would take it: the RAM is short
+            need = device_need(meta, w, n_all).total + card.kept_free
+            assert need + host_bytes(meta, Pins().host_set(meta, n_all)) + pool.os_bytes > pool.ram_bytes
+        return
+    need = device_need(meta, w, n).total + card.kept_free
+    assert need <= pool.cap_bytes
+    assert need + host_bytes(meta, Pins().host_set(meta, n)) + pool.os_bytes <= pool.ram_bytes
+    assert p["pool_used_bytes"] <= pool.ram_bytes

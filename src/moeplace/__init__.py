@@ -8,7 +8,18 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_API = ("recommend", "predict", "optimal", "explain", "inspect", "Plan", "Recommendation", "Request", "Speeds")
+_API = (
+    "recommend",
+    "predict",
+    "optimal",
+    "explain",
+    "inspect",
+    "Plan",
+    "Recommendation",
+    "Request",
+    "Speeds",
+    "DraftRequest",
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ from dataclasses import fields
 from typing import Any
 
 from .core.errors import MoeplaceError
+from .model.draft import DraftRequest
 from .model.meta import ModelMeta
 from .model.metadata import inspect_model
 from .plan import recommend as recommend_mod
@@ -27,7 +28,18 @@ from .report.explain import Explanation
 from .report.explain import explain as explain_text
 from .runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_UBATCH
 
-__all__ = ["Plan", "Recommendation", "Request", "Speeds", "explain", "inspect", "optimal", "predict", "recommend"]
+__all__ = [
+    "DraftRequest",
+    "Plan",
+    "Recommendation",
+    "Request",
+    "Speeds",
+    "explain",
+    "inspect",
+    "optimal",
+    "predict",
+    "recommend",
+]
 
 _OPTIONS = {f.name for f in fields(Request)} - {"contexts", "model", "vram"}
 
@@ -38,12 +50,15 @@ def recommend(
     """`moeplace recommend MODEL --ctx ... --vram ...` as a value: per context the smallest --n-cpu-moe that fits,
     every device buffer, the speeds, the assumptions and each tool's command line. `vram`: '16GiB', several cards'
     sizes, or 'auto'; or give `card='RTX 3060 12GB'`. `options`: any other field of Request (backend, margin_mib,
-    type_k, type_v, flash_attn, ubatch, parallel, overrides, placement, objective, speeds, ...)."""
+    type_k, type_v, flash_attn, ubatch, parallel, overrides, placement, objective, speeds, unified,
+    wired_limit_mib, ...); `draft`: a DraftRequest, or a draft model's path (speculative decoding)."""
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise MoeplaceError(
             f"moeplace.recommend: no option {unknown[0]!r}; the options are Request's: {sorted(_OPTIONS)}."
         )
+    if isinstance(options.get("draft"), str):
+        options["draft"] = DraftRequest(options["draft"])
     contexts = (ctx,) if isinstance(ctx, int) else tuple(ctx)
     sizes = (vram,) if isinstance(vram, str) else tuple(vram) if vram is not None else None
     auto = sizes == ("auto",)

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..core.backends import NAMES as BACKEND_NAMES
 from ..core.errors import MoeplaceError
+from ..model.draft import DRAFT_MAX, SPEC_TYPES, DraftRequest
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN
 from ..plan.emit_formats import EMIT_FORMATS
@@ -68,6 +69,17 @@ def request_from_args(args: argparse.Namespace) -> Request:
         bin_dir=args.bin_dir,
         speeds=speeds(args),
         constants=constants,
+        draft=DraftRequest(
+            args.model_draft,
+            args.spec_type,
+            args.draft_max,
+            args.cache_type_k_draft,
+            args.cache_type_v_draft,
+            args.ctx_size_draft,
+            args.gpu_layers_draft,
+        ),
+        unified=args.unified,
+        wired_limit_mib=args.wired_limit,
     )
 
 
@@ -117,7 +129,21 @@ def add_parser(sub: Any) -> None:
         "(default: the backend's, from real cards; 0 on the emulated device, rpc)",
     )
     rec.add_argument("--ram", help="the host's RAM for the experts left there, e.g. 64GB (default: this machine's)")
+    rec.add_argument(
+        "--unified",
+        action="store_true",
+        help="the GPU is an APU whose memory is the RAM (ROCm, Vulkan): --vram is then the machine's RAM, one pool "
+        "(Metal always is; docs/devices.md)",
+    )
+    rec.add_argument(
+        "--wired-limit",
+        type=int,
+        metavar="MIB",
+        help="unified memory: the GPU's working-set cap you set (sudo sysctl iogpu.wired_limit_mb=N; an APU's "
+        "GTT limit), in MiB (default: the OS's default share of the RAM)",
+    )
     _llamacpp_options(rec)
+    _draft_options(rec)
     _placement_options(rec)
     rec.set_defaults(func=cmd_recommend)
 
@@ -162,6 +188,29 @@ def _llamacpp_options(rec: argparse.ArgumentParser) -> None:
         "bound for llama-server, which reserves logits for one token per slot",
     )
     rec.add_argument("--bin-dir", help="your llama.cpp build's bin/ for --reserve (default: the pinned build)")
+
+
+def _draft_options(rec: argparse.ArgumentParser) -> None:
+    """Speculative decoding, as llama-server takes it (its buffers planned beside the model's: model/draft.py)."""
+    group = rec.add_argument_group("speculative decoding (llama-server's draft context, planned on the card)")
+    group.add_argument("-md", "--model-draft", help="a draft model .gguf (its vocabulary must be the model's)")
+    group.add_argument(
+        "--spec-type",
+        choices=SPEC_TYPES,
+        help="llama.cpp's speculation: draft-simple (with -md, the default then) or draft-mtp (the model's own "
+        "MTP/NextN head)",
+    )
+    group.add_argument(
+        "--draft-max", type=int, default=DRAFT_MAX, help="tokens drafted a step (llama.cpp's --spec-draft-n-max)"
+    )
+    group.add_argument("-ctkd", "--cache-type-k-draft", default="f16", choices=CACHE_TYPES)
+    group.add_argument("-ctvd", "--cache-type-v-draft", default="f16", choices=CACHE_TYPES)
+    group.add_argument(
+        "-ngld", "--gpu-layers-draft", default="all", help="the draft's layers on the card: all (planned whole)"
+    )
+    group.add_argument(
+        "-cd", "--ctx-size-draft", type=int, help="older llama.cpp's draft context (refused: the pinned build has none)"
+    )
 
 
 def _placement_options(rec: argparse.ArgumentParser) -> None:

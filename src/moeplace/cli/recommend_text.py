@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from ..core.units import GB
 from ..plan.assumed import Assumptions, describe_speed, speed_text
+from ..plan.budget import beside_text
 from ..plan.offload import host_layers
 from ..plan.optimal import RankedPlacement
 from ..plan.recommend import Plan, Recommendation
@@ -39,6 +40,7 @@ def describe_assumptions(a: Assumptions) -> str:
         [
             "assumed:",
             f"  card: {a.backend} ({a.backend_source}), {a.vram_bytes / GB:.2f} GB ({a.vram_source})",
+            *([f"  {a.pool.describe()}"] if a.pool else []),
             f"  margin: {a.margin_bytes / 2**20:.0f} MiB kept free ({a.margin_source})",
             f"  speeds: {bandwidths}{a.speed_source}",
             f"  host RAM: {ram}",
@@ -70,6 +72,7 @@ def _plan_lines(rec: Recommendation, p: Plan) -> list[str]:
         return lines
     lines += [
         "  " + p["command"],
+        *(f"  {line}" for line in beside_text(p)),
         *(f"  note: {note}" for note in p["notes"]),
         "  expected: " + describe_speed(p["speed"], p["ctx"]),
         f"  host RAM: {p['host_bytes'] / GB:.2f} GB of weights stay there",

@@ -7,7 +7,8 @@
   reserve (llama-fit-params --fit-print, no allocation) gives it exactly; without a build, `estimate_compute`
   follows the graph's largest live tensors: the attention mask, the attention scores (without flash attention),
   the logits of a ubatch's outputs and the routed experts' activations;
-- extra: what else the user puts there (a vision projector).
+- extra: what else the user puts there (a vision projector);
+- draft: a speculative draft's weights, KV and compute (draft.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ class Workload:
     outputs: str = "batch"
     op_offload: bool = False  # a GPU backend that copies host weights for large batches (budget.OP_OFFLOAD)
     no_kv_offload: bool = False  # -nkvo: the KV cache stays in host RAM
+    # Speculative decoding (draft.py): the tokens a slot verifies beyond its own per step (a server reserves logits
+    # for 1 + n_draft per slot), and the recurrent state's rollback snapshots (n_rs_seq) kept beside it.
+    n_draft: int = 0
+    rs_snapshots: int = 0
 
     @property
     def batch(self) -> int:
@@ -53,7 +58,7 @@ class Workload:
 
     @property
     def n_outputs(self) -> int:
-        return self.tokens if self.outputs == "batch" else min(self.tokens, self.parallel)
+        return self.tokens if self.outputs == "batch" else min(self.tokens, self.parallel * (1 + self.n_draft))
 
     def llama_args(self) -> list[str]:
         args = ["-c", str(self.ctx * self.parallel), "-ub", str(self.ubatch), "-b", str(self.batch)]
@@ -70,10 +75,11 @@ class DeviceNeed:
     kv: int
     compute: int
     extra: int = 0
+    draft: int = 0  # a speculative draft's buffers (draft.py), beside the main context's
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compute + self.extra
+        return self.weights + self.kv + self.compute + self.extra + self.draft
 
 
 @dataclass(frozen=True)
@@ -120,9 +126,10 @@ def device_weight_bytes(meta: ModelMeta, n_cpu_moe: int, pins: Pins = NO_PINS) -
     return meta.total_bytes - host_kept_bytes(meta) - on_host
 
 
-def state_bytes(meta: ModelMeta) -> int:
-    """The recurrent layers' fixed state for one sequence (hybrid models; 0 for pure attention)."""
-    return sum(layer.state_bytes for layer in meta.layers)
+def state_bytes(meta: ModelMeta, snapshots: int = 0) -> int:
+    """The recurrent layers' fixed state for one sequence (hybrid models; 0 for pure attention), with `snapshots`
+    rollback copies of it (llama-memory-recurrent.cpp: mem_size x (1 + n_rs_seq) rows)."""
+    return sum(layer.state_bytes for layer in meta.layers) * (1 + snapshots)
 
 
 def estimate_compute(meta: ModelMeta, w: Workload, n_cpu_moe: int, host: frozenset[str] | None = None) -> int:
@@ -167,7 +174,7 @@ def device_need(
 ) -> DeviceNeed:
     """The device's buffers for n layers' experts on the host, as the user's -ot pins leave them; `compute(n)` is
     llama.cpp's reserve where known."""
-    kv = (kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch) + state_bytes(meta)) * w.parallel
+    kv = (kv_bytes(meta, w.ctx, w.type_k, w.type_v, w.ubatch) + state_bytes(meta, w.rs_snapshots)) * w.parallel
     return DeviceNeed(
         weights=device_weight_bytes(meta, n_cpu_moe, pins),
         kv=0 if w.no_kv_offload else kv,

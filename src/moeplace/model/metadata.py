@@ -160,8 +160,11 @@ def _recurrent_state_bytes(header: GGUFHeader, n_embd: int, n_head: int) -> int:
 _RECURRENT = ("ssm_", "shortconv.")
 
 
-def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) -> tuple[Attention, list[dict]]:
-    """Attention/KV parameters as llama.cpp's KV cache sees them (llama-hparams.cpp), globally and per layer."""
+def _attention(
+    header: GGUFHeader, n_layer: int, layer_names: list[set[str]], mtp: bool = False
+) -> tuple[Attention, list[dict]]:
+    """Attention/KV parameters as llama.cpp's KV cache sees them (llama-hparams.cpp), globally and per layer; `mtp`:
+    as an MTP context's cache sees them (the NextN layers' KV, the trunk's none)."""
     path = header.paths[0]
     arch = header.architecture
     n_embd = _required_int(header, "embedding_length")
@@ -188,7 +191,7 @@ def _attention(header: GGUFHeader, n_layer: int, layer_names: list[set[str]]) ->
         # convolution) keeps a fixed state instead; in a gated-delta-net layer attn_qkv is the recurrence's input.
         recurrent = any(n.startswith(_RECURRENT) for n in layer_names[il])
         has_kv = (
-            il < n_layer_main
+            (il >= n_layer_main if mtp else il < n_layer_main)
             and n_head_kv[il] > 0
             and any(n.startswith("attn_k") or (n.startswith("attn_qkv") and not recurrent) for n in layer_names[il])
         )
@@ -350,6 +353,17 @@ def model_name(header: GGUFHeader) -> str:
     if isinstance(name, str) and 0 < len(name) <= 128 and name.isprintable():
         return name
     return PurePosixPath(str(header.paths[0]).split("?")[0]).stem
+
+
+def nextn_head(header: GGUFHeader) -> list[Layer]:
+    """The NextN/MTP block(s) at the end of block_count as llama.cpp loads them for --spec-type draft-mtp (load_mtp),
+    each with its bytes, its routed experts and the KV the MTP context keeps for it (none: no head)."""
+    n_layer = _required_int(header, "block_count")
+    n_nextn = min(_optional_int(header, "nextn_predict_layers", 0), n_layer)
+    t = _TensorBytes.walk(header, n_layer, 0)
+    kv = _attention(header, n_layer, t.names, mtp=True)[1] if n_nextn else []
+    heads = range(n_layer - n_nextn, n_layer)
+    return [Layer(il, t.layers[il]["expert"], t.layers[il], t.expert_tensors[il], **kv[il]) for il in heads]
 
 
 def inspect_model(path: str | Path) -> ModelMeta:

@@ -22,6 +22,7 @@ from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS, DEFAULT_LINK_GBPS,
 from .prior_learn import load_prior
 from .request import Request, Speeds
 from .speed import Run, SpeedModel, prefill_up_to
+from .unified import Pool, pool_for, read_mac
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Assumptions:
     ram_bytes: int | None
     ram_source: str
     ddr_measured: bool = False  # bw_ddr_gbps was measured (--bw-ddr-measured, --vram auto), not a datasheet's
+    pool: Pool | None = None  # unified memory: the RAM the GPU shares (vram_bytes is then its working-set cap)
 
 
 def resolve_backend(request: Request) -> tuple[str, str]:
@@ -83,6 +85,32 @@ def _vram(request: Request, free: FreeMemory | None) -> tuple[int, str, str | No
         free_bytes, name = cards[0]
         return free_bytes, f"free on {name} ({tool}) now (--vram auto)", name
     return parse_size(request.vram[0], "--vram"), f"--vram {request.vram[0]}, as given", None
+
+
+def unified_pool(request: Request, backend: str) -> Pool:
+    """A unified-memory device's pool: the machine's RAM as --vram or --card give it (--vram auto: this Mac's
+    sysctl, or this APU machine's RAM), its GPU cap as --wired-limit sets it or the OS's default."""
+    if request.auto:
+        if backend == "metal":
+            if (pool := read_mac(backend)) is None:
+                raise MoeplaceError(
+                    "--vram auto: cannot read this Mac's memory (sysctl hw.memsize); give it, e.g. --vram 36GiB."
+                )
+            limit = request.wired_limit_mib
+            return pool if limit is None else pool_for(pool.ram_bytes, backend, limit)
+        ram, _ = host_ram(None)
+        if ram is None:
+            raise MoeplaceError("--vram auto: cannot read this machine's RAM; give it, e.g. --vram 128GiB.")
+    elif request.card:
+        ram = card_named(request.card).memory_bytes
+    else:
+        ram = parse_size(request.vram[0], "--vram")
+    if request.ram is not None and parse_size(request.ram, "--ram") != ram:
+        raise MoeplaceError(
+            f"--ram {request.ram}: on unified memory the GPU's memory is the RAM, given once as --vram (the "
+            "machine's memory, e.g. --vram 36GiB); drop --ram."
+        )
+    return pool_for(ram, backend, request.wired_limit_mib)
 
 
 def margin_bytes(request: Request, backend: str) -> tuple[int, str]:
@@ -129,7 +157,11 @@ def assumptions(request: Request, free: FreeMemory | None) -> Assumptions:
     """The card, the margin, the bandwidths and the host's RAM the plan assumes, with their sources (`free`: the
     cards' free memory, as --vram auto read it; None without it)."""
     backend, backend_source = resolve_backend(request)
-    vram, vram_source, card = _vram(request, free)
+    pool = unified_pool(request, backend) if request.is_unified or backends.backend(backend).unified else None
+    if pool:
+        vram, vram_source, card = pool.cap_bytes, f"the GPU's working-set cap: {pool.cap_source}", request.card
+    else:
+        vram, vram_source, card = _vram(request, free)
     margin, margin_source = margin_bytes(request, backend)
     if margin >= vram:
         raise MoeplaceError(
@@ -145,9 +177,9 @@ def assumptions(request: Request, free: FreeMemory | None) -> Assumptions:
         prior = f"--prior {request.speeds.prior}" if request.speeds.prior else "docs/speed-prior.md"
         speed += f"; the host figure {'measured' if measured else 'a datasheet figure'}; efficiencies learned from "
         speed += f"published sweeps of real cards ({prior})"
-    ram, ram_source = host_ram(request.ram)
+    ram, ram_source = (pool.ram_bytes, "the unified memory, --vram") if pool else host_ram(request.ram)
     return Assumptions(
-        backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram, ram_source, measured
+        backend, backend_source, vram, vram_source, margin, margin_source, *bw, speed, ram, ram_source, measured, pool
     )
 
 

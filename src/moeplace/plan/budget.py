@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -19,6 +19,7 @@ from ..core.backends import op_offload
 from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
 from ..core.units import GB
+from ..model.draft import DraftRequest, Speculative, draft_need
 from ..model.kvcache import kv_bytes, pad
 from ..model.memory import (
     NO_PINS,
@@ -26,6 +27,7 @@ from ..model.memory import (
     Pins,
     Workload,
     device_need,
+    host_bytes,
     host_kept_bytes,
     host_layer_count,
     minimum_n,
@@ -35,6 +37,7 @@ from ..runtime.allocation import reserve
 from ..runtime.build import Build
 from ..runtime.cpus import split_cpus
 from ..runtime.device import attached, device_setup, margin_on, planned_backend
+from .unified import Pool, PoolFit
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,6 +47,31 @@ DOES_NOT_FIT = "does_not_fit"
 
 # compute(workload, n_cpu_moe) -> the device compute buffer's bytes; None: our estimate.
 Compute = Callable[[Workload, int], int] | None
+# draft_compute(workload) -> a draft model's device compute buffer (llama.cpp's reserve); None: the estimate.
+DraftCompute = Callable[[Workload], int] | None
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What shares the device with the model beyond its own buffers and a projector: a speculative draft (with
+    llama.cpp's reserve of a draft model's compute, where known), and on unified memory the pool the device is."""
+
+    spec: Speculative | None = None
+    pool: Pool | None = None
+    draft_compute: DraftCompute = None
+
+    def asked(self, draft: DraftRequest, pool: Pool | None = None) -> Beside:
+        """This with the draft as a request has it (none, or its n_max and KV types), and on another pool."""
+        spec = self.spec if draft.asked else None
+        spec = spec and replace(spec, n_max=draft.n_max, type_k=draft.type_k, type_v=draft.type_v)
+        return replace(self, spec=spec, pool=pool or self.pool)
+
+    def spec_args(self, draft_path: str | None) -> tuple[str, ...]:
+        """The speculative decoding flags of every llama-server line (none without a draft)."""
+        return tuple(self.spec.llama_args(draft_path)) if self.spec else ()
+
+
+NOTHING_BESIDE = Beside()
 
 
 class BudgetRow(TypedDict, total=False):
@@ -66,6 +94,15 @@ class BudgetRow(TypedDict, total=False):
     margin_bytes: int
     resident_layers: int
     status: str
+    # speculative decoding (model/draft.py): its kind and the draft context's buffers (for draft-mtp the weights are
+    # the MTP head's, in the main model's buffer)
+    spec_type: str
+    draft_weights_bytes: int
+    draft_kv_bytes: int
+    draft_compute_bytes: int
+    # unified memory (unified.py): the pool's RAM and what the plan takes of it in all (device, host side, OS)
+    pool_ram_bytes: int
+    pool_used_bytes: int
 
 
 def resident_layers(meta: ModelMeta, budget_bytes: float) -> int:
@@ -101,9 +138,12 @@ def plan(
     compute: Compute = None,
     extra_bytes: int = 0,
     pins: Pins = NO_PINS,
+    beside: Beside = NOTHING_BESIDE,
 ) -> BudgetRow:
     """One workload's budget: each device buffer at the minimum n_cpu_moe (at n = all layers where nothing
-    fits), the room left for experts, and that n, with the user's -ot pins applied before --n-cpu-moe."""
+    fits), the room left for experts, and that n, with the user's -ot pins applied before --n-cpu-moe; with a draft
+    `beside` it, the draft's context beside the main one (the main's workload as drafting changes it); with a
+    unified-memory pool, `device` is its GPU cap and the whole plan must also fit the RAM (else nothing fits)."""
     row: BudgetRow = {
         "ctx": w.ctx,
         "cells": pad(w.ctx) * w.parallel,
@@ -116,15 +156,20 @@ def plan(
     if is_seed(meta):
         row |= _constants_plan(meta, device, w)
     else:
+        spec = beside.spec
         needs: dict[int, DeviceNeed] = {}
+        main = spec.main(meta, w) if spec else w
 
         def need(n: int) -> DeviceNeed:
             if n not in needs:
-                needs[n] = device_need(meta, w, n, compute and (lambda k: compute(w, k)), extra_bytes, pins)
+                needs[n] = device_need(meta, main, n, compute and (lambda k: compute(main, k)), extra_bytes, pins)
+                if spec:
+                    needs[n] = replace(needs[n], draft=draft_need(spec, meta, w, n, beside.draft_compute).total)
             return needs[n]
 
         n = minimum_n(meta, lambda k: need(k).total + device.kept_free <= device.vram_bytes)
-        shown = need(meta.n_layer if n is None else n)
+        shown_n = meta.n_layer if n is None else n
+        shown = need(shown_n)
         resident_experts = meta.expert_bytes - (meta.total_bytes - host_kept_bytes(meta) - shown.weights)
         row |= {
             "kv_bytes": shown.kv,
@@ -135,6 +180,7 @@ def plan(
             "budget_bytes": device.vram_bytes - device.kept_free - (shown.total - resident_experts),
             "n_cpu_moe": n,
         }
+        row |= _beside_row(meta, w, beside, shown, shown_n, pins, device.kept_free)
     row["margin_bytes"] = device.kept_free
     fits = row["n_cpu_moe"] is not None
     if not fits:
@@ -147,8 +193,49 @@ def plan(
     return row
 
 
+def _beside_row(
+    meta: ModelMeta, w: Workload, beside: Beside, need: DeviceNeed, n: int, pins: Pins, margin: int
+) -> BudgetRow:
+    """The plan's draft buffers at --n-cpu-moe n, and on unified memory what it takes of the pool in all: its device
+    buffers and margin, and the weights on the CPU side; nothing fits where the RAM is short."""
+    row: BudgetRow = {}
+    if spec := beside.spec:
+        d = draft_need(spec, meta, w, n, beside.draft_compute)
+        row |= {"spec_type": spec.kind, "draft_weights_bytes": d.weights, "draft_kv_bytes": d.kv}
+        row["draft_compute_bytes"] = d.compute
+    if pool := beside.pool:
+        fit = PoolFit(need.total + margin, host_bytes(meta, pins.host_set(meta, n)), pool)
+        row |= {"pool_ram_bytes": pool.ram_bytes, "pool_used_bytes": fit.total}
+        if fit.short_bytes > 0:
+            row["n_cpu_moe"] = None
+    return row
+
+
+def beside_text(p: BudgetRow) -> list[str]:
+    """The plan's draft buffers and, on unified memory, what it takes of the RAM, as lines (none without them)."""
+    lines = []
+    if "spec_type" in p:
+        weights, kv, compute = p["draft_weights_bytes"], p["draft_kv_bytes"], p["draft_compute_bytes"]
+        lines.append(
+            f"draft ({p['spec_type']}): {(weights + kv + compute) / GB:.2f} GB on the card: weights {weights / GB:.2f},"
+            f" KV {kv / GB:.2f}, compute {compute / GB:.2f} GB (the speeds below are the model's without drafting)"
+        )
+    if "pool_used_bytes" in p:
+        lines.append(
+            f"unified memory: {p['pool_used_bytes'] / GB:.2f} GB of its {p['pool_ram_bytes'] / GB:.2f} GB in all"
+        )
+    return lines
+
+
 def does_not_fit_message(p: BudgetRow, vram_bytes: int) -> str:
     """One line: which buffers leave no room even with every expert on the host; then (recommend) the fixes."""
+    if p.get("pool_used_bytes", 0) > p.get("pool_ram_bytes", 2**63):
+        used, ram = p["pool_used_bytes"], p["pool_ram_bytes"]
+        return (
+            f"context {p['ctx']} does not fit: on unified memory the GPU and the CPU share the {ram / 2**30:.1f} GiB, "
+            f"and the plan needs {used / 2**30:.1f} GiB of it in all (weights, KV cache, compute buffers and what the "
+            f"OS keeps), {(used - ram) / GB:.2f} GB more than there is: experts on the CPU do not help; what would fit:"
+        )
     parts = f"its KV cache ({p['kv_bytes'] / GB:.2f} GB)"
     if p.get("compute_bytes") is not None:
         parts += f", compute buffer ({p['compute_bytes'] / GB:.2f} GB)"

@@ -49,15 +49,21 @@ def _server(
 
 
 def request_flags(
-    meta: ModelMeta, ctx: int, mmproj: str | None, no_kv_offload: bool, tool: str = "server"
+    meta: ModelMeta,
+    ctx: int,
+    mmproj: str | None,
+    no_kv_offload: bool,
+    tool: str = "server",
+    spec: tuple[str, ...] = (),
 ) -> tuple[str, ...]:
     """What a line needs beyond placement, cache and batch: RoPE scaling past the trained context, the vision
-    projector, the KV cache kept in host RAM. llama-bench takes -nkvo only (it loads no projector, and RoPE scaling
-    changes neither memory nor speed)."""
+    projector, the KV cache kept in host RAM, speculative decoding's flags (`spec`: Speculative.llama_args).
+    llama-bench takes -nkvo only (it loads no projector and runs no draft, and RoPE scaling changes neither memory
+    nor speed)."""
     if tool == "bench":
         return ("-nkvo", "1") if no_kv_offload else ()
     flags = [*rope_args(meta, ctx), *(["--mmproj", mmproj] if mmproj else []), *(["-nkvo"] if no_kv_offload else [])]
-    return tuple(flags)
+    return (*flags, *spec)
 
 
 # The environment llama-server reads for those flags (common/arg.cpp's set_env), for Ollama's server.
@@ -65,6 +71,12 @@ _FLAG_ENV = {
     "--rope-scaling": "LLAMA_ARG_ROPE_SCALING_TYPE",
     "--rope-scale": "LLAMA_ARG_ROPE_SCALE",
     "--yarn-orig-ctx": "LLAMA_ARG_YARN_ORIG_CTX",
+    "-md": "LLAMA_ARG_SPEC_DRAFT_MODEL",
+    "-ngld": "LLAMA_ARG_N_GPU_LAYERS_DRAFT",
+    "--spec-type": "LLAMA_ARG_SPEC_TYPE",
+    "--spec-draft-n-max": "LLAMA_ARG_SPEC_DRAFT_N_MAX",
+    "-ctkd": "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
+    "-ctvd": "LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
 }
 
 

@@ -5,10 +5,12 @@ the same budget as the plan, cheapest first in what it gives up. A fix is only o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ..model.draft import NO_DRAFT
 from ..model.kvcache import KV_PAD
 from .request import Request
+from .unified import GiB, Pool, smallest_pool
 
 # Plan a request: its --n-cpu-moe at `ctx`, None where nothing fits.
 Fitted = Callable[[Request, int], "int | None"]
@@ -45,6 +47,8 @@ def _candidates(r: Request) -> list[list[tuple[Request, str]]]:
     smaller = "a smaller compute buffer, slower prefill"
     ubatches = sorted({max(64, r.ubatch // 2), max(64, r.ubatch // 4)} - {r.ubatch}, reverse=True)
     kinds.append([(r.with_(ubatch=u), f"a smaller ubatch (-ub {u}): {smaller}") for u in ubatches if u < r.ubatch])
+    if r.draft.asked:
+        kinds += _draft_fixes(r)
     if not r.no_kv_offload:
         kinds.append(
             [
@@ -54,6 +58,18 @@ def _candidates(r: Request) -> list[list[tuple[Request, str]]]:
                 )
             ]
         )
+    return kinds
+
+
+def _draft_fixes(r: Request) -> list[list[tuple[Request, str]]]:
+    """With speculative decoding: the draft's KV cache in q8_0 (its own -ctkd/-ctvd), then no draft at all."""
+    kinds = []
+    if "f16" in (r.draft.type_k, r.draft.type_v):
+        flags = "-ctkd q8_0 -ctvd q8_0" + ("" if r.flash_attn == "on" else " -fa on")
+        changed = r.with_(draft=replace(r.draft, type_k="q8_0", type_v="q8_0"), flash_attn="on")
+        kinds.append([(changed, f"the draft's KV cache in q8_0 ({flags}): half its bytes")])
+    undrafted = r.with_(draft=NO_DRAFT)
+    kinds.append([(undrafted, "no speculative decoding (drop -md/--spec-type): its buffers freed, decode slower")])
     return kinds
 
 
@@ -96,3 +112,12 @@ def longest_context(request: Request, limit: int, fitted: Fitted) -> int | None:
         else:
             hi = mid - 1
     return lo * KV_PAD if lo else None
+
+
+def larger_machine(fits: Callable[[Pool], bool], backend: str) -> list[str]:
+    """On unified memory, the smallest machine whose pool (at its default GPU cap) `fits` the request as asked (as a
+    fix's words; none where no machine sold does)."""
+    if (pool := smallest_pool(fits, backend)) is None:
+        return []
+    what = "a Mac" if backend == "metal" else "a machine"
+    return [f"{what} with {pool.ram_bytes // GiB} GB of unified memory (a GPU cap of {pool.cap_bytes / GiB:.0f} GiB)"]

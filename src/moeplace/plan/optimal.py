@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from ..core.config import Device
-from ..model.memory import Pins, device_need
+from ..model.draft import draft_need
+from ..model.memory import Pins, Workload, device_need
 from ..model.meta import ModelMeta
 from ..runtime.llamacpp_args import refusal
-from .budget import plan
+from .budget import NOTHING_BESIDE, Beside, plan
 from .layer_split import largest_ngl, predict_ngl
 from .offload import optimal_placement
 from .request import Request
@@ -23,13 +24,22 @@ from .speed import Run, host_layer_bytes, prefill_up_to
 @dataclass(frozen=True)
 class OnDevice:
     """The model on one device as every placement shares it: the backend that runs it, the bytes beside the model
-    (a vision projector's file), the user's -ot pins."""
+    (a vision projector's file), the user's -ot pins, a speculative draft beside it and a unified-memory pool."""
 
     meta: ModelMeta
     device: Device
     backend: str
     extra_bytes: int = 0
     pins: Pins = Pins()
+    beside: Beside = NOTHING_BESIDE
+
+    def main(self, w: Workload) -> Workload:
+        """The main context's workload (as drafting changes it)."""
+        return self.beside.spec.main(self.meta, w) if self.beside.spec else w
+
+    def draft_bytes(self, w: Workload) -> int:
+        """The draft's device buffers beside a main context of workload `w` (0: no draft)."""
+        return draft_need(self.beside.spec, self.meta, w, 0).total if self.beside.spec else 0
 
 
 @dataclass(frozen=True)
@@ -66,8 +76,9 @@ def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, f
 
 def fits(on: OnDevice, request: Request, ctx: int, host: frozenset[str]) -> bool:
     """Whether this host set fits the device for the request at `ctx`, by the plain plan's own budget."""
-    need = device_need(on.meta, request.workload(ctx, on.backend), 0, None, on.extra_bytes, Pins(host=host))
-    return need.total + on.device.kept_free <= on.device.vram_bytes
+    w = request.workload(ctx, on.backend)
+    need = device_need(on.meta, on.main(w), 0, None, on.extra_bytes, Pins(host=host))
+    return need.total + on.draft_bytes(w) + on.device.kept_free <= on.device.vram_bytes
 
 
 class RankedPlacement(TypedDict, total=False):
@@ -106,7 +117,7 @@ def rank_placements(
     hop_bytes = host_layer_bytes(meta, model)
     for s in choices or settings(request):
         asked = request.with_(type_k=s.type_k, type_v=s.type_v, ubatch=s.ubatch)
-        p = plan(meta, on.device, asked.workload(ctx, on.backend), None, on.extra_bytes, pins)
+        p = plan(meta, on.device, asked.workload(ctx, on.backend), None, on.extra_bytes, pins, on.beside)
         if p["n_cpu_moe"] is None:
             continue
         candidates = [("ncmoe", p["n_cpu_moe"], pins.host_set(meta, p["n_cpu_moe"]))]
@@ -149,8 +160,9 @@ def _row(
 
 def _layer_split(on: OnDevice, asked: Request, ctx: int, model: Any, s: Setting) -> list[RankedPlacement]:
     """The largest -ngl that fits the device at `ctx` (none, or every layer: nothing to add), decode only."""
-    device = Device(on.device.vram_bytes - on.extra_bytes, on.device.kept_free)
-    g = largest_ngl(on.meta, device, asked.workload(ctx, on.backend))
+    w = asked.workload(ctx, on.backend)
+    device = Device(on.device.vram_bytes - on.extra_bytes - on.draft_bytes(w), on.device.kept_free)
+    g = largest_ngl(on.meta, device, on.main(w))
     if g is None or g > on.meta.n_layer:
         return []
     tg = predict_ngl(on.meta, model, g, ctx, 128, s.type_k, s.type_v)

@@ -41,13 +41,14 @@ from .assumed import (
     speed_model,
 )
 from .cards import card_named
-from .fixes import fixes, longest_context
+from .fixes import fixes, larger_machine, longest_context
 from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
 from .offload import ot_value, read_pins
 from .optimal import OnDevice, RankedPlacement, rank_placements
 from .request import Cache, Request, check_trained_context
 from .several_devices import DevicesPlanJson, Speed, SplitContext, several_devices
 from .speed import SpeedModel
+from .unified import Pool
 
 MAX_LONGEST = 1 << 20  # --ctx max on a model that states no trained context: the longest it looks for
 
@@ -137,16 +138,19 @@ class Setup:
     a: Assumptions | None  # None: the seed's constants
     pins: Pins
     extra_bytes: int  # a vision projector's file on the device
+    beside: budget_mod.Beside = budget_mod.NOTHING_BESIDE  # a draft, a unified-memory pool (`device`: its cap)
 
     @property
     def backend(self) -> str:
         return self.a.backend if self.a else ""
 
-    def fitted(self, r: Request, ctx: int) -> int | None:
-        """The budget's minimum --n-cpu-moe for request `r` at `ctx` (None: nothing fits), by the estimate."""
-        return budget_mod.plan(
-            self.meta, self.device, r.workload(ctx, self.backend), None, self.extra_bytes, self.pins
-        )["n_cpu_moe"]
+    def fitted(self, r: Request, ctx: int, pool: Pool | None = None) -> int | None:
+        """The budget's minimum --n-cpu-moe for request `r` at `ctx` (None: nothing fits), by the estimate, its draft
+        as `r` has it (a fix may drop it or change its KV types); `pool`: on another unified-memory machine."""
+        beside = self.beside.asked(r.draft, pool)
+        device = Device(pool.cap_bytes, self.device.kept_free) if pool else self.device
+        w = r.workload(ctx, self.backend)
+        return budget_mod.plan(self.meta, device, w, None, self.extra_bytes, self.pins, beside)["n_cpu_moe"]
 
 
 def recommend(request: Request) -> Recommendation:
@@ -167,7 +171,8 @@ def recommend(request: Request) -> Recommendation:
     pins = read_pins(meta, list(request.overrides))
     check_pins(pins, a.backend)
     extra = Path(request.mmproj).stat().st_size if request.mmproj else 0
-    setup = Setup(request, meta, Device(a.vram_bytes, a.margin_bytes), a, pins, extra)
+    beside = budget_mod.Beside(request.draft.read(request.model), a.pool)
+    setup = Setup(request, meta, Device(a.vram_bytes, a.margin_bytes), a, pins, extra, beside)
     contexts = list(request.contexts)
     if request.longest:
         limit = meta.n_ctx_train or MAX_LONGEST
@@ -206,7 +211,7 @@ def cards_speed(request: Request, meta: ModelMeta, backend: str) -> tuple[Speed,
 def _several_cards(request: Request) -> tuple[list[int], str, FreeMemory | None]:
     """--vram A,B,... as given, or with auto every card of this machine's free memory, in llama.cpp's order, where
     the sizes came from, and --vram auto's read. One size: a plan for one device."""
-    if request.auto:
+    if request.auto and not request.is_unified:  # unified: the pool is read once, by assumptions
         free = gpu_free_memory(resolve_backend(request)[0])
         cards, tool = free
         return [b for b, _ in cards], "free now on " + ", ".join(name for _, name in cards) + f" ({tool})", free
@@ -216,19 +221,21 @@ def _several_cards(request: Request) -> tuple[list[int], str, FreeMemory | None]
 
 
 @contextmanager
-def llamacpp_compute(request: Request, pins: Pins) -> Iterator[budget_mod.Compute]:
+def llamacpp_compute(request: Request, pins: Pins) -> Iterator[tuple[budget_mod.Compute, budget_mod.DraftCompute]]:
     """With --reserve, llama.cpp's own compute buffer for each workload and placement (the pinned build, or
-    --bin-dir's, reserving without allocating on this machine's GPU or the emulated device); else None: the
-    estimate (memory.estimate_compute)."""
+    --bin-dir's, reserving without allocating on this machine's GPU or the emulated device), and a draft model's
+    for its workload; else None: the estimate (memory.estimate_compute)."""
     if not request.reserve:
-        yield None
+        yield None, None
         return
 
     log_path = Path(tempfile.gettempdir()) / "moeplace-recommend.log"
     manifest = provision(LlamacppSettings(bin_dir=request.bin_dir), log_path)
     setup = device_setup(DeviceTarget("auto", "", 2**50), manifest)  # a reserve allocates nothing: no cap needed
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
-        yield budget_mod.reserved_compute(manifest, request.model, rpc, log_path, ",".join(pins.rules) or None)
+        main = budget_mod.reserved_compute(manifest, request.model, rpc, log_path, ",".join(pins.rules) or None)
+        draft = request.draft.model and budget_mod.reserved_compute(manifest, request.draft.model, rpc, log_path)
+        yield main, (lambda w: draft(w, 0)) if draft else None
 
 
 def _constants(request: Request) -> Setup:
@@ -242,11 +249,10 @@ def _constants(request: Request) -> Setup:
 def _plan_contexts(setup: Setup, contexts: list[int], notes: tuple[str, ...]) -> Recommendation:
     """Plan every context: its budget, then where a model is at hand its speeds, lines and placements."""
     r, meta, a = setup.request, setup.meta, setup.a
-    with llamacpp_compute(r, setup.pins) as compute:
-        plans = [
-            budget_mod.plan(meta, setup.device, r.workload(c, setup.backend), compute, setup.extra_bytes, setup.pins)
-            for c in contexts
-        ]
+    with llamacpp_compute(r, setup.pins) as (compute, draft_compute):
+        beside, device = replace(setup.beside, draft_compute=draft_compute), setup.device
+        ws = [r.workload(c, setup.backend) for c in contexts]
+        plans = [budget_mod.plan(meta, device, w, compute, setup.extra_bytes, setup.pins, beside) for w in ws]
     model = (
         speed_model(r.speeds, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops, a.ddr_measured)
         if a
@@ -276,6 +282,8 @@ def _complete(setup: Setup, p: Plan, model: SpeedModel | None) -> Plan:
     n = p["n_cpu_moe"]
     if n is None:
         p["fixes"] = [str(fix) for fix in fixes(r, p["ctx"], setup.fitted)]
+        if setup.beside.pool:
+            p["fixes"] += larger_machine(lambda pool: setup.fitted(r, p["ctx"], pool) is not None, setup.backend)
         return p
     host = setup.pins.host_set(meta, n)
     p["speed"] = expected(meta, model, host, r.workload(p["ctx"], setup.backend))
@@ -328,7 +336,8 @@ def _server_line(
     `absolute`: the files by absolute path, for a tool that starts the server from its own folder (llama-swap)."""
     r = setup.request
     mmproj = str(Path(r.mmproj).resolve()) if r.mmproj and absolute else r.mmproj
-    flags = commands.request_flags(setup.meta, ctx, mmproj, r.no_kv_offload)
+    draft = str(Path(r.draft.model).resolve()) if r.draft.model and absolute else r.draft.model
+    flags = commands.request_flags(setup.meta, ctx, mmproj, r.no_kv_offload, spec=setup.beside.spec_args(draft))
     rules = (*setup.pins.rules, *([overrides] if overrides else []))
     path, n = model_path(setup.meta, r.model), None if overrides else n_cpu_moe
     if absolute and not is_remote(path):
@@ -348,7 +357,9 @@ def _ollama(setup: Setup, ctx: int, n_cpu_moe: int, server_line: str) -> str:
     r = setup.request
     ref = r.model_ref or r.model
     source = ref.removeprefix("ollama:") if ref.startswith("ollama:") else r.model
-    flags = commands.request_flags(setup.meta, ctx, r.mmproj, r.no_kv_offload)
+    flags = commands.request_flags(
+        setup.meta, ctx, r.mmproj, r.no_kv_offload, spec=setup.beside.spec_args(r.draft.model)
+    )
     pins = list(setup.pins.rules)
     return commands.ollama_modelfile(source, ctx, n_cpu_moe, r.cache(), pins, ollama_version(), server_line, flags)
 
@@ -357,7 +368,7 @@ def _placements(setup: Setup, ctx: int, model: SpeedModel) -> list[RankedPlaceme
     """--placement optimal's ranked placements at `ctx`, each with its -ot value (the plan's own patterns; the
     user's pins stay as written, before them) and its llama-server line."""
 
-    on = OnDevice(setup.meta, setup.device, setup.backend, setup.extra_bytes, setup.pins)
+    on = OnDevice(setup.meta, setup.device, setup.backend, setup.extra_bytes, setup.pins, setup.beside)
     ranked = rank_placements(on, setup.request, ctx, model)
     for row in ranked:
         rest = set(row["host_tensors"]) - setup.pins.host

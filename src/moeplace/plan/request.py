@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from ..core.backends import NAMES as BACKENDS
+from ..core.backends import backend as backend_record
 from ..core.backends import op_offload
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
+from ..model.draft import NO_DRAFT, DraftRequest
 from ..model.gguf_file import read_header
 from ..model.kvcache import CACHE_TYPES
 from ..model.memory import FLASH_ATTN, SERVER, Workload
@@ -195,10 +197,15 @@ class Request:
     bin_dir: str | None = None
     speeds: Speeds = field(default_factory=Speeds)
     constants: Constants | None = None
+    draft: DraftRequest = NO_DRAFT  # speculative decoding: a draft model or the model's MTP head (model/draft.py)
+    # unified memory (plan/unified.py): --vram is then the machine's RAM, shared by GPU, CPU and OS
+    unified: bool = False  # an APU's memory (Metal's always is)
+    wired_limit_mib: int | None = None  # the GPU's working-set cap as set (iogpu.wired_limit_mb), else the default
 
     def __post_init__(self) -> None:
         self._check_values()
         self._check_combinations()
+        self._check_beside()
 
     def cache(self, kv: tuple[str, str] | None = None, ubatch: int | None = None) -> Cache:
         """The request's cache flags, with another KV type or ubatch where a plan chose one."""
@@ -233,6 +240,10 @@ class Request:
         if self.ram is not None and parse_size(self.ram, "--ram") <= 0:
             raise MoeplaceError(f"--ram {self.ram}: the host's RAM is a positive size, e.g. 64GB.")
         override_rules(list(self.overrides))
+        if self.wired_limit_mib is not None and self.wired_limit_mib <= 0:
+            raise MoeplaceError(
+                f"--wired-limit {self.wired_limit_mib}: the MiB iogpu.wired_limit_mb is set to, e.g. 28672."
+            )
         if self.mmproj is not None:
             if not Path(self.mmproj).is_file():
                 raise MoeplaceError(f"--mmproj {self.mmproj}: no such file; give the projector .gguf the server loads.")
@@ -241,6 +252,25 @@ class Request:
                     f"--mmproj {self.mmproj}: not a multimodal projector (its general.architecture is "
                     "not clip); give the mmproj .gguf published beside the model."
                 )
+
+    def _check_beside(self) -> None:
+        """A draft and unified memory: their flags together with the rest."""
+        if self.draft.asked and (why := refusal(self.flash_attn, self.draft.type_v)):
+            raise MoeplaceError(f"-ctvd {self.draft.type_v}: {why}; drop --flash-attn off.")
+        if self.unified and self.backend != "auto" and backend_record(self.backend).software:
+            raise MoeplaceError(
+                f"--unified with --backend {self.backend}: an emulated device has no unified memory; --unified is "
+                "for an APU (ROCm, Vulkan) or a unified-memory GPU such as DGX Spark's (CUDA)."
+            )
+        if self.wired_limit_mib is not None and not self.is_unified:
+            raise MoeplaceError(
+                "--wired-limit is a unified-memory GPU's cap: give it with --backend metal, or --unified for an APU."
+            )
+        if (self.draft.asked or self.is_unified) and (self.constants is not None or len(self.vram or ()) > 1):
+            raise MoeplaceError(
+                "a draft (-md, --spec-type) and unified memory are planned on one device of a MODEL.gguf: give one "
+                "--vram and the model's file."
+            )
 
     def _check_combinations(self) -> None:
         if self.constants is not None:
@@ -293,6 +323,11 @@ class Request:
     def tool(self) -> str:
         """The llama.cpp program the plan is for: llama-bench with --emit bench, else llama-server."""
         return emit_format(self.emit).tool
+
+    @property
+    def is_unified(self) -> bool:
+        """The device is the machine's RAM: Metal, or --unified (an APU)."""
+        return self.unified or (self.backend != "auto" and backend_record(self.backend).unified)
 
     @property
     def as_json(self) -> bool:
