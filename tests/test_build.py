@@ -191,6 +191,8 @@ def test_a_broken_cache_entry_is_rebuilt_not_reused(monkeypatch, tmp_path, caplo
     llamacpp.provision(CPU_SETTINGS, tmp_path / "build.log")
     assert len(builds) == 3 and "--version failed (killed by SIGSEGV)): building it again" in caplog.text
     assert llamacpp.build_problem(bench.parent) is None
+    bench.write_text("#!/bin/sh\necho unknown argument: --version >&2; exit 1\n")
+    assert llamacpp.build_problem(bench.parent) is None  # a tool without --version is not broken for it
 
 
 def test_a_missing_binary_says_what_to_delete_to_rebuild_it(tmp_path):

@@ -31,7 +31,7 @@ from .build import Build, Version
 from .llama_names import backend_of
 from .llamacpp_args import cache_args
 from .native import build_native, cache_root
-from .process import classify, run, run_checked
+from .process import classify, run, run_checked, tail
 from .tool_output import Device, list_devices
 from .vulkan import BuildIdentity, apply_patch, build_identity, mesa_version, runtime_env
 
@@ -59,6 +59,7 @@ BASE_OPTIONS = (
     "-DCMAKE_C_FLAGS=-U__AMX_INT8__",
     "-DCMAKE_CXX_FLAGS=-U__AMX_INT8__",
 )
+LIBRARY_MISSING = 127  # the exit status of a program the dynamic loader could not link
 _VERSION = re.compile(r"version: (?P<version>\S+) \(build (?P<number>\d+), commit (?P<commit>[^)]+)\)")
 
 
@@ -220,15 +221,18 @@ def version_info(bin_dir: Path, env: dict[str, str] | None = None) -> Version:
 
 
 def build_problem(bin_dir: Path, tools: Sequence[str] = TARGETS, env: Mapping[str, str] | None = None) -> str | None:
-    """What is wrong with a build's binaries, in words (None: nothing): one of `tools` is missing, or one does not
-    run (`--version` crashes or fails: a truncated or damaged file, a library it lacks)."""
+    """What is wrong with a build's binaries, in words (None: nothing): one of `tools` is missing or does not run.
+    Each is started with --version: one that cannot start, is killed by a signal (a truncated or damaged file
+    segfaults) or lacks a library (exit 127) is broken; one that merely does not know --version is not."""
     for name in tools:
         path = bin_dir / name
         if not path.is_file():
             return f"{path} is missing"
         result = run([str(path), "--version"], timeout_s=60, env={**os.environ, **env} if env else None)
-        if not result.ok:
+        if result.start_error or result.timed_out or result.returncode is None or result.returncode < 0:
             return f"{path} --version failed ({classify(result)[1]})"
+        if result.returncode == LIBRARY_MISSING:
+            return f"{path} cannot load its libraries ({tail(result.stderr, 1)})"
     return None
 
 
