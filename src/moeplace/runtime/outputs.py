@@ -113,6 +113,8 @@ def stage(log_path: str | Path) -> Iterator[logging.Logger]:
         _end(log, said, f"{disk_problem(e)}; make room or fix the path and run again")
     except KeyboardInterrupt:
         _end(log, said, "interrupted (Ctrl-C); this stage wrote no output, a rerun runs it again")
+    finally:
+        logging.getLogger().removeHandler(said)
 
 
 def _end(log: logging.Logger, said: logging.Handler, message: str) -> NoReturn:
