@@ -116,7 +116,7 @@ def test_a_truncated_llama_bench_fails_the_sweep_naming_the_build(twin, tmp_path
 @pytest.mark.fault(
     fault="Ctrl-C in the middle of a sweep",
     injected="SIGINT to the bench stage's process group while n = 8 is measured (n = 0 done: out of memory)",
-    sees="one line, exit 130: moeplace: interrupted (Ctrl-C): 1 of 2 n_cpu_moe values of tiny at 4,096 tokens were "
+    sees="one line: moeplace: interrupted (Ctrl-C): 1 of 2 n_cpu_moe values of tiny at 4,096 tokens were "
     "done and are kept in <output>.partial; a rerun measures only the rest",
     kept="n = 0's records; the rerun runs llama-bench for n = 8 only, and its output holds both",
 )
@@ -131,7 +131,7 @@ def test_ctrl_c_mid_sweep_is_one_line_and_the_rerun_measures_only_the_rest(twin,
     time.sleep(3)  # n = 8 under way
     os.killpg(stage.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     stderr = stage.communicate(timeout=60)[1]
-    assert stage.returncode == 130
+    assert stage.returncode == 1
     assert said(stderr) == [f"moeplace: interrupted (Ctrl-C): 1 of 2 n_cpu_moe values of tiny at 4,096 tokens were "
                             f"done and are kept in {side}; a rerun measures only the rest"]  # fmt: skip
     assert [(r["n_cpu_moe"], r["status"]) for r in read_jsonl(side)] == [(0, "oom"), (0, "oom")]

@@ -3,7 +3,3 @@
 
 class MoeplaceError(Exception):
     """A user-facing failure. The CLI prints its message as one line and exits non-zero."""
-
-
-class Interrupted(MoeplaceError):
-    """Ctrl-C in the middle of a stage; its message says what was kept. A stage ends with it as one line, exit 130."""

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..core.errors import Interrupted, MoeplaceError
+from ..core.errors import MoeplaceError
 from ..core.records import BenchRecord
 from ..runtime.build import Build
 from ..runtime.llamacpp import build_problem, rebuild
@@ -122,7 +122,7 @@ def said_what_is_kept(
     except KeyboardInterrupt:
         if side is None:
             raise
-        raise Interrupted(
+        raise MoeplaceError(
             f"interrupted (Ctrl-C): {kept + len(done)} of {values} n_cpu_moe values of {sweep} were done"
             f" and are kept in {side}; a rerun measures only the rest"
         ) from None

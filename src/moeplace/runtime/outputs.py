@@ -107,7 +107,7 @@ def stage(log_path: str | Path) -> Iterator[logging.Logger]:
     logging.getLogger().addHandler(said)
     try:
         yield log
-    except MoeplaceError as e:  # Interrupted too: Ctrl-C, with what a sweep kept
+    except MoeplaceError as e:
         _end(log, said, str(e))
     except OSError as e:
         _end(log, said, f"{disk_problem(e)}; make room or fix the path and run again")
