@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from llamacpp_helpers import manifest, rpc_servers, tiny_twin
+from llamacpp_helpers import manifest, tiny_twin
 
 from moeplace.core.config import BenchSettings, DeviceTarget
 from moeplace.core.errors import MoeplaceError
@@ -25,13 +25,16 @@ from moeplace.measure import bench
 from moeplace.measure.sweep_records import side_file
 from moeplace.model.meta import to_json
 from moeplace.model.metadata import inspect_model
+from moeplace.runtime.build import Build
 from moeplace.runtime.device import DeviceSetup
 from moeplace.runtime.outputs import read_jsonl, write_json
 
 pytestmark = pytest.mark.llamacpp
-CAP = 60 * 2**20  # holds the tiny twin at 4K with its experts on the host (n = 8), not with them on it (n = 0)
-# Slow enough at n = 8 (seconds) to be interrupted in the middle of it.
-SLOW = BenchSettings(prompt=512, gen=64, repetitions=5, threads=2, timeout_s=300)
+# Holds the tiny twin at 4K with its experts on the host (n = 8: 19.5 MiB of weights, KV and compute), not with
+# them on it (n = 0: 48.5 MiB).
+CAP = 32 * 2**20
+# Slow enough at n = 8 (tens of seconds) to be interrupted in the middle of it.
+SLOW = BenchSettings(prompt=512, gen=64, repetitions=3, threads=2, timeout_s=300)
 
 # The bench stage's script as Snakemake runs it: `snakemake` holds the job's inputs, output, params and log.
 STAGE = """
@@ -76,6 +79,18 @@ def bench_job(folder: Path, twin: Path, values: list[int], settings: BenchSettin
     return [sys.executable, "-c", STAGE, json.dumps(job), str(ROOT / "workflow/scripts/bench.py")]
 
 
+def own_build(folder: Path) -> Build:
+    """The pinned build copied into `folder`: its processes are this test's alone (other runs share the cache)."""
+    shutil.copytree(manifest().bin_dir, folder / "bin")
+    return replace(manifest(), bin_dir=folder / "bin")
+
+
+def running(build: Build) -> list[str]:
+    """The processes still running from `build`'s binaries (a device server, a llama-bench)."""
+    found = subprocess.run(["pgrep", "-af", str(build.bin_dir)], capture_output=True, text=True).stdout
+    return [line for line in found.splitlines() if "pgrep" not in line]
+
+
 def said(stderr: str) -> list[str]:
     """The stage's own lines on stderr, warnings aside."""
     assert "Traceback" not in stderr, stderr
@@ -96,13 +111,12 @@ def measured_values(log: str) -> list[str]:
     kept="no output cached as done; each value's record in the side file",
 )
 def test_a_truncated_llama_bench_fails_the_sweep_naming_the_build(twin, tmp_path):
-    copy = tmp_path / "bin"
-    shutil.copytree(manifest().bin_dir, copy)
+    build = own_build(tmp_path)
+    copy = build.bin_dir
     with (copy / "llama-bench").open("r+b") as f:
         f.truncate(64 * 1024)
-    before = rpc_servers()
-    run = subprocess.run(bench_job(tmp_path / "job", twin, [4, 8], SLOW, replace(manifest(), bin_dir=copy)),
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    run = subprocess.run(bench_job(tmp_path / "job", twin, [4, 8], SLOW, build), cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
     assert run.returncode == 1
     (line,) = said(run.stderr)
     assert line.startswith("moeplace: tiny at 4,096 tokens measured nothing usable (n=4 ")
@@ -110,7 +124,7 @@ def test_a_truncated_llama_bench_fails_the_sweep_naming_the_build(twin, tmp_path
     assert "delete resources/llamacpp/ and run the pipeline again" in line
     assert not (tmp_path / "job/4k.jsonl").exists()
     assert {r["n_cpu_moe"] for r in read_jsonl(side_file(tmp_path / "job/4k.jsonl"))} == {4, 8}
-    assert rpc_servers() == before
+    assert running(build) == []
 
 
 @pytest.mark.fault(
@@ -121,8 +135,8 @@ def test_a_truncated_llama_bench_fails_the_sweep_naming_the_build(twin, tmp_path
     kept="n = 0's records; the rerun runs llama-bench for n = 8 only, and its output holds both",
 )
 def test_ctrl_c_mid_sweep_is_one_line_and_the_rerun_measures_only_the_rest(twin, tmp_path):
-    folder, before = tmp_path / "job", rpc_servers()
-    command = bench_job(folder, twin, [0, 8], SLOW)
+    folder, build = tmp_path / "job", own_build(tmp_path)
+    command = bench_job(folder, twin, [0, 8], SLOW, build)
     side = side_file(folder / "4k.jsonl")
     stage = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
@@ -135,7 +149,7 @@ def test_ctrl_c_mid_sweep_is_one_line_and_the_rerun_measures_only_the_rest(twin,
     assert said(stderr) == [f"moeplace: interrupted (Ctrl-C): 1 of 2 n_cpu_moe values of tiny at 4,096 tokens were "
                             f"done and are kept in {side}; a rerun measures only the rest"]  # fmt: skip
     assert [(r["n_cpu_moe"], r["status"]) for r in read_jsonl(side)] == [(0, "oom"), (0, "oom")]
-    assert not (folder / "4k.jsonl").exists() and rpc_servers() == before
+    assert not (folder / "4k.jsonl").exists() and running(build) == []
     kept = read_jsonl(side)
     logged = len((folder / "bench.log").read_text())
     rerun = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)

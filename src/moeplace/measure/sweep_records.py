@@ -4,6 +4,7 @@ takes back from it, the failed values `moeplace retry` measures again, and wheth
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,9 +32,10 @@ def measured_before(
     """The values of `n_values` that `side` holds measured answers of, for every test, in this configuration."""
     if side is None:
         return {}
+    written = json.loads(json.dumps(configuration, default=str))  # as the side file holds it (tuples as lists...)
     latest: dict[tuple[int, str], BenchRecord] = {}
     for r in read_whole_jsonl(side):
-        if all(r.get(k) == v for k, v in configuration.items()) and r.get("n_cpu_moe") in n_values:
+        if all(r.get(k) == v for k, v in written.items()) and r.get("n_cpu_moe") in n_values:
             latest[r["n_cpu_moe"], r["test"]] = r
     by_n: dict[int, list[BenchRecord]] = {}
     for n in n_values:
