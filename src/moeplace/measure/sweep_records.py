@@ -52,7 +52,7 @@ def write_sweep(output: str | Path, records: list[BenchRecord], side: Path) -> N
     except OSError as e:
         raise MoeplaceError(
             f"{disk_problem(e, output)}: the {len(records)} records measured are kept in {side}; make room and run "
-            "again (nothing measured is measured again)"
+            "again (a value that ran, or ran out of memory, is not measured again)"
         ) from None
     side.unlink(missing_ok=True)
 
