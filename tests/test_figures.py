@@ -257,3 +257,32 @@ def test_matrix_fidelity_quants_ram_tier_and_routing_figures_plot_their_tables(d
     assert lines["token t vs t+1"].get_ydata().tolist() == pytest.approx(table.overlap_d1.tolist())
     assert lines["token t vs t+1"].get_xdata().tolist() == [0, 1, 2]
     assert list(lines["uniform random routing (k/E = 0.250)"].get_ydata()) == [0.25, 0.25]  # k/E = 2/8
+
+
+def spans(ax) -> list[tuple[float, float]]:
+    """The x extent of each shaded band (axvspan) of an axis."""
+    return [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
+
+
+@pytest.mark.fault(
+    fault="a run crashes at one n (not out of memory)",
+    injected="a sweep whose n = 1 crashed and n = 0 ran out of memory; another whose every run crashed",
+    sees='only n = 0 shaded "does not fit (measured OOM)"; CRASH at n = 1, "crash at n = 1: failed, not for memory"',
+    kept="every ok point drawn; the crash row stays in the records and tables",
+)
+def test_only_a_measured_oom_is_drawn_as_not_fitting(drawn, tmp_path):
+    from moeplace.report.figures.ncmoe import ncmoe_figure
+
+    measured, compare = sweep()
+    measured.loc[measured.n_cpu_moe == 1, ["status", "median_ts"]] = ["crash", None]
+    ncmoe_figure(compare, measured, 32768, "tg", tmp_path / "x.png")
+    measured.status, measured.median_ts = "crash", None
+    ncmoe_figure(compare, measured, 32768, "tg", tmp_path / "x.png")
+    one_crash, all_crash = drawn
+    text = check(one_crash, "does not fit (measured OOM)", "crash at n = 1: failed, not for memory")
+    ax = one_crash.axes[0]
+    assert spans(ax) == [(-0.5, 0.5)]  # n = 0 only: the crash at n = 1 is no evidence that n = 1 does not fit
+    assert sorted(t.get_text() for t in ax.texts) == ["CRASH", "OOM"]
+    assert list(ax.containers[0].lines[0].get_xdata()) == [2, 4, 6, 8]
+    text = check(all_crash, "crash at n = 0, 1, 2, 4, 6, 8: failed, not for memory")
+    assert spans(all_crash.axes[0]) == [] and "does not fit" not in text and "OOM" not in text

@@ -208,20 +208,49 @@ def get_all_bench(wildcards):
     return bench_files(BENCH_MODELS, CONTEXTS)
 
 
-def get_publish_inputs(wildcards):
-    """What has been run so far: publish works from any subset of the pipeline's outputs."""
+def from_this_config(path):
+    """Whether a file in results/ is this config's: a rule makes it at one of the config's contexts and variants
+    (the wildcard constraints) and for one of its models. What an earlier config left there is not.
+    """
+    for maker in workflow.rules:
+        for pattern in maker.output:
+            if m := pattern.match(path):
+                return m.groupdict().get("model", MODELS[0]) in MODELS
+    return False
+
+
+def results_found():
+    """Every result publish takes, by kind, as results/ holds them now."""
     from glob import glob
 
-    found = {
+    return {
         "tables": sorted(glob("results/tables/**/*.csv", recursive=True)),
         "figures": sorted(glob("results/figures/*.png")),
         "records": sorted(glob("results/bench/**/*.jsonl", recursive=True))
         + sorted(glob("results/variants/**/*.jsonl", recursive=True)),
         "metadata": sorted(glob("results/metadata/*.json")),
     }
+
+
+def get_publish_inputs(wildcards):
+    """What this config has run so far: publish works from any subset of the pipeline's outputs."""
+    found = {
+        kind: [p for p in paths if from_this_config(p)]
+        for kind, paths in results_found().items()
+    }
     if Path(rules.llamacpp.output[0]).exists():
         found["llamacpp"] = rules.llamacpp.output[0]
     return found
+
+
+def get_publish_stale(wildcards):
+    """The results an earlier config left (another context, model or variant): listed, not published."""
+    return sorted(
+        p
+        for paths in results_found().values()
+        for p in paths
+        if not from_this_config(p)
+    )
 
 
 def get_publish_missing(wildcards):

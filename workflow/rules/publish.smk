@@ -11,6 +11,7 @@ rule publish:
     params:
         captions=get_publish_captions,
         missing=get_publish_missing,
+        stale=get_publish_stale,
         config=PIPELINE.plain_config,
         configfiles=[str(f) for f in workflow.overwrite_configfiles or []],
     script:

@@ -1,14 +1,15 @@
 """Stage 'bench': one model and context at each n_cpu_moe -> results/bench/{model}/{ctx}.jsonl (records, whatever
-happened)."""
+happened; as they are measured, in the side file beside it, which a rerun resumes from)."""
 
 from pathlib import Path
 
 from moeplace.core.config import BenchSettings, DeviceTarget
 from moeplace.measure.bench import BenchJob, Rig, run_sweep
+from moeplace.measure.sweep_records import check_sweep, side_file, values_that_fit, write_sweep
 from moeplace.model.meta import read_metadata
 from moeplace.runtime.build import Build
 from moeplace.runtime.device import device_setup
-from moeplace.runtime.outputs import stage, write_jsonl
+from moeplace.runtime.outputs import stage
 
 with stage(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params
@@ -17,5 +18,7 @@ with stage(snakemake.log[0]) as log:
     device = device_setup(DeviceTarget(**p.device), manifest)
     job = BenchJob(w.model, snakemake.input.model[0], meta.file_records(), p.ctx, p.n_cpu_moe[0])
     rig = Rig(BenchSettings(**p.settings), device, manifest, Path(snakemake.log[0]), Path.cwd())
-    records = run_sweep(job, p.n_cpu_moe, rig)
-    write_jsonl(snakemake.output[0], records)
+    side = side_file(snakemake.output[0])
+    records = run_sweep(job, p.n_cpu_moe, rig, side)
+    check_sweep(records, values_that_fit(p.n_cpu_moe, snakemake.input.get("budget"), p.ctx), manifest)
+    write_sweep(snakemake.output[0], records, side)

@@ -20,6 +20,7 @@ with stage(snakemake.log[0]) as log:
         "hosts": sorted({f"{r.get('host')} ({r.get('cpu')})" for r in records}),
         "devices": sorted({str(r.get("device")) for r in records}),
         "not_run": p.missing,
+        "not_from_this_config": p.stale,
         "config": p.config,
     }
     log_path = Path(snakemake.log[0])

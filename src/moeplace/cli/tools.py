@@ -1,5 +1,6 @@
 """`moeplace doctor` (which backend this machine builds and uses), `explain LOG` (what a llama.cpp log put where,
-and why it ran out of memory), `verify DIR` and `merge DIR... -o OUT` (published directories).
+and why it ran out of memory), `verify DIR` and `merge DIR... -o OUT` (published directories), `retry` (a sweep's
+failed values, measured again at the next run).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from ..core.backends import BUILDS
 from ..core.config import default
+from ..core.errors import MoeplaceError
 from ..report.explain import explain
 from ..report.explain_text import render
 from ..report.paste import read_text
@@ -19,7 +21,7 @@ from ..runtime.backend import build_tools, detect
 
 
 def add_parser(sub: Any) -> None:
-    """doctor, explain, verify and merge."""
+    """doctor, explain, verify, merge and retry."""
     do = sub.add_parser("doctor", help="which llama.cpp backend this machine will build and use, and why")
     do.add_argument("--backend", choices=BUILDS, default=default("llamacpp.backend"))
     do.add_argument("--json", action="store_true")
@@ -35,6 +37,9 @@ def add_parser(sub: Any) -> None:
     me.add_argument("folders", nargs="+", help="publish/<name>/ directories")
     me.add_argument("-o", "--output", required=True, help="the merged directory to write")
     me.set_defaults(func=cmd_merge)
+    rt = sub.add_parser("retry", help="measure only the failed values (crash, timeout, error) of sweeps again")
+    rt.add_argument("records", nargs="*", help="results/bench/MODEL/CTX.jsonl files (default: every one)")
+    rt.set_defaults(func=cmd_retry)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -80,3 +85,22 @@ def cmd_merge(args: argparse.Namespace) -> None:
 
     out = merge([Path(f) for f in args.folders], Path(args.output), load_dictionary(DICTIONARY))
     print(f"merged {len(args.folders)} directories into {out}")
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    from ..measure.sweep_records import retry_failed
+
+    paths = [Path(p) for p in args.records] or sorted(Path("results/bench").glob("*/*.jsonl"))
+    if missing := [str(p) for p in paths if not p.is_file()]:
+        raise MoeplaceError(f"no sweep records at {', '.join(missing)}; give results/bench/MODEL/CTX.jsonl files")
+    retried = 0
+    for path in paths:
+        if failed := retry_failed(path):
+            values = ", ".join(f"n={n} {status}" for n, status in failed.items())
+            print(f"{path}: {values} measured again at the next run; its other values are kept")
+            retried += 1
+    if not retried:
+        print(f"nothing to retry: no failed value in {len(paths)} sweep(s)")
+        return 0
+    print("run the pipeline again (snakemake --cores 1 ...) to measure them")
+    return 0

@@ -3,7 +3,8 @@
 The n values share llama-bench processes and so one depth fill (a failed load ends a process: the values
 after it get a new one). A run that cannot allocate, crashes or hangs becomes records with status
 oom/crash/timeout and the stderr tail, never a lost sweep. The device is a GPU, or the emulated
-one (runtime/device.py).
+one (runtime/device.py). A full disk or Ctrl-C loses nothing measured, and a rerun measures only what is missing
+(sweep_records.py); one sweep at a time measures on a device (runtime/locks.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from ..runtime.device import PROGRESS, DeviceSetup, HostSide, attached, bound_ru
 from ..runtime.llama_names import is_host
 from ..runtime.llamacpp import Placement, bench_command
 from ..runtime.llamacpp_args import UNSUPPORTED, refusal
+from ..runtime.locks import device_lock
+from ..runtime.outputs import append_jsonl
 from ..runtime.process import classify, run, tail
 from ..runtime.provenance import build_facts, host_facts, pipeline_revision
 from ..runtime.tool_output import bench_records, garbled_records
@@ -40,6 +43,7 @@ from .repetitions import (
     stop_when_enough,
     test_of,
 )
+from .sweep_records import measured_before, said_what_is_kept
 
 log = logging.getLogger("moeplace")
 
@@ -91,7 +95,19 @@ class _Session:
     baseline: Arm | None
     host: HostSide  # how llama-bench runs (runtime.device.host_side)
     t0: float  # the start: the time budget counts the device's start too
+    started: str
+    facts: Provenance
+    side: Path | None  # where each arm's records go once it is done (run_sweep)
+    done: dict[int, list[BenchRecord]]  # each finished arm's records, by its n
     quiet: list[dict[str, float | bool | None]] = field(default_factory=list)  # cpus.wait_for_quiet's findings
+
+    def finish(self, arms: list[Arm]) -> None:
+        """Record the arms that are done (each once), to the side file at once: kept whatever happens next."""
+        new = [arm for arm in arms if arm.n_cpu_moe not in self.done]
+        for arm in new:
+            self.done[arm.n_cpu_moe] = _arm_records(self, arm)
+        if self.side and new:
+            append_jsonl(self.side, [r for arm in new for r in self.done[arm.n_cpu_moe]])
 
 
 def run_bench(job: BenchJob, rig: Rig) -> list[BenchRecord]:
@@ -107,7 +123,7 @@ def run_bench(job: BenchJob, rig: Rig) -> list[BenchRecord]:
     return run_sweep(job, [job.n_cpu_moe], rig)
 
 
-def run_sweep(job: BenchJob, n_values: list[int], rig: Rig) -> list[BenchRecord]:
+def run_sweep(job: BenchJob, n_values: list[int], rig: Rig, side: Path | None = None) -> list[BenchRecord]:
     """Run `job` at each of `n_values` (its own n_cpu_moe aside), one record per value and test, successful or not.
 
     The values share llama-bench processes, so a 32K sweep pays one depth fill (llama-bench restores the KV
@@ -116,28 +132,48 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig) -> list[BenchRecord]
     values after it get a process of their own; the value below the budget's minimum, expected to run out of
     memory, comes first and costs a load. With adaptive settings the values take turns, pass after pass, until
     all are precise enough or their time is spent (_measure_shared).
+
+    With a `side` file, each value's records reach it as soon as the value is done, and a value it holds measured
+    in this very configuration is not run again (sweep_records.py). A second sweep on the device waits for this one.
     """
     settings = rig.settings
     rig.log_path.parent.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     facts = host_facts()
-    cpus = split_cpus(rig.device.kind == "emulated")
-    baseline = Arm(job.paired_n_cpu_moe, None) if job.paired_n_cpu_moe is not None else None
     depth = settings.depth(job.ctx) if job.depth is None else job.depth
     tests = TESTS if settings.prompt else ("tg",)  # -p 0: a decode-only probe
+    cpus = split_cpus(rig.device.kind == "emulated")
     threads = min(settings.threads, len(cpus.bench))
+    kept = measured_before(side, _configuration(job, rig, depth, threads, facts), n_values, tests)
+    if kept:
+        log.info("kept from %s: n_cpu_moe %s, measured before", side, ", ".join(map(str, sorted(kept))))
+    todo = sorted(set(n_values) - set(kept))
+    if not todo:
+        return [r for n in sorted(kept) for r in kept[n]]
+    baseline = Arm(job.paired_n_cpu_moe, None) if job.paired_n_cpu_moe is not None else None
     refused, t0 = refusal(settings.flash_attn, settings.type_v), time.monotonic()  # refused: recorded, never run
-    arms = [Arm(n, job.overrides, failure=refused and (UNSUPPORTED, refused, "")) for n in sorted(n_values)]
+    arms = [Arm(n, job.overrides, failure=refused and (UNSUPPORTED, refused, "")) for n in todo]
+    done: dict[int, list[BenchRecord]] = {}  # each finished arm's records (_Session.finish)
     with (
+        said_what_is_kept(side, f"{job.model_name} at {job.ctx:,} tokens", len(set(n_values)), len(kept), done),
+        device_lock(_device_key(rig), rig.log_path),
         attached(rig.device, rig.manifest, cpus, rig.log_path) as rpc,
         host_side(rig.device, cpus.bench, rig.log_path) as host,
     ):
-        session = _Session(job, rig, depth, tests, cpus, threads, arms, baseline, host, t0)
+        session = _Session(job, rig, depth, tests, cpus, threads, arms, baseline, host, t0, started, facts, side, done)
+        session.finish([a for a in arms if a.failure])  # refused: nothing to wait for
         if baseline:
             _measure_paired(session, rpc)
         else:
             _measure_shared(session, rpc)
-    return _records(session, started, facts)
+        session.finish(arms)
+    measured = [r for records in [*kept.values(), *done.values()] for r in records]
+    return sorted(measured, key=lambda r: r["n_cpu_moe"])  # stable: each value's tests stay in their order
+
+
+def _device_key(rig: Rig) -> str:
+    """What a sweep occupies: the emulated device is this host's CPUs whatever its size; a GPU is itself."""
+    return "emulated" if rig.device.kind == "emulated" else rig.device.label
 
 
 def _measure_shared(s: _Session, rpc: str | None) -> None:
@@ -158,7 +194,9 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
         if not any(a.failure for a in todo):
             return
         fewest = fewest_repetitions(settings) if settings.adaptive else 1
-        todo = [a for a in todo if not a.failure and a.repetitions(s.tests) < fewest]
+        left = [a for a in todo if not a.failure and a.repetitions(s.tests) < fewest]
+        s.finish([a for a in todo if all(a is not b for b in left)])
+        todo = left
 
 
 def _measure_paired(s: _Session, rpc: str | None) -> None:
@@ -285,38 +323,32 @@ def _paired_repetitions(s: _Session) -> int:
     return next_batch(wanted, settings.max_repetitions - n, fixed_s, repetition_s, left_s / 2)
 
 
-def _records(s: _Session, started: str, facts: Provenance) -> list[BenchRecord]:
-    """The session's records, one per arm and test, with everything that ties them to their inputs."""
+def _arm_records(s: _Session, arm: Arm) -> list[BenchRecord]:
+    """One finished arm's records, one per test, with everything that ties them to their inputs."""
     seen = [q["contended"] for q in s.quiet]
     contended = True if any(seen) else None if seen and all(c is None for c in seen) else False
-    records = []
-    for arm in s.arms:
-        base = _base(s, arm, started, facts, contended)
-        arm_records = [measured_record(base, test, arm, s.baseline, s.rig.settings, contended) for test in s.tests]
-        statuses = ", ".join(f"{r['test']} {r['status']}" for r in arm_records)
-        log.info("n_cpu_moe=%d ctx=%d: %s", arm.n_cpu_moe, s.job.ctx, statuses)
-        records += arm_records
+    base = _base(s, arm, contended)
+    records = [measured_record(base, test, arm, s.baseline, s.rig.settings, contended) for test in s.tests]
+    statuses = ", ".join(f"{r['test']} {r['status']}" for r in records)
+    log.info("n_cpu_moe=%d ctx=%d: %s", arm.n_cpu_moe, s.job.ctx, statuses)
     return records
 
 
-def _base(s: _Session, arm: Arm, started: str, facts: Provenance, contended: bool | None) -> BenchRecord:
-    """What every record of `arm` carries: the configuration, the device, the build, the host, the revision."""
-    job, rig, settings = s.job, s.rig, s.rig.settings
-    parsed = parse_log(arm.stderr)
+def _configuration(job: BenchJob, rig: Rig, depth: int, threads: int, facts: Provenance) -> BenchRecord:
+    """What a record's configuration is, its n_cpu_moe aside: a rerun keeps an earlier record only where all of
+    this is the same (the same model file, settings, device, build and host)."""
+    settings = rig.settings
     return {
         "model": job.model_name,
         "ctx": job.ctx,
-        "n_cpu_moe": arm.n_cpu_moe,
         "variant": job.variant,
         "overrides": job.overrides or "",
         "tensor_split": job.tensor_split or "",
         "n_gpu_layers": job.n_gpu_layers,
         "n_prompt": settings.prompt,
         "n_gen": settings.gen,
-        "n_depth": s.depth,
-        "threads": s.threads,
-        "bench_cpus": list(s.cpus.bench),
-        "device_cpus": list(s.cpus.device) if s.cpus.device else None,
+        "n_depth": depth,
+        "threads": threads,
         "type_k": settings.type_k,
         "type_v": settings.type_v,
         "device_kind": rig.device.kind,
@@ -326,20 +358,32 @@ def _base(s: _Session, arm: Arm, started: str, facts: Provenance, contended: boo
         "host_slowdown": rig.device.host_slowdown,
         **build_facts(rig.manifest),
         "model_files": job.model_files,
-        "started": started,
-        **facts,
-        "others_running": max((q["others_running"] for q in s.quiet if q["others_running"] is not None), default=None),
-        "contended": contended,
-        **pipeline_revision(rig.workdir),
-        "kv_contexts": parsed["contexts"],
-        "buffers": parsed["buffers"],
+        "host": facts["host"],
         "ubatch": settings.ubatch,
         "flash_attn": settings.flash_attn,
+        "precision_target": settings.precision if settings.adaptive else None,
+        "paired_n_cpu_moe": job.paired_n_cpu_moe,
+    }
+
+
+def _base(s: _Session, arm: Arm, contended: bool | None) -> BenchRecord:
+    """What every record of `arm` carries: the configuration, the device, the build, the host, the revision."""
+    parsed = parse_log(arm.stderr)
+    return {
+        **_configuration(s.job, s.rig, s.depth, s.threads, s.facts),
+        "n_cpu_moe": arm.n_cpu_moe,
+        "bench_cpus": list(s.cpus.bench),
+        "device_cpus": list(s.cpus.device) if s.cpus.device else None,
+        "started": s.started,
+        **s.facts,
+        "others_running": max((q["others_running"] for q in s.quiet if q["others_running"] is not None), default=None),
+        "contended": contended,
+        **pipeline_revision(s.rig.workdir),
+        "kv_contexts": parsed["contexts"],
+        "buffers": parsed["buffers"],
         "tensor_buffers": parsed["tensor_buffers"],
         "cpu_tensors": [name for name, buffer in parsed["tensor_buffers"].items() if is_host(buffer)],
         "batches": arm.batches,
-        "precision_target": settings.precision if settings.adaptive else None,
-        "paired_n_cpu_moe": job.paired_n_cpu_moe,
     }
 
 

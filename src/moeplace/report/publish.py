@@ -200,6 +200,9 @@ def index_html(
     )
     if missing:
         parts.append("<h2>Not run</h2><ul>" + "".join(f"<li>{e(m)}</li>" for m in missing) + "</ul>")
+    if stale := facts.get("not_from_this_config"):  # results/ files an earlier config made: left out
+        parts.append("<h2>Left out: not from this config</h2><ul>" + "".join(f"<li>{e(m)}</li>" for m in stale))
+        parts[-1] += "</ul>"
     shown = json.dumps({k: v for k, v in facts.items() if k != "config"}, indent=1, default=str)
     parts.append(f"<h2>Provenance</h2><pre>{e(shown)}</pre>")
     return "\n".join(parts)

@@ -20,7 +20,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from .build import Build, Version
 from .llama_names import backend_of
 from .llamacpp_args import cache_args
 from .native import build_native, cache_root
-from .process import run, run_checked
+from .process import classify, run, run_checked, tail
 from .tool_output import Device, list_devices
 from .vulkan import BuildIdentity, apply_patch, build_identity, mesa_version, runtime_env
 
@@ -59,6 +59,7 @@ BASE_OPTIONS = (
     "-DCMAKE_C_FLAGS=-U__AMX_INT8__",
     "-DCMAKE_CXX_FLAGS=-U__AMX_INT8__",
 )
+LIBRARY_MISSING = 127  # the exit status of a program the dynamic loader could not link
 _VERSION = re.compile(r"version: (?P<version>\S+) \(build (?P<number>\d+), commit (?P<commit>[^)]+)\)")
 
 
@@ -219,6 +220,22 @@ def version_info(bin_dir: Path, env: dict[str, str] | None = None) -> Version:
     )
 
 
+def build_problem(bin_dir: Path, tools: Sequence[str] = TARGETS, env: Mapping[str, str] | None = None) -> str | None:
+    """What is wrong with a build's binaries, in words (None: nothing): one of `tools` is missing or does not run.
+    Each is started with --version: one that cannot start, is killed by a signal (a truncated or damaged file
+    segfaults) or lacks a library (exit 127) is broken; one that merely does not know --version is not."""
+    for name in tools:
+        path = bin_dir / name
+        if not path.is_file():
+            return f"{path} is missing"
+        result = run([str(path), "--version"], timeout_s=60, env={**os.environ, **env} if env else None)
+        if result.start_error or result.timed_out or result.returncode is None or result.returncode < 0:
+            return f"{path} --version failed ({classify(result)[1]})"
+        if result.returncode == LIBRARY_MISSING:
+            return f"{path} cannot load its libraries ({tail(result.stderr, 1)})"
+    return None
+
+
 def provision(cfg: LlamacppSettings, log_file: Path, jobs: int | None = None) -> Build:
     """Return a usable llama.cpp build, building and caching the pinned one if needed."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -246,6 +263,9 @@ def provision(cfg: LlamacppSettings, log_file: Path, jobs: int | None = None) ->
     dest = root / key
     with (root / f".{key}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key at a time, across workflows
+        if (dest / "manifest.json").exists() and (problem := build_problem(dest / "bin", env=env)):
+            log.warning("the cached llama.cpp build %s is broken (%s): building it again", dest, problem)
+            shutil.rmtree(dest)
         if not (dest / "manifest.json").exists():
             log.info("building llama.cpp %s into %s (takes ~5-15 min on 2 cores)", version, dest)
             partial = root / f".{key}.partial"
@@ -312,11 +332,15 @@ def require_binary(manifest: Build, name: str) -> Path:
     os.environ.update(manifest.env or {})
     path = manifest.bin_dir / name
     if not path.exists():
-        raise MoeplaceError(
-            f"{path} is missing: the llama.cpp build was removed; delete resources/llamacpp/ "
-            "and run the pipeline again to rebuild it."
-        )
+        raise MoeplaceError(f"{path} is missing: the llama.cpp build was removed or damaged; {rebuild(manifest)}.")
     return path
+
+
+def rebuild(manifest: Build) -> str:
+    """What a user does about a broken build: the pinned one is rebuilt once its manifest goes; theirs, by them."""
+    if manifest.source == "user build":
+        return f"rebuild llama.cpp in {manifest.bin_dir} (llamacpp.bin_dir), or unset llamacpp.bin_dir"
+    return "delete resources/llamacpp/ and run the pipeline again: it checks the cached build and rebuilds it"
 
 
 @dataclass(frozen=True)

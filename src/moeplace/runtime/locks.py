@@ -1,5 +1,5 @@
-"""Snakemake's locks after a run that was killed outright (SIGKILL, power loss): cleared, but only when their
-owner is provably gone.
+"""Locks: Snakemake's after a run that was killed outright (SIGKILL, power loss), cleared only when their owner is
+provably gone; and moeplace's own per device, so that one sweep at a time measures on it (device_lock).
 
 Snakemake's lock files name the locked paths, not who holds them, so the main Snakemake process records
 itself (host and pid) beside them when it may take the locks. A later main process clears the locks only
@@ -10,12 +10,18 @@ the owner is on another host or unknown while a Snakemake process still works in
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import platform
+import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from .native import cache_root
 
 log = logging.getLogger("moeplace")
 
@@ -66,3 +72,37 @@ def clear_stale_locks(workdir: Path, main_process: bool) -> bool:
     locks.mkdir(parents=True, exist_ok=True)
     (locks / OWNER).write_text(json.dumps({"host": platform.node(), "pid": os.getpid()}))  # the Snakefile is
     return removed  # parsed inside the main Snakemake process itself
+
+
+_HELD: set[str] = set()  # the devices this process holds: a sweep inside a sweep does not wait for itself
+
+
+@contextmanager
+def device_lock(device: str, log_path: Path) -> Iterator[None]:
+    """Hold `device` for one measurement at a time on this host, across runs and folders, whatever Snakemake does
+    with its own locks (9.27 deletes .snakemake/locks when any run in the folder ends). A second holder waits,
+    saying for whom in its log and on stderr."""
+    if device in _HELD:
+        yield
+        return
+    folder = cache_root() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{platform.node()}-{re.sub(r'[^A-Za-z0-9._-]+', '_', device)[:80]}.lock"
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another run"
+            log.warning("%s is busy measuring for %s; waiting for it to finish", device, holder)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} in {Path.cwd()} (log {log_path})\n")
+        f.flush()
+        _HELD.add(device)
+        try:
+            yield
+        finally:
+            _HELD.discard(device)
+            f.truncate(0)

@@ -9,9 +9,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ...core.units import Context
+from ...runtime.llamacpp_args import UNSUPPORTED
 from ...runtime.outputs import atomic_path
 
-FAILED = ("oom", "crash", "timeout", "error")
+FAILED = ("oom", "crash", "timeout", "error", UNSUPPORTED)
 
 
 def _reps(repetitions: pd.Series) -> str:
@@ -33,7 +34,7 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
         failed = m[m.status.isin(FAILED)]
         device = m.device.iloc[0] if len(m) else ""
         n_max = int(m.n_cpu_moe.max()) if len(m) else 0
-        _mark_failed(ax, ok, failed, n_max)
+        _mark_failed(ax, ok, failed)
         low, high = _interval(ok)
         few = " (± sd below 6)" if (ok.repetitions < 6).any() else ""
         label = f"measured {test}: median, 95% interval{few} ({_reps(ok.repetitions)} repetitions)"
@@ -74,13 +75,20 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
     plt.close(fig)
 
 
-def _mark_failed(ax: plt.Axes, ok: pd.DataFrame, failed: pd.DataFrame, n_max: int) -> None:
-    """Shade what does not fit: everything below the smallest n that ran is infeasible on this device; each failed
-    run's status at its n."""
-    if not len(failed):
-        return
-    edge = ok.n_cpu_moe.min() if len(ok) else n_max + 0.5
-    ax.axvspan(-0.5, edge - 0.5, color="tab:red", alpha=0.08, label="does not fit (measured OOM)")
+def _mark_failed(ax: plt.Axes, ok: pd.DataFrame, failed: pd.DataFrame) -> None:
+    """Shade what was measured not to fit: each n that ran out of memory, and below the smallest n that ran every
+    n under the largest OOM there (fewer experts on the host need more of the device). Every failed run's status
+    at its n; a crash, a timeout, an error or a refused setting is named as such, never drawn as out of memory."""
+    ooms = failed[failed.status == "oom"].n_cpu_moe
+    smallest_ok = ok.n_cpu_moe.min() if len(ok) else float("inf")
+    below = ooms[ooms < smallest_ok]
+    spans = [(-0.5, below.max() + 0.5)] if len(below) else []
+    spans += [(n - 0.5, n + 0.5) for n in ooms[ooms > smallest_ok]]
+    for i, (start, end) in enumerate(spans):
+        ax.axvspan(start, end, color="tab:red", alpha=0.08, label="" if i else "does not fit (measured OOM)")
+    for status, runs in failed[failed.status != "oom"].groupby("status"):
+        at = ", ".join(str(n) for n in sorted(runs.n_cpu_moe))
+        ax.plot([], [], ls="none", marker="x", color="dimgray", label=f"{status} at n = {at}: failed, not for memory")
     for r in failed.itertuples():
         ax.annotate(
             r.status.upper(),
@@ -89,7 +97,7 @@ def _mark_failed(ax: plt.Axes, ok: pd.DataFrame, failed: pd.DataFrame, n_max: in
             textcoords="offset points",
             ha="center",
             fontsize=8,
-            color="tab:red",
+            color="tab:red" if r.status == "oom" else "dimgray",
             xycoords=("data", "axes fraction"),
         )
 
