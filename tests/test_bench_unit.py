@@ -339,3 +339,16 @@ def test_compare_with_too_few_points_to_predict_leaves_them_empty(tmp_path):
     budget = pd.DataFrame([{"ctx": 4096, "n_cpu_moe": 0, "status": "ok"}])
     compare = compare_table(measured_table(records), records, {"m": meta}, {"m": budget}, prior(Bandwidths(20, 20)))
     assert compare.predicted_tg_tok_s.isna().all() and compare.tg_error_pct.abs().isna().all()
+
+
+def test_a_pass_is_said_in_one_line_with_what_is_not_yet_precise():
+    from moeplace.measure.repetitions import Arm, imprecise, pass_summary
+
+    steady, noisy = Arm(3, None), Arm(8, None)
+    samples = [{"tg": [20.0, 20.1, 19.9, 20.0, 20.2, 19.8]}, {"tg": [10.0, 14.0, 8.0, 12.0, 9.0, 13.0]}]
+    line = pass_summary([steady, noisy], samples, 0.05, 2, 75)
+    # the median's distribution-free 95% interval of 6 samples is their range: ±1.0% and ±27.3% of the medians
+    assert line == ("pass 2: n=3 6x 20.0 tok/s ±1.0%; n=8 6x 11.0 tok/s ±27.3%* (at most 1 min 15 s left)"), line
+    steady.samples, noisy.samples = samples[0], samples[1]
+    assert imprecise([steady, noisy], 0.05).startswith("n_cpu_moe 8 not within the 5% target")
+    assert imprecise([steady], 0.05) is None

@@ -36,6 +36,7 @@ from .bench_record import measured_record, parse_log
 from .repetitions import (
     Arm,
     fewest_repetitions,
+    imprecise,
     next_batch,
     precise_enough,
     rows_per_arm,
@@ -156,7 +157,8 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig, side: Path | None = 
     done: dict[int, list[BenchRecord]] = {}  # each finished arm's records (_Session.finish)
     with (
         said_what_is_kept(side, f"{job.model_name} at {job.ctx:,} tokens", len(set(n_values)), len(kept), done),
-        device_lock(_device_key(rig), rig.log_path),
+        # what a sweep occupies: the emulated device is this host's CPUs whatever its size; a GPU is itself
+        device_lock("emulated" if rig.device.kind == "emulated" else rig.device.label, rig.log_path),
         attached(rig.device, rig.manifest, cpus, rig.log_path) as rpc,
         host_side(rig.device, cpus.bench, rig.log_path) as host,
     ):
@@ -167,13 +169,10 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig, side: Path | None = 
         else:
             _measure_shared(session, rpc)
         session.finish(arms)
+    if settings.adaptive and not baseline and (short := imprecise(arms, settings.precision)):
+        log.warning("%s at %s tokens: %s", job.model_name, f"{job.ctx:,}", short)
     measured = [r for records in [*kept.values(), *done.values()] for r in records]
     return sorted(measured, key=lambda r: r["n_cpu_moe"])  # stable: each value's tests stay in their order
-
-
-def _device_key(rig: Rig) -> str:
-    """What a sweep occupies: the emulated device is this host's CPUs whatever its size; a GPU is itself."""
-    return "emulated" if rig.device.kind == "emulated" else rig.device.label
 
 
 def _measure_shared(s: _Session, rpc: str | None) -> None:

@@ -5,6 +5,7 @@ paired difference) is precise enough.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -15,6 +16,9 @@ from ..core.config import BenchSettings
 from ..core.records import LlamaBenchRow
 from ..core.stats import delta_interval, fewest_for_median_interval, median_halfwidth
 from ..runtime.tool_output import bench_records
+
+# What a person watching a run should see as it goes (the pipeline's stages show it on the terminal).
+progress = logging.getLogger("moeplace.progress")
 
 
 @dataclass
@@ -107,14 +111,45 @@ def stop_when_enough(
             timed = sum(sum(r.get("samples_ns") or []) for r in rows) / 1e9
             once.append(pace - timed if timed else 0.0)
             pace = timed * (settings.repetitions + 1) / settings.repetitions if timed else pace
-        if min(counts) >= settings.max_repetitions:
-            return True
-        return min(counts) >= fewest and (
-            all(precise_enough(arm_samples, None, settings.precision) for arm_samples in samples)
-            or pass_ends[-1] + pace - t0 > max(settings.time_budget_s * len(arms), pass_ends[0] - t0 + 2 * once[0])
+        limit_s = max(settings.time_budget_s * len(arms), pass_ends[0] - t0 + 2 * once[0])
+        stop = min(counts) >= settings.max_repetitions or (
+            min(counts) >= fewest
+            and (
+                all(precise_enough(arm_samples, None, settings.precision) for arm_samples in samples)
+                or pass_ends[-1] + pace - t0 > limit_s
+            )
         )
+        left_s = 0.0 if stop else max(0.0, limit_s - (pass_ends[-1] - t0))
+        progress.info("%s", pass_summary(arms, samples, settings.precision, len(pass_ends) - 1, left_s))
+        return stop
 
     return enough
+
+
+def imprecise(arms: list[Arm], precision: float) -> str | None:
+    """The values that ran but missed the precision target, said in a line (None: every one reached it)."""
+    short = [str(a.n_cpu_moe) for a in arms if not a.failure and not precise_enough(a.samples, None, precision)]
+    if not short:
+        return None
+    return (
+        f"n_cpu_moe {', '.join(short)} not within the {100 * precision:.0f}% target in the time allowed (see the "
+        "precision table); more bench.time_budget_s or a quieter machine narrows them"
+    )
+
+
+def pass_summary(
+    arms: list[Arm], samples: list[dict[str, list[float]]], precision: float, done: int, left_s: float
+) -> str:
+    """One line after a pass: each value's repetitions, decode median and its interval's half-width (* where it is
+    not yet within `precision`), and at most how long the sweep has left."""
+    parts = []
+    for arm, arm_samples in zip(arms, samples):
+        tg = arm_samples.get("tg") or next(iter(arm_samples.values()))
+        width = median_halfwidth(tg)
+        shown = "no interval yet" if math.isinf(width) else f"±{100 * width:.1f}%{'' if width <= precision else '*'}"
+        parts.append(f"n={arm.n_cpu_moe} {len(tg)}x {statistics.median(tg):.1f} tok/s {shown}")
+    left = "done" if left_s == 0 else f"at most {left_s / 60:.0f} min {left_s % 60:.0f} s left"
+    return f"pass {done}: " + "; ".join(parts) + f" ({left})"
 
 
 def next_batch(wanted: int, allowed: int, fixed_s: float, repetition_s: float, left_s: float) -> int:

@@ -31,7 +31,7 @@ from .build import Build, Version
 from .llama_names import backend_of
 from .llamacpp_args import cache_args
 from .native import build_native, cache_root
-from .process import classify, run, run_checked, tail
+from .process import build_progress, classify, progress, run, run_checked, tail
 from .tool_output import Device, list_devices
 from .vulkan import BuildIdentity, apply_patch, build_identity, mesa_version, runtime_env
 
@@ -144,7 +144,11 @@ def _build(version: str, sha256: str, options: list[str], dest: Path, log_file: 
         configure = ["cmake", "-S", str(source), "-B", str(build_dir), *generator, *options, *launcher]
         run_checked(configure, "configuring llama.cpp", log_file, env=env, stream_to_log=True)
         build = ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS, *LIB_TARGETS]
-        run_checked(build, "building llama.cpp", log_file, env=env, stream_to_log=True)
+        progress.info(
+            "building llama.cpp %s (%d tools, -j%d; the whole log: %s)", version, len(TARGETS), jobs, log_file
+        )
+        with build_progress(log_file, "building llama.cpp"):
+            run_checked(build, "building llama.cpp", log_file, env=env, stream_to_log=True)
         bin_dir = dest / "bin"
         bin_dir.mkdir(parents=True)
         for target in TARGETS:

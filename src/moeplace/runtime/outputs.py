@@ -105,6 +105,10 @@ def stage(log_path: str | Path) -> Iterator[logging.Logger]:
     said.setLevel(logging.WARNING)
     said.setFormatter(logging.Formatter("moeplace: warning: %(message)s"))
     logging.getLogger().addHandler(said)
+    going = logging.StreamHandler()  # on stderr too: how far a long stage is (a sweep's passes, a build's steps)
+    going.addFilter(logging.Filter("moeplace.progress"))
+    going.setFormatter(logging.Formatter("moeplace: %(message)s"))
+    logging.getLogger().addHandler(going)
     try:
         yield log
     except MoeplaceError as e:
@@ -115,6 +119,7 @@ def stage(log_path: str | Path) -> Iterator[logging.Logger]:
         _end(log, said, "interrupted (Ctrl-C); this stage wrote no output, a rerun runs it again")
     finally:
         logging.getLogger().removeHandler(said)
+        logging.getLogger().removeHandler(going)
 
 
 def _end(log: logging.Logger, said: logging.Handler, message: str) -> NoReturn:

@@ -7,6 +7,7 @@ SIGKILL when the job that started it dies (PR_SET_PDEATHSIG), so nothing outlive
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import re
@@ -148,6 +149,40 @@ class _Watch:
     def _end(self, sig: signal.Signals, kill_at: float) -> None:
         kill_group(self.pid, sig)
         self.kill_at = kill_at
+
+
+# What a person watching a long run should see as it goes (the pipeline's stages show it on the terminal).
+progress = logging.getLogger("moeplace.progress")
+_STEP = re.compile(rb"\[\s*(\d+)%\]|\[(\d+)/(\d+)\]")  # make's "[ 42%]", ninja's "[120/480]"
+
+
+@contextmanager
+def build_progress(log_path: Path, what: str, every_s: float = 5.0) -> Iterator[None]:
+    """While a build streams into `log_path`, say how far it is (make's or ninja's step count) each time it
+    passes another tenth, with the time so far."""
+    stop, t0 = threading.Event(), time.monotonic()
+
+    def watch() -> None:
+        said = 0
+        while not stop.wait(every_s):
+            with open(log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                steps = _STEP.findall(f.read())
+            if not steps:
+                continue
+            pct, done, total = steps[-1]
+            percent = int(pct) if pct else 100 * int(done) // max(1, int(total))
+            if percent >= said + 10:
+                said = percent - percent % 10
+                progress.info("%s: %d%% after %.0f min %.0f s", what, percent, *divmod(time.monotonic() - t0, 60))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
 
 
 def run(
