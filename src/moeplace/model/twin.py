@@ -14,6 +14,7 @@ import math
 import re
 import shutil
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,14 @@ from ..runtime.llamacpp import require_binary
 from ..runtime.outputs import atomic_path
 from ..runtime.process import run_checked
 from .architectures import ARCHITECTURES, MODULES
-from .architectures._spec import GGUFKeys, TwinSpec
+from .architectures._spec import ArchParams, GGUFKeys, TwinSpec
 from .gguf_file import tensor_nbytes
 from .recipe import PRESETS, UNQUANTIZED, fit, keeps_source_type, override, quantized_types
 
 Q = GGMLQuantizationType
 
 
-def _same_kind(value: Any, default: Any) -> bool:
+def _same_kind(value: object, default: object) -> bool:
     """A spec's value for an architecture parameter is of its default's kind (an int will do for a float)."""
     if default is None or value is None:
         return True
@@ -43,7 +44,7 @@ def _same_kind(value: Any, default: Any) -> bool:
     return isinstance(value, (int, float) if isinstance(default, float) else type(default))
 
 
-def load_spec(path: str | Path) -> TwinSpec:
+def load_spec(path: str | Path) -> TwinSpec[ArchParams]:
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -56,16 +57,18 @@ def load_spec(path: str | Path) -> TwinSpec:
         raise MoeplaceError(
             f"{path}: architecture {data.get('architecture')!r} is not one of {', '.join(ARCHITECTURES)}."
         )
+    kind: type[ArchParams] = module.Params
+    defaults = asdict(kind())
     common = set(TwinSpec.__dataclass_fields__) - {"params"}
-    unknown = sorted(set(data) - common - set(module.PARAMS))
+    unknown = sorted(set(data) - common - set(defaults))
     if unknown:
         raise MoeplaceError(f"{path}: unknown key(s) {', '.join(unknown)}; see config/models/README.md.")
-    params = {**module.PARAMS, **{k: v for k, v in data.items() if k in module.PARAMS}}
-    for key, default in module.PARAMS.items():
-        if not _same_kind(value := params[key], default):
+    given = {k: v for k, v in data.items() if k in defaults}
+    for key, default in defaults.items():
+        if not _same_kind(value := given.get(key, default), default):
             raise MoeplaceError(f"{path}: {key} must be a {type(default).__name__}, like {default!r}; got {value!r}.")
     try:
-        spec = TwinSpec(**{k: v for k, v in data.items() if k in common}, params=params)
+        spec = TwinSpec(**{k: v for k, v in data.items() if k in common}, params=kind(**given))
     except TypeError as e:
         raise MoeplaceError(f"{path}: {e}; see config/models/README.md.") from None
     if spec.ftype not in PRESETS:
@@ -80,7 +83,7 @@ def load_spec(path: str | Path) -> TwinSpec:
     return spec
 
 
-def common_metadata(s: TwinSpec) -> GGUFKeys:
+def common_metadata(s: TwinSpec[ArchParams]) -> GGUFKeys:
     """The GGUF keys every architecture's converter writes; the architecture module adds or replaces some."""
     a = s.architecture
     keys: GGUFKeys = {
@@ -107,12 +110,12 @@ def common_metadata(s: TwinSpec) -> GGUFKeys:
     return keys
 
 
-def gguf_keys(s: TwinSpec) -> GGUFKeys:
+def gguf_keys(s: TwinSpec[ArchParams]) -> GGUFKeys:
     """Every GGUF key the twin carries: the common ones with its architecture module's additions."""
     return {**common_metadata(s), **MODULES[s.architecture].metadata(s)}
 
 
-def _write_metadata(w: GGUFWriter, s: TwinSpec) -> None:
+def _write_metadata(w: GGUFWriter, s: TwinSpec[ArchParams]) -> None:
     for key, value in gguf_keys(s).items():
         if value is None:
             continue
@@ -130,14 +133,14 @@ def _write_metadata(w: GGUFWriter, s: TwinSpec) -> None:
             w.add_array(key, value)
 
 
-def _tensors(s: TwinSpec) -> list[tuple[str, tuple[int, ...]]]:
+def _tensors(s: TwinSpec[ArchParams]) -> list[tuple[str, tuple[int, ...]]]:
     return MODULES[s.architecture].tensors(s)
 
 
 # --- each tensor's type -----------------------------------------------------------------
 
 
-def twin_types(spec: TwinSpec, tensors: list[tuple[str, tuple[int, ...]]] | None = None) -> dict[str, Q]:
+def twin_types(spec: TwinSpec[ArchParams], tensors: list[tuple[str, tuple[int, ...]]] | None = None) -> dict[str, Q]:
     """Each tensor's type in a header-only (or blocks) twin: what llama-quantize gives it for the spec's ftype
     (recipe.py), the spec's tensor_types first; with an unquantized ftype, tensor_types still apply: a converter's
     own mix, as gpt-oss's MXFP4 experts (llama-quantize ignores --tensor-type there)."""
@@ -166,7 +169,7 @@ def twin_types(spec: TwinSpec, tensors: list[tuple[str, tuple[int, ...]]] | None
     return types
 
 
-def _random_types(spec: TwinSpec, tensors: list[tuple[str, tuple[int, ...]]]) -> dict[str, Q]:
+def _random_types(spec: TwinSpec[ArchParams], tensors: list[tuple[str, tuple[int, ...]]]) -> dict[str, Q]:
     """What llama.cpp's converter writes for an F16 model: F32 for norms, biases, routers, 1-D."""
     return {name: Q.F32 if keeps_source_type(name, shape) else Q.F16 for name, shape in tensors}
 
@@ -225,7 +228,9 @@ def _writable_gguf_path(out: str | Path) -> Path:
     return path
 
 
-def write_twin(spec: TwinSpec, out: str | Path, weights: str = "none", seed: int = 0, shard_bytes: int = 0) -> Path:
+def write_twin(
+    spec: TwinSpec[ArchParams], out: str | Path, weights: str = "none", seed: int = 0, shard_bytes: int = 0
+) -> Path:
     """Write the twin GGUF atomically; returns its path. A header-only twin can be split into shards of at most
     `shard_bytes`, named as llama-gguf-split names them (OUT-00001-of-0000N.gguf); the first shard's path is
     returned."""
@@ -296,7 +301,7 @@ def quantize(
 
 
 def make_twin(
-    spec: TwinSpec,
+    spec: TwinSpec[ArchParams],
     out: str | Path,
     weights: str,
     quant: str,

@@ -2,7 +2,8 @@
 
 Each module defines
   ARCHS        the llama.cpp architecture names it writes (general.architecture), e.g. ("qwen3moe", "qwen3");
-  PARAMS       its hyperparameters beyond TwinSpec's common fields, with defaults (a spec may set them);
+  Params       its hyperparameters beyond TwinSpec's common fields, with defaults (a spec may set them): a frozen
+               dataclass subclassing _spec.ArchParams (ArchParams itself for a family with none);
   tensors(s)   every tensor llama.cpp's converter writes for spec s: (name, shape), shape in ggml order (row
                length first), in the converter's order;
   metadata(s)  GGUF keys beyond twin.common_metadata(s), or replacing them (None removes one); a value is a
@@ -20,7 +21,7 @@ from types import ModuleType
 def _registry() -> dict[str, ModuleType]:
     out = {}
     for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):  # shared helpers (_tables), not an architecture
+        if info.name.startswith("_"):  # shared helpers (_spec, _tables), not an architecture
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for arch in module.ARCHS:

@@ -1,25 +1,31 @@
-"""What every architecture module reads and writes: a twin spec, its own hyperparameters, its GGUF keys."""
+"""What every architecture module reads and writes: a twin spec, its family's own hyperparameters, its GGUF keys."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Generic, TypeAlias, TypeVar
 
 from gguf import GGUFValueType
 
 from ..gguf_file import GGUFValue
 
-# An architecture's own hyperparameter (its PARAMS): a number, a flag, a name, a list of layer indices, or unset.
-Param: TypeAlias = bool | int | float | str | list[int] | None
-Params: TypeAlias = dict[str, Param]
 # A GGUF key a twin writes: a value of the type its Python type says (int: uint32, float: float32), a
 # (value, GGUFValueType) pair for another type, or None to leave a common key out.
 GGUFKeys: TypeAlias = dict[str, GGUFValue | tuple[GGUFValue, GGUFValueType] | None]
 
 
-@dataclass
-class TwinSpec:
-    """Published hyperparameters of a model (see config/models/*.yaml); an architecture's own ones in `params`."""
+@dataclass(frozen=True)
+class ArchParams:
+    """An architecture family's own hyperparameters beyond TwinSpec's common fields, with their defaults (a spec
+    may set them): each module's `Params` subclasses it; a family with none uses it as it is."""
+
+
+P = TypeVar("P", bound=ArchParams, covariant=True)
+
+
+@dataclass(frozen=True)
+class TwinSpec(Generic[P]):
+    """Published hyperparameters of a model (see config/models/*.yaml); its architecture's own ones in `params`."""
 
     name: str
     architecture: str
@@ -50,4 +56,4 @@ class TwinSpec:
     sliding_window: int = 0
     # ordered regex -> type name, first match wins (llama-quantize's --tensor-type): a published file's own mix
     tensor_types: dict[str, str] = field(default_factory=dict)
-    params: Params = field(default_factory=dict)  # the architecture module's PARAMS, defaults filled
+    params: P = field(kw_only=True)  # the architecture module's Params

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._spec import TwinSpec
+from ._spec import ArchParams, TwinSpec
 
 Shape = tuple[int, ...]
 Tensors = list[tuple[str, Shape]]
@@ -30,7 +30,7 @@ def layer(il: int, tensors: Tensors) -> Tensors:
     return [(f"blk.{il}.{name}", shape) for name, shape in tensors]
 
 
-def globals_(s: TwinSpec) -> Tensors:
+def globals_(s: TwinSpec[ArchParams]) -> Tensors:
     """Embedding, final norm and (unless tied) output matrix."""
     out: Tensors = [("token_embd.weight", (s.n_embd, s.n_vocab)), ("output_norm.weight", (s.n_embd,))]
     if not s.tied_output:
@@ -50,7 +50,7 @@ def attention(n_embd: int, q_dim: int, kv_dim: int, bias: bool = False) -> Tenso
     return [*out, ("attn_output.weight", (q_dim, n_embd))]
 
 
-def mla(s: TwinSpec) -> Tensors:
+def mla(s: TwinSpec[ArchParams]) -> Tensors:
     """Multi-head latent attention (deepseek2-style), with a low-rank query when q_lora_rank is set."""
     E, H = s.n_embd, s.n_head
     k_mla = s.qk_nope_head_dim + s.qk_rope_head_dim

@@ -10,23 +10,29 @@ published models equals moe_intermediate_size x moe_num_shared_experts, the tens
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...core.errors import MoeplaceError
-from ._spec import GGUFKeys, Params, TwinSpec
+from ._spec import ArchParams, GGUFKeys, TwinSpec
 from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("ernie4_5-moe",)
-PARAMS: Params = {"moe_layer_step": 1}
 
 
-def _check(s: TwinSpec) -> None:
-    if s.params["moe_layer_step"] != 1:
+@dataclass(frozen=True)
+class Params(ArchParams):
+    moe_layer_step: int = 1
+
+
+def _check(s: TwinSpec[Params]) -> None:
+    if s.params.moe_layer_step != 1:
         raise MoeplaceError(
-            f"twin spec {s.name}: ernie4_5-moe with moe_layer_step {s.params['moe_layer_step']} does not load in "
+            f"twin spec {s.name}: ernie4_5-moe with moe_layer_step {s.params.moe_layer_step} does not load in "
             "llama.cpp (its loader expects MoE tensors in every layer after the leading dense ones); use 1."
         )
 
 
-def tensors(s: TwinSpec) -> Tensors:
+def tensors(s: TwinSpec[Params]) -> Tensors:
     _check(s)
     E, hd, X = s.n_embd, s.head_dim, s.n_expert
     out = globals_(s)
@@ -45,11 +51,11 @@ def tensors(s: TwinSpec) -> Tensors:
     return out
 
 
-def metadata(s: TwinSpec) -> GGUFKeys:
+def metadata(s: TwinSpec[Params]) -> GGUFKeys:
     a = s.architecture
     return {
         f"{a}.attention.layer_norm_rms_epsilon": 1e-5,
-        f"{a}.interleave_moe_layer_step": s.params["moe_layer_step"],
+        f"{a}.interleave_moe_layer_step": s.params.moe_layer_step,
         f"{a}.leading_dense_block_count": s.n_layer_dense_lead,
         f"{a}.expert_shared_count": s.n_expert_shared,
         f"{a}.expert_shared_feed_forward_length": s.n_ff_exp * s.n_expert_shared if s.n_expert_shared else None,

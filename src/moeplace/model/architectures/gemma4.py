@@ -22,23 +22,27 @@ attention.shared_kv_layers 0, as the 26B's converter writes them).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...core.errors import MoeplaceError
-from ._spec import GGUFKeys, Params, TwinSpec
+from ._spec import ArchParams, GGUFKeys, TwinSpec
 from ._tables import Tensors, layer
 
 ARCHS = ("gemma4",)
-PARAMS: Params = {
-    "global_head_dim": 512,  # full-attention layers' head size (head_dim is the sliding layers')
-    "num_global_key_value_heads": 2,  # full-attention layers' KV heads (n_head_kv is the sliding layers')
-    "sliding_window_pattern": 6,  # layer il is full attention when (il + 1) % pattern == 0
-    "attention_k_eq_v": True,  # full-attention layers have no attn_v (V = K)
-    "rope_freq_base_swa": 10000.0,  # rope_parameters.sliding_attention.rope_theta
-    "final_logit_softcapping": 30.0,
-}
 
 
-def _check(s: TwinSpec) -> None:
-    if s.params["sliding_window_pattern"] < 1:
+@dataclass(frozen=True)
+class Params(ArchParams):
+    global_head_dim: int = 512  # full-attention layers' head size (head_dim is the sliding layers')
+    num_global_key_value_heads: int = 2  # full-attention layers' KV heads (n_head_kv is the sliding layers')
+    sliding_window_pattern: int = 6  # layer il is full attention when (il + 1) % pattern == 0
+    attention_k_eq_v: bool = True  # full-attention layers have no attn_v (V = K)
+    rope_freq_base_swa: float = 10000.0  # rope_parameters.sliding_attention.rope_theta
+    final_logit_softcapping: float = 30.0
+
+
+def _check(s: TwinSpec[Params]) -> None:
+    if s.params.sliding_window_pattern < 1:
         raise MoeplaceError(f"twin spec {s.name}: gemma4 needs sliding_window_pattern >= 1.")
     if not s.sliding_window:
         raise MoeplaceError(f"twin spec {s.name}: gemma4 needs a sliding_window (llama.cpp requires the key).")
@@ -48,25 +52,25 @@ def _check(s: TwinSpec) -> None:
         raise MoeplaceError(f"twin spec {s.name}: gemma4 needs at least 2 layers (llama.cpp's KV-reuse check).")
 
 
-def swa_layers(s: TwinSpec) -> list[bool]:
+def swa_layers(s: TwinSpec[Params]) -> list[bool]:
     """Which layers are sliding-window (the converter's attention.sliding_window_pattern)."""
-    k = s.params["sliding_window_pattern"]
+    k = s.params.sliding_window_pattern
     return [(il + 1) % k != 0 for il in range(s.n_layer)]
 
 
-def tensors(s: TwinSpec) -> Tensors:
+def tensors(s: TwinSpec[Params]) -> Tensors:
     _check(s)
     p, E, X = s.params, s.n_embd, s.n_expert
     out: Tensors = [
-        ("rope_freqs.weight", (p["global_head_dim"] // 2,)),
+        ("rope_freqs.weight", (p.global_head_dim // 2,)),
         ("token_embd.weight", (E, s.n_vocab)),
         ("output_norm.weight", (E,)),
     ]
     if not s.tied_output:
         out.append(("output.weight", (E, s.n_vocab)))
     for il, swa in enumerate(swa_layers(s)):
-        hd, kv = (s.head_dim, s.n_head_kv) if swa else (p["global_head_dim"], p["num_global_key_value_heads"])
-        has_v = swa or not p["attention_k_eq_v"]
+        hd, kv = (s.head_dim, s.n_head_kv) if swa else (p.global_head_dim, p.num_global_key_value_heads)
+        has_v = swa or not p.attention_k_eq_v
         # In the checkpoint's (alphabetical) order: experts.*, input_layernorm, layer_scalar, mlp.*, the norms,
         # router.*, self_attn.*.
         block: Tensors = [
@@ -97,23 +101,23 @@ def tensors(s: TwinSpec) -> Tensors:
     return out
 
 
-def metadata(s: TwinSpec) -> GGUFKeys:
+def metadata(s: TwinSpec[Params]) -> GGUFKeys:
     _check(s)
     a, p = s.architecture, s.params
     swa = swa_layers(s)
     return {
-        f"{a}.attention.head_count_kv": [s.n_head_kv if w else p["num_global_key_value_heads"] for w in swa],
-        f"{a}.attention.key_length": p["global_head_dim"],
-        f"{a}.attention.value_length": p["global_head_dim"],
+        f"{a}.attention.head_count_kv": [s.n_head_kv if w else p.num_global_key_value_heads for w in swa],
+        f"{a}.attention.key_length": p.global_head_dim,
+        f"{a}.attention.value_length": p.global_head_dim,
         f"{a}.attention.key_length_swa": s.head_dim,
         f"{a}.attention.value_length_swa": s.head_dim,
         f"{a}.attention.sliding_window": s.sliding_window,
         f"{a}.attention.sliding_window_pattern": swa,
         f"{a}.attention.shared_kv_layers": 0,
         f"{a}.embedding_length_per_layer_input": 0,
-        f"{a}.final_logit_softcapping": float(p["final_logit_softcapping"]),
-        f"{a}.rope.freq_base_swa": float(p["rope_freq_base_swa"]),
+        f"{a}.final_logit_softcapping": float(p.final_logit_softcapping),
+        f"{a}.rope.freq_base_swa": float(p.rope_freq_base_swa),
         # The full layers rotate all global_head_dim dims, rope_freqs masking the unrotated ones (the converter's).
-        f"{a}.rope.dimension_count": p["global_head_dim"],
+        f"{a}.rope.dimension_count": p.global_head_dim,
         f"{a}.rope.dimension_count_swa": s.head_dim,
     }

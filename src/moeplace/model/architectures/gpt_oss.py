@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ._spec import GGUFKeys, Params, TwinSpec
+from ._spec import ArchParams, GGUFKeys, TwinSpec
 from ._tables import Tensors, attention, globals_, layer, routed_experts
 
 ARCHS = ("gpt-oss",)
-PARAMS: Params = {}
+Params = ArchParams  # no hyperparameters of its own
 
 
-def tensors(s: TwinSpec) -> Tensors:
+def tensors(s: TwinSpec[Params]) -> Tensors:
     E, X, F = s.n_embd, s.n_expert, s.n_ff_exp
     q, kv = s.head_dim * s.n_head, s.head_dim * s.n_head_kv
     out = globals_(s)
@@ -31,5 +31,5 @@ def tensors(s: TwinSpec) -> Tensors:
     return out
 
 
-def metadata(s: TwinSpec) -> GGUFKeys:
+def metadata(s: TwinSpec[Params]) -> GGUFKeys:
     return {f"{s.architecture}.attention.sliding_window": s.sliding_window}

@@ -11,30 +11,36 @@ are MLA is the per-layer head_count_kv array (1 for MLA, 0 for KDA), as the conv
 
 from __future__ import annotations
 
-from ._spec import GGUFKeys, Params, TwinSpec
+from dataclasses import dataclass, field
+
+from ._spec import ArchParams, GGUFKeys, TwinSpec
 from ._tables import Tensors, dense_ffn, globals_, layer, mla, moe_ffn
 
 ARCHS = ("kimi-linear",)
-PARAMS: Params = {
-    "full_attn_layers": [],  # linear_attn_config.full_attn_layers: the MLA layers, 1-based as config.json has them
-    "kda_head_dim": 128,  # linear_attn_config.head_dim (KDA heads are the model's num_attention_heads)
-    "ssm_conv_kernel": 4,  # linear_attn_config.short_conv_kernel_size
-    "expert_weights_scale": 2.446,  # routed_scaling_factor
-    "expert_gating_func": 2,  # moe_router_activation_func sigmoid (llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID)
-    "expert_group_used_count": 1,  # topk_group (the converter writes it; one group, so no effect)
-    "rms_norm_eps": 1e-5,
-}
+
+
+@dataclass(frozen=True)
+class Params(ArchParams):
+    # linear_attn_config.full_attn_layers: the MLA layers, 1-based as config.json has them
+    full_attn_layers: list[int] = field(default_factory=list)
+    kda_head_dim: int = 128  # linear_attn_config.head_dim (KDA heads are the model's num_attention_heads)
+    ssm_conv_kernel: int = 4  # linear_attn_config.short_conv_kernel_size
+    expert_weights_scale: float = 2.446  # routed_scaling_factor
+    expert_gating_func: int = 2  # moe_router_activation_func sigmoid (llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID)
+    expert_group_used_count: int = 1  # topk_group (the converter writes it; one group, so no effect)
+    rms_norm_eps: float = 1e-5
+
 
 # Small depthwise convolutions: the converter writes them F32 and llama-quantize never quantizes "ssm_conv1d".
 
 
-def _is_mla(s: TwinSpec, il: int) -> bool:
-    return il + 1 in s.params["full_attn_layers"]
+def _is_mla(s: TwinSpec[Params], il: int) -> bool:
+    return il + 1 in s.params.full_attn_layers
 
 
-def _kda(s: TwinSpec) -> Tensors:
-    E, hd, H = s.n_embd, s.params["kda_head_dim"], s.n_head
-    inner, conv = hd * H, s.params["ssm_conv_kernel"]
+def _kda(s: TwinSpec[Params]) -> Tensors:
+    E, hd, H = s.n_embd, s.params.kda_head_dim, s.n_head
+    inner, conv = hd * H, s.params.ssm_conv_kernel
     return [
         ("ssm_conv1d_q.weight", (conv, 1, inner, 1)),
         ("ssm_conv1d_k.weight", (conv, 1, inner, 1)),
@@ -54,7 +60,7 @@ def _kda(s: TwinSpec) -> Tensors:
     ]
 
 
-def tensors(s: TwinSpec) -> Tensors:
+def tensors(s: TwinSpec[Params]) -> Tensors:
     E = s.n_embd
     out = globals_(s)
     for il in range(s.n_layer):
@@ -69,26 +75,26 @@ def tensors(s: TwinSpec) -> Tensors:
     return out
 
 
-def metadata(s: TwinSpec) -> GGUFKeys:
+def metadata(s: TwinSpec[Params]) -> GGUFKeys:
     a, p = s.architecture, s.params
     keys: GGUFKeys = {
         # The converter turns MLA into MQA (one KV head) and marks KDA layers with 0 KV heads.
         f"{a}.attention.head_count_kv": [1 if _is_mla(s, il) else 0 for il in range(s.n_layer)],
-        f"{a}.attention.layer_norm_rms_epsilon": float(p["rms_norm_eps"]),
-        f"{a}.expert_group_used_count": p["expert_group_used_count"],
-        f"{a}.expert_gating_func": p["expert_gating_func"],
+        f"{a}.attention.layer_norm_rms_epsilon": float(p.rms_norm_eps),
+        f"{a}.expert_group_used_count": p.expert_group_used_count,
+        f"{a}.expert_gating_func": p.expert_gating_func,
         # key_length: the cached latent + rope row; value_length stays config.json's head_dim (V is a view of K).
         f"{a}.attention.key_length": s.kv_lora_rank + s.qk_rope_head_dim,
         f"{a}.vocab_size": s.n_vocab,
-        f"{a}.ssm.conv_kernel": p["ssm_conv_kernel"],
-        f"{a}.kda.head_dim": p["kda_head_dim"],
+        f"{a}.ssm.conv_kernel": p.ssm_conv_kernel,
+        f"{a}.kda.head_dim": p.kda_head_dim,
         f"{a}.attention.kv_lora_rank": s.kv_lora_rank,
         f"{a}.rope.dimension_count": s.qk_rope_head_dim,
         f"{a}.attention.key_length_mla": s.qk_nope_head_dim + s.qk_rope_head_dim,
         f"{a}.attention.value_length_mla": s.v_head_dim,
         f"{a}.expert_shared_count": s.n_expert_shared,
         f"{a}.leading_dense_block_count": s.n_layer_dense_lead,
-        f"{a}.expert_weights_scale": float(p["expert_weights_scale"]),
+        f"{a}.expert_weights_scale": float(p.expert_weights_scale),
     }
     if s.q_lora_rank:
         keys[f"{a}.attention.q_lora_rank"] = s.q_lora_rank

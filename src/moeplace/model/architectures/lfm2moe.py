@@ -9,32 +9,39 @@ tied to the embedding. The converter writes no key/value length (llama.cpp deriv
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ...core.errors import MoeplaceError
-from ._spec import GGUFKeys, Params, TwinSpec
+from ._spec import ArchParams, GGUFKeys, TwinSpec
 from ._tables import Tensors, attention, dense_ffn, layer, moe_ffn
 
 ARCHS = ("lfm2moe",)
-PARAMS: Params = {
-    "attention_layers": [],  # indices of the full-attention layers (layer_types == "full_attention"); others conv
-    "conv_l_cache": 3,  # conv_L_cache: the short convolution's kernel length
-    "norm_eps": 1e-5,  # norm_eps
-}
+
+
+@dataclass(frozen=True)
+class Params(ArchParams):
+    # indices of the full-attention layers (layer_types == "full_attention"); others conv
+    attention_layers: list[int] = field(default_factory=list)
+    conv_l_cache: int = 3  # conv_L_cache: the short convolution's kernel length
+    norm_eps: float = 1e-5  # norm_eps
+
+
 # llama-quantize never quantizes the short convolution's (l_cache x n_embd) kernel (llama-quant.cpp).
 
 
-def _check(s: TwinSpec) -> None:
-    bad = [il for il in s.params["attention_layers"] if not 0 <= il < s.n_layer]
+def _check(s: TwinSpec[Params]) -> None:
+    bad = [il for il in s.params.attention_layers if not 0 <= il < s.n_layer]
     if bad:
         raise MoeplaceError(f"twin spec {s.name}: attention_layers {bad} outside 0..{s.n_layer - 1}")
     if s.head_dim * s.n_head != s.n_embd:
         raise MoeplaceError(f"twin spec {s.name}: lfm2moe needs head_dim x n_head == n_embd (llama.cpp derives it)")
 
 
-def tensors(s: TwinSpec) -> Tensors:
+def tensors(s: TwinSpec[Params]) -> Tensors:
     _check(s)
     E, X = s.n_embd, s.n_expert
     kv = s.head_dim * s.n_head_kv
-    attention_layers = set(s.params["attention_layers"])
+    attention_layers = set(s.params.attention_layers)
     out: Tensors = [("token_embd.weight", (E, s.n_vocab)), ("token_embd_norm.weight", (E,))]
     if not s.tied_output:
         out.append(("output.weight", (E, s.n_vocab)))
@@ -48,7 +55,7 @@ def tensors(s: TwinSpec) -> Tensors:
             ]
         else:
             block += [
-                ("shortconv.conv.weight", (s.params["conv_l_cache"], E)),
+                ("shortconv.conv.weight", (s.params.conv_l_cache, E)),
                 ("shortconv.in_proj.weight", (E, 3 * E)),
                 ("shortconv.out_proj.weight", (E, E)),
             ]
@@ -61,18 +68,18 @@ def tensors(s: TwinSpec) -> Tensors:
     return out
 
 
-def metadata(s: TwinSpec) -> GGUFKeys:
+def metadata(s: TwinSpec[Params]) -> GGUFKeys:
     _check(s)
     a = s.architecture
-    attention_layers = set(s.params["attention_layers"])
+    attention_layers = set(s.params.attention_layers)
     return {
         # per layer: the KV heads of an attention layer, 0 for a convolution layer (the converter's array)
         f"{a}.attention.head_count_kv": [s.n_head_kv if il in attention_layers else 0 for il in range(s.n_layer)],
         f"{a}.attention.key_length": None,
         f"{a}.attention.value_length": None,
-        f"{a}.attention.layer_norm_rms_epsilon": float(s.params["norm_eps"]),
+        f"{a}.attention.layer_norm_rms_epsilon": float(s.params.norm_eps),
         f"{a}.leading_dense_block_count": s.n_layer_dense_lead,
         f"{a}.expert_gating_func": 2,  # sigmoid (gguf ExpertGatingFuncType.SIGMOID)
         f"{a}.vocab_size": s.n_vocab,
-        f"{a}.shortconv.l_cache": s.params["conv_l_cache"],
+        f"{a}.shortconv.l_cache": s.params.conv_l_cache,
     }

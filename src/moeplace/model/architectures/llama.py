@@ -9,14 +9,14 @@ expert_feed_forward_length is written or read); the converter adds vocab_size an
 
 from __future__ import annotations
 
-from ._spec import GGUFKeys, Params, TwinSpec
+from ._spec import ArchParams, GGUFKeys, TwinSpec
 from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("llama",)
-PARAMS: Params = {}
+Params = ArchParams  # no hyperparameters of its own
 
 
-def tensors(s: TwinSpec) -> Tensors:
+def tensors(s: TwinSpec[Params]) -> Tensors:
     E, hd = s.n_embd, s.head_dim
     out = globals_(s)
     for il in range(s.n_layer):
@@ -33,7 +33,7 @@ def tensors(s: TwinSpec) -> Tensors:
     return out
 
 
-def metadata(s: TwinSpec) -> GGUFKeys:
+def metadata(s: TwinSpec[Params]) -> GGUFKeys:
     a = s.architecture
     default_dim = s.head_dim * s.n_head == s.n_embd
     return {

@@ -10,26 +10,30 @@ A layer il is MoE when (il + 1) % interleave_moe_layer_step == 0 (Scout: 1, ever
 
 from __future__ import annotations
 
-from ._spec import GGUFKeys, Params, TwinSpec
+from dataclasses import dataclass
+
+from ._spec import ArchParams, GGUFKeys, TwinSpec
 from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("llama4",)
-PARAMS: Params = {
-    "interleave_moe_layer_step": 1,
-    "rope_freqs": True,  # rope_scaling of type llama3: the converter writes rope_freqs.weight (head_dim/2 factors)
-    "rms_norm_eps": 1e-5,
-}
 
 
-def is_moe_layer(s: TwinSpec, il: int) -> bool:
-    step = s.params["interleave_moe_layer_step"]
+@dataclass(frozen=True)
+class Params(ArchParams):
+    interleave_moe_layer_step: int = 1
+    rope_freqs: bool = True  # rope_scaling of type llama3: the converter writes rope_freqs.weight (head_dim/2 factors)
+    rms_norm_eps: float = 1e-5
+
+
+def is_moe_layer(s: TwinSpec[Params], il: int) -> bool:
+    step = s.params.interleave_moe_layer_step
     return step > 0 and (il + 1) % step == 0
 
 
-def tensors(s: TwinSpec) -> Tensors:
+def tensors(s: TwinSpec[Params]) -> Tensors:
     E, X, hd = s.n_embd, s.n_expert, s.head_dim
     q, kv = hd * s.n_head, hd * s.n_head_kv
-    out: Tensors = [("rope_freqs.weight", (hd // 2,))] if s.params["rope_freqs"] else []
+    out: Tensors = [("rope_freqs.weight", (hd // 2,))] if s.params.rope_freqs else []
     out += globals_(s)
     for il in range(s.n_layer):
         block = [
@@ -45,11 +49,11 @@ def tensors(s: TwinSpec) -> Tensors:
     return out
 
 
-def metadata(s: TwinSpec) -> GGUFKeys:
+def metadata(s: TwinSpec[Params]) -> GGUFKeys:
     a = s.architecture
     return {
-        f"{a}.attention.layer_norm_rms_epsilon": float(s.params["rms_norm_eps"]),
+        f"{a}.attention.layer_norm_rms_epsilon": float(s.params.rms_norm_eps),
         f"{a}.vocab_size": s.n_vocab,
         f"{a}.rope.dimension_count": s.head_dim,
-        f"{a}.interleave_moe_layer_step": s.params["interleave_moe_layer_step"],
+        f"{a}.interleave_moe_layer_step": s.params.interleave_moe_layer_step,
     }

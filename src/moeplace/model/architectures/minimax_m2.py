@@ -9,16 +9,22 @@ expert_gating_func sigmoid (config.json's scoring_func).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gguf
 
-from ._spec import GGUFKeys, Params, TwinSpec
+from ._spec import ArchParams, GGUFKeys, TwinSpec
 from ._tables import Tensors, attention, globals_, layer, moe_ffn
 
 ARCHS = ("minimax-m2",)
-PARAMS: Params = {"rotary_dim": 64}
 
 
-def tensors(s: TwinSpec) -> Tensors:
+@dataclass(frozen=True)
+class Params(ArchParams):
+    rotary_dim: int = 64
+
+
+def tensors(s: TwinSpec[Params]) -> Tensors:
     E, hd, X = s.n_embd, s.head_dim, s.n_expert
     q, kv = hd * s.n_head, hd * s.n_head_kv
     out = globals_(s)
@@ -35,9 +41,9 @@ def tensors(s: TwinSpec) -> Tensors:
     return out
 
 
-def metadata(s: TwinSpec) -> GGUFKeys:
+def metadata(s: TwinSpec[Params]) -> GGUFKeys:
     a = s.architecture
     return {
-        f"{a}.rope.dimension_count": s.params["rotary_dim"],
+        f"{a}.rope.dimension_count": s.params.rotary_dim,
         f"{a}.expert_gating_func": int(gguf.ExpertGatingFuncType.SIGMOID),
     }

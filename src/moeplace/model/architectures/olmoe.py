@@ -9,14 +9,14 @@ key/value length (config.json has no head_dim) and rms epsilon 1e-5.
 from __future__ import annotations
 
 from ...core.errors import MoeplaceError
-from ._spec import GGUFKeys, Params, TwinSpec
+from ._spec import ArchParams, GGUFKeys, TwinSpec
 from ._tables import Tensors, attention, globals_, layer, moe_ffn
 
 ARCHS = ("olmoe",)
-PARAMS: Params = {}
+Params = ArchParams  # no hyperparameters of its own
 
 
-def tensors(s: TwinSpec) -> Tensors:
+def tensors(s: TwinSpec[Params]) -> Tensors:
     E = s.n_embd
     if s.n_head * s.head_dim != E or s.n_head_kv != s.n_head:
         raise MoeplaceError(
@@ -37,7 +37,7 @@ def tensors(s: TwinSpec) -> Tensors:
     return out
 
 
-def metadata(s: TwinSpec) -> GGUFKeys:
+def metadata(s: TwinSpec[Params]) -> GGUFKeys:
     a = s.architecture
     return {
         f"{a}.feed_forward_length": s.n_ff_exp,

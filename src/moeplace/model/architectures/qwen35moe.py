@@ -16,48 +16,53 @@ of n_layer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ...core.errors import MoeplaceError
-from ._spec import GGUFKeys, Params, TwinSpec
+from ._spec import ArchParams, GGUFKeys, TwinSpec
 from ._tables import Tensors, dense_ffn, gated_attention, globals_, layer, nextn, routed_experts
 
 ARCHS = ("qwen35moe",)
-PARAMS: Params = {
-    "nextn_predict_layers": 0,  # MTP blocks at the end of block_count (published GGUFs: none; MTP files: 1)
-    "full_attention_interval": 4,  # layer il of the trunk is full attention when (il + 1) % interval == 0
-    "n_ff_shexp": 512,  # shared_expert_intermediate_size
-    "rope_dimension_count": 64,  # head_dim * partial_rotary_factor
-    "rope_sections": [11, 11, 10, 0],  # rope_parameters.mrope_section, padded to 4
-    "ssm_conv_kernel": 4,  # linear_conv_kernel_dim
-    "linear_key_head_dim": 128,  # ssm.state_size (llama.cpp takes the value head dim to be the same)
-    "linear_value_head_dim": 128,
-    "linear_num_key_heads": 16,  # ssm.group_count
-    "linear_num_value_heads": 32,  # ssm.time_step_rank
-}
 
 
-def _check(s: TwinSpec) -> None:
+@dataclass(frozen=True)
+class Params(ArchParams):
+    nextn_predict_layers: int = 0  # MTP blocks at the end of block_count (published GGUFs: none; MTP files: 1)
+    full_attention_interval: int = 4  # layer il of the trunk is full attention when (il + 1) % interval == 0
+    n_ff_shexp: int = 512  # shared_expert_intermediate_size
+    rope_dimension_count: int = 64  # head_dim * partial_rotary_factor
+    # rope_parameters.mrope_section, padded to 4
+    rope_sections: list[int] = field(default_factory=lambda: [11, 11, 10, 0])
+    ssm_conv_kernel: int = 4  # linear_conv_kernel_dim
+    linear_key_head_dim: int = 128  # ssm.state_size (llama.cpp takes the value head dim to be the same)
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16  # ssm.group_count
+    linear_num_value_heads: int = 32  # ssm.time_step_rank
+
+
+def _check(s: TwinSpec[Params]) -> None:
     p = s.params
-    if p["linear_key_head_dim"] != p["linear_value_head_dim"]:
+    if p.linear_key_head_dim != p.linear_value_head_dim:
         raise MoeplaceError(f"twin spec {s.name}: qwen35moe needs linear_key_head_dim == linear_value_head_dim.")
-    if p["linear_num_value_heads"] % p["linear_num_key_heads"]:
+    if p.linear_num_value_heads % p.linear_num_key_heads:
         raise MoeplaceError(f"twin spec {s.name}: linear_num_value_heads must be a multiple of linear_num_key_heads.")
-    if not 0 <= p["nextn_predict_layers"] < s.n_layer:
+    if not 0 <= p.nextn_predict_layers < s.n_layer:
         raise MoeplaceError(f"twin spec {s.name}: nextn_predict_layers must leave a trunk layer of the {s.n_layer}.")
 
 
-def recurrent_layers(s: TwinSpec) -> list[bool]:
+def recurrent_layers(s: TwinSpec[Params]) -> list[bool]:
     """Which blocks are gated-delta-net layers (the converter's attention.recurrent_layers): the trunk's, except
     every full_attention_interval-th; MTP blocks are full attention."""
-    n_trunk = s.n_layer - s.params["nextn_predict_layers"]
-    k = s.params["full_attention_interval"]
+    n_trunk = s.n_layer - s.params.nextn_predict_layers
+    k = s.params.full_attention_interval
     return [il < n_trunk and (il + 1) % k != 0 for il in range(s.n_layer)]
 
 
-def _moe(s: TwinSpec) -> Tensors:
+def _moe(s: TwinSpec[Params]) -> Tensors:
     """Routed experts, router, gated shared expert (HF mlp.*, in the checkpoint's name order)."""
     E = s.n_embd
     gate, up, down = routed_experts(E, s.n_ff_exp, s.n_expert)
-    shared_gate, shared_up, shared_down = dense_ffn(E, s.params["n_ff_shexp"], "_shexp")
+    shared_gate, shared_up, shared_down = dense_ffn(E, s.params.n_ff_shexp, "_shexp")
     return [
         down,
         gate,
@@ -70,15 +75,15 @@ def _moe(s: TwinSpec) -> Tensors:
     ]
 
 
-def _linear_attention(s: TwinSpec) -> Tensors:
+def _linear_attention(s: TwinSpec[Params]) -> Tensors:
     """Gated delta net: fused QKV input projection feeding a short convolution, output gate z, decay (alpha, A,
     dt) and beta projections, gated RMS norm over a value head, output projection."""
     p, E = s.params, s.n_embd
-    head_dim, n_v = p["linear_key_head_dim"], p["linear_num_value_heads"]
-    key_dim, value_dim = head_dim * p["linear_num_key_heads"], head_dim * n_v
+    head_dim, n_v = p.linear_key_head_dim, p.linear_num_value_heads
+    key_dim, value_dim = head_dim * p.linear_num_key_heads, head_dim * n_v
     return [
         ("ssm_a", (n_v,)),  # -exp(A_log); no .weight suffix
-        ("ssm_conv1d.weight", (p["ssm_conv_kernel"], 2 * key_dim + value_dim)),
+        ("ssm_conv1d.weight", (p.ssm_conv_kernel, 2 * key_dim + value_dim)),
         ("ssm_dt.bias", (n_v,)),
         ("ssm_alpha.weight", (E, n_v)),
         ("ssm_beta.weight", (E, n_v)),
@@ -89,12 +94,12 @@ def _linear_attention(s: TwinSpec) -> Tensors:
     ]
 
 
-def tensors(s: TwinSpec) -> Tensors:
+def tensors(s: TwinSpec[Params]) -> Tensors:
     _check(s)
     E = s.n_embd
     attention = gated_attention(E, s.head_dim, s.n_head, s.n_head_kv)
     recurrent = recurrent_layers(s)
-    n_trunk = s.n_layer - s.params["nextn_predict_layers"]
+    n_trunk = s.n_layer - s.params.nextn_predict_layers
     out = globals_(s)
     for il in range(s.n_layer):
         if il >= n_trunk:
@@ -114,23 +119,23 @@ def tensors(s: TwinSpec) -> Tensors:
     return out
 
 
-def metadata(s: TwinSpec) -> GGUFKeys:
+def metadata(s: TwinSpec[Params]) -> GGUFKeys:
     _check(s)
     a, p = s.architecture, s.params
     keys: GGUFKeys = {
         # No intermediate_size in the config: the converter writes no feed_forward_length.
         f"{a}.feed_forward_length": None,
-        f"{a}.rope.dimension_sections": list(p["rope_sections"]),
-        f"{a}.expert_shared_feed_forward_length": p["n_ff_shexp"],
-        f"{a}.ssm.conv_kernel": p["ssm_conv_kernel"],
-        f"{a}.ssm.state_size": p["linear_key_head_dim"],
-        f"{a}.ssm.group_count": p["linear_num_key_heads"],
-        f"{a}.ssm.time_step_rank": p["linear_num_value_heads"],
-        f"{a}.ssm.inner_size": p["linear_value_head_dim"] * p["linear_num_value_heads"],
+        f"{a}.rope.dimension_sections": list(p.rope_sections),
+        f"{a}.expert_shared_feed_forward_length": p.n_ff_shexp,
+        f"{a}.ssm.conv_kernel": p.ssm_conv_kernel,
+        f"{a}.ssm.state_size": p.linear_key_head_dim,
+        f"{a}.ssm.group_count": p.linear_num_key_heads,
+        f"{a}.ssm.time_step_rank": p.linear_num_value_heads,
+        f"{a}.ssm.inner_size": p.linear_value_head_dim * p.linear_num_value_heads,
         f"{a}.attention.recurrent_layers": recurrent_layers(s),
-        f"{a}.full_attention_interval": p["full_attention_interval"],
-        f"{a}.rope.dimension_count": p["rope_dimension_count"],
+        f"{a}.full_attention_interval": p.full_attention_interval,
+        f"{a}.rope.dimension_count": p.rope_dimension_count,
     }
-    if p["nextn_predict_layers"]:
-        keys[f"{a}.nextn_predict_layers"] = p["nextn_predict_layers"]
+    if p.nextn_predict_layers:
+        keys[f"{a}.nextn_predict_layers"] = p.nextn_predict_layers
     return keys

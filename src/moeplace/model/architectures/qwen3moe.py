@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ._spec import GGUFKeys, Params, TwinSpec
+from ._spec import ArchParams, GGUFKeys, TwinSpec
 from ._tables import Tensors, attention, dense_ffn, globals_, layer, moe_ffn
 
 ARCHS = ("qwen3moe", "qwen3")
-PARAMS: Params = {}
+Params = ArchParams  # no hyperparameters of its own
 
 
-def tensors(s: TwinSpec) -> Tensors:
+def tensors(s: TwinSpec[Params]) -> Tensors:
     E, hd = s.n_embd, s.head_dim
     out = globals_(s)
     for il in range(s.n_layer):
@@ -28,5 +28,5 @@ def tensors(s: TwinSpec) -> Tensors:
     return out
 
 
-def metadata(s: TwinSpec) -> GGUFKeys:
+def metadata(s: TwinSpec[Params]) -> GGUFKeys:
     return {}
