@@ -1,7 +1,7 @@
-"""What a model is, as every later stage reads it: `ModelMeta` (a GGUF's header: bytes by role per layer, the
-attention/KV shape) and `SeedModel` (the seed's constants: total bytes spread evenly over the layers, one KV figure
-per token). The pipeline stores one as results/metadata/{model}.json (`to_json`; docs/method.md lists its keys)
-and reads it back with `read_metadata`.
+"""What a model is, as every later stage reads it (`Model`): a `ModelMeta` (a GGUF's header: bytes by role per
+layer, the attention/KV shape) or a `SeedModel` (the seed's constants: total bytes spread evenly over the layers, one
+KV figure per token). The pipeline stores one as results/metadata/{model}.json (`to_json`; docs/method.md lists its
+keys) and reads it back with `read_metadata`.
 """
 
 from __future__ import annotations
@@ -9,9 +9,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Self
 
 from ..core.errors import MoeplaceError
 from ..core.records import FileRecord, JsonObject
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
 
 ROLES = ("attention", "norm", "router", "shared_expert", "dense_ffn", "expert", "other")
 GLOBALS = ("token_embd", "output", "output_norm", "other")
@@ -67,8 +71,9 @@ class ModelFile:
 
 
 @dataclass(frozen=True)
-class ModelMeta:
-    """A GGUF model's header, as bytes and shapes. `model` is the pipeline's name for it (config's models key)."""
+class Model:
+    """A model as bytes and shapes: a GGUF's header (ModelMeta) or the seed's constants (SeedModel), the one
+    without an attention shape. `model` is the pipeline's name for it (config's models key)."""
 
     name: str
     architecture: str
@@ -95,29 +100,37 @@ class ModelMeta:
 
     source = "gguf"
 
-    def named(self, model: str) -> ModelMeta:
+    def named(self, model: str) -> Self:
         return replace(self, model=model)
 
     def file_records(self) -> list[FileRecord]:
         """The files' identity as a measured row records it (provenance: path, size, header hash)."""
-        return [asdict(f) for f in self.files]
+        return [FileRecord(path=f.path, size=f.size, header_sha256=f.header_sha256) for f in self.files]
 
 
 @dataclass(frozen=True)
-class SeedModel(ModelMeta):
+class ModelMeta(Model):
+    """A GGUF model's header, as bytes and shapes: always with its attention shape."""
+
+    attention: Attention
+
+
+@dataclass(frozen=True)
+class SeedModel(Model):
     """The seed's constants: no file, no tensors, no attention shape; the KV cache one figure per token."""
 
+    attention: None = None
     kv_bytes_per_token: int = 0
 
     source = "constants"
 
 
-def is_seed(meta: ModelMeta) -> bool:
+def is_seed(meta: Model) -> TypeIs[SeedModel]:
     """Whether a model is the seed's constants (no tensors to pin, no attention shape, no file)."""
     return isinstance(meta, SeedModel)
 
 
-def to_json(meta: ModelMeta) -> JsonObject:
+def to_json(meta: Model) -> JsonObject:
     """The stored form (results/metadata/{model}.json): the fields, `source` first after the name."""
     body = asdict(meta)
     out = {"name": body.pop("name"), "source": meta.source, **body}
@@ -126,10 +139,10 @@ def to_json(meta: ModelMeta) -> JsonObject:
     return out
 
 
-def from_json(data: JsonObject, where: str = "metadata") -> ModelMeta:
+def from_json(data: JsonObject, where: str = "metadata") -> Model:
     """The model a stored metadata JSON describes (to_json's inverse)."""
     data = dict(data)
-    kind = SeedModel if data.pop("source", "gguf") == "constants" else ModelMeta
+    kind: type[Model] = SeedModel if data.pop("source", "gguf") == "constants" else ModelMeta
     try:
         data["layers"] = [Layer(**layer) for layer in data["layers"]]
         data["files"] = [ModelFile(**f) for f in data.get("files", [])]
@@ -143,6 +156,6 @@ def from_json(data: JsonObject, where: str = "metadata") -> ModelMeta:
         raise MoeplaceError(f"{where}: not a moeplace metadata file ({e}); rerun the metadata stage.") from None
 
 
-def read_metadata(path: str | Path) -> ModelMeta:
+def read_metadata(path: str | Path) -> Model:
     """A stored metadata JSON (results/metadata/{model}.json)."""
     return from_json(json.loads(Path(path).read_text()), str(path))
