@@ -77,6 +77,10 @@ def describe(meta: ModelMeta) -> str:
             if layer.has_kv
             else ("state" if layer.state_bytes else "nextn" if layer.index >= meta.n_layer - n_nextn else "none")
         )
-        mb = [b[role] / 1e6 for role in ("expert", "attention", "shared_expert", "dense_ffn", "router")]
-        lines.append("{:>5} {:>11.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>9.3f}  {}".format(layer.index, *mb, kv))
+        expert, attention, shared, dense, router = (
+            b[role] / 1e6 for role in ("expert", "attention", "shared_expert", "dense_ffn", "router")
+        )
+        lines.append(
+            f"{layer.index:>5} {expert:>11.2f} {attention:>8.2f} {shared:>8.2f} {dense:>8.2f} {router:>9.3f}  {kv}"
+        )
     return "\n".join(lines)

@@ -12,7 +12,6 @@ import mmap
 import re
 import struct
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -41,7 +40,7 @@ GGUFValue: TypeAlias = bool | int | float | str | list[Any] | dict[str, int]
 Metadata: TypeAlias = dict[str, GGUFValue]
 
 # A scalar value type -> (struct format, size); STRING and ARRAY are read by their own methods.
-_SCALARS: dict[GGUFValueType, tuple[str, int]] = {
+_SCALARS: dict[int, tuple[str, int]] = {
     GGUFValueType.UINT8: ("<B", 1),
     GGUFValueType.INT8: ("<b", 1),
     GGUFValueType.UINT16: ("<H", 2),
@@ -78,7 +77,7 @@ class GGUFHeader:
     header_sha256: list[str] = field(default_factory=list)
     data_starts: list[int] = field(default_factory=list)  # where each shard's data section begins
 
-    def file_range(self, t: TensorInfo) -> tuple[Path, int, int]:
+    def file_range(self, t: TensorInfo) -> tuple[Path | str, int, int]:
         """(file, absolute offset, bytes) of one tensor's data."""
         return self.paths[t.shard], self.data_starts[t.shard] + t.offset, t.n_bytes
 
@@ -121,9 +120,10 @@ class _Cursor:
         if self.pos + n > len(self.buf):
             raise NeedMore(self.pos + n)
 
-    def scalar(self, vtype: int, what: str) -> Any:
+    def scalar(self, vtype: int, what: str) -> int | float:
         fmt, size = _SCALARS[vtype]
         self.need(size, what)
+        value: int | float
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return value
@@ -343,11 +343,11 @@ def shard_paths(path: Path) -> list[Path]:
 def read_header(path: str | Path) -> GGUFHeader:
     """Read the header and tensor table of a model, every shard of a split model included; an http(s) URL is
     read with range requests, header only."""
-    if is_remote(str(path)):
-        paths: list[Any] = shard_urls(str(path))
-        read = partial(read_remote, parse=parse_header)
-    else:
-        paths, read = shard_paths(Path(path)), _read_one
+    paths: list[Path | str] = [*shard_urls(str(path))] if is_remote(str(path)) else [*shard_paths(Path(path))]
+
+    def read(shard: Path | str) -> tuple[Metadata, list[TensorInfo], int, str, int]:
+        return read_remote(shard, parse_header) if isinstance(shard, str) else _read_one(shard)
+
     header = GGUFHeader(paths=paths, metadata={}, tensors=[])
     names: set[str] = set()
     for no, shard in enumerate(paths, start=1):

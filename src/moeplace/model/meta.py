@@ -110,8 +110,11 @@ class Model:
 
 @dataclass(frozen=True)
 class ModelMeta(Model):
-    """A GGUF model's header, as bytes and shapes: always with its attention shape."""
+    """A GGUF model's header, as bytes and shapes: whole bytes, always with its attention shape."""
 
+    expert_bytes: int
+    non_expert_bytes: int
+    total_bytes: int
     attention: Attention
 
 

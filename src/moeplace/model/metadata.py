@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypedDict
 
 from ..core.config import SeedConstants
 from ..core.errors import MoeplaceError
@@ -74,7 +74,7 @@ def global_role(name: str) -> str:
     return stem if stem in GLOBALS else "other"
 
 
-def _per_layer(value: Any, n_layer: int, key: str, path: Path) -> list[int]:
+def _per_layer(value: Any, n_layer: int, key: str, path: Path | str) -> list[int]:
     """A key that is either one integer for all layers or a per-layer array."""
     if isinstance(value, list):
         if len(value) != n_layer or not all(isinstance(v, int) for v in value):
@@ -160,9 +160,19 @@ def _recurrent_state_bytes(header: GGUFHeader, n_embd: int, n_head: int) -> int:
 _RECURRENT = ("ssm_", "shortconv.")
 
 
+class _LayerKV(TypedDict):
+    """What one layer keeps per token (meta.Layer's fields of that name)."""
+
+    has_kv: bool
+    swa: bool
+    k_dim: int
+    v_dim: int
+    state_bytes: int
+
+
 def _attention(
     header: GGUFHeader, n_layer: int, layer_names: list[set[str]], mtp: bool = False
-) -> tuple[Attention, list[dict]]:
+) -> tuple[Attention, list[_LayerKV]]:
     """Attention/KV parameters as llama.cpp's KV cache sees them (llama-hparams.cpp), globally and per layer; `mtp`:
     as an MTP context's cache sees them (the NextN layers' KV, the trunk's none)."""
     path = header.paths[0]
@@ -185,7 +195,7 @@ def _attention(
     n_layer_main = n_layer - (header.arch_key("nextn_predict_layers", 0) or 0)
     swa = _swa_layers(header, n_layer)
     state = _recurrent_state_bytes(header, n_embd, n_head[0])
-    layers = []
+    layers: list[_LayerKV] = []
     for il in range(n_layer):
         # A layer without K/V projections keeps no KV cache. A recurrent layer (Mamba, gated delta net, short
         # convolution) keeps a fixed state instead; in a gated-delta-net layer attn_qkv is the recurrence's input.
@@ -198,13 +208,13 @@ def _attention(
         k_len, v_len = (key_length_swa, value_length_swa) if swa[il] else (key_length, value_length)
         k_dim, v_dim = k_len * n_head_kv[il], 0 if mla else v_len * n_head_kv[il]
         layers.append(
-            {
-                "has_kv": has_kv,
-                "swa": has_kv and swa[il],
-                "k_dim": k_dim if has_kv else 0,
-                "v_dim": v_dim if has_kv else 0,
-                "state_bytes": state if recurrent else 0,
-            }
+            _LayerKV(
+                has_kv=has_kv,
+                swa=has_kv and swa[il],
+                k_dim=k_dim if has_kv else 0,
+                v_dim=v_dim if has_kv else 0,
+                state_bytes=state if recurrent else 0,
+            )
         )
     attention = Attention(
         n_embd=n_embd,
@@ -302,6 +312,7 @@ def from_header(header: GGUFHeader) -> ModelMeta:
     if expert_bytes and not (n_expert and n_expert_used):
         raise MoeplaceError(f"{header.paths[0]}: has expert tensors but no {arch}.expert_count/expert_used_count.")
     attention, kv_layers = _attention(header, n_layer, names)
+    sizes = widths(header)
     total = sum(t.n_bytes for t in header.tensors) - nextn_bytes
     return ModelMeta(
         name=model_name(header),
@@ -315,7 +326,9 @@ def from_header(header: GGUFHeader) -> ModelMeta:
         or int(bool(expert_bytes) and any(layer["shared_expert"] for layer in layers)),
         n_ctx_train=header.arch_key("context_length", 0) or 0,
         rope_yarn=_rope_yarn(header),
-        **(widths(header) if expert_bytes else {**widths(header), "n_ff_exp": 0}),
+        n_vocab=sizes["n_vocab"],
+        n_ff_exp=sizes["n_ff_exp"] if expert_bytes else 0,
+        n_ff_dense=sizes["n_ff_dense"],
         expert_bytes=expert_bytes,
         non_expert_bytes=total - expert_bytes,
         total_bytes=total,

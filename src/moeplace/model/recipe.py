@@ -111,7 +111,7 @@ def keeps_source_type(name: str, shape: tuple[int, ...]) -> bool:
 
 def override(name: str, overrides: dict[str, str]) -> Q | None:
     """The type of the first --tensor-type pattern that matches `name` (re.search), or None."""
-    return next((Q[t] for p, t in overrides.items() if re.search(p, name)), None)
+    return next((GGMLQuantizationType[t] for p, t in overrides.items() if re.search(p, name)), None)
 
 
 def quantize_order(name: str) -> tuple[int, str]:

@@ -16,7 +16,6 @@ import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import yaml
@@ -52,7 +51,7 @@ def load_spec(path: str | Path) -> TwinSpec[ArchParams]:
         raise MoeplaceError(f"{path}: cannot read the twin spec ({e}).") from None
     if not isinstance(data, dict):
         raise MoeplaceError(f"{path}: a twin spec is a YAML mapping of hyperparameters.")
-    module = MODULES.get(data.get("architecture"))
+    module = MODULES.get(str(data.get("architecture")))
     if module is None:
         raise MoeplaceError(
             f"{path}: architecture {data.get('architecture')!r} is not one of {', '.join(ARCHITECTURES)}."
@@ -112,7 +111,8 @@ def common_metadata(s: TwinSpec[ArchParams]) -> GGUFKeys:
 
 def gguf_keys(s: TwinSpec[ArchParams]) -> GGUFKeys:
     """Every GGUF key the twin carries: the common ones with its architecture module's additions."""
-    return {**common_metadata(s), **MODULES[s.architecture].metadata(s)}
+    own: GGUFKeys = MODULES[s.architecture].metadata(s)
+    return {**common_metadata(s), **own}
 
 
 def _write_metadata(w: GGUFWriter, s: TwinSpec[ArchParams]) -> None:
@@ -134,7 +134,8 @@ def _write_metadata(w: GGUFWriter, s: TwinSpec[ArchParams]) -> None:
 
 
 def _tensors(s: TwinSpec[ArchParams]) -> list[tuple[str, tuple[int, ...]]]:
-    return MODULES[s.architecture].tensors(s)
+    tensors: list[tuple[str, tuple[int, ...]]] = MODULES[s.architecture].tensors(s)
+    return tensors
 
 
 # --- each tensor's type -----------------------------------------------------------------
@@ -148,16 +149,19 @@ def twin_types(spec: TwinSpec[ArchParams], tensors: list[tuple[str, tuple[int, .
     a = spec.architecture
     keys = gguf_keys(spec)
 
-    def first(value: Any) -> int:
-        return value[0] if isinstance(value, list) else value
+    def first(value: object) -> int:
+        """An integer key's value (a per-layer array's: the first layer's)."""
+        number = value[0] if isinstance(value, list) else value
+        assert isinstance(number, int), value
+        return number
 
     heads = first(keys[f"{a}.attention.head_count"])
     heads_kv = first(keys.get(f"{a}.attention.head_count_kv") or heads)
     types = quantized_types(
         tensors,
         spec.ftype,
-        n_layer=keys[f"{a}.block_count"],
-        n_expert=keys.get(f"{a}.expert_count") or 0,
+        n_layer=first(keys[f"{a}.block_count"]),
+        n_expert=first(keys.get(f"{a}.expert_count") or 0),
         n_gqa=heads // heads_kv if heads_kv else 0,
         overrides=spec.tensor_types,
     )
@@ -249,20 +253,21 @@ def write_twin(
         w.add_file_type(LlamaFileType["ALL_F32" if file_type == "F32" else f"MOSTLY_{file_type}"])
         for name, shape in tensors:
             nbytes = tensor_nbytes(types[name].name, shape)
-            w.add_tensor_info(name, list(reversed(shape)), np.float32, nbytes, raw_dtype=types[name])
+            w.add_tensor_info(name, list(reversed(shape)), np.dtype(np.float32), nbytes, raw_dtype=types[name])
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         if weights == "none":
+            assert w.fout is not None  # opened by write_header_to_file
             for f, shard in zip(w.fout, w.tensors):
                 w.write_padding(f, f.tell())
                 data = sum(GGUFWriter.ggml_pad(t.nbytes, w.data_alignment) for t in shard.values())
                 f.truncate(f.tell() + data)  # a sparse hole: the size is real, the bytes are not
         else:
             rng = np.random.default_rng(seed)
-            data = _random_data if weights == "random" else _random_blocks
+            fill = _random_data if weights == "random" else _random_blocks
             for name, shape in tensors:
-                w.write_tensor_data(data(rng, name, shape, types[name]))
+                w.write_tensor_data(fill(rng, name, shape, types[name]))
         w.close()
         written = sorted(scratch.iterdir())
         for path in written[::-1]:  # the first shard last: a reader finds the set whole or not at all

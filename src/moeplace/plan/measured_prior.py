@@ -30,13 +30,14 @@ def attention_costs(
     mine = ceilings[ceilings.subject == model]
     rows = mine[mine.ceiling.str.startswith("attention_")]
     costs, spreads = {}, {}
-    for r in rows.itertuples():
-        test = r.ceiling.removeprefix("attention_")
-        if r.value > 0:
-            costs[test] = float(r.value)
-            if pd.notna(getattr(r, "value_sd", None)):  # tables written before the spread was measured lack it
-                spreads[test] = float(r.value_sd)
-    probed = {(int(r.n_cpu_moe), int(float(d))) for r in rows.itertuples() for d in str(r.depths).split()}
+    records = rows.to_dict("records")
+    for r in records:
+        test = str(r["ceiling"]).removeprefix("attention_")
+        if r["value"] > 0:
+            costs[test] = float(r["value"])
+            if pd.notna(r.get("value_sd")):  # tables written before the spread was measured lack it
+                spreads[test] = float(r["value_sd"])
+    probed = {(int(r["n_cpu_moe"]), int(float(d))) for r in records for d in str(r["depths"]).split()}
     return costs, spreads, probed
 
 
@@ -53,9 +54,12 @@ def measured_prior(
     attention, spread, probed = attention_costs(ceilings, model)
     times = ceilings[(ceilings.subject == model) & ceilings.ceiling.str.startswith("time_")]
     anchors = [
-        replace(probe_run(bench, int(r.n_cpu_moe), int(r.depths), r.ceiling.removeprefix("time_")), tok_s=1 / r.value)
-        for r in times.itertuples()
-        if r.value > 0
+        replace(
+            probe_run(bench, int(r["n_cpu_moe"]), int(r["depths"]), str(r["ceiling"]).removeprefix("time_")),
+            tok_s=1 / r["value"],
+        )
+        for r in times.to_dict("records")
+        if r["value"] > 0
     ]
     base = anchored(meta, prior(with_ceilings(bw, ceilings), attention, spread), anchors)
     return base, probed, {(r.n_cpu_moe, r.depth) for r in anchors}
@@ -74,14 +78,14 @@ def measured_bandwidths(ceilings: pd.DataFrame) -> dict[str, float]:
     out: dict[str, float] = {}
     if not ram.empty:
         out["bw_ddr_gbps"] = float(ram.value.iloc[-1])
-    if value("device_copy"):
-        out["bw_vram_gbps"] = value("device_copy")
+    if device_copy := value("device_copy"):
+        out["bw_vram_gbps"] = device_copy
     elif not ram.empty and not (ceilings.ceiling == "device_decode").any():  # the emulated device
         out["bw_vram_gbps"] = out["bw_ddr_gbps"]
-    if value("hop_round_trip"):  # a round trip is two hops: activations to the host and back
-        out["hop_s"] = value("hop_round_trip") * 1e-6 / 2
-    if value("disk_random_read"):
-        out["bw_disk_gbps"] = value("disk_random_read") / 1e3
+    if round_trip := value("hop_round_trip"):  # a round trip is two hops: activations to the host and back
+        out["hop_s"] = round_trip * 1e-6 / 2
+    if disk := value("disk_random_read"):
+        out["bw_disk_gbps"] = disk / 1e3
     return out
 
 

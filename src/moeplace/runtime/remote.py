@@ -11,7 +11,7 @@ import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 from ..core.errors import MoeplaceError
 from ..core.records import JsonObject
@@ -23,6 +23,8 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 _SPLIT_URL = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf(?P<query>\?.*)?$")
 
 bytes_read = 0  # over this process's life: what tests and `inspect` report
+
+T = TypeVar("T")
 
 
 def get_range(url: str, start: int, end: int) -> tuple[bytes, int]:
@@ -58,7 +60,8 @@ def get_json(url: str) -> JsonObject:
     request = urllib.request.Request(url, headers={"User-Agent": "moeplace"})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-            return json.loads(response.read(4 * 2**20))
+            document: JsonObject = json.loads(response.read(4 * 2**20))
+            return document
     except urllib.error.HTTPError as e:
         raise MoeplaceError(f"{url}: HTTP {e.code} {e.reason}; check the repository name.") from None
     except (urllib.error.URLError, TimeoutError, OSError) as e:
@@ -75,7 +78,7 @@ class NeedMore(Exception):
         self.end = end
 
 
-def read_remote(url: str, parse: Callable[[str, bytes, int], Any]) -> Any:
+def read_remote(url: str, parse: Callable[[str, bytes, int], T]) -> T:
     """`parse`'s result (a GGUF header parser: url, the bytes read so far, the file's size) for a remote file,
     reading as little of it as the header needs: `parse` raises NeedMore for more."""
     buf, size = get_range(url, 0, FIRST_BYTES - 1)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeAlias, TypeVar
 
 from gguf import GGUFValueType
 
-from ..gguf_file import GGUFValue
-
-# A GGUF key a twin writes: a value of the type its Python type says (int: uint32, float: float32), a
-# (value, GGUFValueType) pair for another type, or None to leave a common key out.
-GGUFKeys: TypeAlias = dict[str, GGUFValue | tuple[GGUFValue, GGUFValueType] | None]
+Scalar: TypeAlias = bool | int | float | str
+# A GGUF key a twin writes: a value of the type its Python type says (int: uint32, float: float32; a sequence: an
+# array), a (value, GGUFValueType) pair for another type, or None to leave a common key out.
+GGUFKeys: TypeAlias = dict[str, Scalar | Sequence[Scalar] | tuple[Scalar, GGUFValueType] | None]
 
 
 @dataclass(frozen=True)
