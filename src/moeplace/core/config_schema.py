@@ -5,7 +5,7 @@ and the typed settings (config.py) and the command line's defaults take their de
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 def schema() -> JsonObject:
     """The schema, read once, with the builds llamacpp.backend takes from the backend registry (core/backends.py:
     adding a backend is its record alone)."""
-    loaded = yaml.safe_load(SCHEMA_PATH.read_text())
+    loaded: JsonObject = yaml.safe_load(SCHEMA_PATH.read_text())
     loaded["properties"]["llamacpp"]["properties"]["backend"]["enum"] = list(BUILDS)
     return loaded
 
@@ -42,17 +42,21 @@ def default(setting: str) -> Any:
     return copy.deepcopy(node["default"])
 
 
-def _with_defaults(cls: type) -> type:
+def _with_defaults(cls: type[Draft202012Validator]) -> type[Draft202012Validator]:
     validate_properties = cls.VALIDATORS["properties"]
 
-    def set_defaults(validator, properties, instance, schema):  # noqa: ANN001 - jsonschema's signature
+    def set_defaults(
+        validator: Draft202012Validator, properties: JsonObject, instance: object, schema: JsonObject
+    ) -> Iterator[jsonschema.ValidationError]:
         if isinstance(instance, dict):
             for name, sub in properties.items():
                 if "default" in sub and name not in instance:
                     instance[name] = copy.deepcopy(sub["default"])
         yield from validate_properties(validator, properties, instance, schema)
 
-    return validators.extend(cls, {"properties": set_defaults})
+    # jsonschema's stubs leave `extend` untyped.
+    extended: type[Draft202012Validator] = validators.extend(cls, {"properties": set_defaults})  # type: ignore[no-untyped-call]
+    return extended
 
 
 _Validator = _with_defaults(Draft202012Validator)
@@ -69,13 +73,13 @@ def _message(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         return f"{where}: {error.message.replace('Additional properties are not allowed', 'unknown key(s)')}"
     if error.validator == "pattern":
-        hint = error.schema.get("description", "")
+        hint = error.schema.get("description", "") if isinstance(error.schema, Mapping) else ""
         return f"{where}: {error.instance!r} is not valid" + (f"; expected {hint}" if hint else "")
     if error.validator == "dependentRequired":
-        needed = next(
-            k for k, v in error.validator_value.items() if k in error.instance and set(v) - set(error.instance)
-        )
-        missing = ", ".join(f"{where}.{m}" for m in error.validator_value[needed] if m not in error.instance)
+        required, given = error.validator_value, error.instance
+        assert isinstance(required, Mapping) and isinstance(given, Mapping)  # dependentRequired's: both mappings
+        needed = next(k for k, v in required.items() if k in given and set(v) - set(given))
+        missing = ", ".join(f"{where}.{m}" for m in required[needed] if m not in given)
         return f"{where}.{needed} needs {missing} as well"
     if error.validator == "propertyNames":
         return f"{where}: model name {error.instance!r} may use only letters, digits, '.', '_' and '-'"
@@ -110,9 +114,14 @@ def _read_strings(config: JsonObject, validator: jsonschema.protocols.Validator)
     ['8192', '32768']): where the schema wants a number, boolean or null, such a string is read as YAML.
     Each round turns strings into other values, so the rounds end."""
     while True:
-        values: dict[tuple, Any] = {}
+        values: dict[tuple[str | int, ...], Any] = {}
         for error in _string_type_errors(validator.iter_errors(config)):
-            if (value := _read_string(error.instance, error.validator_value)) is not _NOT_READ:
+            text, types = error.instance, error.validator_value  # a string, and the JSON type or types wanted
+            if (
+                isinstance(text, str)
+                and isinstance(types, (str, list))
+                and (value := _read_string(text, types)) is not _NOT_READ
+            ):
                 values.setdefault(tuple(error.absolute_path), value)
         if not values:
             return

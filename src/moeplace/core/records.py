@@ -70,7 +70,7 @@ class LlamaBenchRow(TypedDict, total=False):
     avg_ns: int
     stddev_ns: int
     avg_ts: float
-    stddev_ts: float
+    stddev_ts: float | None  # None: a pasted table's row without its ± spread
     n_cpu_moe: int
     fit_target: int
     fit_min_ctx: int

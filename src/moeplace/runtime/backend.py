@@ -63,14 +63,12 @@ def nvidia_devices() -> list[GpuDevice]:
         return []
     gpus = nvidia_smi_csv(result.stdout, tuple(NVIDIA_QUERY[0].split("=", 1)[1].split(",")))
     return [
-        {
-            "name": g["name"],
-            "total_bytes": g["total_mib"] * 2**20,
-            "free_bytes": g["free_mib"] * 2**20,
-            "compute_cap": g["compute_cap"],
-        }
+        {"name": name, "total_bytes": round(total * 2**20), "free_bytes": round(free * 2**20), "compute_cap": cap}
         for g in gpus
-        if g.get("total_mib") is not None and g.get("free_mib") is not None
+        if (name := g["name"]) is not None
+        and (total := g.get("total_mib")) is not None
+        and (free := g.get("free_mib")) is not None
+        and (cap := g.get("compute_cap")) is not None
     ]
 
 
@@ -177,13 +175,14 @@ def gpu_free_memory(backend: str) -> FreeMemory:
     """Every card's free memory now and its name, in the tools' order (llama.cpp's device order), and the tool
     that read them (nvidia-smi, rocm-smi or vulkaninfo: the devices llama.cpp's Vulkan backend uses, software ones
     such as lavapipe only where GGML_VK_VISIBLE_DEVICES names them, as llama.cpp does)."""
-    if backend == "cuda" and (cards := nvidia_devices()):
-        return [(c["free_bytes"], c["name"]) for c in cards], "nvidia-smi"
+    if backend == "cuda" and (nvidia := nvidia_devices()):
+        return [(c["free_bytes"] or 0, c["name"]) for c in nvidia], "nvidia-smi"  # nvidia-smi reports it
     if backend == "rocm" and (tool := _tool("rocm-smi", f"{ROCM}/bin/rocm-smi")):
         done = run([tool, "--showmeminfo", "vram"], timeout_s=30)
-        cards = [c for c in rocm_smi(done.stdout) if "free_mib" in c] if done.ok else []
-        if cards:
-            return [(round(c["free_mib"] * 2**20), c["name"]) for c in cards], "rocm-smi"
+        rocm = rocm_smi(done.stdout) if done.ok else []
+        free = [(round(mib * 2**20), str(c["name"])) for c in rocm if (mib := c.get("free_mib")) is not None]
+        if free:
+            return free, "rocm-smi"
     if backend == "vulkan" and (tool := _tool("vulkaninfo")):
         done = run([tool], timeout_s=60)
         found = vulkaninfo_devices(done.stdout) if done.ok else []

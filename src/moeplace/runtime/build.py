@@ -56,7 +56,7 @@ class Build:
             "patches": None if self.patches is None else list(self.patches),
             "env": None if self.env is None else dict(self.env),
         }
-        out = {key: value for key, value in given.items() if value is not None}
+        out: JsonObject = {key: value for key, value in given.items() if value is not None}
         out |= {"version": self.version, "build_number": self.build_number, "build_commit": self.build_commit}
         out["gpu_devices"] = list(self.gpu_devices)
         if self.software_device:

@@ -87,8 +87,9 @@ def device_setup(target: DeviceTarget, manifest: Build) -> DeviceSetup:
                     f"device.vram names {len(others) + 1} devices, but this llama.cpp build sees "
                     f"{len(gpus)} GPU(s) ({', '.join(gpus)}); give one size per GPU."
                 )
-            caps = ", ".join(f"{g} capped to {c / 2**30:.2f} GiB" for g, c in zip(gpus, (vram_bytes, *others)))
-            return DeviceSetup("gpu", name or caps, vram_bytes, hold=True, other_caps=others)
+            assert vram_bytes is not None  # the schema's lists hold sizes only, no auto
+            capped = ", ".join(f"{g} capped to {c / 2**30:.2f} GiB" for g, c in zip(gpus, (vram_bytes, *others)))
+            return DeviceSetup("gpu", name or capped, vram_bytes, hold=True, other_caps=others)
         label = name or manifest.gpu_devices[0]
         if vram_bytes is None:
             return DeviceSetup("gpu", label, free_device_bytes(manifest))
@@ -132,7 +133,8 @@ def _lavapipe_setup(target: DeviceTarget, manifest: Build) -> DeviceSetup:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @contextmanager

@@ -84,7 +84,7 @@ def ollama_blob(name: str) -> Path:
         )
     try:
         layers = json.loads(manifest.read_text()).get("layers", [])
-        digest = next(layer["digest"] for layer in layers if layer.get("mediaType") == OLLAMA_MODEL_LAYER)
+        digest: str = next(layer["digest"] for layer in layers if layer.get("mediaType") == OLLAMA_MODEL_LAYER)
     except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
         raise MoeplaceError(f"ollama:{name}: {manifest} lists no model layer; re-pull the model.") from None
     blob = root / "blobs" / digest.replace(":", "-")

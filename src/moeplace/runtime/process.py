@@ -223,7 +223,7 @@ def run(
         except (OSError, subprocess.SubprocessError) as e:
             err.seek(0)
             return Finished(Path(cmd[0]).name, None, False, 0.0, None, 0, "", err.read(), start_error=str(e))
-        reader = _read_lines(proc.stderr, err, on_stderr_line) if proc.stderr else None
+        reader = _read_lines(proc.stderr, err, on_stderr_line) if proc.stderr and on_stderr_line else None
         watch = _Watch(proc.pid, t0, timeout_s, stop_when if not stream_to_log else None, out)
         rusage = _wait(proc, watch, reader)
         wall = time.monotonic() - t0
@@ -260,7 +260,7 @@ def _captured(out: Any, err: Any) -> tuple[str, str]:
     return out.read(), err.read()
 
 
-def _wait(proc: subprocess.Popen, watch: _Watch, reader: threading.Thread | None) -> Any:
+def _wait(proc: subprocess.Popen[bytes], watch: _Watch, reader: threading.Thread | None) -> Any:
     """The child's resource usage once it has ended, watched meanwhile (its memory, its time, `stop_when`)."""
     status, rusage = 0, None
     try:
@@ -308,7 +308,7 @@ def _read_lines(pipe: Any, into: Any, on_line: Callable[[str], None]) -> threadi
 
 def spawn(
     cmd: list[str], *, env: dict[str, str] | None, log_path: str | Path, before_exec: Callable[[], None] | None = None
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """A service that runs beside a job (the emulated device's server), its output in `log_path`; see stop()."""
 
     with Path(log_path).open("a") as out:
@@ -317,7 +317,7 @@ def spawn(
         )
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
     """End a spawned service and everything it started: SIGTERM, then SIGKILL after 10 s."""
     if proc.poll() is None:
         kill_group(proc.pid, signal.SIGTERM)
@@ -328,7 +328,7 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def run_checked(cmd: list[str], what: str, log_path: str | Path, **kwargs) -> Finished:
+def run_checked(cmd: list[str], what: str, log_path: str | Path, **kwargs: Any) -> Finished:
     """`run`, for steps that must succeed: a failure or timeout ends the stage with one line naming `what`."""
     result = run(cmd, log_path=log_path, **kwargs)
     if result.ok:

@@ -11,7 +11,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypedDict, cast
 
 from ..core.records import LlamaBenchRow
 from .llama_names import MiB
@@ -56,7 +56,7 @@ def list_devices(text: str) -> list[Device]:
 # and a markdown row has only its table's columns.
 def bench_records(stdout: str) -> list[LlamaBenchRow]:
     """llama-bench's `-o jsonl` records, whole lines only: a stopped or killed run may have been cut mid-line."""
-    records = []
+    records: list[LlamaBenchRow] = []
     for line in stdout[: stdout.rfind("\n") + 1].splitlines():
         if line.startswith("{"):
             try:
@@ -104,7 +104,8 @@ _MD_FIELDS = {
 
 
 def _markdown_records(text: str) -> list[LlamaBenchRow]:
-    records, header = [], None
+    records: list[LlamaBenchRow] = []
+    header: list[str] | None = None
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.strip().startswith("|") else None
         if not cells:
@@ -114,7 +115,7 @@ def _markdown_records(text: str) -> list[LlamaBenchRow]:
             header = cells
         elif header and not set(line.replace("|", "").strip()) <= set("-: "):
             row = dict(zip(header, cells))
-            record = {
+            record: dict[str, int | float | str | None] = {
                 _MD_FIELDS.get(k, k): _number(v) if k not in ("model", "backend", "ot") else v
                 for k, v in row.items()
                 if k not in ("test", "t/s", "tok/s")
@@ -127,7 +128,7 @@ def _markdown_records(text: str) -> list[LlamaBenchRow]:
                 )
             if speed:
                 record.update(avg_ts=float(speed["avg"]), stddev_ts=float(speed["sd"]) if speed["sd"] else None)
-            records.append(record)
+            records.append(cast(LlamaBenchRow, record))  # the table's columns under llama-bench's JSON names
     return records
 
 
@@ -137,11 +138,15 @@ def read_bench(text: str) -> list[LlamaBenchRow]:
     test and t/s cells, and llama-bench's JSON field names for the columns that have one."""
     stripped = text.strip()
     if stripped.startswith("["):
-        return json.loads(stripped[: stripped.rfind("]") + 1])
+        rows: list[LlamaBenchRow] = json.loads(stripped[: stripped.rfind("]") + 1])
+        return rows
     if stripped.startswith("{"):
         return bench_records(stripped + "\n")
     if stripped.startswith(("build_commit", '"build_commit"')):
-        return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(io.StringIO(stripped))]
+        return [
+            cast(LlamaBenchRow, {k: _number(v) for k, v in row.items()})
+            for row in csv.DictReader(io.StringIO(stripped))
+        ]
     return _markdown_records(text)
 
 
@@ -175,10 +180,13 @@ def nvidia_smi_csv(text: str, fields: tuple[str, ...] = ("name", "memory.total",
     for row in rows:
         cells = dict(zip(fields, (c.strip() for c in row)))
         gpu: SmiGpu = {"name": cells.pop("name", cells.pop("gpu_name", None))}
-        for key in ("total", "used", "free"):
-            if f"memory.{key}" in cells:
-                gpu[f"{key}_mib"] = _mib(cells.pop(f"memory.{key}"))
-        gpus.append(gpu | cells)  # other fields queried (compute_cap, ...) as printed
+        if "memory.total" in cells:
+            gpu["total_mib"] = _mib(cells.pop("memory.total"))
+        if "memory.used" in cells:
+            gpu["used_mib"] = _mib(cells.pop("memory.used"))
+        if "memory.free" in cells:
+            gpu["free_mib"] = _mib(cells.pop("memory.free"))
+        gpus.append(cast(SmiGpu, gpu | cells))  # other fields queried (compute_cap, ...) as printed
     return gpus
 
 
