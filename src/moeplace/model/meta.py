@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Self, TypeAlias
 
 from ..core.errors import MoeplaceError
 from ..core.records import FileRecord, JsonObject
@@ -71,9 +71,9 @@ class ModelFile:
 
 
 @dataclass(frozen=True)
-class Model:
-    """A model as bytes and shapes: a GGUF's header (ModelMeta) or the seed's constants (SeedModel), the one
-    without an attention shape. `model` is the pipeline's name for it (config's models key)."""
+class _Model:
+    """What both kinds of Model have: bytes and shapes; the attention shape is a GGUF's (ModelMeta) alone, not the
+    seed's constants' (SeedModel). `model` is the pipeline's name for it (config's models key)."""
 
     name: str
     architecture: str
@@ -109,7 +109,7 @@ class Model:
 
 
 @dataclass(frozen=True)
-class ModelMeta(Model):
+class ModelMeta(_Model):
     """A GGUF model's header, as bytes and shapes: whole bytes, always with its attention shape."""
 
     expert_bytes: int
@@ -119,13 +119,16 @@ class ModelMeta(Model):
 
 
 @dataclass(frozen=True)
-class SeedModel(Model):
+class SeedModel(_Model):
     """The seed's constants: no file, no tensors, no attention shape; the KV cache one figure per token."""
 
     attention: None = None
     kv_bytes_per_token: int = 0
 
     source = "constants"
+
+
+Model: TypeAlias = ModelMeta | SeedModel
 
 
 def is_seed(meta: Model) -> TypeIs[SeedModel]:
@@ -145,7 +148,7 @@ def to_json(meta: Model) -> JsonObject:
 def from_json(data: JsonObject, where: str = "metadata") -> Model:
     """The model a stored metadata JSON describes (to_json's inverse)."""
     data = dict(data)
-    kind: type[Model] = SeedModel if data.pop("source", "gguf") == "constants" else ModelMeta
+    kind: type[ModelMeta] | type[SeedModel] = SeedModel if data.pop("source", "gguf") == "constants" else ModelMeta
     try:
         data["layers"] = [Layer(**layer) for layer in data["layers"]]
         data["files"] = [ModelFile(**f) for f in data.get("files", [])]

@@ -4,10 +4,10 @@ host's experts that RAM cannot hold."""
 
 from __future__ import annotations
 
-from .meta import ModelMeta
+from .meta import Model
 
 
-def active_fraction(meta: ModelMeta) -> float:
+def active_fraction(meta: Model) -> float:
     return meta.n_expert_used / meta.n_expert if meta.n_expert else 1.0
 
 
@@ -17,14 +17,14 @@ def routed_share(k: int, n_expert: int, tokens: int) -> float:
     return 1 - (1 - k / n_expert) ** tokens if n_expert else 1.0
 
 
-def unread_bytes(meta: ModelMeta) -> int:
+def unread_bytes(meta: Model) -> int:
     """Non-expert bytes a decode step does not read: the embedding table, of which one row is gathered
     (unless it doubles as the output matrix, which is read whole)."""
     globals_ = meta.global_bytes
     return globals_.get("token_embd", 0) if globals_.get("output", 0) else 0
 
 
-def read_bytes(meta: ModelMeta, n_cpu_moe: int) -> tuple[float, float]:
+def read_bytes(meta: Model, n_cpu_moe: int) -> tuple[float, float]:
     """(D, V): bytes read per token from host RAM and from the device, with n layers' experts on the host."""
     n = min(max(n_cpu_moe, 0), meta.n_layer)
     expert = [layer.expert_bytes for layer in meta.layers]
@@ -34,12 +34,12 @@ def read_bytes(meta: ModelMeta, n_cpu_moe: int) -> tuple[float, float]:
     return d, v
 
 
-def bytes_per_token(meta: ModelMeta) -> float:
+def bytes_per_token(meta: Model) -> float:
     """Weight bytes one decode step reads, wherever they live: D + V."""
     return meta.non_expert_bytes - unread_bytes(meta) + active_fraction(meta) * meta.expert_bytes
 
 
-def disk_share(meta: ModelMeta, n_cpu_moe: int, ram_bytes: int | None) -> float:
+def disk_share(meta: Model, n_cpu_moe: int, ram_bytes: int | None) -> float:
     """The fraction of the CPU-side experts that is not resident in `ram_bytes` (experts are read uniformly)."""
     cpu_experts = sum(layer.expert_bytes for layer in meta.layers[: max(n_cpu_moe, 0)])
     if ram_bytes is None or cpu_experts <= ram_bytes:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ..core import backends
 from ..core.errors import MoeplaceError
@@ -84,6 +84,7 @@ def _vram(request: Request, free: FreeMemory | None) -> tuple[int, str, str | No
         cards, tool = free
         free_bytes, name = cards[0]
         return free_bytes, f"free on {name} ({tool}) now (--vram auto)", name
+    assert request.vram is not None  # a request names a card, or its memory
     return parse_size(request.vram[0], "--vram"), f"--vram {request.vram[0]}, as given", None
 
 
@@ -122,7 +123,7 @@ def margin_bytes(request: Request, backend: str) -> tuple[int, str]:
     return backends.margin_bytes(backend, against_free=request.auto), source
 
 
-def _speeds(request: Request, card: str | None) -> tuple[float, float, float, str]:
+def _speeds(request: Request, card: str | None) -> tuple[float, float, float, str, bool]:
     """The bandwidths and card compute the prior is given: the user's flags, else the named card's datasheet (and
     for --vram auto this host's RAM, measured), else moeplace's defaults; and where each came from."""
     s = request.speeds
@@ -169,11 +170,12 @@ def assumptions(request: Request, free: FreeMemory | None) -> Assumptions:
             "give the MiB to keep free beyond llama.cpp's buffers, e.g. --margin 768."
         )
     measured = False
+    bw: tuple[float | None, float | None, float | None] = (None, None, None)
     if request.speeds.calibration:
-        bw: tuple[float | None, ...] = (None, None, None)
         speed = f"fitted to your runs ({request.speeds.calibration})"
     else:
-        *bw, speed, measured = _speeds(request, card)
+        card_gbps, ddr_gbps, tflops, speed, measured = _speeds(request, card)
+        bw = (card_gbps, ddr_gbps, tflops)
         prior = f"--prior {request.speeds.prior}" if request.speeds.prior else "docs/speed-prior.md"
         speed += f"; the host figure {'measured' if measured else 'a datasheet figure'}; efficiencies learned from "
         speed += f"published sweeps of real cards ({prior})"
@@ -231,7 +233,7 @@ class Expected(TypedDict):
     pp_at_depth: dict[str, float] | None  # prefill of a prompt's last batch up to it
 
 
-def expected(meta: ModelMeta, model: Any, host: frozenset[str], w: Workload, device_hops: int = 0) -> Expected:
+def expected(meta: ModelMeta, model: SpeedModel, host: frozenset[str], w: Workload, device_hops: int = 0) -> Expected:
     """Decode at an empty context and at w.ctx, prefill of a prompt's last batch up to w.ctx, with these expert
     tensors in host RAM (and over several cards, `device_hops` card boundaries): tok/s with ~95% intervals (None:
     unknown)."""

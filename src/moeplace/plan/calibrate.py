@@ -8,8 +8,9 @@ model's tensors as llama.cpp matches them), depth, test size, ubatch and KV cach
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from ..core.errors import MoeplaceError
 from ..core.records import BenchRecord, JsonObject, LlamaBenchRow
@@ -23,11 +24,12 @@ from .speed_fit import fit
 Measured: TypeAlias = BenchRecord | LlamaBenchRow
 
 
-def runs_from_records(meta: ModelMeta, records: list[Measured]) -> list[Run]:
+def runs_from_records(meta: ModelMeta, records: Sequence[Measured]) -> list[Run]:
     """Successful tests as Runs: pipeline records (status ok) and raw llama-bench JSONL alike."""
     names = [n for layer in meta.layers for n in layer.expert_tensors]
     runs = []
-    for r in records:
+    for record in records:
+        r: Mapping[str, Any] = record  # either kind, read by the keys they share
         if r.get("status", "ok") != "ok" or not r.get("avg_ts"):
             continue
         overrides = r.get("overrides") or r.get("tensor_buft_overrides") or ""

@@ -84,7 +84,7 @@ class MultiPlan:
 
 
 def _non_expert(layer: Layer) -> int:
-    return sum(layer.bytes.values()) - layer.expert_bytes
+    return sum(b for role, b in layer.bytes.items() if role != "expert")
 
 
 def _output_bytes(meta: ModelMeta) -> int:
@@ -117,11 +117,11 @@ def device_share(
             if layer.index not in host_layers:
                 kept.append(layer.index)
             continue
-        if layer.expert_bytes > room:
+        if layer.bytes["expert"] > room:
             break
-        room -= layer.expert_bytes
+        room -= layer.bytes["expert"]
         kept.append(layer.index)
-    weights += sum(meta.layers[il].expert_bytes for il in kept)
+    weights += sum(meta.layers[il].bytes["expert"] for il in kept)
     return DevicePlan(
         index,
         device.vram_bytes,
@@ -217,7 +217,7 @@ def plan_devices_reserved(
     for _ in range(tries):
         plan = checked(candidate)
         counted += [plan] if plan.fits else []
-        following = plan_devices(meta, devices, w, lambda i, plan=plan: plan.devices[i].compute)
+        following = plan_devices(meta, devices, w, [d.compute for d in plan.devices].__getitem__)
         if (following.tensor_split, following.host_expert_layers) == (plan.tensor_split, plan.host_expert_layers):
             break
         candidate = following

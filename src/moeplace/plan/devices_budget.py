@@ -46,7 +46,7 @@ def budget_row(
     sweep's n means) with its buffers summed over the devices, and beside it moeplace's per-device plan (-ts,
     its host rule), which the placement stage runs as a variant."""
     n, at_n = ncmoe
-    kept = sum(meta.layers[il].expert_bytes for d in at_n.devices for il in d.expert_layers)
+    kept = sum(meta.layers[il].bytes["expert"] for d in at_n.devices for il in d.expert_layers)
     return {
         "ctx": w.ctx,
         "cells": pad(w.ctx) * w.parallel,

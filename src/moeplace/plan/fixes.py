@@ -44,9 +44,9 @@ def _candidates(r: Request) -> list[list[tuple[Request, str]]]:
             for p in range(r.parallel - 1, 0, -1)
         ]
     )
-    smaller = "a smaller compute buffer, slower prefill"
+    cost = "a smaller compute buffer, slower prefill"
     ubatches = sorted({max(64, r.ubatch // 2), max(64, r.ubatch // 4)} - {r.ubatch}, reverse=True)
-    kinds.append([(r.with_(ubatch=u), f"a smaller ubatch (-ub {u}): {smaller}") for u in ubatches if u < r.ubatch])
+    kinds.append([(r.with_(ubatch=u), f"a smaller ubatch (-ub {u}): {cost}") for u in ubatches if u < r.ubatch])
     if r.draft.asked:
         kinds += _draft_fixes(r)
     if not r.no_kv_offload:
@@ -95,9 +95,8 @@ def fixes(request: Request, ctx: int, fitted: Fitted) -> list[Fix]:
             if (n := fitted(changed, ctx)) is not None:
                 out.append(Fix(changed, ctx, n, what))
                 break
-    if (longest := longest_context(request, ctx, fitted)) is not None:
+    if (longest := longest_context(request, ctx, fitted)) is not None and (n := fitted(request, longest)) is not None:
         per_slot = f" ({longest} per slot)" if request.parallel > 1 else ""
-        n = fitted(request, longest)
         out.append(Fix(request, longest, n, f"a shorter context: -c {longest * request.parallel}{per_slot}"))
     return out
 

@@ -270,7 +270,9 @@ def read_pins(meta: ModelMeta, values: list[str]) -> Pins:
     rules = override_rules(values)
     names = [t for layer in meta.layers for t in layer.expert_tensors]
     patterns = [(rule, re.compile(rule.partition("=")[0]), rule.partition("=")[2]) for rule in rules]
-    host, device, used = set(), set(), set()
+    host: set[str] = set()
+    device: set[str] = set()
+    used: set[str] = set()
     for name in names:
         for rule, pattern, buffer in patterns:
             if pattern.search(name):

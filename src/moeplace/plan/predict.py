@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypedDict
 from ..core.config import Bandwidths
 from ..core.errors import MoeplaceError
 from ..core.units import GB
-from ..model.meta import ModelMeta, is_seed
+from ..model.meta import Model, ModelMeta, is_seed
 from ..model.reads import active_fraction, bytes_per_token, disk_share, read_bytes, unread_bytes
 from .speed import Run, prefill_run, prior
 
@@ -36,7 +36,7 @@ def token_seconds(
     return t
 
 
-def predict_table(meta: ModelMeta, bw: Bandwidths, model: SpeedModel | None = None) -> pd.DataFrame:
+def predict_table(meta: Model, bw: Bandwidths, model: SpeedModel | None = None) -> pd.DataFrame:
     """Seed 000's table (tok_s, from theoretical bandwidths) and the speed model's decode before any calibration
     (tg_tok_s with its interval, at an empty context): `model`, the prior the ceilings stage measured
     (measured_prior.measured_prior), else the prior of `bw`."""
@@ -49,18 +49,19 @@ def predict_table(meta: ModelMeta, bw: Bandwidths, model: SpeedModel | None = No
         d, v = read_bytes(meta, n)
         s = d * disk_share(meta, n, bw.ram_bytes)
         t = token_seconds(d, v, bw.vram_gbps, bw.ddr_gbps, s, bw.disk_gbps)
-        row = {
+        tok_s = 1 / t
+        row: dict[str, float | None] = {
             "n_cpu_moe": n,
             "d_gb": d / GB,
             "v_gb": v / GB,
             "s_gb": s / GB,
             "t_token_ms": t * 1e3,
-            "tok_s": 1 / t,
+            "tok_s": tok_s,
         }
         tg = model.predict(meta, Run(n, 0, "tg", 1)) if not is_seed(meta) else None
-        row |= {f"tg_{k}": tg and tg[k] for k in ("tok_s", "low", "high")}
+        row |= {f"tg_{k}": None if tg is None else tg[k] for k in ("tok_s", "low", "high")}
         row["dense_tok_s"] = dense_tok_s
-        row["moe_vs_dense"] = row["tok_s"] / dense_tok_s
+        row["moe_vs_dense"] = tok_s / dense_tok_s
         rows.append(row)
     return pd.DataFrame(rows)
 

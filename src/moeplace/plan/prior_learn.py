@@ -19,7 +19,7 @@ import math
 import sqlite3
 import tempfile
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, cast
 
 import numpy as np
 
@@ -139,7 +139,7 @@ def _meta(
 ) -> ModelMeta | None:
     """The model of a published row: --model NAME=PATH (a .gguf, or a twin spec .yaml), else the file the run read
     where it is still at hand; None where neither."""
-    path = models.get(name) or row.get("model_filename") or ""
+    path = models.get(name) or str(row.get("model_filename") or "")
     if path in cache:
         return cache[path]
     meta = None
@@ -154,10 +154,11 @@ def _meta(
 def _machine(folder: Path, row: Row, given: MachineFacts) -> Machine:
     card = str(row.get("gpu_info") or "")
     sheet = datasheet(card) if card else None
-    facts = {"backend": PRIOR_NAMES.get(str(row.get("backends") or "").split(",")[0].strip().lower())}
+    facts: MachineFacts = {"backend": PRIOR_NAMES.get(str(row.get("backends") or "").split(",")[0].strip().lower())}
     if sheet:
         facts |= {"card_gbps": sheet.gbps, "card_tflops": sheet.tflops}
-    facts |= {"link_gbps": DEFAULT_LINK_GBPS, "host_measured": False} | given
+    facts |= {"link_gbps": DEFAULT_LINK_GBPS, "host_measured": False}
+    facts |= given
     missing = [k for k in MACHINE_KEYS if facts.get(k) is None]
     if missing:
         raise MoeplaceError(
@@ -165,8 +166,10 @@ def _machine(folder: Path, row: Row, given: MachineFacts) -> Machine:
             f'MANIFEST.json\'s "machine" section or with --bw-ddr/--bw-ddr-measured, --bw-vram, --card-tflops, '
             "--backend."
         )
+    backend = facts["backend"]
+    assert backend is not None  # one of MACHINE_KEYS: known, or refused above
     return Machine(
-        facts["backend"],
+        backend,
         float(facts["card_gbps"]),
         float(facts["host_gbps"]),
         float(facts["link_gbps"]),
@@ -196,14 +199,15 @@ def directory_points(folder: Path, models: dict[str, str], flags: MachineFacts, 
         raise MoeplaceError(f"{folder}: no readable {MANIFEST} ({e}); is this a moeplace publish/ directory?") from None
     if not (folder / SQLITE).exists():
         raise MoeplaceError(f"{folder}: no {SQLITE}; publish the results again with moeplace's publish stage.")
-    given = {k: v for k, v in (manifest.get("machine") or {}).items() if k in MACHINE_KEYS} | flags
+    # MANIFEST.json's machine section, read as the facts it names
+    given = cast(MachineFacts, {k: v for k, v in (manifest.get("machine") or {}).items() if k in MACHINE_KEYS}) | flags
     name = manifest.get("name") or folder.name
     source = f"{name} ({', '.join(manifest.get('hosts') or [])})"
     cache: dict[str, ModelMeta | None] = {}
-    metas: dict[str, ModelMeta | None] = {}
-    runs: dict[tuple, list[float]] = {}
+    metas: dict[str, ModelMeta] = {}
+    runs: dict[tuple[str, str, str, int, int, str, str, int, int, Machine, float], list[float]] = {}
     for row in measured_runs(folder / SQLITE):
-        if row.get("avg_ts") is None or (row.get("tensor_buft_overrides") or "none") != "none":
+        if (avg_ts := row.get("avg_ts")) is None or (row.get("tensor_buft_overrides") or "none") != "none":
             continue
         meta = _meta(str(row.get("model")), row, models, tmp, cache)
         if meta is None:
@@ -213,7 +217,9 @@ def directory_points(folder: Path, models: dict[str, str], flags: MachineFacts, 
         if ngl < meta.n_layer:  # a layer split: not a --n-cpu-moe placement
             continue
         test = "pp" if int(row.get("n_prompt") or 0) > 0 else "tg"
-        size = int(row["n_prompt"] if test == "pp" else row["n_gen"])
+        tokens = row["n_prompt"] if test == "pp" else row["n_gen"]
+        assert tokens is not None  # a measured row's
+        size = int(tokens)
         machine = _machine(folder, row, given)
         setup = f"{name}/{row.get('model')}/{row.get('gpu_info')}/{row.get('type_k')}-{row.get('type_v')}"
         key = (
@@ -229,7 +235,7 @@ def directory_points(folder: Path, models: dict[str, str], flags: MachineFacts, 
             machine,
             float(row.get("model_size") or 0),
         )
-        runs.setdefault(key, []).append(float(row["avg_ts"]))
+        runs.setdefault(key, []).append(float(avg_ts))
     if not runs:
         raise MoeplaceError(
             f"{folder}: no measured --n-cpu-moe runs of a model at hand; give each model's file as "

@@ -42,7 +42,14 @@ def _nonnegative(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative least squares of a @ x = y, the columns scaled alike first (features span 1e-3..1e2)."""
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1
-    return nnls(a / scale, y)[0] / scale
+    solution: np.ndarray = nnls(a / scale, y)[0] / scale
+    return solution
+
+
+def _tok_s(run: Run) -> float:
+    """A measured run's speed: a fit takes measured runs only."""
+    assert run.tok_s is not None
+    return run.tok_s
 
 
 # How much slower or faster than the ceilings probe a fit at one depth may find the device, and keep the probe's
@@ -121,7 +128,7 @@ def _fit_test(meta: ModelMeta, test: str, mine: list[Run], prior_model: TestMode
     """One test's model fitted to its runs `mine` (two placements or depths at least), the rest from
     `prior_model`, with the errors of the fitted coefficients and of the prior's they take up."""
     rows = [features(meta, r) for r in mine]
-    y = np.array([1 / r.tok_s for r in mine])
+    y = np.array([1 / _tok_s(r) for r in mine])
     coef = {k: (prior_model.coef.get(k, 0.0) if prior_model else 0.0) for k in FEATURES[test]}
     source = {k: (prior_model.source.get(k, "default") if prior_model else "default") for k in FEATURES[test]}
     free = _free(test, rows)
@@ -136,7 +143,7 @@ def _fit_test(meta: ModelMeta, test: str, mine: list[Run], prior_model: TestMode
         tied = [sum(w * row[k] for k, w in shares.items()) for row in rows]
         a = np.array([[row[k] + (t if k == "layers" else 0.0) for k in free] for row, t in zip(rows, tied)])
         solution = _nonnegative(a, y - known)
-        drift = solution[free.index("layers")] / prior_model.coef["layers"] if shares else 1.0
+        drift = solution[free.index("layers")] / prior_model.coef["layers"] if shares and prior_model else 1.0
         if 1 / MAX_DRIFT <= drift <= MAX_DRIFT:
             break
     coef = kept
@@ -185,7 +192,7 @@ def _fit_errors(model: TestModel, a: np.ndarray, predicted: np.ndarray, y: np.nd
 def leave_one_out(meta: ModelMeta, runs: list[Run], base: SpeedModel | None) -> list[dict[str, float] | None]:
     """Each run predicted by a model fitted to all the others (None where they cannot calibrate its test: a
     prediction from the bandwidth priors alone is not what this measures)."""
-    out = []
+    out: list[dict[str, float] | None] = []
     for i, run in enumerate(runs):
         others = [r for j, r in enumerate(runs) if j != i]
         try:
