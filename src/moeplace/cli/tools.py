@@ -50,9 +50,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 0
     print(f"backend: {backend.name} ({backend.reason})")
     for d in backend.devices:
-        memory = (
-            f": {d['free_bytes'] / 2**30:.1f} of {d['total_bytes'] / 2**30:.1f} GiB free" if d["total_bytes"] else ""
-        )
+        total, free = d["total_bytes"], d["free_bytes"]
+        memory = f": {free / 2**30:.1f} of {total / 2**30:.1f} GiB free" if total and free is not None else ""
         print(f"  device {d['name']}{memory}")
     if backend.install:
         print(f"to use it, install {backend.install}")

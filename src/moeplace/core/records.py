@@ -156,3 +156,8 @@ class BenchRecord(Provenance, total=False):
     gpu_info: str | None
     llama_bench: LlamaBenchRow  # llama-bench's own row of the first batch, its per-sample arrays aside
     error: str
+    # an -ot variant's check (measure/placement): the experts it meant for the host, and where llama.cpp put them
+    host_expert_bytes: int
+    placement_match: bool
+    placement_missing: list[str]
+    placement_unexpected: list[str]

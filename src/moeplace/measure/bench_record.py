@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from ..core.config import BenchSettings
-from ..core.records import BenchRecord, KvContext
+from ..core.records import BenchRecord, KvContext, LlamaBenchRow
 from ..core.stats import median_halfwidth, median_interval, outlying
 from ..runtime.llama_log import read_log
 from .repetitions import Arm, precise_enough
@@ -30,7 +30,11 @@ def parse_log(stderr: str) -> ParsedLog:
     buffers of its largest context by name (llama-bench loads once per test; CUDA0, CUDA_Host, CPU_Mapped ...)."""
     report = read_log(stderr)
     contexts = [context for load in report.loads for context in load.each_context() if context.n_ctx]
-    kv = [{"n_ctx": c.n_ctx, "kv_mib": sum(k.get("kv", 0) for k in c.sizes.values()) / 2**20} for c in contexts]
+    kv = [
+        KvContext(n_ctx=n_ctx, kv_mib=sum(k.get("kv", 0) for k in c.sizes.values()) / 2**20)
+        for c in contexts
+        if (n_ctx := c.n_ctx)
+    ]
     largest = max(contexts, key=lambda c: (c.n_ctx, sum(k.get("kv", 0) for k in c.sizes.values())), default=None)
     return {
         "contexts": kv,
@@ -77,7 +81,7 @@ def measured_record(
         "backends": first.get("backends"),
         "gpu_info": first.get("gpu_info"),
         # llama-bench's own row of the first batch (its per-sample arrays aside), for the published SQLite.
-        "llama_bench": {k: v for k, v in first.items() if not k.startswith("samples_")},
+        "llama_bench": cast(LlamaBenchRow, {k: v for k, v in first.items() if not k.startswith("samples_")}),
         "error": "" if not arm.failure else f"stopped after {len(samples)} repetitions: {arm.failure[1]}",
     }
     if baseline is not None:

@@ -131,7 +131,9 @@ def run_variant(variant: str, meta: ModelMeta, n: int, budget: Row, job: BenchJo
         intended = expert_tensors(meta, [int(il) for il in _text(budget["device_plan_host_layers"]).split()])
     else:
         if variant == "optimal":
-            intended = optimal_placement(meta, float(budget["budget_bytes"]))
+            room = budget["budget_bytes"]
+            assert room is not None  # the budget table's room for experts
+            intended = optimal_placement(meta, float(room))
         else:
             intended = {"first_n": expert_tensors(meta, list(range(n))), **variants(meta, n)}[variant]
         overrides = None if variant == "first_n" else ot_value(intended) or None
@@ -152,10 +154,12 @@ def run_variant(variant: str, meta: ModelMeta, n: int, budget: Row, job: BenchJo
     for r in records:
         check = check_placement(intended, r["tensor_buffers"])
         r.update(
-            host_expert_bytes=sum(sizes[t] for t in intended),
-            placement_match=check["match"],
-            placement_missing=check["missing"],
-            placement_unexpected=check["unexpected"],
+            {
+                "host_expert_bytes": sum(sizes[t] for t in intended),
+                "placement_match": check["match"],
+                "placement_missing": check["missing"],
+                "placement_unexpected": check["unexpected"],
+            }
         )
     return records
 

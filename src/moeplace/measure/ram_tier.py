@@ -85,12 +85,12 @@ def tensor_ranges(
             _, offset, n_bytes = header.file_range(t)
             spans[t.shard].append((offset, n_bytes))
     files = zip(header.paths, spans, header.file_sizes)
-    return [(path, merge_ranges(found, page, limit=size)) for path, found, size in files]
+    return [(Path(path), merge_ranges(found, page, limit=size)) for path, found, size in files]
 
 
 def is_expert_tensor(name: str) -> bool:
     m = _LAYER.match(name)
-    return bool(m) and tensor_role(m[2]) == "expert"
+    return m is not None and tensor_role(m[2]) == "expert"
 
 
 def non_expert_ranges(model_path: str | Path, page: int = PAGE) -> list[tuple[Path, list[tuple[int, int]]]]:
@@ -236,8 +236,10 @@ def _derived(
     }
     if status == "ok":
         (g1, g2), (short, long_) = gen, (r.result for r in runs)
+        result = _tg_result(long_.stdout)
+        assert long_.majflt is not None and short.majflt is not None and result is not None  # both ran: status ok
         row["faults_per_token"] = (long_.majflt - short.majflt) / (g2 - g1)
-        row["tok_s"] = float(_tg_result(long_.stdout)["avg_ts"])  # type: ignore[index]
+        row["tok_s"] = float(result["avg_ts"])
         if long_.wall_s > short.wall_s:  # else too noisy to say
             row["tok_s_marginal"] = (g2 - g1) / (long_.wall_s - short.wall_s)
     return row
@@ -268,15 +270,14 @@ def run_ram_tier(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     files = [f.path for f in meta.files] or [str(p) for p in shard_paths(Path(model_path))]
     site = cgroup_site()
-    skip = site if isinstance(site, str) else None
+    skip, cgroup = (site, None) if isinstance(site, str) else (None, site)
     if skip:
         log.warning("RAM tier: only the uncapped reference runs, the caps are skipped: %s", skip)
     require_flags(manifest, ("--repack", "--load-mode", "--no-warmup"), "the RAM tier (weights left in the mmap)")
     with sigterm_raises(), readahead_control(files, settings.readahead_kb) as ra:
         shim = build_native("pagelock", log_path, shared=True)
-        site = None if skip else site
         tier = _Tier(
-            model_name, model_path, manifest, settings, files, site, shim, non_expert_ranges(model_path), log_path, ra
+            model_name, model_path, manifest, settings, files, cgroup, shim, non_expert_ranges(model_path), log_path, ra
         )
         tier.common = _common(tier, meta, workdir)
         return _rows(tier, skip)
@@ -363,20 +364,21 @@ def _rows(tier: _Tier, skip: str | None) -> list[RamTierRecord]:
     """The uncapped reference, then each cap x lock mode, sized from what the reference used."""
     settings, model_bytes = tier.settings, tier.model_bytes
     ref = tier.measure(None, "none", {})
-    anon, other = ref["anon_peak_bytes"], None
-    if ref["status"] == "ok" and ref["cgroup_peak_bytes"]:
+    anon, other, charged = ref["anon_peak_bytes"], None, ref["cgroup_peak_bytes"]
+    if ref["status"] == "ok" and charged and anon is not None:
         # Charged to the uncapped run besides its anonymous memory and the (fully mapped) model.
-        other = max(0, ref["cgroup_peak_bytes"] - anon - model_bytes)
+        other = max(0, charged - anon - model_bytes)
     ref["other_charged_bytes"] = other
     records = [ref]
     if ref["status"] != "ok":
         caps = ", ".join(f"{p}%" for p in settings.caps_pct)
         why = f"the uncapped reference run failed ({ref['status']}), so no cap ({caps}) could be sized or run"
-        return [*records, {**tier.common, "cap_pct": None, "lock": None, "status": "error", "error": why}]
+        return [*records, tier.common | {"cap_pct": None, "lock": None, "status": "error", "error": why}]
+    assert anon is not None  # an ok run's peak
     for pct in settings.caps_pct:
         for lock in settings.lock_modes:
             if skip:
-                records.append({**tier.common, "cap_pct": pct, "lock": lock, "status": "skipped", "error": skip})
+                records.append(tier.common | {"cap_pct": pct, "lock": lock, "status": "skipped", "error": skip})
                 continue
             share = round(pct / 100 * model_bytes)
             cap = anon + settings.slack_bytes + share

@@ -47,7 +47,7 @@ class RamTierRecord(Provenance, total=False):
     error: str
     evict: str | None
     evict_left_bytes: int | None
-    majflt: list[int]
+    majflt: list[int | None]  # None: a run whose resource usage was not read
     wall_s: list[float]
     anon_peak_bytes: int | None
     cgroup_peak_bytes: int | None
@@ -82,8 +82,8 @@ def ram_tier_table(records: list[RamTierRecord]) -> pd.DataFrame:
         [
             {
                 **{c: r.get(c) for c in TABLE_COLUMNS},
-                "cap_gb": None if r.get("cap_bytes") is None else r["cap_bytes"] / 1e9,
-                "locked_mb": None if r.get("locked_bytes") is None else r["locked_bytes"] / 1e6,
+                "cap_gb": None if (cap := r.get("cap_bytes")) is None else cap / 1e9,
+                "locked_mb": None if (locked := r.get("locked_bytes")) is None else locked / 1e6,
                 "error": r.get("error") or "",
             }
             for r in records

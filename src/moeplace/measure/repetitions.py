@@ -93,7 +93,7 @@ def stop_when_enough(
     its repetitions, loads and warm-ups, not the fill: after the first pass its pace is that pass's repetitions
     (llama-bench's samples_ns) and one more, after that the last pass's."""
     pass_ends = [time.monotonic()]
-    once = []  # the first pass's wall time less its repetitions: what no later pass pays
+    once: list[float] = []  # the first pass's wall time less its repetitions: what no later pass pays
     fewest = fewest_repetitions(settings)
 
     def enough(stdout: str) -> bool:

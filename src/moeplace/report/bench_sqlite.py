@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -31,7 +32,8 @@ OUR_FIELDS = {
 
 def sqlite_row(record: BenchRecord, provenance: str) -> Row:
     """One record as a llama_bench row: llama-bench's own fields from its JSON, the means over every batch."""
-    row = {k: record.get("llama_bench", {}).get(k) for k in LLAMA_BENCH_FIELDS}
+    own: Mapping[str, Any] = record.get("llama_bench", {})  # llama-bench's JSON, field by field
+    row: Row = {k: own.get(k) for k in LLAMA_BENCH_FIELDS}
     row |= {
         "n_cpu_moe": record["n_cpu_moe"],
         "type_k": record["type_k"],
@@ -47,7 +49,7 @@ def sqlite_row(record: BenchRecord, provenance: str) -> Row:
     else:
         row |= {"n_prompt": 0, "n_gen": record["n_gen"]}
     samples = record.get("samples_ts") or []
-    tokens = row["n_prompt"] or row["n_gen"]
+    tokens = record["n_prompt"] if record["test"] == "pp" else record["n_gen"]
     if samples:
         ns = [tokens / ts * 1e9 for ts in samples]
         spread = round(statistics.stdev(ns)) if len(ns) > 1 else 0
@@ -60,7 +62,7 @@ def sqlite_row(record: BenchRecord, provenance: str) -> Row:
     for k, kind in LLAMA_BENCH_FIELDS.items():  # SQL never matches NULL = NULL: compare-llama-bench joins on these
         if row[k] is None and k not in MEASURED:
             row[k] = "" if kind == "TEXT" else 0
-    files = record.get("model_files") or [{}]
+    files = record.get("model_files")
     ours = (
         "model",
         "ctx",
@@ -73,8 +75,9 @@ def sqlite_row(record: BenchRecord, provenance: str) -> Row:
         "pipeline_commit",
         "pipeline_dirty",
     )
-    row |= {k: record.get(k) for k in ours}
-    row |= {"model_header_sha256": files[0].get("header_sha256"), "provenance": provenance}
+    fields: Mapping[str, Any] = record  # the record's JSON, field by field
+    row |= {k: fields.get(k) for k in ours}
+    row |= {"model_header_sha256": files[0].get("header_sha256") if files else None, "provenance": provenance}
     return row
 
 

@@ -84,7 +84,8 @@ def _render_bench(records: list[LlamaBenchRow]) -> str:
     for r in records:
         test = f"pp{r.get('n_prompt', 0)}" if not r.get("n_gen") else f"tg{r['n_gen']}"
         depth = f" @ d{r['n_depth']}" if r.get("n_depth") else ""
-        ncmoe = f", -ncmoe {r['n_cpu_moe']}" if r.get("n_cpu_moe") not in (None, "") else ""
+        given: object = r.get("n_cpu_moe")  # a pasted table's cell may be empty
+        ncmoe = f", -ncmoe {given}" if given not in (None, "") else ""
         lines.append(f"  {test}{depth}{ncmoe}: {r.get('avg_ts', float('nan')):.2f} tok/s")
     return "\n".join(lines)
 
@@ -140,16 +141,21 @@ def _status_lines(found: Explanation) -> list[str]:
     lines: list[str] = []
     if found["status"] == "oom":
         oom = found["oom"]
-        lines.append(("allocation failed: " if oom["cause"] == "allocation-limit" else "out of memory: ") + oom["why"])
+        assert oom is not None  # status oom: where, why and what to do
+        lines.append(
+            f"{'allocation failed: ' if oom['cause'] == 'allocation-limit' else 'out of memory: '}{oom['why']}"
+        )
         lines.append(f"  the line: {oom['line']}")
         if oom["todo"]:
             lines.append(f"  what to do: {oom['todo']}")
         if oom["cause"] != "allocation-limit":
             lines.append(f"  plan it: {found['fix']}")
     elif found["status"] == "error":
-        lines.append(f"error: {found['error']['why']}")
-        lines.append(f"  the line: {found['error']['line']}")
-        lines.append(f"  what to do: {found['error']['todo']}.")
+        error = found["error"]
+        assert error is not None  # status error: why, the line and what to do
+        lines.append(f"error: {error['why']}")
+        lines.append(f"  the line: {error['line']}")
+        lines.append(f"  what to do: {error['todo']}.")
     elif found["dry_run"]:
         lines.append("status: dry run (nothing was allocated, so nothing could fail)")
     elif found["pipeline_retried"]:

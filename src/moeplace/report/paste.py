@@ -9,7 +9,7 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import BinaryIO, TypedDict, cast
 
 from ..core.errors import MoeplaceError
 from ..runtime.llama_names import MiB
@@ -57,13 +57,13 @@ _CUT = re.compile(
 
 
 class CommandArgs(TypedDict, total=False):
-    """The flags of a pasted llama.cpp command line that explain reads, as typed."""
+    """The flags of a pasted llama.cpp command line that explain reads, as typed (text)."""
 
-    ctx: int
-    ngl: int
-    ubatch: int
-    n_cpu_moe: int
-    parallel: int
+    ctx: str
+    ngl: str
+    ubatch: str
+    n_cpu_moe: str
+    parallel: str
     model: str
     split_mode: str
     flash_attn: str
@@ -84,7 +84,7 @@ def command_args(text: str) -> CommandArgs:
             tokens = shlex.split(command)
         except ValueError:
             tokens = command.split()
-        args: CommandArgs = {}
+        args: dict[str, str | list[str]] = {}
         for i, token in enumerate(tokens):
             flag, _, value = token.partition("=") if token.startswith("--") else (token, "", "")
             key = _OPTIONS.get(flag)
@@ -95,10 +95,12 @@ def command_args(text: str) -> CommandArgs:
             if key == "flash_attn" and not value:  # builds of 2024/25: a bare -fa
                 value = "on"
             if key == "ot" and value:
-                args.setdefault("ot", []).extend(value.split(","))
+                rules = args.setdefault("ot", [])
+                assert isinstance(rules, list)
+                rules.extend(value.split(","))
             elif value:
                 args[key] = value
-        return args
+        return cast(CommandArgs, args)  # keys from _OPTIONS, each with its flag's text (ot: the rules)
     return {}
 
 
@@ -134,7 +136,7 @@ def read_text(path: str) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _read_checked(stream: Any, name: str) -> bytes:
+def _read_checked(stream: BinaryIO, name: str) -> bytes:
     """The stream's bytes (at most one past the limit), refusing a GGUF model from its first four."""
     head = stream.read(4)
     if head == b"GGUF":

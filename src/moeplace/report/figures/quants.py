@@ -27,9 +27,9 @@ def quants_figure(table: pd.DataFrame, path: str | Path, title: str) -> None:
     right.bar([i - width / 2 for i in x], table.tok_s.fillna(0), width, label="plenty of RAM")
     right.bar([i + width / 2 for i in x], table.tok_s_capped.fillna(0), width, label=f"RAM capped at {cap}%")
     labels = [
-        f"{row.quant}\nbytes /{row.bytes_ratio:.2f}, speed x{_ratio(row.tok_s_ratio)}, "
-        f"capped x{_ratio(row.tok_s_capped_ratio)}"
-        for row in table.itertuples()
+        f"{row['quant']}\nbytes /{row['bytes_ratio']:.2f}, speed x{_ratio(row['tok_s_ratio'])}, "
+        f"capped x{_ratio(row['tok_s_capped_ratio'])}"
+        for row in table.to_dict("records")
     ]
     if (table.tok_s.fillna(0) > 0).any():  # a speed spans decades once the cap pages from disk
         right.set_yscale("log")
