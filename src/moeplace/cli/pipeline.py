@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -110,7 +111,10 @@ def _check_sweep(settings: Settings) -> None:
 def layer_count(m: ModelEntry) -> int:
     """Layers of a model before any job runs: from its twin spec or its GGUF header."""
     try:
-        return load_spec(m.twin).n_layer if m.twin is not None else inspect_model(m.gguf).n_layer
+        if m.twin is not None:
+            return load_spec(m.twin).n_layer
+        assert m.gguf is not None  # a model with a file: a twin spec or a GGUF
+        return inspect_model(m.gguf).n_layer
     except MoeplaceError as e:
         raise MoeplaceError(f"config models.{m.name}: {e}") from None
 
@@ -149,7 +153,7 @@ def _pipeline(settings: Settings, plain: JsonObject) -> Pipeline:
     )
 
 
-def _members(setting: str, names: list[str], allowed: list[str], what: str) -> None:
+def _members(setting: str, names: Sequence[str], allowed: list[str], what: str) -> None:
     for name in names:
         if name not in allowed:
             raise MoeplaceError(
@@ -181,4 +185,5 @@ def _budget_and_layers(budget_csv: str, metadata_json: str, *mtimes: int) -> tup
 def caption(rst: Path, wildcards: dict[str, str]) -> str:
     """A report() caption with a figure's wildcards filled in, as Snakemake's report renders it."""
     template = jinja2.Template(rst.read_text(), undefined=jinja2.ChainableUndefined)
-    return template.render(snakemake=SimpleNamespace(wildcards=SimpleNamespace(**wildcards))).strip()
+    text: str = template.render(snakemake=SimpleNamespace(wildcards=SimpleNamespace(**wildcards)))
+    return text.strip()

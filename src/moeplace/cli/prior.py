@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, cast
 
 from ..core.backends import PRIOR_NAMES
 from ..core.errors import MoeplaceError
-from ..plan.prior_learn import learn_from_directories
+from ..plan.prior_learn import MachineFacts, learn_from_directories
 
 
 def add_parser(sub: Any) -> None:
@@ -55,7 +55,7 @@ def cmd_prior_learn(args: argparse.Namespace) -> None:
         flags |= {"host_gbps": args.host_measured_gbps, "host_measured": True}
     elif args.host_gbps:
         flags["host_measured"] = False
-    flags = {k: v for k, v in flags.items() if v is not None}
-    for line in learn_from_directories(args.folders, models, flags, not args.no_shipped, args.output):
+    given = cast(MachineFacts, {k: v for k, v in flags.items() if v is not None})  # the machine flags given
+    for line in learn_from_directories(args.folders, models, given, not args.no_shipped, args.output):
         print(line)
     print(f"prior: {args.output}; use it with moeplace recommend/predict --prior {args.output}")

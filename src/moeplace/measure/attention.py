@@ -46,7 +46,7 @@ def _placement_rows(
     """The probe's seconds per token at its first depth, with every routed expert on the host and, where that
     fits, with none: the median over rounds, and the spread of each round's own median."""
     depth, n_layer = at
-    rows = []
+    rows: list[Row] = []
     for n in (0, n_layer):
         per_round = [s for (_, d, k), s in sorted(timed_runs.items()) if (d, k) == (depth, n) and s]
         if not per_round:

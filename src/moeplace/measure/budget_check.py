@@ -126,13 +126,15 @@ def _measured(model: CheckedModel, p: BudgetRow, w: Workload, start: int, rpc: s
 
     measured = search(start, model.meta.n_layer, probe, spill_ratio=0.0)
     ngl, overrides, _ = fitted_placement(model.manifest, model.path, w.llama_args(), rpc, model.log_path)
+    compute = p["compute_bytes"]
+    assert compute is not None  # the plan's: llama.cpp's reserve
     return {
         "predicted_n": p["n_cpu_moe"],
         "measured_n": measured.lowest_n,
         "fit_params_n": fitted_n(model.meta, ngl, overrides),
         "fit_params_ngl": ngl,
         "load_probes": measured.loads,
-        "compute_mib": p["compute_bytes"] / 2**20,
+        "compute_mib": compute / 2**20,
         "kv_mib": p["kv_bytes"] / 2**20,
         "status": "ok",
     }
@@ -178,7 +180,7 @@ def check_devices(model: CheckedModel, workloads: list[Workload], caps: list[int
 def _devices_cell(model: CheckedModel, w: Workload, caps: list[int], endpoints: list[str]) -> Row:
     """check_devices' row for one workload: planned, reserved and loaded on the `endpoints`, and each device that
     leaves experts on the host loaded with one more of them."""
-    cell = {
+    cell: Row = {
         "ctx": w.ctx,
         "ubatch": w.ubatch,
         "type_k": w.type_k,

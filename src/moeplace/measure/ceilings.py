@@ -141,7 +141,7 @@ def _decode_rows(
     most = max(speeds)
     scaling = speeds[most] / speeds[1] if most > 1 else None
     verdict = bound(speeds[most] * per_token / GB / ram[most], scaling)
-    rows = []
+    rows: list[Row] = []
     for t, tok_s in speeds.items():
         effective = tok_s * per_token / GB
         rows.append(

@@ -75,7 +75,7 @@ def read_runs(paths: list[str | Path]) -> list[Measured]:
     return records
 
 
-def calibration_file(meta: ModelMeta, records: list[Measured], base: SpeedModel) -> JsonObject:
+def calibration_file(meta: ModelMeta, records: Sequence[Measured], base: SpeedModel) -> JsonObject:
     """What the pipeline's calibrate stage writes: the fitted model, or where the sweep cannot calibrate one
     (every run out of memory, say) an empty model and the reason, so that the rest of the run goes on."""
     partial = sum(1 for r in records if r.get("partial") and r.get("status") != "ok")
@@ -86,7 +86,7 @@ def calibration_file(meta: ModelMeta, records: list[Measured], base: SpeedModel)
         return {"tests": {}, "status": "not_calibrated", "not_calibrated": str(e), **left_out}
 
 
-def calibrate(meta: ModelMeta, records: list[Measured], base: SpeedModel) -> SpeedModel:
+def calibrate(meta: ModelMeta, records: Sequence[Measured], base: SpeedModel) -> SpeedModel:
     """The speed model for `meta` fitted to `records`, the prior `base` (speed.prior) for what the runs cannot
     tell apart."""
     runs = runs_from_records(meta, records)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 import pandas as pd
 
@@ -106,7 +108,8 @@ def compare_table(
     point (fitted to every other point of the sweep: leave-one-out) with its ~95% interval, and the knees."""
     rows = []
     sweep = measured[measured.variant == "ncmoe"]
-    for (model, ctx), group in sweep.groupby(["model", "ctx"]):
+    for key, group in sweep.groupby(["model", "ctx"]):
+        model, ctx = cast(tuple[str, int], key)  # the model and ctx columns' values
         ok_records = [r for r in records if r["model"] == model and r["ctx"] == ctx and r["variant"] == "ncmoe"]
         ok_records = [r for r in ok_records if r["status"] == "ok" and r.get("avg_ts")]
         runs = runs_from_records(metadata[model], ok_records)
@@ -115,7 +118,7 @@ def compare_table(
             for run, pred in zip(runs, leave_one_out(metadata[model], runs, base))
             if pred is not None
         }
-        b = budget[model].set_index("ctx").loc[ctx]
+        b = cast("pd.Series[Any]", budget[model].set_index("ctx").loc[ctx])  # the budget table's row of this ctx
         tg = group[(group.test == "tg")].set_index("n_cpu_moe")
         pp = group[(group.test == "pp")].set_index("n_cpu_moe")
         ok = tg[tg.status == "ok"].sort_index()
@@ -125,17 +128,18 @@ def compare_table(
             row: Row = {"model": model, "ctx": ctx, "n_cpu_moe": n}
             for test, table in (("tg", tg), ("pp", pp)):
                 m = table.loc[n] if n in table.index else None
+                done = m if m is not None and m.status == "ok" else None
                 pred = predicted.get((test, n))
-                value = None if m is None or m.status != "ok" else m.median_ts
+                value = None if done is None else done.median_ts
                 row |= {
                     f"{test}_status": None if m is None else m.status,
                     f"measured_{test}_tok_s": value,
-                    f"measured_{test}_low": None if value is None else m.ci95_low_ts,
-                    f"measured_{test}_high": None if value is None else m.ci95_high_ts,
-                    f"measured_{test}_sd": None if value is None else m.stddev_ts,
-                    f"predicted_{test}_tok_s": pred and pred["tok_s"],
-                    f"predicted_{test}_low": pred and pred["low"],
-                    f"predicted_{test}_high": pred and pred["high"],
+                    f"measured_{test}_low": None if done is None else done.ci95_low_ts,
+                    f"measured_{test}_high": None if done is None else done.ci95_high_ts,
+                    f"measured_{test}_sd": None if done is None else done.stddev_ts,
+                    f"predicted_{test}_tok_s": None if pred is None else pred["tok_s"],
+                    f"predicted_{test}_low": None if pred is None else pred["low"],
+                    f"predicted_{test}_high": None if pred is None else pred["high"],
                     f"{test}_error_pct": 100 * (pred["tok_s"] - value) / value if pred and value else None,
                 }
             row |= {
@@ -182,9 +186,10 @@ def memory_check_table(records: list[BenchRecord], metadata: dict[str, ModelMeta
     rows = []
     for r in records:
         contexts = [c for c in r.get("kv_contexts") or [] if c["kv_mib"]]
-        if not r.get("buffers") or not contexts or r.get("test", "tg") != "tg":
+        logged = r.get("buffers")
+        if not logged or not contexts or r.get("test", "tg") != "tg":
             continue  # one row set per run (its tg record), and only where llama.cpp logged its buffers
-        buffers, devices = device_buffers(r["buffers"])
+        buffers, devices = device_buffers(logged)
         meta = metadata[r["model"]]
         n_ctx = max(c["n_ctx"] for c in contexts)
         w = Workload(

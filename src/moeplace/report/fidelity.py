@@ -64,6 +64,7 @@ def fidelity_table(
         if pred is None or (not runs[i].host_tensors and (config in probed or (how == "prior" and config in anchors))):
             return
         r, run = ok[i], runs[i]
+        assert run.tok_s is not None  # runs from records are measured
         rows.append(
             {
                 "model": r["model"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import cast
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -24,9 +25,10 @@ def budget_check_figure(table: pd.DataFrame, path: str | Path, device: str) -> N
         ("fit_params_n", "x", "llama-fit-params (-fitt 0)", -14),
     ):
         points = cells[cells[column].notna()].groupby(["measured_n", column]).size()
-        xs, ys = zip(*points.index) if len(points) else ((), ())
+        pairs = cast(list[tuple[float, float]], points.index.tolist())  # (measured n, this column's n)
+        xs, ys = zip(*pairs) if len(points) else ((), ())
         ax.scatter(xs, ys, marker=marker, s=50, label=label, zorder=3)
-        for (x, y), count in points.items():
+        for (x, y), count in zip(pairs, points):
             ax.annotate(f"{count}", (x, y), textcoords="offset points", xytext=(6, offset), fontsize=8)
     ax.set_xlabel("measured minimum --n-cpu-moe (load probes at the full context)")
     ax.set_ylabel("predicted minimum --n-cpu-moe")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import cast
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -18,7 +19,8 @@ def fidelity_figure(table: pd.DataFrame, out: str | Path, device: str) -> None:
     the other depths apart), one colour per test."""
     fig, ax = plt.subplots(figsize=(7, 7.5))
     markers = {"two_point, fit depth": "o", "two_point, other depth": "s", "loo": "x", "prior": "+"}
-    for (fit, test), g in table.groupby([scope(table), "test"]):
+    for key, g in table.groupby([scope(table), "test"]):
+        fit, test = cast(tuple[str, str], key)  # the fit's scope and the test
         err = g.error_pct.abs()
         name = fit.replace("two_point", "two-point")
         label = f"{test} {name}: median |error| {err.median():.1f}%, p90 {np.percentile(err, 90):.1f}%"
