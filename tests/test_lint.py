@@ -22,6 +22,12 @@ def test_snakemake_lint_and_snakefmt():
     assert fmt.returncode == 0, fmt.stderr[-2000:]
 
 
+def test_mypy_types():
+    """src/moeplace type-checks at the strictness pyproject.toml's [tool.mypy] states (cached in .mypy_cache)."""
+    check = run(str(BIN / "mypy"))
+    assert check.returncode == 0, check.stdout[-4000:]
+
+
 def test_ruff_check_and_format():
     check = run(str(BIN / "ruff"), "check", "src", "tests", "tools", "docs", "workflow/scripts", "scripts/gpu-check")
     assert check.returncode == 0, check.stdout[-2000:]
