@@ -81,7 +81,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     manifest = provision(LlamacppSettings(bin_dir=args.bin_dir), log_path)
     print(f"probing {meta.name} at {args.ctx} tokens with real loads (llama.cpp's output: {log_path})")
     workload = request.workload(args.ctx, "rpc")  # the probe's own: llama-bench's logits, no op offload asked
-    target = DeviceTarget(args.device, "", parse_size(args.vram, "--vram"))
+    vram = parse_size(args.vram, "--vram")
+    target = DeviceTarget(args.device, "", vram)
     settings = TuneSettings(args.safety_layers, args.timeout, args.threads)
     result, record = tune_model(
         model_name=meta.name,
@@ -89,7 +90,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         meta=meta,
         workload=workload,
         target=target,
-        memory=Device(target.vram_bytes, None),  # the margin: the device's backend's default
+        memory=Device(vram, None),  # the margin: the device's backend's default
         probing=Probing(settings, manifest, log_path, Path.cwd()),
     )
     print(f"predicted minimum --n-cpu-moe: {result.predicted_n}; probed on {record['device']}")

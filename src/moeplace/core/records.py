@@ -125,14 +125,14 @@ class BenchRecord(Provenance, total=False):
     device_cap_bytes: int | None
     device_caps_bytes: list[int]
     host_slowdown: float
-    others_running: int | None
+    others_running: float | None
     contended: bool | None
     # llama.cpp's own accounting from its -v log (measure/bench_record.parse_log)
     kv_contexts: list[KvContext]
     buffers: dict[str, dict[str, int]] | None  # buffer name -> kind -> bytes, of the largest context
     tensor_buffers: dict[str, str]  # overridden tensor -> its buffer
     cpu_tensors: list[str]
-    batches: list[int]
+    batches: int  # llama-bench processes the test took (each a batch of repetitions)
     precision_target: float | None
     # the test and its statistics
     test: str  # "tg" or "pp"

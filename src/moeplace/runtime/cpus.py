@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from ..core.errors import MoeplaceError
 from .native import build_native
@@ -65,7 +66,16 @@ def others_running(seconds: float = 1.0, interval: float = 0.1) -> float | None:
         time.sleep(interval)
 
 
-def wait_for_quiet(max_wait_s: float) -> dict[str, float | bool | None]:
+class Quiet(TypedDict):
+    """What wait_for_quiet saw: the other runnable tasks (None: unknown), how long it waited, whether the run is
+    contended (None: unknown)."""
+
+    others_running: float | None
+    quiet_wait_s: float
+    contended: bool | None
+
+
+def wait_for_quiet(max_wait_s: float) -> Quiet:
     """Wait up to `max_wait_s` for the other runnable tasks to fall below BUSY; what was seen, for the record
     (contended None: this machine does not say, /proc/stat being unreadable)."""
     start = time.monotonic()
