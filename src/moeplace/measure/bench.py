@@ -22,7 +22,7 @@ from ..core.config import BenchSettings
 from ..core.records import BenchRecord, FileRecord, LlamaBenchRow, Provenance
 from ..core.stats import repetitions_for
 from ..runtime.build import Build
-from ..runtime.cpus import split_cpus, wait_for_quiet
+from ..runtime.cpus import Quiet, split_cpus, wait_for_quiet
 from ..runtime.device import PROGRESS, DeviceSetup, HostSide, attached, bound_rules, host_side
 from ..runtime.llama_names import is_host
 from ..runtime.llamacpp import Placement, bench_command
@@ -100,7 +100,7 @@ class _Session:
     facts: Provenance
     side: Path | None  # where each arm's records go once it is done (run_sweep)
     done: dict[int, list[BenchRecord]]  # each finished arm's records, by its n
-    quiet: list[dict[str, float | bool | None]] = field(default_factory=list)  # cpus.wait_for_quiet's findings
+    quiet: list[Quiet] = field(default_factory=list)  # cpus.wait_for_quiet's findings
 
     def finish(self, arms: list[Arm]) -> None:
         """Record the arms that are done (each once), to the side file at once: kept whatever happens next."""
@@ -153,7 +153,7 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig, side: Path | None = 
         return [r for n in sorted(kept) for r in kept[n]]
     baseline = Arm(job.paired_n_cpu_moe, None) if job.paired_n_cpu_moe is not None else None
     refused, t0 = refusal(settings.flash_attn, settings.type_v), time.monotonic()  # refused: recorded, never run
-    arms = [Arm(n, job.overrides, failure=refused and (UNSUPPORTED, refused, "")) for n in todo]
+    arms = [Arm(n, job.overrides, failure=(UNSUPPORTED, refused, "") if refused else None) for n in todo]
     done: dict[int, list[BenchRecord]] = {}  # each finished arm's records (_Session.finish)
     with (
         said_what_is_kept(side, f"{job.model_name} at {job.ctx:,} tokens", len(set(n_values)), len(kept), done),
@@ -200,17 +200,18 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
 
 def _measure_paired(s: _Session, rpc: str | None) -> None:
     """Batches of the arm and its baseline, one process each, interleaved until the difference is precise."""
-    reps, (arm,) = s.rig.settings.repetitions, s.arms
+    reps, (arm,), baseline = s.rig.settings.repetitions, s.arms, s.baseline
+    assert baseline is not None  # a paired session's
     while not arm.failure:
-        for a in (s.baseline, arm):
+        for a in (baseline, arm):
             _batch(s, [a], rpc, 1, None, reps)
             if a.failure:
                 break
         if arm.failure:
             return
-        if s.baseline.failure:  # nothing to pair with: measure this placement alone
+        if baseline.failure:  # nothing to pair with: measure this placement alone
             log.warning(
-                "the -ncmoe %d baseline failed (%s); measuring unpaired", s.baseline.n_cpu_moe, s.baseline.failure[1]
+                "the -ncmoe %d baseline failed (%s); measuring unpaired", baseline.n_cpu_moe, baseline.failure[1]
             )
             s.baseline = None
             _measure_shared(s, rpc)
@@ -310,12 +311,13 @@ def _add_rows(arms: list[Arm], printed: list[list[LlamaBenchRow]], logs: list[st
 def _paired_repetitions(s: _Session) -> int:
     """How many repetitions the next batch of the arm and its baseline gets each (0: stop): none once the
     difference is precise enough."""
-    settings, (arm,) = s.rig.settings, s.arms
-    if not settings.adaptive or precise_enough(arm.samples, s.baseline.samples, settings.precision):
+    settings, (arm,), baseline = s.rig.settings, s.arms, s.baseline
+    assert baseline is not None  # a paired session's
+    if not settings.adaptive or precise_enough(arm.samples, baseline.samples, settings.precision):
         return 0
     n = len(arm.samples["tg"])
     # A difference of two means is as precise as each mean is to precision / sqrt(2).
-    pair = (s.baseline, arm)
+    pair = (baseline, arm)
     wanted = max(repetitions_for(a.samples[t], settings.precision / math.sqrt(2)) for a in pair for t in s.tests) - n
     fixed_s, repetition_s = (max(c) for c in zip(*(a.costs() for a in pair)))
     left_s = settings.time_budget_s * 2 - (time.monotonic() - s.t0)

@@ -44,7 +44,7 @@ def parse_log(stderr: str) -> ParsedLog:
 
 
 def measured_record(
-    base: BenchRecord, test: str, arm: Arm, baseline: Arm | None, settings: BenchSettings, contended: bool
+    base: BenchRecord, test: str, arm: Arm, baseline: Arm | None, settings: BenchSettings, contended: bool | None
 ) -> BenchRecord:
     """The record of one test of `arm`: the statistics of its repetitions, or its failure."""
     samples = arm.samples.get(test) or []

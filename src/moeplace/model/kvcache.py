@@ -11,7 +11,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..core.errors import MoeplaceError
 from ..runtime.llamacpp_args import DEFAULT_CACHE_TYPE, DEFAULT_UBATCH
-from .meta import ModelMeta, SeedModel
+from .meta import Model, SeedModel
 
 CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 KV_PAD = 256  # llama.cpp pads cache sizes to 256 cells
@@ -39,7 +39,7 @@ def cells(ctx: int, window: int = 0, n_ubatch: int = DEFAULT_UBATCH, n_seq: int 
 
 
 def layer_kv_bytes(
-    meta: ModelMeta,
+    meta: Model,
     ctx: int,
     type_k: str = DEFAULT_CACHE_TYPE,
     type_v: str = DEFAULT_CACHE_TYPE,
@@ -64,7 +64,7 @@ def layer_kv_bytes(
 
 
 def kv_bytes(
-    meta: ModelMeta,
+    meta: Model,
     ctx: int,
     type_k: str = DEFAULT_CACHE_TYPE,
     type_v: str = DEFAULT_CACHE_TYPE,
@@ -73,7 +73,7 @@ def kv_bytes(
     return sum(layer_kv_bytes(meta, ctx, type_k, type_v, n_ubatch))
 
 
-def kv_bytes_per_token(meta: ModelMeta, type_k: str = DEFAULT_CACHE_TYPE, type_v: str = DEFAULT_CACHE_TYPE) -> float:
+def kv_bytes_per_token(meta: Model, type_k: str = DEFAULT_CACHE_TYPE, type_v: str = DEFAULT_CACHE_TYPE) -> float:
     """Bytes per token of context for full-attention layers (windowed layers excluded)."""
     if isinstance(meta, SeedModel):
         return kv_bytes(meta, 1, type_k, type_v)

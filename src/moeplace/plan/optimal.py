@@ -65,9 +65,9 @@ def objective_score(objective: str, tg: dict[str, float] | None, pp: dict[str, f
     """What a placement is ranked by: decode or prefill tok/s, or for mix:W the tokens per second of a workload
     spending the share W of its tokens in decode and the rest in prefill (None: the model cannot say)."""
     if objective == "decode":
-        return tg and tg["tok_s"]
+        return None if tg is None else tg["tok_s"]
     if objective == "prefill":
-        return pp and pp["tok_s"]
+        return None if pp is None else pp["tok_s"]
     weight = float(objective.split(":", 1)[1])
     if not tg or not pp:
         return None

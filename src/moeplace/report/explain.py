@@ -84,7 +84,7 @@ def experts_on_host(report: LogReport, text: str = "") -> ExpertsOnHost | None:
     if not report.overridden:
         return None
     host = [name for name, buffer in report.overridden.items() if is_host(buffer) and _EXPERT.match(name)]
-    per_layer = Counter(int(_EXPERT.match(name)[1]) for name in host)
+    per_layer = Counter(int(m[1]) for name in host if (m := _EXPERT.match(name)))
     seen = list(per_layer)
     skips = any(b - a > 1 for a, b in zip(seen, seen[1:])) or len(set(per_layer.values())) > 1
     layers = sorted(seen)
@@ -153,6 +153,7 @@ def _cause(report: LogReport, text: str) -> str:
     """Why the allocation failed: allocation-limit (one allocation over a driver's limit, with room to spare),
     pipeline-copies (a compute buffer multiplied by pipeline parallelism's copies), or memory (too little)."""
     oom = report.oom
+    assert oom is not None  # an out-of-memory log's
     if _LIMIT_SAYS.search(text):
         return "allocation-limit"
     free = report.free_at_load.get(oom.device or "")
@@ -176,6 +177,7 @@ def _copies_on(report: LogReport, text: str) -> bool:
 def _why(report: LogReport, cause: str, args: CommandArgs, text: str) -> tuple[str, str]:
     """What happened and what to do about it, in words."""
     oom = report.oom
+    assert oom is not None  # an out-of-memory log's
     asked = f" ({oom.requested_bytes / MiB:,.2f} MiB asked)" if oom.requested_bytes else ""
     where = oom.device or "the device"
     held = report.buffers.devices.get(oom.device or "", {})
@@ -251,9 +253,9 @@ def _fix(report: LogReport, args: CommandArgs) -> str:
     line = ["moeplace", "recommend", model, "--vram", vram, "--ctx", str(ctx)]
     if report.backend in BACKEND_NAMES:  # a backend recommend plans for
         line += ["--backend", report.backend]
-    for flag, key in (("--ubatch", "ubatch"), ("--parallel", "parallel")):
-        if (_number(args.get(key)) or 0) > 0:
-            line += [flag, args[key]]
+    for flag, value in (("--ubatch", args.get("ubatch")), ("--parallel", args.get("parallel"))):
+        if value is not None and (_number(value) or 0) > 0:
+            line += [flag, value]
     if _FLASH.get(str(args.get("flash_attn", "")).lower()):
         line += ["--flash-attn", _FLASH[args["flash_attn"].lower()]]
     for rule in args.get("ot", []):
@@ -263,9 +265,11 @@ def _fix(report: LogReport, args: CommandArgs) -> str:
 
 
 def _error(report: LogReport) -> dict[str, str]:
-    hint = next((h for pattern, h in _ERROR_HINTS if pattern.search(report.error)), None)
+    error = report.error
+    assert error is not None  # a log that stopped with an error
+    hint = next((h for pattern, h in _ERROR_HINTS if pattern.search(error)), None)
     todo = hint or "search llama.cpp's issues for this line; moving memory around will not fix it"
-    return {"line": report.error, "why": "llama.cpp stopped with an error that is not about memory.", "todo": todo}
+    return {"line": error, "why": "llama.cpp stopped with an error that is not about memory.", "todo": todo}
 
 
 class Explanation(TypedDict, total=False):
@@ -372,6 +376,7 @@ _VERBOSE = re.compile(
 def _out_of_memory(report: LogReport, args: CommandArgs, text: str) -> tuple[dict[str, str | float | None], str]:
     """Where the run ran out of memory, why, and what to do; and the fix (the `recommend` line that plans it)."""
     oom = report.oom
+    assert oom is not None  # an out-of-memory log's
     requested = round(oom.requested_bytes / MiB, 2) if oom.requested_bytes else None
     cause = _cause(report, text)
     why, todo = _why(report, cause, args, text)

@@ -22,7 +22,7 @@ import pandas as pd
 import yaml
 
 from ..core.errors import MoeplaceError
-from ..core.records import BenchRecord, JsonObject, Row
+from ..core.records import BenchRecord, Cell, JsonObject, Row
 from ..runtime.outputs import atomic_dir, atomic_path
 from ..runtime.process import run
 from .bench_sqlite import SQLITE, read_sqlite, sqlite_row, write_sqlite
@@ -55,7 +55,8 @@ DataDictionary: TypeAlias = dict[str, TableEntry]
 
 
 def load_dictionary(path: str | Path) -> DataDictionary:
-    return yaml.safe_load(Path(path).read_text())
+    dictionary: DataDictionary = yaml.safe_load(Path(path).read_text())
+    return dictionary
 
 
 def table_name(relpath: str) -> str:
@@ -254,8 +255,8 @@ COMPARABLE = ("prompt", "gen")  # bench settings that must agree for runs to sit
 def merge(folders: list[Path], out: Path, dictionary: DataDictionary) -> Path:
     """One published directory from several (hosts, devices, builds): every run once, with each directory it came
     from; a model name that means different files, or bench settings that differ, is refused."""
-    rows: dict[tuple, Row] = {}
-    models: dict[str, tuple[str, Path]] = {}
+    rows: dict[tuple[Cell, ...], Row] = {}
+    models: dict[str, tuple[Cell, Path]] = {}
     bench: tuple[JsonObject, Path] | None = None
     sources = []
     for folder in folders:
@@ -270,16 +271,16 @@ def merge(folders: list[Path], out: Path, dictionary: DataDictionary) -> Path:
             )
         bench = bench or (settings, folder)
         for row in read_sqlite(folder / SQLITE):
-            sha = row["model_header_sha256"]
-            first = models.setdefault(row["model"], (sha, folder))
+            model, sha = str(row["model"]), row["model_header_sha256"]
+            first = models.setdefault(model, (sha, folder))
             if first[0] != sha:
                 raise MoeplaceError(
-                    f"{folder}: model {row['model']!r} is a different file than in {first[1]} (header "
+                    f"{folder}: model {model!r} is a different file than in {first[1]} (header "
                     f"{str(sha)[:12]} vs {str(first[0])[:12]}); give one of them another name before merging."
                 )
             key = tuple(row[k] for k in MERGE_KEY) + (row["test_time"],)
             if key in rows:
-                rows[key]["provenance"] += f";{row['provenance']}"
+                rows[key]["provenance"] = f"{rows[key]['provenance']};{row['provenance']}"
             else:
                 rows[key] = row
     merged = pd.DataFrame(list(rows.values()))
@@ -289,9 +290,9 @@ def merge(folders: list[Path], out: Path, dictionary: DataDictionary) -> Path:
         merged[MERGED_COLUMNS].to_csv(tmp / "tables/merged.csv", index=False)
         write_sqlite(list(rows.values()), tmp / SQLITE)
         figures = {}
-        for (model, ctx), runs in merged[merged.variant == "ncmoe"].groupby(["model", "ctx"]):
-            rel = f"figures/merged_{model}_{ctx}.png"
-            merged_figure(runs, tmp / rel, f"{model}, {ctx} tokens: decode by host and device")
+        for (name, ctx), runs in merged[merged.variant == "ncmoe"].groupby(["model", "ctx"]):
+            rel = f"figures/merged_{name}_{ctx}.png"
+            merged_figure(runs, tmp / rel, f"{name}, {ctx} tokens: decode by host and device")
             figures[rel] = tmp / rel
         (tmp / "DATA.md").write_text(data_md(dictionary, ["merged"]))
         facts = {"name": out.name, "merged_from": sources}

@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 import pandas as pd
 
 from ...core.units import Context
@@ -75,7 +76,7 @@ def ncmoe_figure(compare: pd.DataFrame, measured: pd.DataFrame, ctx: int, test: 
     plt.close(fig)
 
 
-def _mark_failed(ax: plt.Axes, ok: pd.DataFrame, failed: pd.DataFrame) -> None:
+def _mark_failed(ax: Axes, ok: pd.DataFrame, failed: pd.DataFrame) -> None:
     """Shade what was measured not to fit: each n that ran out of memory, and below the smallest n that ran every
     n under the largest OOM there (fewer experts on the host need more of the device). Every failed run's status
     at its n; a crash, a timeout, an error or a refused setting is named as such, never drawn as out of memory."""
@@ -91,7 +92,7 @@ def _mark_failed(ax: plt.Axes, ok: pd.DataFrame, failed: pd.DataFrame) -> None:
         ax.plot([], [], ls="none", marker="x", color="dimgray", label=f"{status} at n = {at}: failed, not for memory")
     for r in failed.itertuples():
         ax.annotate(
-            r.status.upper(),
+            str(r.status).upper(),
             (r.n_cpu_moe, 0),
             xytext=(0, 4),
             textcoords="offset points",
@@ -102,7 +103,7 @@ def _mark_failed(ax: plt.Axes, ok: pd.DataFrame, failed: pd.DataFrame) -> None:
         )
 
 
-def _plot_predicted(ax: plt.Axes, p: pd.DataFrame, test: str) -> None:
+def _plot_predicted(ax: Axes, p: pd.DataFrame, test: str) -> None:
     """The speed model's out-of-sample prediction of each point (`p`: the rows that have one), with its band."""
     if not len(p):
         return
@@ -125,7 +126,7 @@ def _interval(ok: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     return low.fillna(ok.median_ts - ok.stddev_ts), high.fillna(ok.median_ts + ok.stddev_ts)
 
 
-def _scale_to_measured(ax: plt.Axes, ok: pd.DataFrame, predicted: pd.DataFrame, test: str) -> None:
+def _scale_to_measured(ax: Axes, ok: pd.DataFrame, predicted: pd.DataFrame, test: str) -> None:
     """The y axis spans what was measured (with room for its spread); a prediction or interval beyond it is cut
     at the top and marked there, so a wide interval never flattens the points."""
     if not len(ok):
