@@ -34,7 +34,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
                 + ", ".join("--" + m.replace("_", "-") for m in missing)
                 + " for the constants mode."
             )
-        constants = Constants(*(getattr(args, f) for f in _CONSTANTS), overhead_gb=args.overhead_gb)
+        constants = Constants(**{f: getattr(args, f) for f in _CONSTANTS}, overhead_gb=args.overhead_gb)
     elif given:
         raise MoeplaceError(
             f"--{given[0].replace('_', '-')} belongs to the constants mode, which has no model file: "

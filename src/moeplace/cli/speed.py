@@ -82,8 +82,11 @@ def cmd_predict(args: argparse.Namespace) -> None:
     print(f"{'n_cpu_moe':>9} {'depth':>7}  {'decode tok/s (95%)':>26}  {'prefill tok/s (95%)':>26}")
     for r in rows:
         cells = [
-            "-" if r[f"{t}_tok_s"] is None else f"{r[f'{t}_tok_s']:.1f} ({r[f'{t}_low']:.1f}-{r[f'{t}_high']:.1f})"
-            for t in ("tg", "pp")
+            "-" if tok_s is None else f"{tok_s:.1f} ({low:.1f}-{high:.1f})"
+            for tok_s, low, high in (
+                (r["tg_tok_s"], r["tg_low"], r["tg_high"]),
+                (r["pp_tok_s"], r["pp_low"], r["pp_high"]),
+            )
         ]
         print(f"{r['n_cpu_moe']:>9} {r['depth']:>7}  {cells[0]:>26}  {cells[1]:>26}")
 

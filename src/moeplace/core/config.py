@@ -335,16 +335,23 @@ def _stages(config: JsonObject) -> Stages:
 def parse_settings(config: JsonObject) -> Settings:
     """The validated config (defaults filled) as typed values; MoeplaceError names a bad field."""
     dev = config["device"]
-    sizes = dev["vram"] if isinstance(dev["vram"], list) else [dev["vram"]]
-    vram, *others = [None if v == "auto" else parse_size(v, "config device.vram") for v in sizes]
+    vram: int | None
+    if isinstance(dev["vram"], list):  # several devices: sizes only (the schema's)
+        vram, *others = [parse_size(v, "config device.vram") for v in dev["vram"]]
+    else:
+        vram, others = None if dev["vram"] == "auto" else parse_size(dev["vram"], "config device.vram"), []
     contexts = tuple(Context(c) for c in config["contexts"])
     bench = _bench(config)
     routing, quants, n_cpu_moe = config["routing"], config["quants"], config["bench"]["n_cpu_moe"]
     return Settings(
         contexts=contexts,
         device=DeviceTarget(dev["kind"], dev["name"], vram, dev["host_slowdown"], tuple(others)),
+        # device.vram auto stays None here until a job asks the GPU (budget.compute_from_llamacpp, device.margin_on
+        # read it so): the one Device whose size is not yet known, which the planners never see.
         memory=Device(
-            vram, None if dev["margin"] == "auto" else parse_size(dev["margin"], "config device.margin"), tuple(others)
+            vram,  # type: ignore[arg-type]
+            None if dev["margin"] == "auto" else parse_size(dev["margin"], "config device.margin"),
+            tuple(others),
         ),
         bandwidths=_bandwidths(config),
         bench=bench,

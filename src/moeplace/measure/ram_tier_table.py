@@ -109,7 +109,7 @@ def predicted_column(
             return math.nan
         weight_ram = None if pd.isna(pct) else round(max(pct, 0) / 100 * model_bytes)
         try:
-            return ram_tier_tok_s(meta, weight_ram, ddr_gbps, disk_gbps)  # type: ignore[arg-type]
+            return ram_tier_tok_s(meta, weight_ram, ddr_gbps, disk_gbps)
         except MoeplaceError:  # pages from disk, but no disk bandwidth
             return math.nan
 

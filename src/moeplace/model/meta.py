@@ -82,9 +82,9 @@ class _Model:
     n_expert_used: int
     n_expert_shared: int
     n_ctx_train: int
-    expert_bytes: float
-    non_expert_bytes: float
-    total_bytes: float
+    expert_bytes: int
+    non_expert_bytes: int
+    total_bytes: int
     global_bytes: dict[str, int]
     quant_types: dict[str, int]
     layers: list[Layer]
@@ -110,11 +110,8 @@ class _Model:
 
 @dataclass(frozen=True)
 class ModelMeta(_Model):
-    """A GGUF model's header, as bytes and shapes: whole bytes, always with its attention shape."""
+    """A GGUF model's header, as bytes and shapes: always with its attention shape."""
 
-    expert_bytes: int
-    non_expert_bytes: int
-    total_bytes: int
     attention: Attention
 
 

@@ -9,7 +9,7 @@ tensors: there, as in the seed, a fixed overhead stands in for the compute buffe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,7 +32,7 @@ from ..model.memory import (
     host_layer_count,
     minimum_n,
 )
-from ..model.meta import ModelMeta, is_seed
+from ..model.meta import Model, SeedModel, is_seed
 from ..runtime.allocation import reserve
 from ..runtime.build import Build
 from ..runtime.cpus import split_cpus
@@ -75,7 +75,8 @@ NOTHING_BESIDE = Beside()
 
 
 class BudgetRow(TypedDict, total=False):
-    """One workload's budget: a row of results/budget/*.csv before its GB columns (recommend's JSON adds to it)."""
+    """One workload's budget: a row of results/budget/*.csv, its GB columns once budget_frame adds them
+    (recommend's JSON adds to it)."""
 
     ctx: int
     cells: int
@@ -105,7 +106,7 @@ class BudgetRow(TypedDict, total=False):
     pool_used_bytes: int
 
 
-def resident_layers(meta: ModelMeta, budget_bytes: float) -> int:
+def resident_layers(meta: Model, budget_bytes: float) -> int:
     """How many of the last layers keep their experts on the device within the budget."""
     used, resident = 0.0, 0
     for layer in reversed(meta.layers):
@@ -116,7 +117,7 @@ def resident_layers(meta: ModelMeta, budget_bytes: float) -> int:
     return resident
 
 
-def _constants_plan(meta: ModelMeta, device: Device, w: Workload) -> BudgetRow:
+def _constants_plan(meta: SeedModel, device: Device, w: Workload) -> BudgetRow:
     kv = kv_bytes(meta, w.ctx, w.type_k, w.type_v) * w.parallel
     budget = device.vram_bytes - meta.non_expert_bytes - kv - device.kept_free
     fits = budget >= 0
@@ -132,7 +133,7 @@ def _constants_plan(meta: ModelMeta, device: Device, w: Workload) -> BudgetRow:
 
 
 def plan(
-    meta: ModelMeta,
+    meta: Model,
     device: Device,
     w: Workload,
     compute: Compute = None,
@@ -182,14 +183,14 @@ def plan(
         }
         row |= _beside_row(meta, w, beside, shown, shown_n, pins, device.kept_free)
     row["margin_bytes"] = device.kept_free
-    fits = row["n_cpu_moe"] is not None
-    if not fits:
+    fitted = row["n_cpu_moe"]
+    if fitted is None:
         row["resident_layers"] = 0
     elif is_seed(meta):  # the seed's constants: no tensors, no pins
-        row["resident_layers"] = meta.n_layer - row["n_cpu_moe"]
+        row["resident_layers"] = meta.n_layer - fitted
     else:  # layers with every expert on the device, after the pins
-        row["resident_layers"] = meta.n_layer - host_layer_count(meta, pins.host_set(meta, row["n_cpu_moe"]))
-    row["status"] = FITS if fits else DOES_NOT_FIT
+        row["resident_layers"] = meta.n_layer - host_layer_count(meta, pins.host_set(meta, fitted))
+    row["status"] = FITS if fitted is not None else DOES_NOT_FIT
     return row
 
 
@@ -237,8 +238,8 @@ def does_not_fit_message(p: BudgetRow, vram_bytes: int) -> str:
             f"OS keeps), {(used - ram) / GB:.2f} GB more than there is: experts on the CPU do not help; what would fit:"
         )
     parts = f"its KV cache ({p['kv_bytes'] / GB:.2f} GB)"
-    if p.get("compute_bytes") is not None:
-        parts += f", compute buffer ({p['compute_bytes'] / GB:.2f} GB)"
+    if (compute := p.get("compute_bytes")) is not None:
+        parts += f", compute buffer ({compute / GB:.2f} GB)"
     advice = "reduce the context or quantize the KV cache." if p["compute_source"] == "overhead" else "what would fit:"
     return (
         f"context {p['ctx']} does not fit in {vram_bytes / GB:.2f} GB even with every expert on the host: {parts} "
@@ -326,12 +327,12 @@ COLUMNS = [
 ]
 
 
-def budget_table(meta: ModelMeta, device: Device, workloads: list[Workload], compute: Compute = None) -> pd.DataFrame:
+def budget_table(meta: Model, device: Device, workloads: list[Workload], compute: Compute = None) -> pd.DataFrame:
     """Memory only (speeds are the predict stage's): a new bandwidth never reruns what depends on the budget."""
     return budget_frame([plan(meta, device, w, compute) for w in workloads])
 
 
-def budget_frame(rows: list[BudgetRow], extra: tuple[str, ...] = ()) -> pd.DataFrame:
+def budget_frame(rows: Sequence[BudgetRow], extra: tuple[str, ...] = ()) -> pd.DataFrame:
     """The budget table of these rows: COLUMNS, their sizes also in GB, then the `extra` columns."""
     import pandas as pd  # here, not at the top: recommend's start-up would pay half a second for a table it never makes
 

@@ -66,7 +66,7 @@ def predict_table(meta: Model, bw: Bandwidths, model: SpeedModel | None = None) 
     return pd.DataFrame(rows)
 
 
-def ram_tier_tok_s(meta: ModelMeta, weight_ram_bytes: int | None, ddr_gbps: float, disk_gbps: float) -> float:
+def ram_tier_tok_s(meta: ModelMeta, weight_ram_bytes: int | None, ddr_gbps: float, disk_gbps: float | None) -> float:
     """CPU-only decode with `weight_ram_bytes` of page cache for the weights (None: all of them).
 
     Non-expert tensors are read every token, so they stay resident (or are locked); the experts
@@ -113,12 +113,12 @@ def predicted_speeds(
                     n_cpu_moe=n,
                     depth=depth,
                     ubatch=ubatch,
-                    tg_tok_s=tg and tg["tok_s"],
-                    tg_low=tg and tg["low"],
-                    tg_high=tg and tg["high"],
-                    pp_tok_s=pp and pp["tok_s"],
-                    pp_low=pp and pp["low"],
-                    pp_high=pp and pp["high"],
+                    tg_tok_s=None if tg is None else tg["tok_s"],
+                    tg_low=None if tg is None else tg["low"],
+                    tg_high=None if tg is None else tg["high"],
+                    pp_tok_s=None if pp is None else pp["tok_s"],
+                    pp_low=None if pp is None else pp["low"],
+                    pp_high=None if pp is None else pp["high"],
                 )
             )
     return rows

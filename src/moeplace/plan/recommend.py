@@ -18,7 +18,7 @@ from ..core.records import JsonObject
 from ..core.units import GB, Context, parse_size
 from ..model.describe import structure
 from ..model.memory import NO_PINS, Pins, Workload, host_bytes
-from ..model.meta import ModelMeta
+from ..model.meta import Model, ModelMeta, is_seed
 from ..model.metadata import from_constants, inspect_model
 from ..runtime.backend import FreeMemory, gpu_free_memory
 from ..runtime.cpus import split_cpus
@@ -133,7 +133,7 @@ class Setup:
     """A request made concrete for one model on one device: what every context's plan shares."""
 
     request: Request
-    meta: ModelMeta
+    meta: Model
     device: Device
     a: Assumptions | None  # None: the seed's constants
     pins: Pins
@@ -143,6 +143,18 @@ class Setup:
     @property
     def backend(self) -> str:
         return self.a.backend if self.a else ""
+
+    @property
+    def header(self) -> ModelMeta:
+        """The model file's header: speeds, lines and placements are a model file's (the seed's constants have none)."""
+        assert not is_seed(self.meta)
+        return self.meta
+
+    @property
+    def model(self) -> str:
+        """The model as the request names it: a path, a URL or ollama:NAME (the seed's constants name none)."""
+        assert self.request.model is not None
+        return self.request.model
 
     def fitted(self, r: Request, ctx: int, pool: Pool | None = None) -> int | None:
         """The budget's minimum --n-cpu-moe for request `r` at `ctx` (None: nothing fits), by the estimate, its draft
@@ -157,6 +169,7 @@ def recommend(request: Request) -> Recommendation:
     """Plan the request: every context's plan with its buffers, speeds and command lines."""
     if request.constants is not None:
         return _plan_contexts(_constants(request), list(request.contexts), ())
+    assert request.model is not None  # a model file, where not the constants
     meta = inspect_model(request.model)
     rope = check_trained_context(meta, request.contexts)
     sizes, where, free = _several_cards(request)
@@ -232,6 +245,7 @@ def llamacpp_compute(request: Request, pins: Pins) -> Iterator[tuple[budget_mod.
     log_path = Path(tempfile.gettempdir()) / "moeplace-recommend.log"
     manifest = provision(LlamacppSettings(bin_dir=request.bin_dir), log_path)
     setup = device_setup(DeviceTarget("auto", "", 2**50), manifest)  # a reserve allocates nothing: no cap needed
+    assert request.model is not None  # --reserve: a model file's
     with attached(setup, manifest, split_cpus(setup.kind == "emulated"), log_path) as rpc:
         main = budget_mod.reserved_compute(manifest, request.model, rpc, log_path, ",".join(pins.rules) or None)
         draft = request.draft.model and budget_mod.reserved_compute(manifest, request.draft.model, rpc, log_path)
@@ -241,8 +255,16 @@ def llamacpp_compute(request: Request, pins: Pins) -> Iterator[tuple[budget_mod.
 def _constants(request: Request) -> Setup:
     """The seed's script: the model as totals, the overhead its own constant."""
     c = request.constants
-    sizes = {"expert": f"{c.expert_gb}GB", "non_expert": f"{c.non_expert_gb}GB"}
-    meta = from_constants("constants", {"layers": c.layers, **sizes, "kv_bytes_per_token": c.kv_bytes_per_token})
+    assert c is not None  # the constants mode's request
+    meta = from_constants(
+        "constants",
+        {
+            "layers": c.layers,
+            "expert": f"{c.expert_gb}GB",
+            "non_expert": f"{c.non_expert_gb}GB",
+            "kv_bytes_per_token": c.kv_bytes_per_token,
+        },
+    )
     return Setup(request, meta, Device(round(c.vram_gb * GB), round(c.overhead_gb * GB)), None, NO_PINS, 0)
 
 
@@ -254,7 +276,7 @@ def _plan_contexts(setup: Setup, contexts: list[int], notes: tuple[str, ...]) ->
         ws = [r.workload(c, setup.backend) for c in contexts]
         plans = [budget_mod.plan(meta, device, w, compute, setup.extra_bytes, setup.pins, beside) for w in ws]
     model = (
-        speed_model(r.speeds, meta, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops, a.ddr_measured)
+        speed_model(r.speeds, setup.header, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops, a.ddr_measured)
         if a
         else None
     )
@@ -265,7 +287,7 @@ def _plan_contexts(setup: Setup, contexts: list[int], notes: tuple[str, ...]) ->
         r,
         tuple(complete),
         name=meta.name if a else "",
-        structure=structure(meta) if a else None,
+        structure=structure(setup.header) if a else None,
         assumptions=a,
         notes=notes,
         vram_bytes=setup.device.vram_bytes,
@@ -274,9 +296,10 @@ def _plan_contexts(setup: Setup, contexts: list[int], notes: tuple[str, ...]) ->
 
 def _complete(setup: Setup, p: Plan, model: SpeedModel | None) -> Plan:
     """A plan's speeds, host RAM, command lines, placements and assumptions, where it fits and a model is at hand."""
-    r, meta, a = setup.request, setup.meta, setup.a
+    r, a = setup.request, setup.a
     if a is None or model is None:
         return p
+    meta = setup.header
     p["assumptions"] = asdict(a)
     p["pins"] = list(setup.pins.rules)
     n = p["n_cpu_moe"]
@@ -337,9 +360,9 @@ def _server_line(
     r = setup.request
     mmproj = str(Path(r.mmproj).resolve()) if r.mmproj and absolute else r.mmproj
     draft = str(Path(r.draft.model).resolve()) if r.draft.model and absolute else r.draft.model
-    flags = commands.request_flags(setup.meta, ctx, mmproj, r.no_kv_offload, spec=setup.beside.spec_args(draft))
+    flags = commands.request_flags(setup.header, ctx, mmproj, r.no_kv_offload, spec=setup.beside.spec_args(draft))
     rules = (*setup.pins.rules, *([overrides] if overrides else []))
-    path, n = model_path(setup.meta, r.model), None if overrides else n_cpu_moe
+    path, n = model_path(setup.header, setup.model), None if overrides else n_cpu_moe
     if absolute and not is_remote(path):
         path = str(Path(path).resolve())
     return commands.llama_server(path, ctx, n, cache or r.cache(), rules, flags, n_gpu_layers)
@@ -347,18 +370,18 @@ def _server_line(
 
 def _bench_line(setup: Setup, ctx: int, n_cpu_moe: int) -> str:
     r = setup.request
-    flags = commands.request_flags(setup.meta, ctx, r.mmproj, r.no_kv_offload, "bench")
-    path, pins = model_path(setup.meta, r.model), list(setup.pins.rules)
+    flags = commands.request_flags(setup.header, ctx, r.mmproj, r.no_kv_offload, "bench")
+    path, pins = model_path(setup.header, setup.model), list(setup.pins.rules)
     return commands.llama_bench(path, ctx, n_cpu_moe, r.cache(), pins, extra=flags)
 
 
 def _ollama(setup: Setup, ctx: int, n_cpu_moe: int, server_line: str) -> str:
     """The Ollama Modelfile for one context (Ollama's own name for a model it pulled, else the file)."""
     r = setup.request
-    ref = r.model_ref or r.model
-    source = ref.removeprefix("ollama:") if ref.startswith("ollama:") else r.model
+    ref = r.model_ref or setup.model
+    source = ref.removeprefix("ollama:") if ref.startswith("ollama:") else setup.model
     flags = commands.request_flags(
-        setup.meta, ctx, r.mmproj, r.no_kv_offload, spec=setup.beside.spec_args(r.draft.model)
+        setup.header, ctx, r.mmproj, r.no_kv_offload, spec=setup.beside.spec_args(r.draft.model)
     )
     pins = list(setup.pins.rules)
     return commands.ollama_modelfile(source, ctx, n_cpu_moe, r.cache(), pins, ollama_version(), server_line, flags)
@@ -368,7 +391,7 @@ def _placements(setup: Setup, ctx: int, model: SpeedModel) -> list[RankedPlaceme
     """--placement optimal's ranked placements at `ctx`, each with its -ot value (the plan's own patterns; the
     user's pins stay as written, before them) and its llama-server line."""
 
-    on = OnDevice(setup.meta, setup.device, setup.backend, setup.extra_bytes, setup.pins, setup.beside)
+    on = OnDevice(setup.header, setup.device, setup.backend, setup.extra_bytes, setup.pins, setup.beside)
     ranked = rank_placements(on, setup.request, ctx, model)
     for row in ranked:
         rest = set(row["host_tensors"]) - setup.pins.host

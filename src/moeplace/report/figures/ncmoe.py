@@ -6,8 +6,8 @@ import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
 import pandas as pd
+from matplotlib.axes import Axes
 
 from ...core.units import Context
 from ...runtime.llamacpp_args import UNSUPPORTED
