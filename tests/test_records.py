@@ -11,8 +11,17 @@ from moeplace.model.memory import Workload
 from moeplace.model.metadata import inspect_model
 from moeplace.plan.budget import BudgetRow, plan
 
-# Keys only some bench records have: a paired sweep's baseline, nvidia-smi's view of the GPU.
-SOMETIMES = {"baseline_samples_ts", "gpu_processes", "gpus"}
+# Keys only some bench records have: a paired sweep's baseline, nvidia-smi's view of the GPU, the placement
+# stage's check of an -ot variant.
+SOMETIMES = {
+    "baseline_samples_ts",
+    "gpu_processes",
+    "gpus",
+    "host_expert_bytes",
+    "placement_match",
+    "placement_missing",
+    "placement_unexpected",
+}
 
 
 def test_a_bench_record_has_exactly_the_keys_benchrecord_declares(tmp_path):

@@ -75,8 +75,7 @@ NOTHING_BESIDE = Beside()
 
 
 class BudgetRow(TypedDict, total=False):
-    """One workload's budget: a row of results/budget/*.csv, its GB columns once budget_frame adds them
-    (recommend's JSON adds to it)."""
+    """One workload's budget: a row of results/budget/*.csv before its GB columns (recommend's JSON adds to it)."""
 
     ctx: int
     cells: int
@@ -336,8 +335,13 @@ def budget_frame(rows: Sequence[BudgetRow], extra: tuple[str, ...] = ()) -> pd.D
     """The budget table of these rows: COLUMNS, their sizes also in GB, then the `extra` columns."""
     import pandas as pd  # here, not at the top: recommend's start-up would pay half a second for a table it never makes
 
-    for p in rows:
-        p["kv_gb"] = p["kv_bytes"] / GB
-        p["compute_gb"] = p["compute_bytes"] / GB if p["compute_bytes"] is not None else None
-        p["budget_gb"] = p["budget_bytes"] / GB
-    return pd.DataFrame(rows, columns=COLUMNS + list(extra)).astype({"n_cpu_moe": "Int64"})
+    table = [
+        {
+            **p,
+            "kv_gb": p["kv_bytes"] / GB,
+            "compute_gb": p["compute_bytes"] / GB if p["compute_bytes"] is not None else None,
+            "budget_gb": p["budget_bytes"] / GB,
+        }
+        for p in rows
+    ]
+    return pd.DataFrame(table, columns=COLUMNS + list(extra)).astype({"n_cpu_moe": "Int64"})
