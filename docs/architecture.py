@@ -158,7 +158,8 @@ def layers() -> list[str]:
     order = " < ".join(f"`{layer}/`" for layer in LAYERS)
     lines = ["## Layers", "", f"Lowest first: {order} < `api.py` < `cli/`. A module imports only its own layer and",
              "the ones before it, with no import circle (`tests/test_architecture.py` checks the import graph, lazy",
-             "imports included); `runtime/` imports nothing above `core/`.", ""]  # fmt: skip
+             "imports included); `runtime/` imports nothing above `core/`. The package type-checks at mypy's",
+             "`--strict` (pyproject.toml's `[tool.mypy]`; `tests/test_lint.py` runs it).", ""]  # fmt: skip
     lines += [f"`api.py`, the library's calls (re-exported from `moeplace`): {docstring(PACKAGE / 'api.py')}", ""]
     for layer in LAYERS:
         lines += [f"### `{layer}/`: {docstring(PACKAGE / layer / '__init__.py')}", ""]
