@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 from ..core.errors import MoeplaceError
 from ..core.records import BenchRecord
@@ -36,12 +37,12 @@ def measured_before(
     latest: dict[tuple[int, str], BenchRecord] = {}
     for r in read_whole_jsonl(side):
         if all(r.get(k) == v for k, v in written.items()) and r.get("n_cpu_moe") in n_values:
-            latest[r["n_cpu_moe"], r["test"]] = r
+            latest[r["n_cpu_moe"], r["test"]] = cast(BenchRecord, r)  # a line the bench stage wrote
     by_n: dict[int, list[BenchRecord]] = {}
     for n in n_values:
         records = [latest.get((n, t)) for t in tests]
         if all(r is not None and r["status"] in KEPT_ON_RERUN for r in records):
-            by_n[n] = records
+            by_n[n] = [r for r in records if r is not None]
     return by_n
 
 

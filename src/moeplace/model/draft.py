@@ -226,7 +226,7 @@ def _vocab(h: GGUFHeader) -> dict[str, Any]:
     tokens = m.get("tokenizer.ggml.tokens")
     return {
         "type": m.get("tokenizer.ggml.model"),
-        "n": tokens["array_length"] if isinstance(tokens, dict) else len(tokens or []),
+        "n": tokens["array_length"] if isinstance(tokens, dict) else len(tokens) if isinstance(tokens, list) else 0,
         "tokens": tokens if isinstance(tokens, list) else None,
         "bos": (m.get("tokenizer.ggml.add_bos_token"), m.get("tokenizer.ggml.bos_token_id")),
         "eos": (m.get("tokenizer.ggml.add_eos_token"), m.get("tokenizer.ggml.eos_token_id")),

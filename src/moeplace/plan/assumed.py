@@ -105,6 +105,7 @@ def unified_pool(request: Request, backend: str) -> Pool:
     elif request.card:
         ram = card_named(request.card).memory_bytes
     else:
+        assert request.vram is not None  # a request names a card, or its memory
         ram = parse_size(request.vram[0], "--vram")
     if request.ram is not None and parse_size(request.ram, "--ram") != ram:
         raise MoeplaceError(

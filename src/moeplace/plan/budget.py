@@ -32,7 +32,7 @@ from ..model.memory import (
     host_layer_count,
     minimum_n,
 )
-from ..model.meta import Model, SeedModel, is_seed
+from ..model.meta import Model, ModelMeta, SeedModel, is_seed
 from ..runtime.allocation import reserve
 from ..runtime.build import Build
 from ..runtime.cpus import split_cpus

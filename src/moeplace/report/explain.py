@@ -248,7 +248,11 @@ def _fix(report: LogReport, args: CommandArgs) -> str:
     cards = sorted(set(report.buffers.devices) | set(report.free_at_load), key=device_order)
     if len(cards) > 1 or device_order(device or "")[1] > 0:  # several cards, planned together, each its memory
         sizes = [card_memory(report, card) for card in cards]
-        vram = ",".join(f"{size // MiB}MiB" for size in sizes) if len(sizes) > 1 and all(sizes) else "EACH_CARD,..."
+        vram = (
+            ",".join(f"{size // MiB}MiB" for size in sizes if size)
+            if len(sizes) > 1 and all(sizes)
+            else "EACH_CARD,..."
+        )
     ctx = report.n_ctx or (_number(args.get("ctx")) or None) or ollama_context(report.text) or "CONTEXT"
     line = ["moeplace", "recommend", model, "--vram", vram, "--ctx", str(ctx)]
     if report.backend in BACKEND_NAMES:  # a backend recommend plans for

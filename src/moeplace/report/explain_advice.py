@@ -192,9 +192,9 @@ def split_fix(report: LogReport, args: CommandArgs) -> str | None:
     spare = {card: free for card, free in room.items() if free is not None and free > 2 * 1024 * MiB}
     if not spare:
         return f"the split put too much on {oom.device}.{tail}".strip() if tail else None
-    free_at = {card: report.free_at_load.get(card) or report.card_memory.get(card) for card in cards}
+    free_at = {card: free for card in cards if (free := report.free_at_load.get(card) or report.card_memory.get(card))}
     split = ""
-    if all(free_at.values()):
+    if len(free_at) == len(cards):
         biggest = max(free_at.values())
         split = " (e.g. -ts " + ",".join(f"{round(10 * free_at[c] / biggest)}" for c in cards) + ", by free memory)"
     left = ", ".join(f"{card} {free / MiB:,.0f} MiB" for card, free in spare.items())

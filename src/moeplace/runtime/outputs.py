@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -128,7 +128,7 @@ def _end(log: logging.Logger, said: logging.Handler, message: str) -> NoReturn:
     sys.exit(f"moeplace: {message}")  # the job's one line on stderr, exit status 1
 
 
-def write_jsonl(path: str | Path, records: list[JsonObject]) -> None:
+def write_jsonl(path: str | Path, records: Sequence[Mapping[str, object]]) -> None:
     write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in records))
 
 
@@ -136,7 +136,7 @@ def read_jsonl(path: str | Path) -> list[JsonObject]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def append_jsonl(path: str | Path, records: list[JsonObject]) -> None:
+def append_jsonl(path: str | Path, records: Sequence[Mapping[str, object]]) -> None:
     """Add records to a JSON-lines file and wait until they are on disk (fsync): kept whatever happens next."""
     with Path(path).open("a") as f:
         f.write("".join(json.dumps(r, default=str) + "\n" for r in records))
