@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Self, TypeAlias
+from typing import TYPE_CHECKING, Self, TypeAlias, TypedDict
 
 from ..core.errors import MoeplaceError
 from ..core.records import FileRecord, JsonObject
@@ -35,6 +35,16 @@ class Layer:
     k_dim: int = 0
     v_dim: int = 0
     state_bytes: int = 0
+
+
+class LayerKV(TypedDict):
+    """What one layer keeps per token, as a header gives it: Layer's fields of these names."""
+
+    has_kv: bool
+    swa: bool
+    k_dim: int
+    v_dim: int
+    state_bytes: int
 
 
 @dataclass(frozen=True)

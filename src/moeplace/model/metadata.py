@@ -11,13 +11,13 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, TypedDict
+from typing import Any
 
 from ..core.config import SeedConstants
 from ..core.errors import MoeplaceError
 from ..core.units import parse_size
 from .gguf_file import GGUFHeader, quoted, read_header
-from .meta import GLOBALS, ROLES, Attention, Layer, ModelFile, ModelMeta, RopeYarn, SeedModel
+from .meta import GLOBALS, ROLES, Attention, Layer, LayerKV, ModelFile, ModelMeta, RopeYarn, SeedModel
 
 _LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 # Routed experts, as llama.cpp's --n-cpu-moe pattern sees them (weights, biases, scales).
@@ -160,19 +160,9 @@ def _recurrent_state_bytes(header: GGUFHeader, n_embd: int, n_head: int) -> int:
 _RECURRENT = ("ssm_", "shortconv.")
 
 
-class _LayerKV(TypedDict):
-    """What one layer keeps per token (meta.Layer's fields of that name)."""
-
-    has_kv: bool
-    swa: bool
-    k_dim: int
-    v_dim: int
-    state_bytes: int
-
-
 def _attention(
     header: GGUFHeader, n_layer: int, layer_names: list[set[str]], mtp: bool = False
-) -> tuple[Attention, list[_LayerKV]]:
+) -> tuple[Attention, list[LayerKV]]:
     """Attention/KV parameters as llama.cpp's KV cache sees them (llama-hparams.cpp), globally and per layer; `mtp`:
     as an MTP context's cache sees them (the NextN layers' KV, the trunk's none)."""
     path = header.paths[0]
@@ -195,7 +185,7 @@ def _attention(
     n_layer_main = n_layer - (header.arch_key("nextn_predict_layers", 0) or 0)
     swa = _swa_layers(header, n_layer)
     state = _recurrent_state_bytes(header, n_embd, n_head[0])
-    layers: list[_LayerKV] = []
+    layers: list[LayerKV] = []
     for il in range(n_layer):
         # A layer without K/V projections keeps no KV cache. A recurrent layer (Mamba, gated delta net, short
         # convolution) keeps a fixed state instead; in a gated-delta-net layer attn_qkv is the recurrence's input.
@@ -208,7 +198,7 @@ def _attention(
         k_len, v_len = (key_length_swa, value_length_swa) if swa[il] else (key_length, value_length)
         k_dim, v_dim = k_len * n_head_kv[il], 0 if mla else v_len * n_head_kv[il]
         layers.append(
-            _LayerKV(
+            LayerKV(
                 has_kv=has_kv,
                 swa=has_kv and swa[il],
                 k_dim=k_dim if has_kv else 0,

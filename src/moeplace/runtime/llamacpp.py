@@ -259,9 +259,7 @@ def provision(cfg: LlamacppSettings, log_file: Path, jobs: int | None = None) ->
     ]
     vulkan = "-DGGML_VULKAN=ON" in options
     software = backend.name == "lavapipe"
-    identity = build_identity() if vulkan else None
-    if identity is not None and software:
-        identity["lavapipe"] = True
+    identity = build_identity(lavapipe=software) if vulkan else None
     key = build_key(version, options, identity)
     env = runtime_env() if software else {}
     root = cache_root() / "llama.cpp"

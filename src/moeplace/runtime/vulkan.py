@@ -100,10 +100,14 @@ def headers_version() -> str | None:
     return None
 
 
-def build_identity() -> BuildIdentity:
-    """What keys a Vulkan build beside its CMake options: the patch, the headers and the shader compiler."""
+def build_identity(lavapipe: bool = False) -> BuildIdentity:
+    """What keys a Vulkan build beside its CMake options: the patch, the headers and the shader compiler (and that
+    it runs on lavapipe)."""
     glslc = _first(["glslc", "--version"], r"(.+)")
-    return {"patch": PATCH["sha256"], "vulkan_headers": headers_version(), "glslc": glslc}
+    identity: BuildIdentity = {"patch": PATCH["sha256"], "vulkan_headers": headers_version(), "glslc": glslc}
+    if lavapipe:
+        identity["lavapipe"] = True
+    return identity
 
 
 def lavapipe_devices() -> list[VulkanDevice]:
