@@ -200,19 +200,17 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
 
 def _measure_paired(s: _Session, rpc: str | None) -> None:
     """Batches of the arm and its baseline, one process each, interleaved until the difference is precise."""
-    reps, (arm,), baseline = s.rig.settings.repetitions, s.arms, s.baseline
-    assert baseline is not None  # a paired session's
+    reps, (arm,), base = s.rig.settings.repetitions, s.arms, s.baseline
+    assert base is not None  # a paired session's
     while not arm.failure:
-        for a in (baseline, arm):
+        for a in (base, arm):
             _batch(s, [a], rpc, 1, None, reps)
             if a.failure:
                 break
         if arm.failure:
             return
-        if baseline.failure:  # nothing to pair with: measure this placement alone
-            log.warning(
-                "the -ncmoe %d baseline failed (%s); measuring unpaired", baseline.n_cpu_moe, baseline.failure[1]
-            )
+        if base.failure:  # nothing to pair with: measure this placement alone
+            log.warning("the -ncmoe %d baseline failed (%s); measuring unpaired", base.n_cpu_moe, base.failure[1])
             s.baseline = None
             _measure_shared(s, rpc)
             return

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..core.backends import device_name
-from ..core.config import Device, DeviceTarget, LlamacppSettings
+from ..core.config import Device, DeviceTarget, LlamacppSettings, SeedConstants
 from ..core.errors import MoeplaceError
 from ..core.records import JsonObject
 from ..core.units import GB, Context, parse_size
@@ -256,15 +256,8 @@ def _constants(request: Request) -> Setup:
     """The seed's script: the model as totals, the overhead its own constant."""
     c = request.constants
     assert c is not None  # the constants mode's request
-    meta = from_constants(
-        "constants",
-        {
-            "layers": c.layers,
-            "expert": f"{c.expert_gb}GB",
-            "non_expert": f"{c.non_expert_gb}GB",
-            "kv_bytes_per_token": c.kv_bytes_per_token,
-        },
-    )
+    sizes: SeedConstants = {"expert": f"{c.expert_gb}GB", "non_expert": f"{c.non_expert_gb}GB"}
+    meta = from_constants("constants", {"layers": c.layers, **sizes, "kv_bytes_per_token": c.kv_bytes_per_token})
     return Setup(request, meta, Device(round(c.vram_gb * GB), round(c.overhead_gb * GB)), None, NO_PINS, 0)
 
 
