@@ -34,4 +34,7 @@ def test_a_bench_record_has_exactly_the_keys_benchrecord_declares(tmp_path):
 
 def test_a_budget_row_has_exactly_the_keys_budgetrow_declares(small_moe):
     row = plan(inspect_model(small_moe), Device(8 * 2**30, 2**28), Workload(4096, 512, "auto", "f16", "f16"))
-    assert set(row) == set(BudgetRow.__annotations__)
+    # a draft's buffers and a unified-memory pool's figures only where the plan has them (tests/test_draft.py)
+    beside = {"spec_type", "draft_weights_bytes", "draft_kv_bytes", "draft_compute_bytes", "pool_ram_bytes",
+              "pool_used_bytes"}  # fmt: skip
+    assert set(row) == set(BudgetRow.__annotations__) - beside
