@@ -24,8 +24,9 @@ from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
 from moeplace.plan import budget
 from moeplace.plan.fixes import fixes
+from moeplace.plan.learned_prior import Machine, speed_model
 from moeplace.plan.offload import read_pins
-from moeplace.plan.optimal import OnDevice, fits, rank_placements
+from moeplace.plan.optimal import OnDevice, advise, fits, rank_placements
 from moeplace.plan.request import Request, rope_args
 from moeplace.plan.speed import Bandwidths, prior
 
@@ -99,15 +100,23 @@ def test_the_plain_plan_fits_and_one_layer_less_does_not(metas, drawn, pin_layer
 
 
 @settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(requests(), st.sampled_from(["decode", "prefill", "mix:0.8"]))
-def test_every_optimal_placement_fits_by_the_plain_plans_own_budget(metas, drawn, objective):
+@given(requests(), st.sampled_from(["decode", "prefill", "mix:0.8"]), st.booleans())
+def test_every_optimal_placement_fits_by_the_plain_plans_own_budget(metas, drawn, objective, learned):
+    """... and the list is sorted by the objective's predicted speed; where the advice names a line other than the
+    user's own, it is one of those rows, and its gain's ~90% band lies above x1 (beyond the ratio band)."""
     name, request, device, backend = drawn
     meta = metas[name]
     request = request.with_(objective=objective, placement="optimal")
     ctx = request.contexts[0]
-    model = prior(Bandwidths(640, 57.6))
+    model = speed_model(meta, Machine("cuda", 640, 57.6, 31.5, 40)) if learned else prior(Bandwidths(640, 57.6))
     on = OnDevice(meta, device, backend)
-    for row in rank_placements(on, request, ctx, model):
+    ranked = rank_placements(on, request, ctx, model)
+    scores = [r["score"] or 0.0 for r in ranked]
+    assert scores == sorted(scores, reverse=True)
+    advice = advise(ranked, request, model)
+    if advice is not None and advice.gain is not None:
+        assert any(advice.use is r for r in ranked) and advice.use is not advice.yours and advice.gain.low > 1
+    for row in ranked:
         asked = request.with_(type_k=row["type_k"], type_v=row["type_v"], ubatch=row["ubatch"])
         if row["placement"] == "ngl":  # whole layers on the host: the layers left on the card fit it by their bytes
             on_card = meta.layers[meta.n_layer - row["n_gpu_layers"] :]
