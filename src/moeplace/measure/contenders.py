@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.config import BenchSettings, Device, DeviceTarget
-from ..core.records import BenchRecord
+from ..core.records import BenchRecord, JsonObject
 from ..core.stats import delta_interval
 from ..model.meta import ModelMeta
 from ..plan import commands
@@ -206,3 +206,42 @@ def tune_placements(
     if calibration and calibration["status"] == "calibrated":
         reranked = rank_placements(on, request, ctx, SpeedModel.from_json(calibration))
     return PlacementTune(ranked, raced, calibration, reranked)
+
+
+def race_record(found: PlacementTune, model: str, ctx: int, request: Request) -> JsonObject:
+    """The race as the pipeline's tune_placement stage writes it: each contender's placement, predicted and measured
+    speed (or failure) and its difference from the winner with that difference's 95% interval; the winner and its
+    llama-server line."""
+    raced = found.race
+    contenders = []
+    for i, c in enumerate(raced.contenders):
+        n, overrides, ngl = bench_placement(c.row)
+        delta = raced.intervals.get(i)
+        contenders.append(
+            {
+                "placement": c.row["placement"],
+                "n_cpu_moe": n,
+                "override_tensor": overrides,
+                "n_gpu_layers": ngl,
+                "type_k": c.row["type_k"],
+                "type_v": c.row["type_v"],
+                "ubatch": c.row["ubatch"],
+                "predicted": c.row["score"],
+                "measured": c.speed if c.rounds else None,
+                "rounds": c.rounds,
+                "failure": c.failure,
+                "winner_over_it": dict(zip(("delta", "low", "high"), delta)) if delta else None,
+            }
+        )
+    winner = raced.winner
+    return {
+        "model": model,
+        "ctx": ctx,
+        "objective": request.objective,
+        "rounds": raced.rounds,
+        "contenders": contenders,
+        "winner": raced.contenders.index(winner) if winner else None,
+        "clear": raced.clear,
+        "command": server_line(request.model or model, ctx, winner.row, request) if winner else None,
+        "calibrated": bool(found.calibration and found.calibration["status"] == "calibrated"),
+    }
