@@ -96,7 +96,8 @@ def race(rows: list[RankedPlacement], measure: Measure, objective: str) -> Race:
         if rounds < FEWEST_ROUNDS or len(running) < 2:
             continue
         leader = max(running, key=lambda c: c.speed)
-        running = [c for c in running if c is leader or relative_difference(leader.rounds, c.rounds)[1] <= 0]
+        # behind: the leader's lead over it is above 0 at the interval's low end (NaN, too few rounds: not behind)
+        running = [c for c in running if c is leader or not relative_difference(leader.rounds, c.rounds)[1] > 0]
         if len(running) == 1:
             break
     ran = [c for c in contenders if c.rounds]
