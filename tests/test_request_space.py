@@ -410,3 +410,26 @@ def test_on_unified_memory_a_plan_fits_the_cap_and_the_ram(metas, drawn, ram_gib
     assert need <= pool.cap_bytes
     assert need + host_bytes(meta, Pins().host_set(meta, n)) + pool.os_bytes <= pool.ram_bytes
     assert p["pool_used_bytes"] <= pool.ram_bytes
+
+
+def test_optimal_advises_from_the_ratio_band_and_objective_needs_it(metas, capsys):
+    """Issue 64's example, 16 GiB and 32K: a q8_0 KV cache is predicted to decode about 29% faster, inside the
+    published ratio band of a ratio that size (docs/speed-prior.md), so the list is sorted fastest first and the advice
+    keeps the user's own line, says how many placements are predicted faster and by what band, and gives the tune
+    line that measures them; the JSON carries the same advice. --objective without --placement optimal is refused."""
+    path = metas["qwen3-coder-30b-a3b"].files[0].path
+    args = ["recommend", path, "--vram", "16GiB", "--ctx", "32768", "--placement", "optimal"]
+    (plan,) = json.loads(_cli(capsys, *args, "--json")[1])
+    rows, advice = plan["placements"], plan["advice"]
+    scores = [r["score"] or 0.0 for r in rows]
+    assert scores == sorted(scores, reverse=True) and rows[0]["type_k"] == "q8_0"
+    yours = rows[advice["yours"]]
+    assert advice["use"] == advice["yours"] and advice["gain"] is None
+    assert (yours["placement"], yours["type_k"], yours["command"]) == ("ncmoe", "f16", plan["command"])
+    fastest = advice["fastest"]
+    assert 1.2 < fastest["ratio"] < 1.4 and fastest["low"] < 1 < fastest["high"]
+    text = _cli(capsys, *args)[1].splitlines()
+    assert text[-1].strip() == plan["command"] and "--placement optimal measures them" in text[-2]
+    assert f"{100 * (fastest['ratio'] - 1):+.0f}%" in text[-2]
+    code, _, err = _cli(capsys, "recommend", path, "--vram", "16GiB", "--ctx", "32768", "--objective", "prefill")
+    assert code == 2 and "add --placement optimal" in err

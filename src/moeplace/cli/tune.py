@@ -144,12 +144,8 @@ def _checked_request(args: argparse.Namespace) -> Request:
         emit="bench",
         speeds=speeds_of(args),
         placement=args.placement,
-        objective=args.objective or "decode",
+        objective=args.objective,
     )
-    if args.objective and args.placement != "optimal":
-        raise MoeplaceError(
-            f"--objective {args.objective}: it says what --placement optimal races by; add --placement optimal."
-        )
     if args.safety_layers < 0:
         raise MoeplaceError(
             f"--safety-layers {args.safety_layers}: whole layers added to the lowest n that runs, 0 or more."
@@ -208,7 +204,7 @@ def _race(
     from ..measure.contenders import server_line, tune_placements
 
     found = tune_placements(meta, args.model, request, args.ctx, target, probing, speeds)
-    what = request.objective
+    what = request.ranked_by
     raced = found.race
     if raced.winner is None:
         print(f"moeplace: no placement of the {len(raced.contenders)} raced ran; see {args.log}.", file=sys.stderr)

@@ -195,10 +195,10 @@ def tune_placements(
     on = OnDevice(meta, Device(device.cap_bytes, 0), "rpc")
     ranked = rank_placements(on, request, ctx, model)
     rows = contenders_of(ranked, request, model)
-    prefill = request.objective != "decode"
+    prefill = request.ranked_by != "decode"
     prompt = batch_for(max((r["ubatch"] for r in rows), default=request.ubatch)) if prefill else 0
     measure, found = bench_measure(meta, model_path, request, ctx, device, probing, prompt)
-    raced = race(rows, measure, request.objective)
+    raced = race(rows, measure, request.ranked_by)
     for c in raced.contenders:
         c.records = found.get(id(c.row), [])
     records = [r for c in raced.contenders for r in c.records]
@@ -238,7 +238,7 @@ def race_record(found: PlacementTune, model: str, ctx: int, request: Request) ->
     return {
         "model": model,
         "ctx": ctx,
-        "objective": request.objective,
+        "objective": request.ranked_by,
         "rounds": raced.rounds,
         "contenders": contenders,
         "winner": raced.contenders.index(winner) if winner else None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
 from ..core.config import Device
@@ -133,7 +133,7 @@ def rank_placements(
         for name, n, host in candidates:
             tg = model.predict(meta, Run(0, ctx, "tg", 128, s.ubatch, s.type_k, s.type_v, host))
             pp = model.predict(meta, prefill_up_to(0, ctx, s.ubatch, s.type_k, s.type_v, host))
-            order.append(_row(name, s, tg, pp, request.objective) | {"n_cpu_moe": n, "host_tensors": sorted(host)})
+            order.append(_row(name, s, tg, pp, request.ranked_by) | {"n_cpu_moe": n, "host_tensors": sorted(host)})
         if p["n_cpu_moe"] and not pins.rules:  # some experts on the host: whole layers there instead
             order += _layer_split(on, asked, ctx, model, s)
     ranked = sorted(order, key=lambda r: -(r["score"] or 0.0))  # stable: ties keep the order given
@@ -150,7 +150,7 @@ OBJECTIVE_TESTS = {"decode": ("tg",), "prefill": ("pp",)}  # mix:W weighs both
 def band(model: Any, request: Request, ratio: float) -> float:
     """The ~90% bound on log(measured / predicted) of a predicted `ratio` between two placements' scores: the ratio
     band of a ratio that size, the wider of decode's and prefill's for a mix."""
-    tests = OBJECTIVE_TESTS.get(request.objective, ("tg", "pp"))
+    tests = OBJECTIVE_TESTS.get(request.ranked_by, ("tg", "pp"))
     return max(model.ratio_bound(t, math.log(ratio)) for t in tests)
 
 
@@ -170,6 +170,17 @@ class Gain:
     high: float
 
 
+class AdviceJson(TypedDict):
+    """An Advice as a plan's JSON carries it: rows by their index in the plan's placements."""
+
+    use: int
+    yours: int
+    gain: dict[str, float] | None  # ratio, low, high
+    costs: list[str]
+    contenders: list[int]
+    fastest: dict[str, float] | None  # the fastest predicted placement's ratio to yours, low, high
+
+
 @dataclass
 class Advice:
     """What --placement optimal advises at one context: the line to use (the user's own unless another placement
@@ -181,6 +192,19 @@ class Advice:
     gain: Gain | None  # of `use` over `yours`; None where `use` is yours
     costs: list[str] = field(default_factory=list)  # sentences
     contenders: list[RankedPlacement] = field(default_factory=list)
+    fastest: Gain | None = None  # the fastest predicted placement over yours, with its band: separated or not
+
+    def as_json(self, ranked: list[RankedPlacement]) -> AdviceJson:
+        """This advice with its rows as their index in `ranked` (the list it was given)."""
+        index = {id(r): i for i, r in enumerate(ranked)}
+        return {
+            "use": index[id(self.use)],
+            "yours": index[id(self.yours)],
+            "gain": asdict(self.gain) if self.gain else None,
+            "costs": self.costs,
+            "contenders": [index[id(r)] for r in self.contenders],
+            "fastest": asdict(self.fastest) if self.fastest else None,
+        }
 
 
 def is_yours(row: RankedPlacement, request: Request) -> bool:
@@ -197,15 +221,23 @@ def advise(ranked: list[RankedPlacement], request: Request, model: Any) -> Advic
     if yours is None or yours["score"] is None:
         return None
     contenders = [r for r in ranked if r["equivalent"]]
+    fastest = gain(model, request, ranked[0], yours)
     faster = [r for r in ranked if r["score"] is not None and separated(model, request, r["score"], yours["score"])]
     if not faster:
-        return Advice(yours, yours, None, [], contenders)
+        return Advice(yours, yours, None, [], contenders, fastest)
     top = faster[0]["score"]
     alike = [r for r in faster if not separated(model, request, top, r["score"])]
     use = min(alike, key=lambda r: len(costs(r, yours, request)))  # min is stable: the fastest of the cheapest
-    ratio = use["score"] / yours["score"]
+    return Advice(use, yours, gain(model, request, use, yours), costs(use, yours, request), contenders, fastest)
+
+
+def gain(model: Any, request: Request, row: RankedPlacement, yours: RankedPlacement) -> Gain | None:
+    """`row`'s predicted score over the user's own, with the ratio band (None where either has no score)."""
+    if not row["score"] or not yours["score"]:
+        return None
+    ratio = row["score"] / yours["score"]
     width = math.exp(band(model, request, ratio))
-    return Advice(use, yours, Gain(ratio, ratio / width, ratio * width), costs(use, yours, request), contenders)
+    return Gain(ratio, ratio / width, ratio * width)
 
 
 # What a KV cache type costs beyond speed: keys and values rounded to fewer bits.
@@ -228,7 +260,7 @@ def costs(row: RankedPlacement, yours: RankedPlacement, request: Request) -> lis
         out.append(f"A {t} KV cache: {KV_QUALITY[t]} (check it on your task).")
     if row["ubatch"] < yours["ubatch"]:
         out.append(f"A smaller ubatch (-ub {row['ubatch']}, yours {yours['ubatch']}) prefills a long prompt slower.")
-    tests = OBJECTIVE_TESTS.get(request.objective, ("tg", "pp"))
+    tests = OBJECTIVE_TESTS.get(request.ranked_by, ("tg", "pp"))
     for test, name in (("tg", "decode"), ("pp", "prefill")):
         mine, theirs = row.get(test), yours.get(test)
         if test not in tests and mine and theirs and mine["tok_s"] < theirs["tok_s"]:
@@ -262,4 +294,4 @@ def _layer_split(on: OnDevice, asked: Request, ctx: int, model: Any, s: Setting)
     if g is None or g > on.meta.n_layer:
         return []
     tg = predict_ngl(on.meta, model, g, ctx, 128, s.type_k, s.type_v)
-    return [_row("ngl", s, tg, None, asked.objective) | {"n_cpu_moe": None, "n_gpu_layers": g, "host_tensors": []}]
+    return [_row("ngl", s, tg, None, asked.ranked_by) | {"n_cpu_moe": None, "n_gpu_layers": g, "host_tensors": []}]
