@@ -258,7 +258,7 @@ def test_tune_placement_optimal_races_the_contenders_and_prints_the_winners_line
     from llamacpp_helpers import manifest, tiny_twin
 
     path = tiny_twin(tmp_path)
-    args = [str(path), "--ctx", "4096", "--vram", "45MB", "--device", "emulated", "--bin-dir",
+    args = [str(path), "--ctx", "2048", "--vram", "35MB", "--device", "emulated", "--bin-dir",
             str(manifest().bin_dir), "--log", str(tmp_path / "tune.log"), "--calibration-out",
             str(tmp_path / "cal.json")]  # fmt: skip
     refused = subprocess.run([sys.executable, "-m", "moeplace.cli", "tune", *args, "--objective", "decode"],

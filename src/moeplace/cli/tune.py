@@ -209,9 +209,8 @@ def _race(
     if raced.winner is None:
         print(f"moeplace: no placement of the {len(raced.contenders)} raced ran; see {args.log}.", file=sys.stderr)
         return 1
-    print(
-        f"raced {len(raced.contenders)} placements the speed model cannot tell apart by {what}, {raced.rounds} rounds:"
-    )
+    raced_n = len(raced.contenders)
+    print(f"raced {raced_n} placements the speed model cannot tell apart by {what} ({raced.rounds} rounds):")
     for i, c in enumerate(raced.contenders):
         predicted = f"predicted {c.row['score']:.2f}" if c.row["score"] else "not predicted"
         if c.failure:
@@ -220,13 +219,10 @@ def _race(
             status = f"{c.speed:.2f} tok/s measured, {predicted}: the fastest"
         else:
             delta, low, high = raced.intervals[i]
-            status = (
-                f"{c.speed:.2f} tok/s measured, {predicted}; the fastest is {_pct(delta)} ({_pct(low)}..{_pct(high)})"
-            )
+            band = f"{_pct(delta)} ({_pct(low)}..{_pct(high)}, 95%)"
+            status = f"{c.speed:.2f} tok/s measured, {predicted}; the fastest is {band} faster"
         print(f"  {_describe(c.row)}: {status}")
-    ahead = (
-        "clearly ahead of every other (95% intervals above 0)" if raced.clear else "not clearly ahead of every other"
-    )
+    ahead = "clearly ahead of every other (95% intervals above 0)" if raced.clear else "not clearly ahead of all"
     print(f"measured winner, {ahead}:")
     print("  " + server_line(args.model, args.ctx, raced.winner.row, request))
     if found.reranked:

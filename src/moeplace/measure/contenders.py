@@ -124,7 +124,8 @@ def server_line(model: str, ctx: int, row: RankedPlacement, request: Request) ->
     n, overrides, ngl = bench_placement(row)
     cache = request.cache((row["type_k"], row["type_v"]), row["ubatch"])
     rules = (overrides,) if overrides else ()
-    return commands.llama_server(model, ctx, None if overrides else n, cache, rules, n_gpu_layers=ngl)
+    n_cpu_moe = None if overrides or row["placement"] == "ngl" else n  # the rules or -ngl are the placement
+    return commands.llama_server(model, ctx, n_cpu_moe, cache, rules, n_gpu_layers=ngl)
 
 
 @dataclass
@@ -201,7 +202,8 @@ def tune_placements(
     raced = race(rows, measure, request.ranked_by)
     for c in raced.contenders:
         c.records = found.get(id(c.row), [])
-    records = [r for c in raced.contenders for r in c.records]
+    # a whole-layer split's runs say nothing calibrate reads (it takes every layer as on the card): left out
+    records = [r for c in raced.contenders if c.row["placement"] != "ngl" for r in c.records]
     calibration = calibration_file(meta, records, model) if records else None
     reranked = None
     if calibration and calibration["status"] == "calibrated":
