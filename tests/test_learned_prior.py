@@ -13,8 +13,18 @@ import pytest
 from conftest import ROOT
 from published_sweeps import prior_points, published, twins
 
-from moeplace.plan.learned_prior import POOL, Machine, errors_against, held_out_errors, load, speed_model
-from moeplace.plan.speed import Z95, Run, prefill_run
+from moeplace.plan.learned_prior import (
+    POOL,
+    Machine,
+    errors_against,
+    held_out_errors,
+    load,
+    ratio_band,
+    ratio_pairs,
+    speed_model,
+    top_picks,
+)
+from moeplace.plan.speed import Z95, Run, prefill_run, ratio_class
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +100,40 @@ def test_the_interval_is_per_backend_from_left_out_errors_only(decode_left_out):
         assert q["90"] == pytest.approx(np.quantile(e, 0.9), rel=1e-3)
         assert q["95"] == pytest.approx(np.quantile(e, 0.95), rel=1e-3)
     assert prior.log_q("cuda") < prior.log_q("sycl") and prior.log_q("metal") == prior.log_q95
+
+
+def test_a_ratio_of_two_placements_of_one_machine_is_known_better_than_either_speed(points, decode_left_out):
+    """Issue 64: a machine's own offset (host, threads, driver) is shared by its placements and cancels in their
+    ratio. The stored ratio band is the quantiles of the left-out pairs' errors per class of predicted ratio (two
+    points of one sweep of one machine at one depth, each predicted without its source), its median error is half the
+    absolute one on the same points (11.0% against 22.0%), and on the held-out sweeps (never learned from) most
+    pairs fall inside the shipped ~90% band of their class (docs/speed-prior.md)."""
+    prior = load()
+    pairs = [r for r in ratio_pairs(decode_left_out) if r.at_one_depth]
+    for q, values in ratio_band(pairs).items():
+        assert prior["tg"].log_q_ratio[q] == pytest.approx(values, rel=1e-3)
+    ratio = np.median(np.abs([r.error for r in pairs]))
+    assert ratio < 0.6 * np.median(np.abs([e for _, e in decode_left_out]))
+    held = errors_against(prior, [p for p in points["heldout"] if p.test == "tg"])
+    new = [r for r in ratio_pairs(held) if r.at_one_depth]
+    bound = prior["tg"].log_q_ratio["90"]
+    inside = np.mean([abs(r.error) <= bound[ratio_class(r.predicted)] for r in new])
+    print(f"decode: {len(new)} held-out pairs, {100 * inside:.0f}% inside the ~90% ratio band")
+    assert len(new) >= 100 and 0.7 <= inside
+
+
+def test_the_placement_predicted_fastest_is_the_measured_fastest_in_most_published_sweeps(points, decode_left_out):
+    """Issue 64's count: every published sweep of one machine with 3 placements or more the prediction tells apart,
+    each source left out and the held-out sweeps (decode 21 of 29 and 6 of 10, prefill 19 of 26 and 13 of 18;
+    the misses are mostly Arc B580 SYCL sweeps whose decode rises with host layers, and sweeps at a spill's edge)."""
+    prior = load()
+    counts = []
+    for test, left_out in (("tg", decode_left_out), ("pp", held_out_errors("pp", points["sweeps"]))):
+        held = errors_against(prior, [p for p in points["heldout"] if p.test == test])
+        for picks in (top_picks(left_out), top_picks(held)):
+            counts.append((sum(agree for _, agree, _ in picks), len(picks)))
+    print("top pick is the measured fastest (decode left out, held out; prefill left out, held out):", counts)
+    assert all(n >= 10 and agree > n / 2 for agree, n in counts)
 
 
 def test_one_machines_sources_are_left_out_together(points):

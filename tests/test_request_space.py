@@ -24,8 +24,9 @@ from moeplace.model.metadata import inspect_model
 from moeplace.model.twin import load_spec, write_twin
 from moeplace.plan import budget
 from moeplace.plan.fixes import fixes
+from moeplace.plan.learned_prior import Machine, speed_model
 from moeplace.plan.offload import read_pins
-from moeplace.plan.optimal import OnDevice, fits, rank_placements
+from moeplace.plan.optimal import OnDevice, advise, fits, rank_placements
 from moeplace.plan.request import Request, rope_args
 from moeplace.plan.speed import Bandwidths, prior
 
@@ -99,15 +100,23 @@ def test_the_plain_plan_fits_and_one_layer_less_does_not(metas, drawn, pin_layer
 
 
 @settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(requests(), st.sampled_from(["decode", "prefill", "mix:0.8"]))
-def test_every_optimal_placement_fits_by_the_plain_plans_own_budget(metas, drawn, objective):
+@given(requests(), st.sampled_from(["decode", "prefill", "mix:0.8"]), st.booleans())
+def test_every_optimal_placement_fits_by_the_plain_plans_own_budget(metas, drawn, objective, learned):
+    """... and the list is sorted by the objective's predicted speed; where the advice names a line other than the
+    user's own, it is one of those rows, and its gain's ~90% band lies above x1 (beyond the ratio band)."""
     name, request, device, backend = drawn
     meta = metas[name]
     request = request.with_(objective=objective, placement="optimal")
     ctx = request.contexts[0]
-    model = prior(Bandwidths(640, 57.6))
+    model = speed_model(meta, Machine("cuda", 640, 57.6, 31.5, 40)) if learned else prior(Bandwidths(640, 57.6))
     on = OnDevice(meta, device, backend)
-    for row in rank_placements(on, request, ctx, model):
+    ranked = rank_placements(on, request, ctx, model)
+    scores = [r["score"] or 0.0 for r in ranked]
+    assert scores == sorted(scores, reverse=True)
+    advice = advise(ranked, request, model)
+    if advice is not None and advice.gain is not None:
+        assert any(advice.use is r for r in ranked) and advice.use is not advice.yours and advice.gain.low > 1
+    for row in ranked:
         asked = request.with_(type_k=row["type_k"], type_v=row["type_v"], ubatch=row["ubatch"])
         if row["placement"] == "ngl":  # whole layers on the host: the layers left on the card fit it by their bytes
             on_card = meta.layers[meta.n_layer - row["n_gpu_layers"] :]
@@ -401,3 +410,26 @@ def test_on_unified_memory_a_plan_fits_the_cap_and_the_ram(metas, drawn, ram_gib
     assert need <= pool.cap_bytes
     assert need + host_bytes(meta, Pins().host_set(meta, n)) + pool.os_bytes <= pool.ram_bytes
     assert p["pool_used_bytes"] <= pool.ram_bytes
+
+
+def test_optimal_advises_from_the_ratio_band_and_objective_needs_it(metas, capsys):
+    """Issue 64's example, 16 GiB and 32K: a q8_0 KV cache is predicted to decode about 29% faster, inside the
+    published ratio band of a ratio that size (docs/speed-prior.md), so the list is sorted fastest first and the advice
+    keeps the user's own line, says how many placements are predicted faster and by what band, and gives the tune
+    line that measures them; the JSON carries the same advice. --objective without --placement optimal is refused."""
+    path = metas["qwen3-coder-30b-a3b"].files[0].path
+    args = ["recommend", path, "--vram", "16GiB", "--ctx", "32768", "--placement", "optimal"]
+    (plan,) = json.loads(_cli(capsys, *args, "--json")[1])
+    rows, advice = plan["placements"], plan["advice"]
+    scores = [r["score"] or 0.0 for r in rows]
+    assert scores == sorted(scores, reverse=True) and rows[0]["type_k"] == "q8_0"
+    yours = rows[advice["yours"]]
+    assert advice["use"] == advice["yours"] and advice["gain"] is None
+    assert (yours["placement"], yours["type_k"], yours["command"]) == ("ncmoe", "f16", plan["command"])
+    fastest = advice["fastest"]
+    assert 1.2 < fastest["ratio"] < 1.4 and fastest["low"] < 1 < fastest["high"]
+    text = _cli(capsys, *args)[1].splitlines()
+    assert text[-1].strip() == plan["command"] and "--placement optimal measures them" in text[-2]
+    assert f"{100 * (fastest['ratio'] - 1):+.0f}%" in text[-2]
+    code, _, err = _cli(capsys, "recommend", path, "--vram", "16GiB", "--ctx", "32768", "--objective", "prefill")
+    assert code == 2 and "add --placement optimal" in err

@@ -175,3 +175,102 @@ def test_tune_calibrates_the_speed_model_and_plans_with_it(tmp_path):
     assert (
         "  expected: " + describe_speed(expected(meta, model, host, Workload(8192)), 8192) in done.stdout.splitlines()
     )
+
+
+def _row(name: str, score: float) -> dict:
+    """A ranked placement as race takes it (its name in `placement`'s stead: the fake runs look it up)."""
+    return {"placement": "ncmoe", "n_cpu_moe": 0, "type_k": "f16", "type_v": "f16", "ubatch": 512, "score": score,
+            "name": name}  # fmt: skip
+
+
+def test_a_race_stops_once_one_placement_is_clearly_ahead():
+    """tune --placement optimal's race, with runs of known speed and 2% noise: each round runs every contender in an
+    order rotated round by round; one 25% faster than the others is clearly ahead after the fewest rounds, a placement
+    that fails stops running, and two alike race to the last round with neither clearly ahead."""
+    import itertools
+
+    from moeplace.measure.contenders import FEWEST_ROUNDS, MAX_ROUNDS, race
+
+    noise = itertools.cycle([0.99, 1.02, 0.985, 1.01, 1.0, 0.98, 1.015])
+    order = []
+
+    def measure(row: dict):
+        order.append(row["name"])
+        if row["name"] == "broken":
+            return "oom: failed to allocate"
+        return {"tg": {"fast": 50.0, "slow": 40.0, "alike": 40.0}[row["name"]] * next(noise)}
+
+    rows = [_row("slow", 45.0), _row("fast", 44.0), _row("broken", 43.0)]
+    raced = race(rows, measure, "decode")
+    assert raced.winner.row["name"] == "fast" and raced.clear and raced.rounds == FEWEST_ROUNDS
+    delta, low, high = raced.intervals[0]
+    assert 0 < low < 0.25 < high and delta == pytest.approx(0.25, abs=0.03)
+    assert order[:3] == ["slow", "fast", "broken"] and order[3:5] == ["fast", "slow"]  # rotated; broken stopped
+    assert raced.contenders[2].failure.startswith("oom")
+    even = race([_row("slow", 45.0), _row("alike", 44.0)], measure, "decode")
+    assert even.rounds == MAX_ROUNDS and not even.clear
+
+
+@pytest.mark.llamacpp
+def test_the_race_picks_the_placement_measured_faster_on_the_emulated_device(tmp_path):
+    """Twins of one model on the emulated device (host side 8x slower), whose speed differs by far more than 20%:
+    every expert on the card against six of eight layers' experts on the host. The race names the first, clearly
+    ahead, before its last round; a paired, interleaved comparison of the two with the -ot variants stage's method
+    (run_bench with the other as its -ncmoe baseline), run independently after, agrees."""
+    from conftest import ROOT
+    from llamacpp_helpers import manifest, tiny_twin
+
+    from moeplace.core.config import BenchSettings, TuneSettings
+    from moeplace.core.stats import delta_interval
+    from moeplace.measure.bench import BenchJob, run_bench
+    from moeplace.measure.contenders import MAX_ROUNDS, bench_measure, race
+    from moeplace.measure.tune import Probing
+    from moeplace.model.metadata import inspect_model
+    from moeplace.plan.request import Request
+    from moeplace.runtime.device import DeviceSetup
+
+    path = tiny_twin(tmp_path)
+    meta = inspect_model(path)
+    ctx, device = 4096, DeviceSetup("emulated", "test device", 60 * 10**6)  # every expert fits at 4K
+    probing = Probing(TuneSettings(0, 600, 2), manifest(), tmp_path / "race.log", ROOT)
+    request = Request((ctx,), str(path), vram=("60MB",), emit="bench", placement="optimal")
+    measure, _ = bench_measure(meta, str(path), request, ctx, device, probing, 0)
+    card, host = {**_row("card", 1.0), "n_cpu_moe": 0}, {**_row("host", 1.0), "n_cpu_moe": 6}
+    raced = race([host, card], measure, "decode")  # the slower first, as its prediction were higher
+    assert raced.winner.row is card and raced.clear and raced.rounds < MAX_ROUNDS
+    delta, low, _ = raced.intervals[0]
+    assert low > 0 and delta >= 0.2
+    settings = BenchSettings(prompt=0, gen=32, repetitions=3, threads=2, timeout_s=600)
+    job = BenchJob(meta.name, str(path), meta.file_records(), ctx, 0, "check", paired_n_cpu_moe=6)
+    (record,) = run_bench(job, probing.rig(settings, device))
+    check, check_low, _ = delta_interval(record["samples_ts"], record["baseline_samples_ts"])
+    assert record["status"] == "ok" and check_low > 0, (check, check_low)
+
+
+@pytest.mark.llamacpp
+def test_tune_placement_optimal_races_the_contenders_and_prints_the_winners_line(tmp_path):
+    """moeplace tune --placement optimal on the emulated device: after the search, the placements the speed model
+    cannot tell apart (yours among them) race; it prints each one's measured speed, the winner's llama-server line,
+    and the list ranked again with the calibration the race gave. --objective without it is refused."""
+    import subprocess
+    import sys
+
+    from llamacpp_helpers import manifest, tiny_twin
+
+    path = tiny_twin(tmp_path)
+    args = [str(path), "--ctx", "2048", "--vram", "35MB", "--device", "emulated", "--bin-dir",
+            str(manifest().bin_dir), "--log", str(tmp_path / "tune.log"), "--calibration-out",
+            str(tmp_path / "cal.json")]  # fmt: skip
+    refused = subprocess.run([sys.executable, "-m", "moeplace.cli", "tune", *args, "--objective", "decode"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 2 and "add --placement optimal" in refused.stderr
+    done = subprocess.run([sys.executable, "-m", "moeplace.cli", "tune", *args, "--placement", "optimal"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    print(done.stdout)
+    lines = done.stdout.splitlines()
+    raced = lines.index(next(line for line in lines if line.startswith("raced ")))
+    winner = lines.index(next(line for line in lines if line.startswith("measured winner")))
+    rows = lines[raced + 1 : winner]
+    assert len(rows) >= 2 and sum("the fastest" in row and "faster" not in row for row in rows) == 1
+    assert lines[winner + 1].strip().startswith("llama-server ")

@@ -4,6 +4,7 @@ tests and tools/speed_prior.py, which learns the uncalibrated prior from them.""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,9 @@ MACHINES = {
     "ik_llama-disc758": "ikawrakow: Ryzen 9 7950X + RTX 4080",
     "ik_llama-pr841": "ikawrakow: Ryzen 9 7950X + RTX 4080",
 }
+# A setup named for the KV cache type or ubatch it ran (…-kvq8, …-ub2048) is one of its machine's family of setups
+# that differ only in what a user chooses: a ratio between placements is scored within a family.
+CHOSEN_SUFFIX = re.compile(r"-(kv(f16|q8|q4)|ub\d+)$")
 # A server's decode rate where the source does not say how many tokens it generated: decode speed hardly depends
 # on the count, so such a point is taken as llama-bench's default tg128.
 UNSTATED_N_GEN = 128
@@ -136,5 +140,8 @@ def prior_points(table: pd.DataFrame, metas: dict[Path, ModelMeta]) -> list[Poin
             )
             scale = r.model_size_gib * 2**30 / meta.total_bytes if r.model_size_gib > 0 else 1.0
             x = {k: v * scale if k in WEIGHT_FEATURES else v for k, v in point_features(meta, run).items()}
-            out.append(Point(setup, test, machine, x, r.tok_s, r.machine.strip()))
+            settings = {"n_cpu_moe": run.n_cpu_moe, "depth": int(run.depth), "size": int(size), "ubatch": int(ubatch)}
+            settings |= {"type_k": type_k, "type_v": type_v}
+            family = CHOSEN_SUFFIX.sub("", setup)
+            out.append(Point(setup, test, machine, x, r.tok_s, r.machine.strip(), family, settings))
     return out

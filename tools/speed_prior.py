@@ -43,6 +43,7 @@ from prior_beside import (  # noqa: E402  (tools/, beside this file)
     peer_seconds,
 )
 from published_sweeps import prior_points, published, twins  # noqa: E402  (tools/, beside this file)
+from ratio_band import ratio_lines  # noqa: E402  (tools/, beside this file)
 
 OUT = ROOT / "docs/speed-prior.md"
 
@@ -271,18 +272,11 @@ def main() -> int:
             n = len({q.setup for q, _ in heldout_errors[test]})
             lines.append(f"| {test}, held-out sweeps ({n} setups, heldout.csv) | {summary(heldout_errors[test], p)} |")
     lines += gap_lines(heldout_errors["tg"]) + build_lines()
+    lines += ratio_lines(prior, points, held_out, heldout_errors)
     lines += peer_lines(held_out["tg"], heldout_errors["tg"])
     lines += measured_lines(prior, heldout_errors["tg"], measured)
     lines += interval_lines(prior, held_out, heldout_errors) + tail_lines(held_out["tg"]) + pool_lines(points, held_out)
     lines += bar_lines(prior, held_out, heldout_errors, measured)
-    bounds = ", ".join(f"x{math.exp(p.log_q95_difference):.2f} ({t})" for t, p in prior.items())
-    lines += [
-        "",
-        "Two placements of one machine predicted within 20% of each other (what a ranking weighs): the error of their",
-        f"predicted ratio, each source left out, is within {bounds} in 95% of pairs. `recommend --placement optimal`",
-        "calls placements closer than that equivalent and keeps your KV cache type and ubatch, and --n-cpu-moe",
-        "before -ot, among them.",
-    ]
     tables = {
         "Each source left out (learned without its machine's setups)": held_out,
         "The held-out sweeps (heldout.csv; HELDOUT_SOURCES.md)": heldout_errors,

@@ -51,3 +51,28 @@ rule matrix:
         "../../environment.yml"
     script:
         "../scripts/matrix.py"
+
+
+rule tune_placement:
+    input:
+        model=get_model_gguf,
+        metadata=rules.metadata.output[0],
+        llamacpp=rules.llamacpp.output[0],
+    output:
+        "results/tune/{model}/{ctx}_placement.json",
+    log:
+        "logs/tune/{model}/{ctx}_placement.log",
+    conda:
+        "../../environment.yml"
+    threads: SETTINGS.bench.threads
+    resources:
+        bench_device=1,
+    params:
+        device=params(SETTINGS.device),
+        tune=params(SETTINGS.tune),
+        bandwidths=params(SETTINGS.bandwidths),
+        ctx=ctx_tokens,
+        ubatch=SETTINGS.bench.ubatch,
+        flash_attn=SETTINGS.bench.flash_attn,
+    script:
+        "../scripts/tune_placement.py"

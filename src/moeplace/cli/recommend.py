@@ -217,8 +217,8 @@ def _placement_options(rec: argparse.ArgumentParser) -> None:
     """--placement optimal, its objective, the speed model's machine and the seed's constants mode."""
     rec.add_argument(
         "--objective",
-        default="decode",
-        help="what --placement optimal ranks by: decode, prefill or mix:W (0 < W < 1, the share of decode tokens)",
+        help="what --placement optimal ranks by: decode (default), prefill or mix:W (0 < W < 1, the share of decode "
+        "tokens); only with --placement optimal",
     )
     rec.add_argument(
         "--placement",

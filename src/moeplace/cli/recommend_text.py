@@ -13,7 +13,6 @@ from ..plan.budget import beside_text
 from ..plan.offload import host_layers
 from ..plan.optimal import RankedPlacement
 from ..plan.recommend import Plan, Recommendation
-from ..plan.request import Request
 
 
 def render(rec: Recommendation) -> str:
@@ -80,33 +79,72 @@ def _plan_lines(rec: Recommendation, p: Plan) -> list[str]:
     if p["ram_note"]:
         lines.append("  " + p["ram_note"])
     if "placements" in p:
-        lines += _placement_lines(rec.request, p["ctx"], p["placements"])
+        lines += _placement_lines(rec, p)
     return lines
 
 
-def _placement_lines(r: Request, ctx: int, ranked: list[RankedPlacement]) -> list[str]:
-    """The feasible placements and KV cache types at this context, best first by --objective."""
+def _placement_lines(rec: Recommendation, p: Plan) -> list[str]:
+    """The feasible placements and KV cache types at this context, fastest predicted first by --objective, and the
+    advice: the line to use."""
+    r, ctx, ranked = rec.request, p["ctx"], p["placements"]
     if not ranked or ranked[0]["score"] is None:
-        why = "the speed model gives no prefill" if r.objective != "decode" else "nothing fits"
-        return [f"  placements by {r.objective}: cannot rank ({why})."]
+        why = "the speed model gives no prefill" if r.ranked_by != "decode" else "nothing fits"
+        return [f"  placements by {r.ranked_by}: cannot rank ({why})."]
     lines = [
-        f"  placements by {r.objective} at {ctx} tokens, best first; '~' marks those the speed model cannot "
-        "tell from the best (its uncertainty on a ratio), of which yours as given leads:"
+        f"  placements by {r.ranked_by} at {ctx} tokens, fastest predicted first; '~' marks those the speed model "
+        "cannot tell from the fastest (the ~90% band of a ratio of two placements of one machine):"
     ]
     for row in ranked:
-        tensors, layers = len(row["host_tensors"]), len(host_layers(row["host_tensors"]))
-        what = {
-            "ncmoe": f"--n-cpu-moe {row['n_cpu_moe']}",
-            "ngl": f"-ngl {row.get('n_gpu_layers')} (whole layers on the host: decode only)",
-            "optimal": f"-ot {shlex.quote(row['override_tensor'] or '')} ({tensors} expert tensors on the host, in "
-            f"{layers} layers)",
-        }[row["placement"]]
         lines.append(
-            f"  {'~' if row['equivalent'] else ' '} {what}, KV {row['type_k']}/{row['type_v']}, -ub {row['ubatch']}: "
-            f"decode {speed_text(row['tg'])}, prefill {speed_text(row['pp'])}"
+            f"  {'~' if row['equivalent'] else ' '} {_what(row)}, KV {row['type_k']}/{row['type_v']}, "
+            f"-ub {row['ubatch']}: decode {speed_text(row['tg'])}, prefill {speed_text(row['pp'])}"
         )
-    lines.append("  " + ranked[0]["command"])
-    return lines
+    return lines + (_advice_lines(rec, p) if "advice" in p else ["  " + ranked[0]["command"]])
+
+
+def _what(row: RankedPlacement) -> str:
+    tensors, layers = len(row["host_tensors"]), len(host_layers(row["host_tensors"]))
+    return {
+        "ncmoe": f"--n-cpu-moe {row['n_cpu_moe']}",
+        "ngl": f"-ngl {row.get('n_gpu_layers')} (whole layers on the host: decode only)",
+        "optimal": f"-ot {shlex.quote(row['override_tensor'] or '')} ({tensors} expert tensors on the host, in "
+        f"{layers} layers)",
+    }[row["placement"]]
+
+
+def _pct(ratio: float) -> str:
+    return f"{100 * (ratio - 1):+.0f}%"
+
+
+def _advice_lines(rec: Recommendation, p: Plan) -> list[str]:
+    """The line to use, with its gain over the user's own, the gain's ~90% band and what it costs beyond speed, and
+    the user's own as the alternative; or the user's own, with how many placements are predicted faster by less
+    than the band can tell and the tune line that measures them."""
+    r, ranked, advice = rec.request, p["placements"], p["advice"]
+    use, yours, what = ranked[advice["use"]], ranked[advice["yours"]], r.ranked_by
+    if advice["gain"]:
+        g = advice["gain"]
+        return [
+            f"  use: {use['command']}",
+            f"    {_pct(g['ratio'])} {what} over yours ({_pct(g['low'])}..{_pct(g['high'])}: the speed model's ~90% "
+            "band on a ratio of two placements of one machine).",
+            *(f"    {cost}" for cost in advice["costs"]),
+            f"  or yours: {yours['command']}",
+        ]
+    faster = [i for i in advice["contenders"] if (ranked[i]["score"] or 0) > (yours["score"] or 0)]
+    best = advice["fastest"]
+    if not faster or not best:
+        return ["  yours is predicted fastest:", f"  {yours['command']}"]
+    size = r.vram[0] if r.vram and len(r.vram) == 1 else f"{rec.vram_bytes / 2**30:.2f}GiB"
+    model = shlex.quote(r.model_ref or r.model or "")
+    tune = f"moeplace tune {model} --ctx {p['ctx']} --vram {size} --placement optimal"
+    tune += f" --objective {what}" if what != "decode" else ""
+    return [
+        f"  yours: {len(faster)} placement(s) are predicted faster by {what}, the first above by "
+        f"{_pct(best['ratio'])} ({_pct(best['low'])}..{_pct(best['high'])}: the speed model's ~90% band on a ratio "
+        f"of two placements of one machine), all by less than it can tell; {tune} measures them on this machine.",
+        f"  {yours['command']}",
+    ]
 
 
 def _split_text(rec: Recommendation) -> str:

@@ -65,6 +65,17 @@ def add_parser(sub: Any) -> None:
         "prefill at the chosen n and with the experts on the host, a minute or two on a GPU",
     )
     tu.add_argument("--no-calibrate", action="store_true", help="skip those calibrating runs")
+    tu.add_argument(
+        "--placement",
+        choices=("ncmoe", "optimal"),
+        default="ncmoe",
+        help="optimal: after the search, race the placements the speed model cannot tell apart (KV cache types, "
+        "ubatches, -ot, -ngl; yours among them) in interleaved rounds until one is clearly ahead",
+    )
+    tu.add_argument(
+        "--objective",
+        help="what --placement optimal races by: decode (default), prefill or mix:W (W the share of decode tokens)",
+    )
     speed_options(tu)
     tu.set_defaults(func=cmd_tune)
 
@@ -109,6 +120,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"{result.loads} loads; lowest feasible n = {result.lowest_n}, chosen n = {result.chosen_n} "
         f"(safety layers {args.safety_layers}): {result.chosen_tok_s:.2f} tok/s decode at {args.ctx} tokens"
     )
+    if request.placement == "optimal":
+        probing = Probing(settings, manifest, log_path, Path.cwd())
+        return _race(args, request, meta, target, probing, speeds)
     if not (args.calibration or args.no_calibrate):
         probing = Probing(settings, manifest, log_path, Path.cwd())
         records = calibrate_runs(args.model, meta, workload, target, result.chosen_n, probing)
@@ -130,6 +144,8 @@ def _checked_request(args: argparse.Namespace) -> Request:
         ubatch=args.ubatch,
         emit="bench",
         speeds=speeds_of(args),
+        placement=args.placement,
+        objective=args.objective,
     )
     if args.safety_layers < 0:
         raise MoeplaceError(
@@ -179,3 +195,60 @@ def _calibrated_by_tune(meta: ModelMeta, records: list[BenchRecord], prior: Any,
         f"--calibration {out}"
     )
     return SpeedModel.from_json(calibration, out)
+
+
+def _race(
+    args: argparse.Namespace, request: Request, meta: ModelMeta, target: DeviceTarget, probing: Any, speeds: Any
+) -> int:
+    """tune --placement optimal: the contenders raced, the measured winner with its interval and line, and the list
+    ranked again with the calibration the race's runs gave."""
+    from ..measure.contenders import server_line, tune_placements
+
+    found = tune_placements(meta, args.model, request, args.ctx, target, probing, speeds)
+    what = request.ranked_by
+    raced = found.race
+    if raced.winner is None:
+        print(f"moeplace: no placement of the {len(raced.contenders)} raced ran; see {args.log}.", file=sys.stderr)
+        return 1
+    raced_n = len(raced.contenders)
+    print(f"raced {raced_n} placements the speed model cannot tell apart by {what} ({raced.rounds} rounds):")
+    for i, c in enumerate(raced.contenders):
+        predicted = f"predicted {c.row['score']:.2f}" if c.row["score"] else "not predicted"
+        if c.failure:
+            status = f"did not run ({c.failure})"
+        elif c is raced.winner:
+            status = f"{c.speed:.2f} tok/s measured, {predicted}: the fastest"
+        else:
+            delta, low, high = raced.intervals[i]
+            band = f"{_pct(delta)} ({_pct(low)}..{_pct(high)}, 95%)"
+            status = f"{c.speed:.2f} tok/s measured, {predicted}; the fastest is {band} faster"
+        print(f"  {_describe(c.row)}: {status}")
+    ahead = "clearly ahead of every other (95% intervals above 0)" if raced.clear else "not clearly ahead of all"
+    print(f"measured winner, {ahead}:")
+    print("  " + server_line(args.model, args.ctx, raced.winner.row, request))
+    if found.reranked:
+        out = args.calibration_out
+        from ..runtime.outputs import write_json  # slow (pandas): imported by the one command that needs it
+
+        write_json(out, found.calibration)
+        print(f"ranked again with the calibration these runs gave ({out}), best first:")
+        for row in found.reranked[:MAX_SHOWN]:
+            print(f"  {'~' if row['equivalent'] else ' '} {_describe(row)}: {what} {row['score'] or 0:.2f} predicted")
+    return 0
+
+
+MAX_SHOWN = 5  # rows of the list ranked again
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.0f}%"
+
+
+def _describe(row: Any) -> str:
+    """A ranked placement in a few words: its placement, KV cache type and ubatch."""
+    where = {
+        "ncmoe": f"--n-cpu-moe {row['n_cpu_moe']}",
+        "optimal": f"-ot ({len(row['host_tensors'])} expert tensors on the host)",
+        "ngl": f"-ngl {row.get('n_gpu_layers')}",
+    }[row["placement"]]
+    return f"{where}, KV {row['type_k']}/{row['type_v']}, -ub {row['ubatch']}"

@@ -47,7 +47,7 @@ from scipy.optimize import least_squares
 from ..core.errors import MoeplaceError
 from ..core.records import JsonObject
 from ..model.meta import ModelMeta
-from .speed import FEATURES, Z95, Run, SpeedModel, TestModel, features
+from .speed import FEATURES, RATIO_EDGES, Z90, Z95, Run, SpeedModel, TestModel, features, ratio_class
 
 PRIOR_FILE = Path(__file__).with_name("learned_prior.json")  # written by tools/speed_prior.py
 TERMS = {
@@ -71,7 +71,6 @@ SCALE = {
 # A term no training point informs keeps this coefficient: a measured host figure is what a read gets.
 UNINFORMED = {"host_measured": 1.0}
 SOURCE = "learned (published sweeps)"
-Z90 = 1.645
 # A backend's own interval needs this many left-out points, from two machines at least; else the pooled one.
 MIN_INTERVAL = (20, 2)
 MIN_COEFFICIENT = 1e-3  # of a term scaled near 1: a thousandth of its share is no share
@@ -109,6 +108,12 @@ class Point:
     x: dict[str, float]  # speed.features, plus active_gb: the weights one token uses
     tok_s: float
     source: str = ""  # whose machine: a source's setups are left out together; "" = the setup's own
+    # The setups of one machine that differ only in what a user chooses (KV cache type, ubatch): the setup less
+    # those; "" = the setup's own. A ratio between two placements is scored within one.
+    family: str = ""
+    # The run's own settings, where known: n_cpu_moe, depth, size (tokens generated or prompted), ubatch, type_k,
+    # type_v. Two points are placements of one sweep when their size matches (see ratio_pairs).
+    run: dict[str, int | str] = field(default_factory=dict)
 
 
 def point_features(meta: ModelMeta, run: Run) -> dict[str, float]:
@@ -143,11 +148,13 @@ class Learned:
     coef: dict[str, float]
     per_backend: dict[str, float]
     log_q95: float  # 95% quantile of held-out setups' |log(predicted / measured)|
-    # ... and of the error of a predicted ratio between two near placements of one setup (see difference_errors)
-    log_q95_difference: float
     # The interval per backend: the 90% and 95% quantiles of its points' |log error| when their source was left out
     # (a backend learned from few machines is known less well); a backend without them takes log_q95's
     log_q_by_backend: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The ratio band: the 50%, 90% and 95% quantiles ("50", "90", "95") of |log(predicted ratio / measured ratio)|
+    # between two placements of one machine at one depth, their source left out, per RATIO_EDGES class of the
+    # predicted ratio (see ratio_band)
+    log_q_ratio: dict[str, list[float]] = field(default_factory=dict)
 
     def log_q(self, backend: str, q: str = "95") -> float:
         """The ~90% (q="90") or ~95% interval's bound on |log(predicted / measured)| for a machine of `backend`;
@@ -201,7 +208,7 @@ def _fit(test: str, points: list[Point], pool: float | None = None) -> Learned:
     coef = {k: float(math.exp(params[terms.index(k)])) for k in shared}
     coef |= {k: UNINFORMED.get(k, 1.0) for k in TERMS[test] if k not in terms}
     per_backend = {b: float(math.exp(params[len(terms) + i])) for i, b in enumerate(backends)}
-    return Learned(coef, per_backend, 0.0, 0.0)  # spreads: learn's
+    return Learned(coef, per_backend, 0.0)  # spreads: learn's
 
 
 def learn(test: str, points: list[Point], held_out: list[tuple[Point, float]]) -> Learned:
@@ -209,7 +216,7 @@ def learn(test: str, points: list[Point], held_out: list[tuple[Point, float]]) -
     held_out_errors) show."""
     learned = _fit(test, [p for p in points if p.test == test])
     learned.log_q95 = float(np.quantile(np.abs([e for _, e in held_out]), 0.95))
-    learned.log_q95_difference = float(np.quantile(difference_errors(held_out), 0.95))
+    learned.log_q_ratio = ratio_band([r for r in ratio_pairs(held_out) if r.at_one_depth])
     for b in sorted({p.machine.backend for p, _ in held_out}):
         e = np.abs([e for p, e in held_out if p.machine.backend == b])
         if (
@@ -221,25 +228,79 @@ def learn(test: str, points: list[Point], held_out: list[tuple[Point, float]]) -
     return learned
 
 
-# Placements a ranking weighs against each other differ by a few layers' experts: predicted within this of each
-# other (in log: 20%).
-NEAR = 0.2
+@dataclass(frozen=True)
+class RatioPair:
+    """Two points of one sweep of one machine (one family, test and size): the ratio of their speeds as predicted
+    (its log) and how far it lies from the measured one (log(predicted ratio / measured ratio), the difference of
+    the two points' errors: the machine's own offset, shared by both, cancels)."""
+
+    first: Point
+    second: Point
+    predicted: float
+    error: float
+
+    @property
+    def at_one_depth(self) -> bool:
+        """Whether the two differ in what a ranking weighs at one context (placement, KV cache type, ubatch) only."""
+        return self.first.run.get("depth") == self.second.run.get("depth")
+
+    @property
+    def differs_in(self) -> str:
+        """What differs between the two: n (the placement), depth, ubatch, kv (the cache type), joined with +."""
+        a, b = self.first.run, self.second.run
+        kv = (a.get("type_k"), a.get("type_v")) != (b.get("type_k"), b.get("type_v"))
+        differ = [k for k in ("n_cpu_moe", "depth", "ubatch") if a.get(k) != b.get(k)] + (["kv"] if kv else [])
+        return "+".join("n" if k == "n_cpu_moe" else k for k in differ) or "nothing (a repeat)"
 
 
-def difference_errors(held_out: list[tuple[Point, float]]) -> list[float]:
-    """How far off a predicted ratio between two placements is: |e1 - e2| for each pair of one setup's points at
-    one depth whose predictions are NEAR each other. Most of a setup's error is its own offset, shared by its
-    placements, and cancels here; what is left says when one placement is faster than another beyond doubt."""
-    by_sweep: dict[tuple[str, float], list[tuple[float, float]]] = {}
-    for p, e in held_out:
-        by_sweep.setdefault((p.setup, round(p.x["kv_gb"], 9)), []).append((math.log(p.tok_s) + e, e))
+def sweep_of(p: Point) -> tuple[str, str, str, object]:
+    """The sweep a point belongs to: its machine, its family of setups, its test and the test's size."""
+    return source_of(p), p.family or p.setup, p.test, p.run.get("size")
+
+
+def ratio_pairs(errors: list[tuple[Point, float]]) -> list[RatioPair]:
+    """Every pair of points of one sweep (sweep_of) with their errors (log(predicted / measured), from terms learned
+    without their source, or a held-out set's): how far each predicted ratio lies from the measured one."""
+    by_sweep: dict[tuple, list[tuple[Point, float]]] = {}
+    for p, e in errors:
+        by_sweep.setdefault(sweep_of(p), []).append((p, e))
     return [
-        abs(e1 - e2)
-        for pairs in by_sweep.values()
-        for i, (predicted1, e1) in enumerate(pairs)
-        for predicted2, e2 in pairs[i + 1 :]
-        if abs(predicted1 - predicted2) <= NEAR
+        RatioPair(p1, p2, math.log(p1.tok_s / p2.tok_s) + e1 - e2, e1 - e2)
+        for points in by_sweep.values()
+        for i, (p1, e1) in enumerate(points)
+        for p2, e2 in points[i + 1 :]
     ]
+
+
+def ratio_band(pairs: list[RatioPair]) -> dict[str, list[float]]:
+    """The 50%, 90% and 95% quantiles of |error| of `pairs`' predicted ratios, per RATIO_EDGES class of the predicted
+    ratio (a class no pair falls in takes all the pairs')."""
+    every = np.abs([r.error for r in pairs])
+    band: dict[str, list[float]] = {q: [] for q in ("50", "90", "95")}
+    for c in range(len(RATIO_EDGES) + 1):
+        mine = np.abs([r.error for r in pairs if ratio_class(r.predicted) == c])
+        for q, values in band.items():
+            values.append(float(f"{np.quantile(mine if len(mine) else every, int(q) / 100):.4g}"))
+    return band
+
+
+def top_picks(errors: list[tuple[Point, float]], fewest: int = 3) -> list[tuple[str, bool, float]]:
+    """Each sweep (sweep_of) at one depth with `fewest` placements or more that the predictions tell apart (points
+    predicted alike, such as decode at two ubatches, are one placement: their mean measured speed): its name,
+    whether the placement predicted fastest is the one measured fastest, and the measured speed of the prediction's
+    pick over the fastest's."""
+    by_sweep: dict[tuple, dict[float, list[float]]] = {}
+    for p, e in errors:
+        placements = by_sweep.setdefault((*sweep_of(p), p.run.get("depth")), {})
+        placements.setdefault(round(math.log(p.tok_s) + e, 9), []).append(p.tok_s)
+    picks = []
+    for key, placements in sorted(by_sweep.items(), key=lambda kv: str(kv[0])):
+        if len(placements) < fewest:
+            continue
+        measured = {predicted: float(np.mean(speeds)) for predicted, speeds in placements.items()}
+        pick, fastest = measured[max(measured)], max(measured.values())
+        picks.append((" ".join(str(k) for k in key[1:]), pick == fastest, pick / fastest))
+    return picks
 
 
 def source_of(p: Point) -> str:
@@ -251,9 +312,11 @@ def held_out_errors(
     test: str, points: list[Point], by: str = "source", pool: float | None = None
 ) -> list[tuple[Point, float]]:
     """Each point's log(predicted / measured) from terms learned without its source (by="source": every setup of
-    the machine it ran on) or without its setup alone (by="setup"); `pool` as _fit's."""
+    the machine it ran on), without its family alone (by="family": the machine's setups of one model that differ in
+    KV cache type or ubatch; its other models stay) or without its setup alone (by="setup"); `pool` as _fit's."""
     mine = [p for p in points if p.test == test]
-    group = source_of if by == "source" else (lambda p: p.setup)
+    groups = {"source": source_of, "family": lambda p: p.family or p.setup, "setup": lambda p: p.setup}
+    group = groups[by]
     out = []
     for key in sorted({group(p) for p in mine}):
         learned = _fit(test, [p for p in mine if group(p) != key], pool)  # spreads unused here
@@ -274,7 +337,9 @@ def load(path: Path = PRIOR_FILE) -> dict[str, Learned]:
     """A prior as to_json wrote it: the shipped one (learned_prior.json), or a user's from moeplace prior learn."""
     try:
         data = json.loads(Path(path).read_text())
-        prior = {t: Learned(**v) for t, v in data["tests"].items()}
+        # A prior written before the ratio band has log_q95_difference (two near placements' 95%): learn it again.
+        tests = {t: {k: x for k, x in v.items() if k != "log_q95_difference"} for t, v in data["tests"].items()}
+        prior = {t: Learned(**v) for t, v in tests.items()}
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise MoeplaceError(
             f"{path}: not a moeplace speed prior ({e}); write one with moeplace prior learn DIR -o {path} (the "
@@ -312,6 +377,6 @@ def speed_model(meta: ModelMeta, m: Machine, prior: dict[str, Learned] | None = 
             coef,
             dict.fromkeys(coef, SOURCE),
             spread=learned.log_q(m.backend) / Z95,
-            difference_spread=learned.log_q95_difference / Z95,
+            ratio_bound=learned.log_q_ratio.get("90"),
         )
     return SpeedModel(tests)

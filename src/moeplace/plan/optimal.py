@@ -1,12 +1,17 @@
 """`recommend --placement optimal`: every placement that fits a request at one context, for each KV cache type and
 ubatch worth trying, ranked by the speed model. Each is planned for the request as given (flash attention, slots,
 the tool's logits, the backend's copy of host experts, a projector, -nkvo, the user's pins) and checked by the same
-budget as the plain plan (memory.device_need), so no line it prints is one the plain plan would refuse."""
+budget as the plain plan (memory.device_need), so no line it prints is one the plain plan would refuse.
+
+What the speed model knows best on one machine is a ratio: whether one placement is faster than another, and by
+how much (the ratio band, docs/speed-prior.md). The ranking calls equivalent what that band cannot separate, and
+the advice (advise) names another placement only where the band separates it from the user's own."""
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
 from ..core.config import Device
@@ -94,7 +99,7 @@ class RankedPlacement(TypedDict, total=False):
     n_cpu_moe: int | None
     n_gpu_layers: int
     host_tensors: list[str]  # the whole host set, the user's pins included
-    equivalent: bool  # within the speed model's uncertainty of the best
+    equivalent: bool  # the ratio band of its predicted ratio to the best holds x1: not known to be slower
     override_tensor: str | None
     command: str
 
@@ -106,11 +111,11 @@ def rank_placements(
     budget's minimum, and where they differ from it the knapsack's -ot placements (the most expert bytes on the
     device, prefill's best, and the same less the hops the model prices, decode's best), each checked by the plain
     plan's budget, the user's pins kept in each, with the speed model's decode and prefill at that depth, best first
-    by the request's objective. A placement whose score is within the model's equivalence factor of the best is
-    `equivalent` to it: which is faster is not known, so the first of those in the order given leads (the user's KV
-    cache type and ubatch, --n-cpu-moe before -ot), not a gain inside the uncertainty. `host_tensors` is each
-    placement's whole host set, pins included. Where experts go to the host and the user pins none, the largest
-    whole-layer split that fits (-ngl, `n_gpu_layers`) is ranked beside them by its decode (layer_split)."""
+    by the request's objective (ties in the order given: the user's KV cache type and ubatch, --n-cpu-moe before -ot).
+    A placement whose predicted ratio to the best is within the ratio band (SpeedModel.ratio_bound) is `equivalent`
+    to it: which is faster is not known. `host_tensors` is each placement's whole host set, pins included. Where
+    experts go to the host and the user pins none, the largest whole-layer split that fits (-ngl, `n_gpu_layers`) is
+    ranked beside them by its decode (layer_split)."""
 
     meta, pins = on.meta, on.pins
     order: list[RankedPlacement] = []  # as given
@@ -128,18 +133,141 @@ def rank_placements(
         for name, n, host in candidates:
             tg = model.predict(meta, Run(0, ctx, "tg", 128, s.ubatch, s.type_k, s.type_v, host))
             pp = model.predict(meta, prefill_up_to(0, ctx, s.ubatch, s.type_k, s.type_v, host))
-            order.append(_row(name, s, tg, pp, request.objective) | {"n_cpu_moe": n, "host_tensors": sorted(host)})
+            order.append(_row(name, s, tg, pp, request.ranked_by) | {"n_cpu_moe": n, "host_tensors": sorted(host)})
         if p["n_cpu_moe"] and not pins.rules:  # some experts on the host: whole layers there instead
             order += _layer_split(on, asked, ctx, model, s)
-    ranked = sorted(order, key=lambda r: -(r["score"] or 0.0))
-    if not ranked or ranked[0]["score"] is None:
-        return ranked
-    tests = {"decode": ("tg",), "prefill": ("pp",)}.get(request.objective, ("tg", "pp"))
-    factor = max(model.equivalence_factor(t) for t in tests)
+    ranked = sorted(order, key=lambda r: -(r["score"] or 0.0))  # stable: ties keep the order given
+    best = ranked[0]["score"] if ranked else None
     for r in ranked:
-        r["equivalent"] = r["score"] is not None and r["score"] * factor >= ranked[0]["score"]
-    given = [r for r in order if r["equivalent"]]
-    return [given[0]] + [r for r in ranked if r is not given[0]]
+        score = r["score"]
+        r["equivalent"] = best is not None and score is not None and not separated(model, request, best, score)
+    return ranked
+
+
+OBJECTIVE_TESTS = {"decode": ("tg",), "prefill": ("pp",)}  # mix:W weighs both
+
+
+def band(model: Any, request: Request, ratio: float) -> float:
+    """The ~90% bound on log(measured / predicted) of a predicted `ratio` between two placements' scores: the ratio
+    band of a ratio that size, the wider of decode's and prefill's for a mix."""
+    tests = OBJECTIVE_TESTS.get(request.ranked_by, ("tg", "pp"))
+    return max(model.ratio_bound(t, math.log(ratio)) for t in tests)
+
+
+def separated(model: Any, request: Request, faster: float, slower: float) -> bool:
+    """Whether a placement scored `faster` is known to be faster than one scored `slower`: the ratio band of their
+    predicted ratio does not reach x1."""
+    ratio = faster / slower
+    return math.log(ratio) > band(model, request, ratio)
+
+
+@dataclass(frozen=True)
+class Gain:
+    """A placement's predicted speed over the user's own for the objective, with its ~90% ratio band."""
+
+    ratio: float
+    low: float
+    high: float
+
+
+class AdviceJson(TypedDict):
+    """An Advice as a plan's JSON carries it: rows by their index in the plan's placements."""
+
+    use: int
+    yours: int
+    gain: dict[str, float] | None  # ratio, low, high
+    costs: list[str]
+    contenders: list[int]
+    fastest: dict[str, float] | None  # the fastest predicted placement's ratio to yours, low, high
+
+
+@dataclass
+class Advice:
+    """What --placement optimal advises at one context: the line to use (the user's own unless another placement
+    that fits is predicted faster beyond the ratio band), its gain over the user's own, what it costs beyond speed,
+    and the contenders: the placements the band cannot tell from the best, which tune measures."""
+
+    use: RankedPlacement
+    yours: RankedPlacement
+    gain: Gain | None  # of `use` over `yours`; None where `use` is yours
+    costs: list[str] = field(default_factory=list)  # sentences
+    contenders: list[RankedPlacement] = field(default_factory=list)
+    fastest: Gain | None = None  # the fastest predicted placement over yours, with its band: separated or not
+
+    def as_json(self, ranked: list[RankedPlacement]) -> AdviceJson:
+        """This advice with its rows as their index in `ranked` (the list it was given)."""
+        index = {id(r): i for i, r in enumerate(ranked)}
+        return {
+            "use": index[id(self.use)],
+            "yours": index[id(self.yours)],
+            "gain": asdict(self.gain) if self.gain else None,
+            "costs": self.costs,
+            "contenders": [index[id(r)] for r in self.contenders],
+            "fastest": asdict(self.fastest) if self.fastest else None,
+        }
+
+
+def is_yours(row: RankedPlacement, request: Request) -> bool:
+    """The plain plan's placement: --n-cpu-moe at the budget's minimum, with the request's KV cache type and ubatch."""
+    mine = (request.type_k, request.type_v, request.ubatch)
+    return row["placement"] == "ncmoe" and (row["type_k"], row["type_v"], row["ubatch"]) == mine
+
+
+def advise(ranked: list[RankedPlacement], request: Request, model: Any) -> Advice | None:
+    """The advice from rank_placements' rows (None where the user's own placement does not fit or has no score):
+    among the placements predicted faster than the user's own beyond the ratio band, those the band cannot tell from
+    the fastest of them, and of these the one that costs least beyond speed (then the fastest)."""
+    yours = next((r for r in ranked if is_yours(r, request)), None)
+    if yours is None or yours["score"] is None:
+        return None
+    contenders = [r for r in ranked if r["equivalent"]]
+    fastest = gain(model, request, ranked[0], yours)
+    faster = [r for r in ranked if r["score"] is not None and separated(model, request, r["score"], yours["score"])]
+    if not faster:
+        return Advice(yours, yours, None, [], contenders, fastest)
+    top = faster[0]["score"]
+    alike = [r for r in faster if not separated(model, request, top, r["score"])]
+    use = min(alike, key=lambda r: len(costs(r, yours, request)))  # min is stable: the fastest of the cheapest
+    return Advice(use, yours, gain(model, request, use, yours), costs(use, yours, request), contenders, fastest)
+
+
+def gain(model: Any, request: Request, row: RankedPlacement, yours: RankedPlacement) -> Gain | None:
+    """`row`'s predicted score over the user's own, with the ratio band (None where either has no score)."""
+    if not row["score"] or not yours["score"]:
+        return None
+    ratio = row["score"] / yours["score"]
+    width = math.exp(band(model, request, ratio))
+    return Gain(ratio, ratio / width, ratio * width)
+
+
+# What a KV cache type costs beyond speed: keys and values rounded to fewer bits.
+KV_QUALITY = {
+    "q8_0": "keys and values rounded to 8 bits, a small loss of quality",
+    "q5_1": "keys and values rounded to 5 bits, a loss of quality",
+    "q5_0": "keys and values rounded to 5 bits, a loss of quality",
+    "q4_1": "keys and values rounded to 4 bits, a larger loss of quality, most at long context",
+    "q4_0": "keys and values rounded to 4 bits, a larger loss of quality, most at long context",
+}
+
+
+def costs(row: RankedPlacement, yours: RankedPlacement, request: Request) -> list[str]:
+    """What `row` costs beyond the objective's speed against the user's own placement, one sentence each: a KV cache
+    type rounded to fewer bits than theirs, a smaller ubatch, the other test predicted slower, a whole-layer split's
+    prefill the model does not give."""
+    out = []
+    kv = {row["type_k"], row["type_v"]} - {yours["type_k"], yours["type_v"]}
+    for t in sorted(kv & set(KV_QUALITY)):
+        out.append(f"A {t} KV cache: {KV_QUALITY[t]} (check it on your task).")
+    if row["ubatch"] < yours["ubatch"]:
+        out.append(f"A smaller ubatch (-ub {row['ubatch']}, yours {yours['ubatch']}) prefills a long prompt slower.")
+    tests = OBJECTIVE_TESTS.get(request.ranked_by, ("tg", "pp"))
+    for test, name in (("tg", "decode"), ("pp", "prefill")):
+        mine, theirs = row.get(test), yours.get(test)
+        if test not in tests and mine and theirs and mine["tok_s"] < theirs["tok_s"]:
+            out.append(f"Its {name} is predicted x{mine['tok_s'] / theirs['tok_s']:.2f} of yours.")
+    if row["placement"] == "ngl":
+        out.append("Whole layers on the host: the speed model gives no prefill for it.")
+    return out
 
 
 def _row(
@@ -166,4 +294,4 @@ def _layer_split(on: OnDevice, asked: Request, ctx: int, model: Any, s: Setting)
     if g is None or g > on.meta.n_layer:
         return []
     tg = predict_ngl(on.meta, model, g, ctx, 128, s.type_k, s.type_v)
-    return [_row("ngl", s, tg, None, asked.objective) | {"n_cpu_moe": None, "n_gpu_layers": g, "host_tensors": []}]
+    return [_row("ngl", s, tg, None, asked.ranked_by) | {"n_cpu_moe": None, "n_gpu_layers": g, "host_tensors": []}]

@@ -79,6 +79,8 @@ def points_json(points: list[Point]) -> str:
             "machine": p.machine.__dict__,
             "x": {k: float(f"{v:.6g}") for k, v in p.x.items()},
             "tok_s": float(f"{p.tok_s:.6g}"),
+            "family": p.family,
+            "run": p.run,
         }
         for p in points
     ]
@@ -88,7 +90,19 @@ def points_json(points: list[Point]) -> str:
 def load_points(path: Path = POINTS_FILE) -> list[Point]:
     try:
         rows = json.loads(Path(path).read_text())
-        return [Point(r["setup"], r["test"], Machine(**r["machine"]), r["x"], r["tok_s"], r["source"]) for r in rows]
+        return [
+            Point(
+                r["setup"],
+                r["test"],
+                Machine(**r["machine"]),
+                r["x"],
+                r["tok_s"],
+                r["source"],
+                r.get("family", ""),
+                r.get("run", {}),
+            )
+            for r in rows
+        ]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise MoeplaceError(
             f"{path}: not moeplace's stored published points ({e}); rewrite it with python tools/speed_prior.py."
@@ -109,7 +123,8 @@ def learn_prior(points: list[Point]) -> tuple[dict[str, Learned], dict[str, list
         p = learn(test, points, errors)
         p.coef = {k: rounded(v) for k, v in p.coef.items()}
         p.per_backend = {k: rounded(v) for k, v in p.per_backend.items()}
-        p.log_q95, p.log_q95_difference = rounded(p.log_q95), rounded(p.log_q95_difference)
+        p.log_q95 = rounded(p.log_q95)
+        p.log_q_ratio = {q: [rounded(v) for v in values] for q, values in p.log_q_ratio.items()}
         prior[test] = p
     if "tg" not in prior:
         raise MoeplaceError("no decode (tg) points: a prior needs llama-bench tg runs.")
@@ -247,7 +262,9 @@ def directory_points(folder: Path, models: dict[str, str], flags: MachineFacts, 
         scale = file_bytes / meta.total_bytes if file_bytes > 0 else 1.0
         x = point_features(meta, Run(n, depth, test, size, ubatch, type_k, type_v))
         x = {k: v * scale if k in ("device_gb", "host_gb", "link_gb", "active_gb") else v for k, v in x.items()}
-        points.append(Point(setup, test, machine, x, float(np.mean(speeds)), source))
+        run = {"n_cpu_moe": n, "depth": depth, "size": size, "ubatch": ubatch, "type_k": type_k, "type_v": type_v}
+        family = setup.rsplit("/", 1)[0]  # the setup less its KV cache type: one machine's runs of one model
+        points.append(Point(setup, test, machine, x, float(np.mean(speeds)), source, family, run))
     return points
 
 
@@ -273,6 +290,8 @@ def learn_from_directories(
         said.append(
             f"{test}: {len({p.setup for p, _ in errors})} setups from {sources} sources; each source left out: "
             f"median error {100 * math.expm1(float(np.median(e))):.0f}%, ~95% interval "
-            f"x{math.exp(prior[test].log_q95):.2f}"
+            f"x{math.exp(prior[test].log_q95):.2f}; a ratio of two placements of one machine, by its size "
+            f"(x1-1.11, -1.28, -1.65, beyond): ~90% x/÷"
+            + ", ".join(f"{math.exp(q):.2f}" for q in prior[test].log_q_ratio["90"])
         )
     return said

@@ -44,7 +44,7 @@ from .cards import card_named
 from .fixes import fixes, larger_machine, longest_context
 from .machine import DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
 from .offload import ot_value, read_pins
-from .optimal import OnDevice, RankedPlacement, rank_placements
+from .optimal import AdviceJson, OnDevice, RankedPlacement, advise, rank_placements
 from .request import Cache, Request, check_trained_context
 from .several_devices import DevicesPlanJson, Speed, SplitContext, several_devices
 from .speed import SpeedModel
@@ -81,6 +81,7 @@ class Plan(budget_mod.BudgetRow, total=False):
     commands: dict[str, str]  # the line for each tool: server, bench, llama-swap, ollama (a Modelfile)
     notes: list[str]  # what a line's reader should know: why the bench line keeps another n
     placements: list[RankedPlacement]
+    advice: AdviceJson  # with --placement optimal, where the plain plan's placement is ranked
 
 
 @dataclass(frozen=True)
@@ -309,6 +310,8 @@ def _complete(setup: Setup, p: Plan, model: SpeedModel | None) -> Plan:
     p["command"] = p["commands"][r.tool]
     if r.placement == "optimal":
         p["placements"] = _placements(setup, p["ctx"], model)
+        if advice := advise(p["placements"], r, model):
+            p["advice"] = advice.as_json(p["placements"])
     return p
 
 

@@ -191,7 +191,7 @@ class Request:
     emit: str = "server"  # the tool a line is for: llama-bench reserves logits for a whole batch, a server for one
     json: bool = False  # print the plan as JSON (for the --emit tool)
     placement: str = "ncmoe"
-    objective: str = "decode"
+    objective: str | None = None  # what --placement optimal ranks by (None: not given, decode); without it, refused
     explain: bool = False
     reserve: bool = False
     bin_dir: str | None = None
@@ -233,7 +233,8 @@ class Request:
             raise MoeplaceError(f"--parallel {self.parallel}: give 1 to {MAX_PARALLEL} server slots.")
         if self.margin_mib is not None and self.margin_mib < 0:
             raise MoeplaceError(f"--margin {self.margin_mib}: MiB kept free, 0 or more.")
-        parse_objective(self.objective)
+        if self.objective is not None:
+            parse_objective(self.objective)
         for size in self.vram or ():
             if parse_size(size, "--vram") <= 0:
                 raise MoeplaceError(f"--vram {size}: a card's memory is a positive size, e.g. 16GiB.")
@@ -272,7 +273,17 @@ class Request:
                 "--vram and the model's file."
             )
 
+    @property
+    def ranked_by(self) -> str:
+        """What --placement optimal ranks placements by: --objective, decode where not given."""
+        return self.objective or "decode"
+
     def _check_combinations(self) -> None:
+        if self.objective is not None and self.placement != "optimal":
+            raise MoeplaceError(
+                f"--objective {self.objective}: it says what --placement optimal ranks by, and the plain plan ranks "
+                "nothing; add --placement optimal."
+            )
         if self.constants is not None:
             if self.model or self.vram or self.auto or self.card:
                 raise MoeplaceError(

@@ -62,6 +62,15 @@ FIXED_PER_LAYER_S = 50e-6
 DEFAULT_SPREAD = 0.10
 MIN_SPREAD = 0.01  # no run repeats to better than this
 Z95 = 1.96
+Z90 = 1.645
+# A predicted ratio between two placements of one machine is off by more the larger it is: its ~90% band is learned
+# per class of |log(predicted ratio)|, these the upper edges (x1.11, x1.28, x1.65; the last class is open).
+RATIO_EDGES = (0.1, 0.25, 0.5)
+
+
+def ratio_class(log_ratio: float) -> int:
+    """The RATIO_EDGES class of a predicted ratio (its log): 0 for x1 to x1.11, ..., len(RATIO_EDGES) beyond."""
+    return sum(abs(log_ratio) > edge for edge in RATIO_EDGES)
 
 
 @dataclass(frozen=True)
@@ -173,9 +182,10 @@ class TestModel:
     # For a prior coefficient with an sd: how the probe's fixed time per layer moves per unit of it (anchored
     # solves the fixed time with it), which moves the shares of a fit at one depth too.
     fixed_lever: dict[str, float] = field(default_factory=dict)
-    # Relative sd of the ratio of two placements' predictions, where known (the learned prior's, which shares most
-    # of its error between placements); None: two independent errors of `spread`.
-    difference_spread: float | None = None
+    # The ~90% bound on |log(predicted / measured)| of a ratio between two placements of one machine, per
+    # RATIO_EDGES class of the predicted ratio, where known (the learned prior's: most of its error is a machine's
+    # own offset, shared by its placements); None: two independent errors of `spread`.
+    ratio_bound: list[float] | None = None
 
     def seconds(self, x: dict[str, float]) -> float:
         return sum(self.coef.get(k, 0.0) * v for k, v in x.items())
@@ -217,14 +227,16 @@ class SpeedModel:
             return None
         return model.rate(features(meta, run))
 
-    def equivalence_factor(self, test: str) -> float:
-        """The ~95% bound on a predicted ratio between two placements: closer than this, which is faster is not
-        known (a ranking calls them equivalent)."""
+    def ratio_bound(self, test: str, log_ratio: float) -> float:
+        """The ~90% bound on how far a predicted ratio between two placements of one machine (its log) lies from the
+        measured one: the ratio is known within x/÷exp(bound); closer to 1 than that, which is faster is not known
+        (a ranking calls them equivalent)."""
         m = self.tests.get(test)
         if m is None:
             return math.inf
-        sd = m.difference_spread if m.difference_spread is not None else math.sqrt(2) * m.spread
-        return math.exp(Z95 * sd)
+        if m.ratio_bound:
+            return m.ratio_bound[min(ratio_class(log_ratio), len(m.ratio_bound) - 1)]
+        return Z90 * math.sqrt(2) * m.spread
 
     def to_json(self) -> JsonObject:
         return {
@@ -236,9 +248,10 @@ class SpeedModel:
 
     @classmethod
     def from_json(cls, data: JsonObject, where: str = "calibration") -> SpeedModel:
-        try:
-            return cls({k: TestModel(**v) for k, v in data["tests"].items()})
-        except (KeyError, TypeError) as e:
+        try:  # a file of moeplace 0.x before the ratio band has difference_spread, now ratio_bound
+            tests = {k: {f: x for f, x in v.items() if f != "difference_spread"} for k, v in data["tests"].items()}
+            return cls({k: TestModel(**v) for k, v in tests.items()})
+        except (KeyError, TypeError, AttributeError) as e:
             raise MoeplaceError(
                 f"{where}: not a moeplace calibration file ({e}); make one with moeplace calibrate."
             ) from None
