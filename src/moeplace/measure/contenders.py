@@ -135,7 +135,7 @@ class PlacementTune:
 
     ranked: list[RankedPlacement]
     race: Race
-    calibration: dict | None
+    calibration: JsonObject | None
     reranked: list[RankedPlacement] | None
 
 
@@ -176,7 +176,12 @@ def bench_measure(
         failed = [r for r in records if r["status"] != "ok"]
         if failed:
             return f"{failed[0]['status']}: {failed[0].get('error') or 'see the log'}"
-        return {r["test"]: float(r.get("median_ts") or r["avg_ts"]) for r in records}
+        speeds = {}
+        for r in records:
+            value = r.get("median_ts") or r["avg_ts"]
+            assert value is not None, r  # an ok record has its speed
+            speeds[r["test"]] = float(value)
+        return speeds
 
     return measure, found
 

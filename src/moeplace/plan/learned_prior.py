@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -261,7 +262,7 @@ def sweep_of(p: Point) -> tuple[str, str, str, object]:
 def ratio_pairs(errors: list[tuple[Point, float]]) -> list[RatioPair]:
     """Every pair of points of one sweep (sweep_of) with their errors (log(predicted / measured), from terms learned
     without their source, or a held-out set's): how far each predicted ratio lies from the measured one."""
-    by_sweep: dict[tuple, list[tuple[Point, float]]] = {}
+    by_sweep: dict[tuple[str, str, str, object], list[tuple[Point, float]]] = {}
     for p, e in errors:
         by_sweep.setdefault(sweep_of(p), []).append((p, e))
     return [
@@ -289,7 +290,7 @@ def top_picks(errors: list[tuple[Point, float]], fewest: int = 3) -> list[tuple[
     predicted alike, such as decode at two ubatches, are one placement: their mean measured speed): its name,
     whether the placement predicted fastest is the one measured fastest, and the measured speed of the prediction's
     pick over the fastest's."""
-    by_sweep: dict[tuple, dict[float, list[float]]] = {}
+    by_sweep: dict[tuple[object, ...], dict[float, list[float]]] = {}
     for p, e in errors:
         placements = by_sweep.setdefault((*sweep_of(p), p.run.get("depth")), {})
         placements.setdefault(round(math.log(p.tok_s) + e, 9), []).append(p.tok_s)
@@ -315,7 +316,11 @@ def held_out_errors(
     the machine it ran on), without its family alone (by="family": the machine's setups of one model that differ in
     KV cache type or ubatch; its other models stay) or without its setup alone (by="setup"); `pool` as _fit's."""
     mine = [p for p in points if p.test == test]
-    groups = {"source": source_of, "family": lambda p: p.family or p.setup, "setup": lambda p: p.setup}
+    groups: dict[str, Callable[[Point], str]] = {
+        "source": source_of,
+        "family": lambda p: p.family or p.setup,
+        "setup": lambda p: p.setup,
+    }
     group = groups[by]
     out = []
     for key in sorted({group(p) for p in mine}):

@@ -151,7 +151,7 @@ def band(model: Any, request: Request, ratio: float) -> float:
     """The ~90% bound on log(measured / predicted) of a predicted `ratio` between two placements' scores: the ratio
     band of a ratio that size, the wider of decode's and prefill's for a mix."""
     tests = OBJECTIVE_TESTS.get(request.ranked_by, ("tg", "pp"))
-    return max(model.ratio_bound(t, math.log(ratio)) for t in tests)
+    return max(float(model.ratio_bound(t, math.log(ratio))) for t in tests)
 
 
 def separated(model: Any, request: Request, faster: float, slower: float) -> bool:
@@ -226,7 +226,8 @@ def advise(ranked: list[RankedPlacement], request: Request, model: Any) -> Advic
     if not faster:
         return Advice(yours, yours, None, [], contenders, fastest)
     top = faster[0]["score"]
-    alike = [r for r in faster if not separated(model, request, top, r["score"])]
+    assert top is not None  # `faster` holds only scored rows
+    alike = [r for r in faster if r["score"] is not None and not separated(model, request, top, r["score"])]
     use = min(alike, key=lambda r: len(costs(r, yours, request)))  # min is stable: the fastest of the cheapest
     return Advice(use, yours, gain(model, request, use, yours), costs(use, yours, request), contenders, fastest)
 
@@ -262,7 +263,7 @@ def costs(row: RankedPlacement, yours: RankedPlacement, request: Request) -> lis
         out.append(f"A smaller ubatch (-ub {row['ubatch']}, yours {yours['ubatch']}) prefills a long prompt slower.")
     tests = OBJECTIVE_TESTS.get(request.ranked_by, ("tg", "pp"))
     for test, name in (("tg", "decode"), ("pp", "prefill")):
-        mine, theirs = row.get(test), yours.get(test)
+        mine, theirs = (row["tg"], yours["tg"]) if test == "tg" else (row["pp"], yours["pp"])
         if test not in tests and mine and theirs and mine["tok_s"] < theirs["tok_s"]:
             out.append(f"Its {name} is predicted x{mine['tok_s'] / theirs['tok_s']:.2f} of yours.")
     if row["placement"] == "ngl":

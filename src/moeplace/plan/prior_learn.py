@@ -262,7 +262,9 @@ def directory_points(folder: Path, models: dict[str, str], flags: MachineFacts, 
         scale = file_bytes / meta.total_bytes if file_bytes > 0 else 1.0
         x = point_features(meta, Run(n, depth, test, size, ubatch, type_k, type_v))
         x = {k: v * scale if k in ("device_gb", "host_gb", "link_gb", "active_gb") else v for k, v in x.items()}
-        run = {"n_cpu_moe": n, "depth": depth, "size": size, "ubatch": ubatch, "type_k": type_k, "type_v": type_v}
+        run: dict[str, int | str] = {
+            "n_cpu_moe": n, "depth": depth, "size": size, "ubatch": ubatch, "type_k": type_k, "type_v": type_v
+        }  # fmt: skip
         family = setup.rsplit("/", 1)[0]  # the setup less its KV cache type: one machine's runs of one model
         points.append(Point(setup, test, machine, x, float(np.mean(speeds)), source, family, run))
     return points
