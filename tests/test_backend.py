@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
-from conftest import ROOT
+from cli_helpers import moeplace as run_here
 
 
 def stand_ins(folder: Path, **programs: str) -> dict[str, str]:
@@ -23,9 +23,16 @@ def stand_ins(folder: Path, **programs: str) -> dict[str, str]:
     return {**os.environ, "PATH": f"{folder}:/usr/bin:/bin", "CUDA_HOME": str(folder), "ROCM_PATH": str(folder)}
 
 
+def moeplace(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """The command in this process, in `env`; ROCM_PATH as a new process would read it when the module loads."""
+    from moeplace.runtime import backend
+
+    with mock.patch.object(backend, "ROCM", env["ROCM_PATH"]):
+        return run_here(*args, env=env)
+
+
 def doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "moeplace.cli", "doctor", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env)  # fmt: skip
+    return moeplace(env, "doctor", *args)
 
 
 def test_cpu_here_and_cuda_with_an_nvidia_gpu_and_nvcc(tmp_path):
@@ -78,14 +85,14 @@ def test_a_plan_for_this_machines_card_takes_its_datasheet_bandwidth(tmp_path, s
     said; one it cannot tell apart (the 3060's two buses) keeps moeplace's default (640 GB/s), and says why. The
     host's RAM is measured here in either case (not the default 57.6 GB/s)."""
     env = stand_ins(tmp_path / "nvidia", **{"nvidia-smi": f"{card}, 24564, 23000, 8.9"})
-    cmd = [sys.executable, "-m", "moeplace.cli", "recommend", str(small_moe), "--vram", "auto", "--ctx", "4096"]
-    plan = subprocess.run([*cmd, "--json"], capture_output=True, text=True, cwd=ROOT, env=env)
+    cmd = ["recommend", str(small_moe), "--vram", "auto", "--ctx", "4096"]
+    plan = moeplace(env, *cmd, "--json")
     assert plan.returncode == 0, plan.stderr
     (row,) = json.loads(plan.stdout)  # one context
     assumed = row["assumptions"]
     assert assumed["bw_vram_gbps"] == gbps and assumed["bw_ddr_gbps"] != 57.6 and assumed["bw_ddr_gbps"] > 0.5
     assert "the host: measured here" in assumed["speed_source"]
-    text = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env).stdout
+    text = moeplace(env, *cmd).stdout
     said = "RTX 4090's datasheet (nvidia.com" if gbps == 1008 else "RTX 3060 is not in moeplace's table of cards"
     assert said in text
 
@@ -95,11 +102,11 @@ def test_a_machine_with_two_cards_gets_a_plan_over_both(tmp_path, small_moe):
     card's free memory as read, the backend's --vram auto margin kept on each."""
     smi = "NVIDIA GeForce RTX 3090, 24576, 23000, 8.6\nNVIDIA GeForce RTX 3060, 12288, 11000, 8.6"
     env = stand_ins(tmp_path / "nvidia", **{"nvidia-smi": smi})
-    cmd = [sys.executable, "-m", "moeplace.cli", "recommend", str(small_moe), "--vram", "auto", "--ctx", "4096"]
-    (plan,) = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, cwd=ROOT, env=env).stdout)
+    cmd = ["recommend", str(small_moe), "--vram", "auto", "--ctx", "4096"]
+    (plan,) = json.loads(moeplace(env, *cmd, "--json").stdout)
     assert [d["vram_bytes"] for d in plan["devices"]] == [23000 * 2**20, 11000 * 2**20]
     assert {d["margin_bytes"] for d in plan["devices"]} == {768 * 2**20} and plan["fits"]
-    text = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env).stdout
+    text = moeplace(env, *cmd).stdout
     assert "free now on NVIDIA GeForce RTX 3090, NVIDIA GeForce RTX 3060 (nvidia-smi)" in text and " -ts " in text
 
 

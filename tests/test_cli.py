@@ -1,15 +1,14 @@
-"""The `moeplace` command as a user types it."""
+"""The `moeplace` command as a user types it (in the test's process, but where the process itself is the point)."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
-import subprocess
-import sys
 import time
 
 import yaml
+from cli_helpers import moeplace, moeplace_process
 from conftest import ROOT
 
 from moeplace.model.meta import from_json
@@ -30,12 +29,8 @@ SEED_ARGS = [
 ]
 
 
-def moeplace(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "moeplace.cli", *args], capture_output=True, text=True, cwd=ROOT)
-
-
 def test_recommend_constants_mode_is_the_seed_script():
-    out = moeplace("recommend", *SEED_ARGS, "--ctx", "8192,32768,65536")
+    out = moeplace_process("recommend", *SEED_ARGS, "--ctx", "8192,32768,65536")  # as typed: a new process
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 3
@@ -85,13 +80,13 @@ def test_inspect_json_has_the_documented_keys(small_moe):
 def test_bad_inputs_give_one_line_not_a_traceback(tmp_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"NOTAGGUF" + bytes(100))
-    for args in (
-        ["inspect", str(junk)],
-        ["inspect", str(tmp_path / "missing.gguf")],
-        ["recommend", str(junk), "--vram", "16", "--ctx", "1"],
-        ["recommend", "--ctx", "abc"],
+    for run, args in (
+        (moeplace_process, ["inspect", str(junk)]),  # a new process: no traceback reaches the terminal
+        (moeplace, ["inspect", str(tmp_path / "missing.gguf")]),  # in this one, an escaped exception fails the test
+        (moeplace, ["recommend", str(junk), "--vram", "16", "--ctx", "1"]),
+        (moeplace, ["recommend", "--ctx", "abc"]),
     ):
-        out = moeplace(*args)
+        out = run(*args)
         assert out.returncode != 0
         assert "Traceback" not in out.stderr
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
@@ -117,7 +112,7 @@ def test_inspect_reads_a_split_400_gb_deepseek_v3_header_twin_from_any_shard(tmp
     shards = sorted(tmp_path.glob("ds-*-of-00009.gguf"))
     assert len(shards) == 9 and out.stdout.strip() == f"wrote {shards[0]}"
     started = time.perf_counter()
-    done = moeplace("inspect", str(shards[4]), "--json")
+    done = moeplace_process("inspect", str(shards[4]), "--json")
     seconds = time.perf_counter() - started
     meta = from_json(json.loads(done.stdout))  # the JSON reads back as the model it describes
     print(f"moeplace inspect on a {meta.total_bytes / 1e9:.0f} GB split twin: {seconds:.2f} s")

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
-from conftest import ROOT
+from cli_helpers import moeplace, moeplace_process
 from corpus import ids, samples
 
 LOGS = samples("log")
@@ -16,10 +15,10 @@ MiB = 2**20
 
 
 def explain(tmp_path, text: str, *args: str) -> subprocess.CompletedProcess:
+    """`moeplace explain` on a pasted log, in this process (the file tests below start the command as a process)."""
     log = tmp_path / "pasted.log"
     log.write_text(text)
-    return subprocess.run([sys.executable, "-m", "moeplace.cli", "explain", str(log), *args], capture_output=True,
-                          text=True, cwd=ROOT)  # fmt: skip
+    return moeplace("explain", str(log), *args)
 
 
 def explain_here(tmp_path, capsys, text: str, as_json: bool) -> tuple[int, str]:
@@ -194,8 +193,7 @@ def test_a_file_that_is_not_a_log_gets_one_line(content, says, tmp_path):
         path.mkdir()
     else:
         path.write_bytes(content)
-    out = subprocess.run([sys.executable, "-m", "moeplace.cli", "explain", str(path)], capture_output=True, text=True,
-                         cwd=ROOT)  # fmt: skip
+    out = moeplace_process("explain", str(path))
     assert out.returncode == 2 and out.stdout == ""
     (line,) = out.stderr.strip().splitlines()
     assert says in line and str(path) in line
@@ -204,8 +202,7 @@ def test_a_file_that_is_not_a_log_gets_one_line(content, says, tmp_path):
 def test_a_windows_utf16_log_is_read(tmp_path):
     log = tmp_path / "server.log"
     log.write_bytes(sample("rocm-kv-oom-qwen35-27b-rx9060xt").text.encode("utf-16"))
-    out = subprocess.run([sys.executable, "-m", "moeplace.cli", "explain", str(log)], capture_output=True, text=True,
-                         cwd=ROOT)  # fmt: skip
+    out = moeplace_process("explain", str(log))
     assert out.returncode == 1 and "ROCm0 ran out of memory while allocating the KV cache" in out.stdout
 
 

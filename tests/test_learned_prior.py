@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from cli_helpers import moeplace
 from conftest import ROOT
 from published_sweeps import prior_points, published, twins
 
@@ -174,8 +175,8 @@ def test_predict_speaks_the_learned_prior_per_backend(tmp_path):
     def predict(backend: str) -> dict:
         argv = ["predict", str(path), "--n-cpu-moe", "24", "--bw-vram", "672", "--bw-ddr", "60", "--card-tflops",
                 "44.1", "--backend", backend, "--json"]  # fmt: skip
-        code = f"from moeplace.cli import main; main({argv!r})"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        out = moeplace(*argv)
+        assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)[0]
 
     cuda, vulkan = predict("cuda"), predict("vulkan")
@@ -247,8 +248,8 @@ def test_a_prior_learned_from_published_directories_is_used_by_predict(tmp_path)
     for prior in (None, str(out)):
         argv = ["predict", str(gguf), "--n-cpu-moe", "24", "--bw-vram", "672", "--bw-ddr", "64", "--card-tflops", "44",
                 "--json", *(["--prior", prior] if prior else [])]  # fmt: skip
-        code = f"from moeplace.cli import main; main({argv!r})"
-        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        run = moeplace(*argv)
+        assert run.returncode == 0, run.stderr
         speeds[prior] = json.loads(run.stdout)[0]["tg_tok_s"]
     model = speed_model(inspect_gguf(gguf), Machine("cuda", 672, 64, 31.5, 44), load(out))
     assert speeds[str(out)] == pytest.approx(model.predict(inspect_gguf(gguf), Run(24, 0, "tg", 128))["tok_s"])

@@ -9,11 +9,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
+from cli_helpers import moeplace as run_here
 from conftest import ROOT, Q, write_gguf
 
 from moeplace.model.meta import from_json
@@ -21,13 +21,8 @@ from moeplace.model.twin import load_spec, write_twin
 
 
 def moeplace(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "moeplace.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PATH": "/usr/bin:/bin", **(env or {})},  # no ollama binary to ask
-    )
+    """The command in this process, in this environment with `env` over it."""
+    return run_here(*args, env={**os.environ, "PATH": "/usr/bin:/bin", **(env or {})})  # no ollama binary to ask
 
 
 def inspect_json(ref: str, env: dict[str, str] | None = None) -> dict:

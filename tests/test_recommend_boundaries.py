@@ -5,12 +5,11 @@ B580): the answer is never on the out-of-memory side, and says the boundary itse
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_helpers import moeplace
 from conftest import ROOT
 
 from moeplace.core.backends import margin_bytes
@@ -37,7 +36,7 @@ def minimum_n(model: Path, b: dict, vram_mib: int, *extra: str) -> int:
     args = ["recommend", str(model), "--vram", f"{vram_mib}MiB", "--backend", b["backend"], "--ctx", str(b["ctx"]),
             "--json", "--flash-attn", b.get("flash_attn", "auto"), "--cache-type-k",
             b.get("type_k", "f16"), "--cache-type-v", b.get("type_v", "f16"), *extra]  # fmt: skip
-    out = subprocess.run([sys.executable, "-m", "moeplace.cli", *args], capture_output=True, text=True, cwd=ROOT)
+    out = moeplace(*args)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)[0]  # the boundaries are llama-bench's: its n, which may be one past the server's
     return plan["n_cpu_moe_by_tool"]["bench"] if plan["n_cpu_moe"] is not None else None

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
+import time
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
+from cli_helpers import moeplace
 from conftest import ROOT
 from published_sweeps import published, sweeps, twins
 
@@ -396,14 +396,12 @@ def test_predict_cli_answers_json_fast_on_a_large_split_header_twin(tmp_path):
     path = write_twin(big, tmp_path / "big.gguf", "none")
     meta = inspect_model(path)
     assert meta.total_bytes > 90 * GB
-    code = ("import time, sys; from moeplace.cli import main; t = time.perf_counter(); "
-            f"main(['predict', {str(path)!r}, '--depth', '0,32768', '--json']); "
-            "print(time.perf_counter() - t, file=sys.stderr)")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    started = time.perf_counter()
+    out = moeplace("predict", str(path), "--depth", "0,32768", "--json")
+    seconds = time.perf_counter() - started
     rows = json.loads(out.stdout)
     assert len(rows) == 2 * 95 and {"n_cpu_moe", "depth", "tg_tok_s", "pp_tok_s", "tg_low", "tg_high"} <= set(rows[0])
     assert rows[0]["tg_tok_s"] > rows[-1]["tg_tok_s"] and rows[0]["pp_tok_s"] > rows[-1]["pp_tok_s"]
-    seconds = float(out.stderr.strip().splitlines()[-1])
     print(f"moeplace predict on a {meta.total_bytes / GB:.0f} GB twin: {seconds:.2f} s")
     assert math.isfinite(seconds)
 
@@ -425,26 +423,15 @@ def test_calibrate_cli_from_llama_bench_jsonl_feeds_predict_and_recommend(tiny, 
     runs = tmp_path / "runs.jsonl"
     runs.write_text("\n".join(lines) + "\n")
     out = tmp_path / "calibration.json"
-    moeplace = [sys.executable, "-m", "moeplace.cli"]
-    done = subprocess.run(
-        [*moeplace, "calibrate", str(model), str(runs), "-o", str(out)], capture_output=True, text=True
-    )
+    done = moeplace("calibrate", str(model), str(runs), "-o", str(out))
     assert done.returncode == 0, done.stderr
     assert "host_gb" in done.stdout and "(fit)" in done.stdout
-    rows = json.loads(
-        subprocess.run(
-            [*moeplace, "predict", str(model), "--calibration", str(out), "--n-cpu-moe", "4", "--json"],
-            capture_output=True,
-            text=True,
-        ).stdout  # fmt: skip
-    )
+    rows = json.loads(moeplace("predict", str(model), "--calibration", str(out), "--n-cpu-moe", "4", "--json").stdout)
     x = features(tiny, Run(4, 0, "tg", 128))
     assert rows[0]["tg_tok_s"] == pytest.approx(1 / sum(truth["tg"].get(k, 0) * v for k, v in x.items()), rel=0.02)
     assert rows[0]["pp_tok_s"] > 0
-    rec = subprocess.run([*moeplace, "recommend", str(model), "--vram", "100MB", "--margin", "10", "--ctx", "4096",
-                          "--calibration", str(out)], capture_output=True, text=True)  # fmt: skip
+    rec = moeplace("recommend", str(model), "--vram", "100MB", "--margin", "10", "--ctx", "4096", "--calibration",
+                   str(out))  # fmt: skip
     assert "expected: decode" in rec.stdout and "prefill" in rec.stdout and "unknown" not in rec.stdout
-    bad = subprocess.run(
-        [*moeplace, "calibrate", str(model), str(tmp_path / "nope.jsonl")], capture_output=True, text=True
-    )
+    bad = moeplace("calibrate", str(model), str(tmp_path / "nope.jsonl"))
     assert bad.returncode == 2 and bad.stderr.startswith("moeplace: ") and "Traceback" not in bad.stderr
