@@ -17,13 +17,13 @@ NAMES = {"cuda", "rocm", "hip", "vulkan", "metal", "sycl", "rpc", "lavapipe"}
 
 
 def _literal_lists(path) -> list[tuple[int, set[str]]]:
-    """Tuples, lists, sets and dict keys written in a module that hold three or more backend names."""
+    """Statements of a module that name three or more backends in their literals: a list, a table of pairs, a
+    mapping, however nested (a comparison with two names, `b == "cuda" or b == "rocm"`, is not a list)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
-        items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
-        if not isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)) or not items:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.Return, ast.Expr)):
             continue
-        named = {i.value for i in items if isinstance(i, ast.Constant) and i.value in NAMES}
+        named = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in NAMES}
         if len(named) >= 3:
             found.append((node.lineno, named))
     return found
@@ -41,6 +41,10 @@ def test_no_module_keeps_its_own_list_of_backends():
 def test_the_check_sees_a_list_where_there_is_one(tmp_path):
     module = tmp_path / "m.py"
     module.write_text('MARGINS = {"cuda": 768, "rocm": 768, "metal": 1024}\n')
+    assert _literal_lists(module) == [(1, {"cuda", "rocm", "metal"})]
+    module.write_text(
+        'INIT = ((re.compile("CUDA"), "cuda"), (re.compile("ROCm"), "rocm"), (re.compile("MTL"), "metal"))\n'
+    )
     assert _literal_lists(module) == [(1, {"cuda", "rocm", "metal"})]
 
 

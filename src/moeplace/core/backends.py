@@ -37,31 +37,36 @@ class BackendRecord:
     install: str | None = None  # what a machine with its GPU lacks to build it
     unified: bool = False  # its memory is the host's RAM (Apple Silicon): the card and the host are one pool
     software: bool = False  # no GPU under it: an emulated or CPU-rendered device, capped exactly
+    started: str = ""  # a regex of what llama.cpp logs as it starts the backend (how explain tells a log's backend)
+    vendor: str = ""  # the GPU maker whose cards it is the native backend of (the card table's sources)
 
 
 BACKENDS: tuple[BackendRecord, ...] = (
     BackendRecord(
         "cuda", "CUDA", ("CUDA",), 768, 768, _CUDA_EVIDENCE, op_offload=True, build="cuda", cmake=("-DGGML_CUDA=ON",),
         install="the CUDA toolkit for nvcc (Debian: apt-get install nvidia-cuda-toolkit; or NVIDIA's cuda-toolkit)",
+        started=r"found \d+ CUDA devices", vendor="nvidia",
     ),
     BackendRecord(
         "rocm", "ROCm", ("ROCm", "HIP"), 768, 768, "none of its own: CUDA's", op_offload=True, build="hip",
         cmake=("-DGGML_HIP=ON",), install="ROCm's HIP compiler hipcc (Debian: apt-get install hipcc; or AMD's "
-        "rocm-hip-sdk)",
+        "rocm-hip-sdk)", started=r"found \d+ ROCm devices", vendor="amd",
     ),
     BackendRecord(
         "vulkan", "Vulkan", ("Vulkan",), 768, 768, "none of its own: CUDA's", op_offload=True, build="vulkan",
         cmake=("-DGGML_VULKAN=ON",), install="the Vulkan SDK's glslc and headers (Debian: apt-get install glslc "
-        "libvulkan-dev)",
+        "libvulkan-dev)", started=r"ggml_vulkan: Found \d+ Vulkan devices",
     ),
     BackendRecord(
         "metal", "MTL", ("MTL", "Metal"), 1024, 1024,
         "--vram is the recommended working set, which llama.cpp reports as the card's; macOS keeps the rest",
-        op_offload=False, unified=True,
+        op_offload=False, unified=True, started=r"ggml_metal_init|ggml_metal_device_init|MTL\d|Metal_Mapped",
+        vendor="apple",
     ),
     BackendRecord(
         "sycl", "SYCL", ("SYCL",), 768, 448,
         "five Arc B580 boundaries: 698-997 MiB over its size, 369-668 MiB over its free memory", op_offload=True,
+        started=r"ggml_sycl_init|SYCL\d", vendor="intel",
     ),
     BackendRecord(
         "rpc", "RPC", ("RPC",), 0, 0, "the emulated device is capped exactly: nothing beyond", op_offload=False,
@@ -74,8 +79,16 @@ BACKENDS: tuple[BackendRecord, ...] = (
     ),
 )  # fmt: skip
 
-# Backends llama.cpp has that moeplace reads in logs but does not plan for.
-LOGGED_ONLY: tuple[tuple[str, str], ...] = (("MUSA", "musa"), ("CANN", "cann"))
+# Backends llama.cpp has that moeplace reads in logs but does not plan for: (device prefix, name, what starts it).
+LOGGED_ONLY: tuple[tuple[str, str, str], ...] = (
+    ("MUSA", "musa", r"found \d+ MUSA devices"),
+    ("CANN", "cann", r"CANN\d"),
+)
+# What llama.cpp logs as it starts each backend, and the backend: how a pasted log's backend is told.
+STARTED = (
+    *((b.started, b.name) for b in BACKENDS if b.started),
+    *((started, name) for _, name, started in LOGGED_ONLY),
+)
 
 NAMES = tuple(b.name for b in BACKENDS)
 # What llamacpp.backend builds: auto (the first GPU whose toolkit is here) or one record's build.
@@ -95,6 +108,11 @@ def backend(name: str) -> BackendRecord:
 def built_as(build: str) -> BackendRecord:
     """The backend a llama.cpp build runs its device on (llamacpp.backend: cpu is the emulated device, rpc)."""
     return next(b for b in BACKENDS if b.build == build)
+
+
+def native(vendor: str) -> str:
+    """The backend llama.cpp runs a maker's cards on natively (CUDA for NVIDIA's, ROCm for AMD's, ...)."""
+    return next(b.name for b in BACKENDS if b.vendor == vendor)
 
 
 def op_offload(name: str) -> bool:

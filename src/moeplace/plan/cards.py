@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from ..core.backends import backend as backend_record
+from ..core.backends import native
 from ..core.errors import MoeplaceError
 
 SOURCES = {
@@ -212,11 +214,10 @@ class Card(NamedTuple):
     def backends(self) -> tuple[str, ...]:
         """The llama.cpp backends that run this card: its vendor's, Vulkan (not on a Mac), or behind an RPC
         server."""
-        return (self.backend, "rpc") if self.backend == "metal" else (self.backend, "vulkan", "rpc")
+        return (self.backend, "rpc") if backend_record(self.backend).unified else (self.backend, "vulkan", "rpc")
 
 
 _BRANDS = {"nvidia", "geforce", "amd", "radeon", "intel", "apple", "tesla", "instinct"}
-_BACKEND = {"amd": "rocm", "intel": "sycl", "apple": "metal", "apple-computed": "metal"}
 
 
 def _typed_words(name: str) -> list[str]:
@@ -259,5 +260,5 @@ def card_named(text: str) -> Card:
         )
     if size and int(size[:-2]) != memory:
         raise MoeplaceError(f"--card {text!r}: the {name} has {memory} GB, not {size[:-2]}; check the name.")
-    backend = _BACKEND.get(row.source, "cuda")
+    backend = native(row.source.split("-")[0])  # a source key starts with the maker: nvidia-pro, apple-computed
     return Card(name, memory * 2**30, row.gbps, row.tflops, backend, _sheet(name, row.source), row.unified)

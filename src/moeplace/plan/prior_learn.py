@@ -205,6 +205,17 @@ def measured_runs(path: Path) -> list[Row]:
     return rows
 
 
+RunKey = tuple[str, str, str, int, int, str, str, int, int, Machine, float]
+
+
+def _run_key(row: Row, setup: str, test: str, size: int, meta: ModelMeta, machine: Machine) -> RunKey:
+    """What makes a published row the same point as another: repeats of it are averaged."""
+    n = min(int(row.get("n_cpu_moe") or 0), meta.n_layer)
+    kv = (str(row.get("type_k")), str(row.get("type_v")))
+    model, ubatch, depth = str(row.get("model")), int(row.get("n_ubatch") or 512), int(row.get("n_depth") or 0)
+    return (setup, model, test, size, ubatch, *kv, n, depth, machine, float(row.get("model_size") or 0))
+
+
 def directory_points(folder: Path, models: dict[str, str], flags: MachineFacts, tmp: Path) -> list[Point]:
     """The runs of one published directory as points: measured rows of --n-cpu-moe placements (-ot and layer
     splits left out), repeats of a point averaged; one source."""
@@ -220,7 +231,7 @@ def directory_points(folder: Path, models: dict[str, str], flags: MachineFacts, 
     source = f"{name} ({', '.join(manifest.get('hosts') or [])})"
     cache: dict[str, ModelMeta | None] = {}
     metas: dict[str, ModelMeta] = {}
-    runs: dict[tuple[str, str, str, int, int, str, str, int, int, Machine, float], list[float]] = {}
+    runs: dict[RunKey, list[float]] = {}
     for row in measured_runs(folder / SQLITE):
         if (avg_ts := row.get("avg_ts")) is None or (row.get("tensor_buft_overrides") or "none") != "none":
             continue
@@ -237,20 +248,7 @@ def directory_points(folder: Path, models: dict[str, str], flags: MachineFacts, 
         size = int(tokens)
         machine = _machine(folder, row, given)
         setup = f"{name}/{row.get('model')}/{row.get('gpu_info')}/{row.get('type_k')}-{row.get('type_v')}"
-        key = (
-            setup,
-            str(row.get("model")),
-            test,
-            size,
-            int(row.get("n_ubatch") or 512),
-            str(row.get("type_k")),
-            str(row.get("type_v")),
-            min(int(row.get("n_cpu_moe") or 0), meta.n_layer),
-            int(row.get("n_depth") or 0),
-            machine,
-            float(row.get("model_size") or 0),
-        )
-        runs.setdefault(key, []).append(float(avg_ts))
+        runs.setdefault(_run_key(row, setup, test, size, meta, machine), []).append(float(avg_ts))
     if not runs:
         raise MoeplaceError(
             f"{folder}: no measured --n-cpu-moe runs of a model at hand; give each model's file as "
@@ -262,9 +260,8 @@ def directory_points(folder: Path, models: dict[str, str], flags: MachineFacts, 
         scale = file_bytes / meta.total_bytes if file_bytes > 0 else 1.0
         x = point_features(meta, Run(n, depth, test, size, ubatch, type_k, type_v))
         x = {k: v * scale if k in ("device_gb", "host_gb", "link_gb", "active_gb") else v for k, v in x.items()}
-        run: dict[str, int | str] = {
-            "n_cpu_moe": n, "depth": depth, "size": size, "ubatch": ubatch, "type_k": type_k, "type_v": type_v
-        }  # fmt: skip
+        run: dict[str, int | str] = {"n_cpu_moe": n, "depth": depth, "size": size, "ubatch": ubatch}
+        run |= {"type_k": type_k, "type_v": type_v}
         family = setup.rsplit("/", 1)[0]  # the setup less its KV cache type: one machine's runs of one model
         points.append(Point(setup, test, machine, x, float(np.mean(speeds)), source, family, run))
     return points

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..core.backends import STARTED
 from .llama_buffers import Buffers, Load, live_parts, merged, read_loads
 from .llama_failures import OutOfMemory, find_error, find_oom, pipeline_retry
 from .llama_names import MiB, backend_of, device_name
@@ -38,15 +39,7 @@ _GPU_NAMES = (
     re.compile(r"ggml_metal_init: found device: (.+)$"),
     re.compile(r"^\|\s*\d+\|\s*\[level_zero:gpu:\d+\]\|\s*([^|]+?)\s*\|"),  # SYCL's device table
 )
-_BACKEND_OF_INIT = (
-    (re.compile(r"found \d+ ROCm devices"), "rocm"),
-    (re.compile(r"found \d+ CUDA devices"), "cuda"),
-    (re.compile(r"found \d+ MUSA devices"), "musa"),
-    (re.compile(r"ggml_vulkan: Found \d+ Vulkan devices"), "vulkan"),
-    (re.compile(r"ggml_metal_init|ggml_metal_device_init|MTL\d|Metal_Mapped"), "metal"),
-    (re.compile(r"ggml_sycl_init|SYCL\d"), "sycl"),
-    (re.compile(r"CANN\d"), "cann"),
-)
+_BACKEND_OF_INIT = tuple((re.compile(started), name) for started, name in STARTED)
 
 
 # llama.cpp's --fit (on by default since late 2025) and llama-fit-params size the buffers without allocating them.

@@ -12,10 +12,10 @@ MiB = 2**20
 # winning, then the backends moeplace only reads, and the host's).
 _BACKEND_OF_BUFFER = (
     *((prefix, b.name) for b in BACKENDS for prefix in b.log_prefixes),
-    *LOGGED_ONLY,
+    *((prefix, name) for prefix, name, _ in LOGGED_ONLY),
     ("CPU", "cpu"),
 )
-_DEVICE_PREFIX = {**{b.name: b.device_prefix for b in BACKENDS}, **{name: prefix for prefix, name in LOGGED_ONLY}}
+_DEVICE_PREFIX = {**{b.name: b.device_prefix for b in BACKENDS}, **{name: prefix for prefix, name, _ in LOGGED_ONLY}}
 
 
 def is_host(buffer: str) -> bool:
