@@ -155,7 +155,7 @@ def drafts(metas, tmp_path_factory) -> dict[str, tuple]:
     draft = write_twin(load_spec(ROOT / "config/models/qwen3-1.7b.yaml"), folder / "qwen3-1.7b.gguf")
     coder = metas["qwen3-coder-30b-a3b"].files[0].path
     spec = load_spec(ROOT / "config/models/qwen3.6-35b-a3b.yaml")
-    mtp = replace(spec, n_layer=spec.n_layer + 1, params={**spec.params, "nextn_predict_layers": 1})
+    mtp = replace(spec, n_layer=spec.n_layer + 1, params=replace(spec.params, nextn_predict_layers=1))
     qwen36 = write_twin(mtp, folder / "qwen3.6-mtp.gguf")
     return {
         "draft": (metas["qwen3-coder-30b-a3b"], read_speculative(None, coder, str(draft)), str(draft)),
