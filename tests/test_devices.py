@@ -211,7 +211,7 @@ def test_the_lowest_ncmoe_across_two_devices_is_what_loads(tmp_path):
     target = DeviceTarget("emulated", "", 40 * 10**6, 1.0, (30 * 10**6,))
     workloads = [Workload(ctx, ub, "on") for ctx in (4096, 8192, 16384, 32768) for ub in (256, 512)]
     log = tmp_path / "budget.log"
-    table = devices_budget_table(meta, path, m, target, 0, workloads, log)
+    table = devices_budget_table(meta, path, m, target, Device(target.vram_bytes, 0), workloads, log)
     setup = device_setup(target, m)
     with attached(setup, m, split_cpus(True), log) as rpc:
         for w, n in zip(workloads, table.n_cpu_moe):
