@@ -38,3 +38,11 @@ def test_a_budget_row_has_exactly_the_keys_budgetrow_declares(small_moe):
     beside = {"spec_type", "draft_weights_bytes", "draft_kv_bytes", "draft_compute_bytes", "pool_ram_bytes",
               "pool_used_bytes"}  # fmt: skip
     assert set(row) == set(BudgetRow.__annotations__) - beside
+
+
+def test_the_published_sqlite_keeps_llama_benchs_columns():
+    from moeplace.report.bench_sqlite import LLAMA_BENCH_FIELDS
+
+    # an optional field (a pasted table's row may lack its spread) keeps its column, as llama-bench's own table has it
+    assert LLAMA_BENCH_FIELDS["stddev_ts"] == "REAL" and LLAMA_BENCH_FIELDS["avg_ns"] == "INTEGER"
+    assert "samples_ts" not in LLAMA_BENCH_FIELDS and len(LLAMA_BENCH_FIELDS) == 38  # the per-sample arrays stay out

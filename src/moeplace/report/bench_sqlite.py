@@ -10,7 +10,8 @@ import sqlite3
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_type_hints
+from types import UnionType
+from typing import Any, get_args, get_type_hints
 
 from ..core.records import BenchRecord, LlamaBenchRow, Row
 from ..runtime.outputs import atomic_path
@@ -20,7 +21,15 @@ SQL_TABLES = ("llama_bench", "failed_runs")
 # llama-bench's SQL table (its -o sql, read by scripts/compare-llama-bench.py): field -> SQL type, from its JSON row's
 # fields (a flag is an INTEGER in SQL); the per-sample arrays stay out.
 _SQL_TYPES = {str: "TEXT", int: "INTEGER", bool: "INTEGER", float: "REAL"}
-LLAMA_BENCH_FIELDS = {k: _SQL_TYPES[t] for k, t in get_type_hints(LlamaBenchRow).items() if t in _SQL_TYPES}
+
+
+def _sql_type(hint: Any) -> str | None:
+    """A field's SQL type, an optional one's (`float | None`: NULL where absent) as its value's; None: not a scalar."""
+    kinds = [k for k in get_args(hint) if k is not type(None)] if isinstance(hint, UnionType) else [hint]
+    return _SQL_TYPES.get(kinds[0]) if len(kinds) == 1 else None
+
+
+LLAMA_BENCH_FIELDS = {k: sql for k, hint in get_type_hints(LlamaBenchRow).items() if (sql := _sql_type(hint))}
 MEASURED = ("avg_ns", "stddev_ns", "avg_ts", "stddev_ts")  # NULL for a run that failed
 # moeplace's own columns beside them: what a run measured and where.
 OUR_FIELDS = {
