@@ -208,3 +208,15 @@ def test_the_library_call_takes_a_draft_and_a_mac(twins):
     assert "LLAMA_ARG_SPEC_DRAFT_MODEL" in p["commands"]["ollama"] and "-md" not in p["commands"]["bench"]
     mac = moeplace.recommend(twins["gpt-oss-120b"], ctx=32768, vram="36GiB", backend="metal")
     assert not mac.fits and any("a Mac with 96 GB" in line for line in mac.errors())
+
+
+def test_a_unified_machine_s_host_side_reads_the_chip_s_memory(twins, capsys):
+    """On an M4 Pro (273 GB/s, Apple's figure) experts "on the host" are read from the same unified memory: the
+    plan's host figure and the prior's link are the chip's 273 GB/s, not a PC's DDR5 default (57.6)."""
+    path = twins["gpt-oss-20b"]
+    (p,) = json.loads(_cli(capsys, "recommend", path, "--card", "M4 Pro 48GB", "--ctx", "8192", "--json")[1])
+    a = p["assumptions"]
+    assert a["bw_vram_gbps"] == a["bw_ddr_gbps"] == 273
+    assert "the host side: the same unified memory, 273 GB/s" in a["speed_source"]
+    (pc,) = json.loads(_cli(capsys, "recommend", path, "--card", "RTX 4090", "--ctx", "8192", "--json")[1])
+    assert pc["assumptions"]["bw_ddr_gbps"] == 57.6

@@ -124,9 +124,11 @@ def margin_bytes(request: Request, backend: str) -> tuple[int, str]:
     return backends.margin_bytes(backend, against_free=request.auto), source
 
 
-def _speeds(request: Request, card: str | None) -> tuple[float, float, float, str, bool]:
+def _speeds(request: Request, card: str | None, unified: bool) -> tuple[float, float, float, str, bool]:
     """The bandwidths and card compute the prior is given: the user's flags, else the named card's datasheet (and
-    for --vram auto this host's RAM, measured), else moeplace's defaults; and where each came from."""
+    for --vram auto this host's RAM, measured), else moeplace's defaults; and where each came from. On unified
+    memory the host side reads the same RAM as the GPU, so its figure is the GPU's (as the prior learned the
+    published Strix Halo and DGX Spark sweeps)."""
     s = request.speeds
     measured = False
     if request.auto and card:
@@ -138,6 +140,10 @@ def _speeds(request: Request, card: str | None) -> tuple[float, float, float, st
     else:
         (vram, ddr), tflops = DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
         source = "moeplace's defaults, the seed's workstation; --card, or --bw-vram/--bw-ddr/--card-tflops for yours"
+    if unified and not measured:
+        vram = s.bw_vram_gbps or vram
+        ddr = vram
+        source = source.split("; the host:")[0] + f"; the host side: the same unified memory, {vram:g} GB/s"
     host, host_measured = s.host
     given = [
         flag
@@ -175,7 +181,7 @@ def assumptions(request: Request, free: FreeMemory | None) -> Assumptions:
     if request.speeds.calibration:
         speed = f"fitted to your runs ({request.speeds.calibration})"
     else:
-        card_gbps, ddr_gbps, tflops, speed, measured = _speeds(request, card)
+        card_gbps, ddr_gbps, tflops, speed, measured = _speeds(request, card, pool is not None)
         bw = (card_gbps, ddr_gbps, tflops)
         prior = f"--prior {request.speeds.prior}" if request.speeds.prior else "docs/speed-prior.md"
         speed += f"; the host figure {'measured' if measured else 'a datasheet figure'}; efficiencies learned from "
@@ -193,10 +199,11 @@ def speed_model(
     backend: str = "cuda",
     tflops: float | None = None,
     host_measured: bool | None = None,
+    unified: bool = False,
 ) -> SpeedModel:
     """--calibration's fitted model, else the prior (--prior's, or the one learned from the shipped sweeps) for these
     bandwidths and card compute (each, where not given, the flag's or moeplace's default); the host figure measured
-    or a datasheet's as `host_measured` says (None: as the flags say)."""
+    or a datasheet's as `host_measured` says (None: as the flags say); on `unified` memory the link is the RAM."""
 
     if speeds.calibration:
         try:
@@ -206,11 +213,13 @@ def speed_model(
         return SpeedModel.from_json(data, f"--calibration {speeds.calibration}")
     vram, ddr = bw or (None, None)
     host, measured = speeds.host
+    card_gbps = vram or speeds.bw_vram_gbps or DEFAULT_BANDWIDTHS[0]
     machine = Machine(
         backend,
-        vram or speeds.bw_vram_gbps or DEFAULT_BANDWIDTHS[0],
+        card_gbps,
         ddr or host or DEFAULT_BANDWIDTHS[1],
-        speeds.bw_link_gbps or DEFAULT_LINK_GBPS,
+        # unified memory copies nothing over a link: the "host" experts are in the GPU's own RAM
+        speeds.bw_link_gbps or (card_gbps if unified else DEFAULT_LINK_GBPS),
         tflops or speeds.card_tflops or DEFAULT_CARD_TFLOPS,
         measured if host_measured is None else host_measured,
     )

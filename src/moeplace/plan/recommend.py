@@ -270,7 +270,15 @@ def _plan_contexts(setup: Setup, contexts: list[int], notes: tuple[str, ...]) ->
         ws = [r.workload(c, setup.backend) for c in contexts]
         plans = [budget_mod.plan(meta, device, w, compute, setup.extra_bytes, setup.pins, beside) for w in ws]
     model = (
-        speed_model(r.speeds, setup.header, (a.bw_vram_gbps, a.bw_ddr_gbps), a.backend, a.card_tflops, a.ddr_measured)
+        speed_model(
+            r.speeds,
+            setup.header,
+            (a.bw_vram_gbps, a.bw_ddr_gbps),
+            a.backend,
+            a.card_tflops,
+            a.ddr_measured,
+            unified=a.pool is not None,
+        )
         if a
         else None
     )
