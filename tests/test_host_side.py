@@ -102,3 +102,24 @@ def test_a_line_handler_that_fails_never_stalls_the_child():
     assert result.ok and not result.timed_out
     assert result.stderr.count("prompt run") == 4000
     assert result.stderr.count("moeplace: stopped following this output: [Errno 3] No such process") == 1
+
+
+@pytest.mark.skipif(REALTIME is not None, reason=f"the host side cannot be slowed here: {REALTIME}")
+def test_each_timed_run_gets_what_the_kernel_saw_of_it(tmp_path):
+    """runtime/noise.py, on a stand-in the kernel names llama-bench: per timed run (prompt, generation; not the
+    depth fill) the slowed core's real-time thread held the CPU about 7/8 of the time and the stand-in ran about
+    1/8 of it, waiting the rest: the kernel's own accounting (schedstat) of what the slowing is meant to do."""
+    stand_in = tmp_path / "llama-bench"
+    stand_in.symlink_to(sys.executable)
+    setup = DeviceSetup("emulated", "test", 2**30, host_slowdown=SLOWDOWN)
+    with host_side(setup, (0,), tmp_path / "log") as host:
+        result = run([str(stand_in), "-c", PHASES], before_exec=host.enter, on_stderr_line=host.on_line)
+        reps = host.noise.take()
+    assert result.ok, result.stderr
+    (_, prompt), (_, generation) = reps  # of benchmark 1; the depth fill is not timed
+    for seen in (prompt, generation):
+        assert 500 < seen["wall_ms"] < 2000 and seen["steal_host_ms"] >= 0, seen
+        assert 0.6 < seen["spinner_on_cpu"] < 0.95, seen
+    assert prompt["host_on_cpu"] < 0.3 < prompt["host_waiting"], prompt
+    assert prompt["host_switches"] > 100, prompt  # preempted by the real-time thread each millisecond
+    assert "host_on_cpu" not in generation  # the stand-in ended before the run was read again

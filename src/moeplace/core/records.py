@@ -146,6 +146,7 @@ class BenchRecord(Provenance, total=False):
     avg_ts: float | None
     stddev_ts: float | None
     samples_ts: list[float]
+    samples_noise: list[dict[str, float] | None]  # what the machine did to each repetition (runtime/noise.py)
     baseline_samples_ts: list[float]
     repetitions: int
     cv: float | None

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import BenchSettings
-from ..core.records import BenchRecord, FileRecord, LlamaBenchRow, Provenance
+from ..core.records import BenchRecord, FileRecord, Provenance
 from ..core.stats import repetitions_for
 from ..runtime.build import Build
 from ..runtime.cpus import Quiet, split_cpus, wait_for_quiet
@@ -35,12 +35,13 @@ from ..runtime.tool_output import bench_records, garbled_records
 from .bench_record import measured_record, parse_log
 from .repetitions import (
     Arm,
+    add_noise,
+    add_rows,
     fewest_repetitions,
     imprecise,
     next_batch,
     precise_enough,
     rows_per_arm,
-    samples_of,
     stop_when_enough,
     test_of,
 )
@@ -269,7 +270,8 @@ def _batch(
         )
     logs = _arm_logs(result.stderr, len(arms), len(tests))
     printed = rows_per_arm(arms, rows)
-    _add_rows(arms, printed, logs, result.wall_s, len(tests))
+    add_rows(arms, printed, logs, result.wall_s, len(tests))
+    add_noise(arms, printed, rows, s.host.noise.take(), len(tests))
     if rpc and result.ok and f"RPC0[{rpc.split(',')[0]}]" not in result.stderr:
         # llama-bench runs on the CPU when it cannot reach the RPC server: not the device measured
         for a in arms:
@@ -287,23 +289,6 @@ def _batch(
     if status == "ok":
         status, reason = "error", "llama-bench stopped early"
     arms[failed].failure = (status, reason, tail(logs[failed]))
-
-
-def _add_rows(arms: list[Arm], printed: list[list[LlamaBenchRow]], logs: list[str], wall_s: float, tests: int) -> None:
-    """Each arm's rows of one process, its whole passes (those a failed run finished too), its log where it has
-    none yet, and its share of the process's time."""
-    whole = [mine[: len(mine) - len(mine) % tests] for mine in printed]
-    measured = [sum(sum(r.get("samples_ns") or []) for r in done) / 1e9 for done in whole]
-    for a, arm_log, own_rows, own_s in zip(arms, logs, whole, measured):
-        a.batches += 1
-        # The process's fixed part (start, loads, the fill) counts for each arm, its repetitions for their own.
-        a.wall_s += wall_s - (sum(measured) - own_s)
-        a.measured_s += own_s
-        if not a.first:  # its log: that of the process that measured it first (or failed it)
-            a.stderr = arm_log
-        for r in own_rows:
-            a.first.setdefault(test_of(r), r)
-            a.samples.setdefault(test_of(r), []).extend(samples_of(r))
 
 
 def _paired_repetitions(s: _Session) -> int:

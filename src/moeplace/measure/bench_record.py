@@ -71,6 +71,7 @@ def measured_record(
         "avg_ts": mean,
         "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
         "samples_ts": samples,
+        "samples_noise": arm.noise.get(test) or [None] * len(samples),
         "repetitions": len(samples),
         "cv": cv,
         "ci95_halfwidth_pct": 100 * halfwidth if math.isfinite(halfwidth) else None,

@@ -28,6 +28,8 @@ class Arm:
     n_cpu_moe: int
     overrides: str | None
     samples: dict[str, list[float]] = field(default_factory=dict)
+    # beside each sample, what the machine did to that repetition (runtime/noise.py; None where unread)
+    noise: dict[str, list[dict[str, float] | None]] = field(default_factory=dict)
     first: dict[str, LlamaBenchRow] = field(default_factory=dict)  # llama-bench's row per test
     stderr: str = ""
     batches: int = 0
@@ -162,3 +164,37 @@ def next_batch(wanted: int, allowed: int, fixed_s: float, repetition_s: float, l
     worth = math.ceil(fixed_s / max(repetition_s, 1e-9))
     batch = max(0, min(allowed, max(wanted, worth, 1), affordable))
     return batch if batch >= min(worth, allowed) else 0
+
+
+def add_rows(arms: list[Arm], printed: list[list[LlamaBenchRow]], logs: list[str], wall_s: float, tests: int) -> None:
+    """Each arm's rows of one process, its whole passes (those a failed run finished too), its log where it has
+    none yet, and its share of the process's time."""
+    whole = [mine[: len(mine) - len(mine) % tests] for mine in printed]
+    measured = [sum(sum(r.get("samples_ns") or []) for r in done) / 1e9 for done in whole]
+    for a, arm_log, own_rows, own_s in zip(arms, logs, whole, measured):
+        a.batches += 1
+        # The process's fixed part (start, loads, the fill) counts for each arm, its repetitions for their own.
+        a.wall_s += wall_s - (sum(measured) - own_s)
+        a.measured_s += own_s
+        if not a.first:  # its log: that of the process that measured it first (or failed it)
+            a.stderr = arm_log
+        for r in own_rows:
+            a.first.setdefault(test_of(r), r)
+            a.samples.setdefault(test_of(r), []).extend(samples_of(r))
+
+
+def add_noise(
+    arms: list[Arm],
+    printed: list[list[LlamaBenchRow]],
+    rows: list[LlamaBenchRow],
+    noise: list[tuple[int, dict[str, float]]],
+    tests: int,
+) -> None:
+    """Beside each sample add_rows kept, what the machine did to its repetition: llama-bench prints its rows in
+    the order it runs its benchmarks, so the j-th row's repetitions are those of benchmark j + 1."""
+    benchmark = {id(r): j + 1 for j, r in enumerate(rows)}
+    for a, mine in zip(arms, printed):
+        for r in mine[: len(mine) - len(mine) % tests]:
+            reps = [found for b, found in noise if b == benchmark[id(r)]]
+            n = len(samples_of(r))
+            a.noise.setdefault(test_of(r), []).extend(reps if len(reps) == n else [None] * n)

@@ -226,6 +226,12 @@ def speed_model(
     return learned(meta, machine, load_prior(speeds.prior))
 
 
+def assumed_speed_model(speeds: Speeds, meta: ModelMeta, a: Assumptions) -> SpeedModel:
+    """A plan's speed model, for the machine its assumptions name."""
+    bw = (a.bw_vram_gbps, a.bw_ddr_gbps)
+    return speed_model(speeds, meta, bw, a.backend, a.card_tflops, a.ddr_measured, unified=a.pool is not None)
+
+
 def card_speed_model(speeds: Speeds, meta: ModelMeta, card: str | None, backend: str | None) -> SpeedModel:
     """`predict`'s speed model: --card's datasheet bandwidth and TFLOPS where a card is named, its backend unless
     --backend says another (else CUDA's)."""

@@ -30,6 +30,7 @@ from . import commands
 from .assumed import (
     Assumptions,
     Expected,
+    assumed_speed_model,
     assumptions,
     box_note,
     describe_speed,
@@ -269,19 +270,7 @@ def _plan_contexts(setup: Setup, contexts: list[int], notes: tuple[str, ...]) ->
         beside, device = replace(setup.beside, draft_compute=draft_compute), setup.device
         ws = [r.workload(c, setup.backend) for c in contexts]
         plans = [budget_mod.plan(meta, device, w, compute, setup.extra_bytes, setup.pins, beside) for w in ws]
-    model = (
-        speed_model(
-            r.speeds,
-            setup.header,
-            (a.bw_vram_gbps, a.bw_ddr_gbps),
-            a.backend,
-            a.card_tflops,
-            a.ddr_measured,
-            unified=a.pool is not None,
-        )
-        if a
-        else None
-    )
+    model = assumed_speed_model(r.speeds, setup.header, a) if a else None
     complete: list[Plan] = []
     for p in plans:
         complete.append(_complete(setup, Plan(**p), model))

@@ -28,6 +28,7 @@ from .build import Build
 from .cpus import CpuSplit, pin, realtime_refusal, slowed
 from .llamacpp import free_device_bytes, require_binary
 from .native import build_native
+from .noise import RepetitionNoise
 from .process import run_checked, spawn, stop
 from .vulkan import LABEL, lavapipe_env
 
@@ -219,10 +220,11 @@ class HostSide:
     """How a measured llama.cpp process runs: `enter` before exec (pinned to its CPUs), and `on_line` for each
     line of its stderr: with a slowed host, llama-bench's --progress lines slow its CPUs while a prompt or
     generation run is timed and leave them free for the rest (the depth fill, the warmups), which, slowed, would
-    cost minutes and measure nothing."""
+    cost minutes and measure nothing; and `noise` reads what the machine did to each timed run (noise.py)."""
 
     enter: Callable[[], None]
-    on_line: Callable[[str], None] | None = None
+    on_line: Callable[[str], None]
+    noise: RepetitionNoise
 
 
 PROGRESS = re.compile(r"llama-bench: benchmark \d+/\d+: (.*)")  # --progress: what it starts next
@@ -232,8 +234,9 @@ PROGRESS = re.compile(r"llama-bench: benchmark \d+/\d+: (.*)")  # --progress: wh
 def host_side(device: DeviceSetup, cpus: tuple[int, ...], log_path: Path) -> Iterator[HostSide]:
     """The measured process's side of `device`: pinned to `cpus` and, on an emulated device with a slowed host,
     those CPUs host_slowdown times slower while timed (runtime.cpus.slowed)."""
+    noise = RepetitionNoise(cpus, tuple(sorted(os.sched_getaffinity(0))))
     if device.host_slowdown <= 1:
-        yield HostSide(lambda: pin(cpus))
+        yield HostSide(lambda: pin(cpus), noise.on_line, noise)
         return
     ever_timed = False
     with slowed(cpus, device.host_slowdown, log_path) as slow:
@@ -244,8 +247,9 @@ def host_side(device: DeviceSetup, cpus: tuple[int, ...], log_path: Path) -> Ite
                 timed = m[1].startswith(("prompt run", "generation run"))
                 ever_timed |= timed
                 slow(timed)
+            noise.on_line(line)
 
-        yield HostSide(lambda: pin(cpus), on_line)
+        yield HostSide(lambda: pin(cpus), on_line, noise)
     if not ever_timed:
         log.warning("the host side was never slowed: llama-bench printed no timed run (no --progress lines?)")
 
