@@ -163,3 +163,37 @@ def test_the_example_config_sweeps_checks_memory_and_budgets_on_vulkan0(tmp_path
     check = pd.read_csv(wd / "results/tables/budget_check.csv").iloc[0]  # the budget, the loads, llama-fit-params
     assert check.predicted_n == check.measured_n == check.fit_params_n == n_min and check.status == "ok"
     assert (wd / "results/figures/ncmoe_4k.png").stat().st_size > 20_000
+
+
+def test_a_draft_model_s_buffers_on_vulkan0_are_the_plan_s(tmp_path):
+    """Issue 63 on a Vulkan device: llama-server with the tiny draft twin (-md) beside the tiny MoE twin, half its
+    experts on the host: the main model's and the draft's weights and KV caches on Vulkan0 are the plan's, to the
+    0.01 MiB llama.cpp prints (the emulated device's check is tests/test_draft_llamacpp.py)."""
+    from test_draft_llamacpp import CTX, MODELS, contexts_of, device_of
+    from test_recommend_llamacpp import PRINTED, MiB, serve_one_completion
+
+    from moeplace.model.draft import draft_need, read_speculative
+    from moeplace.model.kvcache import pad
+    from moeplace.model.memory import SERVER, Workload, device_need
+    from moeplace.model.metadata import inspect_model
+    from moeplace.model.twin import load_spec, write_twin
+
+    model, draft = (str(write_twin(load_spec(MODELS / f"{n}.yaml"), tmp_path / f"{n}.gguf", "random"))
+                    for n in ("tiny-qwen3moe", "tiny-draft"))  # fmt: skip
+    meta, w = inspect_model(model), Workload(CTX, outputs=SERVER)
+    spec = read_speculative("draft-simple", model, draft)
+    n = meta.n_layer // 2
+    main, ours = device_need(meta, spec.main(meta, w), n), draft_need(spec, meta, w, n)
+    argv = [str(require_binary(manifest(), "llama-server")), "-m", model, "-c", str(CTX), "-ngl", "99"]
+    argv += ["--n-cpu-moe", str(n), "--parallel", "1", *w.llama_args()[4:6], *spec.llama_args(draft), "-v", "-t", "1"]
+    assert serve_one_completion(argv, tmp_path / "server.log")["tokens_predicted"] == 1
+    log = (tmp_path / "server.log").read_text()
+    (main_load, main_ctx), (draft_load, draft_ctx) = contexts_of(log, pad(CTX))[-2:]
+    assert list(main_load.weights.devices) == ["Vulkan0"] and draft_load is not main_load
+    for logged, planned in (
+        (device_of(main_load.weights)["weights"], main.weights),
+        (device_of(main_ctx)["kv"], main.kv),
+        (device_of(draft_load.weights)["weights"], ours.weights),
+        (device_of(draft_ctx)["kv"], ours.kv),
+    ):
+        assert logged / MiB == pytest.approx(planned / MiB, abs=PRINTED), (logged, planned)
