@@ -1,7 +1,8 @@
 """The README's first command, as it ran: recorded runs (docs/runs/*.json) and the README's figure caption and
 time table written from them, so no figure in the README is typed by hand (issue 65).
 
-    python docs/first_run.py record [--bare]   # run the README's first line in a clean clone of HEAD; record it
+    python docs/first_run.py record [--bare] [--tests]   # run the README's first line (--tests: its second) in a
+                                                       # clean clone of HEAD; record it
     python docs/first_run.py [--check]         # write (or check) the README's block from the records
 
 `record` clones the committed HEAD into a scratch folder and runs the README's first line there, command by
@@ -37,10 +38,10 @@ FIGURE = "results/figures/ncmoe_32k.png"
 TEST = {"tg": "decode", "pp": "prefill"}
 
 
-def first_line() -> list[str]:
-    """The README's first command, split at its &&s."""
+def readme_line(index: int) -> list[str]:
+    """The README's first (0) or second (1) command, split at its &&s."""
     block = README.read_text().split("```bash\n", 1)[1]
-    return [part.strip() for part in block.splitlines()[0].split("&&")]
+    return [part.strip() for part in block.splitlines()[index].split("&&")]
 
 
 def _cpu() -> str:
@@ -82,7 +83,21 @@ def _medians(clone: Path) -> list[dict[str, object]]:
     ]
 
 
-def record(bare: bool) -> Path:
+def _run_line(index: int, clone: Path, env: dict[str, str]) -> tuple[dict[str, float], str]:
+    """Each command of the README's line `index` run in `clone`, timed (by its program's name); their output."""
+    parts, output = {}, ""
+    for command in readme_line(index):
+        t0 = time.monotonic()
+        done = subprocess.run(shlex.split(command), cwd=clone, env=env, capture_output=True, text=True)
+        parts[shlex.split(command)[0].split("/")[-1]] = round(time.monotonic() - t0, 1)
+        output += done.stdout + done.stderr
+        if done.returncode:
+            sys.exit(f"first_run.py record: `{command}` failed:\n{output[-3000:]}")
+    return parts, output
+
+
+def record(bare: bool, tests: bool) -> Path:
+    """Run the README's first command (or with `tests` its second) in a clean clone of HEAD; its record's path."""
     dirty = ["git", "status", "--porcelain", "--untracked-files=no"]
     if subprocess.run(dirty, cwd=ROOT, capture_output=True, text=True, check=True).stdout:
         sys.exit("first_run.py record: commit first; a run is recorded against a commit, not a working tree")
@@ -92,34 +107,25 @@ def record(bare: bool) -> Path:
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         if bare:
             env["XDG_CACHE_HOME"] = str(Path(scratch) / "cache")
-        parts, output = {}, ""
-        for command in first_line():
-            t0 = time.monotonic()
-            done = subprocess.run(shlex.split(command), cwd=clone, env=env, capture_output=True, text=True)
-            parts[shlex.split(command)[0].split("/")[-1]] = round(time.monotonic() - t0, 1)
-            output += done.stdout + done.stderr
-            if done.returncode:
-                sys.exit(f"first_run.py record: `{command}` failed:\n{output[-3000:]}")
+        parts, output = _run_line(1 if tests else 0, clone, env)
         stamp = datetime.now(timezone.utc)
-        run = {
+        run: dict = {
+            "command": "tests" if tests else "first",
             "date": stamp.strftime("%Y-%m-%d %H:%M UTC"),
             "commit": commit.stdout.strip()[:12],
             "cpu": _cpu(),
             "cores": len(os.sched_getaffinity(0)),
             "bare": bare,
-            "seconds": {
-                "venv": parts["python3"],
-                "pip": parts["pip"],
-                "snakemake": parts["snakemake"],
-                "total": round(sum(parts.values()), 1),
-            },
-            "rules": {rule: round(s) for rule, s in sorted(_jobs(output).items())},
-            "medians": _medians(clone),
+            "seconds": {"total": round(sum(parts.values()), 1), "venv": parts.pop("python3"), **parts},
         }
+        if tests:
+            run["passed"] = int(re.findall(r"(\d+) passed", output)[-1])
+        else:
+            run |= {"rules": {rule: round(s) for rule, s in sorted(_jobs(output).items())}, "medians": _medians(clone)}
         RUNS.mkdir(exist_ok=True)
         out = RUNS / f"{stamp:%Y-%m-%d-%H%M}-{run['commit'][:7]}.json"
         out.write_text(json.dumps(run, indent=1) + "\n")
-        if not bare:
+        if not bare and not tests:
             shutil.copy(clone / FIGURE, ROOT / "docs" / "img" / f"ncmoe_32k-{stamp:%Y-%m-%d-%H%M}.png")
     return out
 
@@ -167,20 +173,31 @@ def block(runs: list[dict], figure: tuple[dict, str]) -> str:
         f"{reps[0]}-{reps[-1]} repetitions with their 95% interval ({min(widths):.1f}-{max(widths):.1f}% "
         f"half-widths): {k} of {n} medians, decode and prefill, within the 5% target.*"
     )
+    alt = "Decode speed against --n-cpu-moe at 32K on the two default twins"
+    return "\n".join([START, f"![{alt}]({image})", "", caption, "", *_table(runs), END])
+
+
+def _table(runs: list[dict]) -> list[str]:
+    """The recorded runs of both commands, a row each."""
     rows = [
-        "| run ([docs/runs/](docs/runs/)) | commit | CPU | llama.cpp build | venv + pip | snakemake | total | "
-        "medians within 5% |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| the README's | run ([docs/runs/](docs/runs/)) | commit | CPU | llama.cpp build | venv + pip | "
+        "snakemake or pytest | total | result |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in runs:
-        s, (k, n) = run["seconds"], _reached(run)
-        build = _minutes(run["rules"].get("llamacpp", 0)) if run["bare"] else "cached"
+        s, first = run["seconds"], run["command"] == "first"
+        build = _minutes(run["rules"].get("llamacpp", 0)) if first and run["bare"] else "cached" if first else "-"
+        if first:
+            k, n = _reached(run)
+            result = f"{k} of {n} medians within 5%"
+        else:
+            result = f"{run['passed']} tests passed"
         rows.append(
-            f"| {run['date']} | {run['commit'][:7]} | {run['cpu']} | {build} | "
-            f"{_minutes(s['venv'] + s['pip'])} | {_minutes(s['snakemake'])} | {_minutes(s['total'])} | {k} of {n} |"
+            f"| {'first command' if first else 'test command'} | {run['date']} | {run['commit'][:7]} | {run['cpu']} "
+            f"| {build} | {_minutes(s['venv'] + s['pip'])} | {_minutes(s.get('snakemake') or s['pytest'])} | "
+            f"{_minutes(s['total'])} | {result} |"
         )
-    alt = "Decode speed against --n-cpu-moe at 32K on the two default twins"
-    return "\n".join([START, f"![{alt}]({image})", "", caption, "", *rows, END])
+    return rows
 
 
 def load_runs() -> tuple[list[dict], tuple[dict, str]]:
@@ -188,14 +205,14 @@ def load_runs() -> tuple[list[dict], tuple[dict, str]]:
     runs = [json.loads(p.read_text()) for p in sorted(RUNS.glob("*.json"))]
     for path, run in reversed(list(zip(sorted(RUNS.glob("*.json")), runs))):
         image = f"docs/img/ncmoe_32k-{path.stem[:15]}.png"
-        if not run["bare"] and (ROOT / image).exists():
+        if run["command"] == "first" and not run["bare"] and (ROOT / image).exists():
             return runs, (run, image)
     sys.exit("first_run.py: no recorded run with the build cached and its figure; run: python docs/first_run.py record")
 
 
 def main() -> int:
     if sys.argv[1:2] == ["record"]:
-        print(record("--bare" in sys.argv))
+        print(record("--bare" in sys.argv, "--tests" in sys.argv))
         return 0
     text = README.read_text()
     generated = block(*load_runs())

@@ -100,20 +100,40 @@ def realtime_refusal() -> str | None:
 
 
 @contextmanager
-def slowed(cpus: tuple[int, ...], factor: float, log_path: Path) -> Iterator[Callable[[bool], None]]:
-    """A switch that makes `cpus` `factor` times slower for everything else on them while on (native/slowcore.c:
-    a real-time thread on each holds it for the rest of every millisecond); off at first, and ended after."""
-    tool = build_native("slowcore", log_path, shared=False)
-    proc = spawn([str(tool), f"{factor:g}", *map(str, cpus)], env=None, log_path=log_path)
+def _switch(argv: list[str], log_path: Path, refused: str, way_out: str) -> Iterator[Callable[[bool], None]]:
+    """A native tool run paused, and a switch that resumes (True) or pauses (False) it; ended after. Where it exits
+    at once: one line, `refused` (what cannot be done) and `way_out`."""
+    proc = spawn(argv, env=None, log_path=log_path)
     try:
         time.sleep(0.2)
         if proc.poll() is not None:  # a refusal ends it at once
             raise MoeplaceError(
-                f"the host side cannot be slowed (slowcore exited with {proc.returncode}); "
-                f"see {log_path}, or set device.host_slowdown: 1."
+                f"{refused} ({Path(argv[0]).name} exited with {proc.returncode}); see {log_path}{way_out}."
             )
         os.kill(proc.pid, signal.SIGSTOP)
         yield lambda on: os.kill(proc.pid, signal.SIGCONT if on else signal.SIGSTOP)
     finally:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def slowed(cpus: tuple[int, ...], factor: float, log_path: Path) -> Iterator[Callable[[bool], None]]:
+    """A switch that makes `cpus` `factor` times slower for everything else on them while on (native/slowcore.c:
+    a real-time thread on each holds it for the rest of every millisecond); off at first, and ended after."""
+    tool = build_native("slowcore", log_path, shared=False)
+    way_out = ", or set device.host_slowdown: 1"
+    with _switch(
+        [str(tool), f"{factor:g}", *map(str, cpus)], log_path, "the host side cannot be slowed", way_out
+    ) as switch:
+        yield switch
+
+
+@contextmanager
+def kept_awake(cpus: tuple[int, ...], log_path: Path) -> Iterator[Callable[[bool], None]]:
+    """A switch that keeps `cpus` from going idle while on (native/awake.c: a SCHED_IDLE thread spins on each, so a
+    task woken there runs at once rather than after the hypervisor wakes a halted virtual CPU)."""
+    tool = build_native("awake", log_path, shared=False)
+    refused, way_out = "the measured CPUs cannot be kept awake", ", or set device.keep_awake: false"
+    with _switch([str(tool), *map(str, cpus)], log_path, refused, way_out) as switch:
+        yield switch
