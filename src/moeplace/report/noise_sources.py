@@ -52,7 +52,7 @@ def noise_sources(records: list[BenchRecord]) -> list[Source]:
         reps = [d for r in records if r["test"] == test and r["status"] == "ok" for d in _deviations(r)]
         measures = sorted(set.intersection(*(set(n) for _, n in reps))) if reps else []
         raw = {k: [n[k] for r in records if r["test"] == test for _, n in _raw(r)] for k in measures}
-        for measure in measures:
+        for measure in (m for m in measures if m != "wall_ms"):  # the repetition's time is its speed
             speed = np.array([d for d, _ in reps])
             value = np.array([n[measure] for _, n in reps])
             if value.std() == 0 or speed.std() == 0:

@@ -7,10 +7,10 @@ next progress line, or the process's end, closes it) we keep:
 - `steal_ms`: the time the hypervisor ran something else on our CPUs (/proc/stat's steal, 10 ms ticks), on the
   host side's CPUs and on the emulated device's;
 - for llama-bench (`host`), the emulated device (`device`, ggml-rpc-server) and the slowed core's real-time thread
-  (`spinner`, native/slowcore.c): the share of the repetition each spent on a CPU and waiting for one
-  (/proc/PID/task/*/schedstat, nanoseconds), and its involuntary context switches (/proc/PID/task/*/status).
+  (`spinner`, native/slowcore.c): the milliseconds each spent on a CPU and waiting for one
+  (/proc/PID/task/*/schedstat), and its involuntary context switches per second (/proc/PID/task/*/status).
 
-The spinner's on-CPU share is the slowed core's real duty cycle: it should be 1 - 1/slowdown (0.875 at 8x).
+The spinner's time on a CPU over the wall time is the slowed core's real duty cycle: 1 - 1/slowdown (0.875 at 8x).
 """
 
 from __future__ import annotations
@@ -33,14 +33,12 @@ _STEAL = 7  # /proc/stat's cpuN columns: user nice system idle iowait irq softir
 
 @dataclass(frozen=True)
 class Counters:
-    """One reading: the monotonic time, each CPU's steal ticks, and each watched role's CPU and wait nanoseconds
-    and involuntary switches (summed over its processes and their threads)."""
+    """One reading: the monotonic time, each CPU's steal ticks, and per watched role each of its threads' time on a
+    CPU and waiting for one (ns) and involuntary switches, by thread id."""
 
     t_ns: int
     steal: dict[int, int]
-    run_ns: dict[str, int]
-    wait_ns: dict[str, int]
-    switches: dict[str, int]
+    threads: dict[str, dict[int, tuple[int, int, int]]]
 
 
 def _steal_ticks(cpus: Iterable[int]) -> dict[int, int]:
@@ -56,24 +54,23 @@ def _steal_ticks(cpus: Iterable[int]) -> dict[int, int]:
     return found
 
 
-def _task_sums(pid: int) -> tuple[int, int, int] | None:
-    """A process's threads' time on a CPU and waiting for one (ns), and their involuntary switches (None: it has
-    ended)."""
-    run_ns = wait_ns = switches = 0
+def _threads(pid: int) -> dict[int, tuple[int, int, int]]:
+    """A process's threads' time on a CPU and waiting for one (ns), and their involuntary switches, by thread id
+    (none once it has ended)."""
+    found = {}
     try:
         tasks = list((PROC / str(pid) / "task").iterdir())
     except OSError:
-        return None
+        return {}
     for task in tasks:
         try:
             on_cpu, waiting, _ = (task / "schedstat").read_text().split()
             status = (task / "status").read_text()
         except (OSError, ValueError):
             continue
-        run_ns, wait_ns = run_ns + int(on_cpu), wait_ns + int(waiting)
-        if m := re.search(r"^nonvoluntary_ctxt_switches:\s*(\d+)", status, re.M):
-            switches += int(m[1])
-    return run_ns, wait_ns, switches
+        m = re.search(r"^nonvoluntary_ctxt_switches:\s*(\d+)", status, re.M)
+        found[int(task.name)] = (int(on_cpu), int(waiting), int(m[1]) if m else 0)
+    return found
 
 
 def watched_children(parent: int | None = None) -> dict[str, list[int]]:
@@ -94,21 +91,15 @@ def watched_children(parent: int | None = None) -> dict[str, list[int]]:
 
 
 def read_counters(cpus: Iterable[int], roles: dict[str, list[int]]) -> Counters:
-    """Now's counters, for each role whose processes are all still running."""
-    read = {role: [_task_sums(pid) for pid in pids] for role, pids in roles.items()}
-    sums = {role: [s for s in each if s] for role, each in read.items() if all(each)}
-    return Counters(
-        time.monotonic_ns(),
-        _steal_ticks(cpus),
-        {role: sum(s[0] for s in each) for role, each in sums.items()},
-        {role: sum(s[1] for s in each) for role, each in sums.items()},
-        {role: sum(s[2] for s in each) for role, each in sums.items()},
-    )
+    threads = {role: {tid: v for pid in pids for tid, v in _threads(pid).items()} for role, pids in roles.items()}
+    return Counters(time.monotonic_ns(), _steal_ticks(cpus), threads)
 
 
 def between(a: Counters, b: Counters, host_cpus: tuple[int, ...]) -> dict[str, float]:
     """What happened from reading `a` to `b`: its wall ms, the steal ms on the host side's CPUs and the others',
-    and each role's share of the time on a CPU and waiting, and its involuntary switches."""
+    and per role its threads' ms on a CPU and waiting for one, and their involuntary switches per second (threads
+    that came or went meanwhile left out; a role with none in both readings, as the process that ended before the
+    last run was read again, left out)."""
     wall_ns = max(1, b.t_ns - a.t_ns)
     stolen = {c: (b.steal.get(c, 0) - a.steal.get(c, 0)) * TICK_MS for c in b.steal}
     found = {
@@ -116,11 +107,15 @@ def between(a: Counters, b: Counters, host_cpus: tuple[int, ...]) -> dict[str, f
         "steal_host_ms": sum(ms for c, ms in stolen.items() if c in host_cpus),
         "steal_device_ms": sum(ms for c, ms in stolen.items() if c not in host_cpus),
     }
-    for role in b.run_ns.keys() & a.run_ns.keys():  # a process that ended meanwhile (the last run's) is left out
-        found[f"{role}_on_cpu"] = (b.run_ns[role] - a.run_ns[role]) / wall_ns
-        found[f"{role}_waiting"] = (b.wait_ns[role] - a.wait_ns[role]) / wall_ns
-        found[f"{role}_switches"] = float(b.switches[role] - a.switches[role])
-    return {k: round(v, 4) for k, v in found.items()}
+    for role in b.threads.keys() & a.threads.keys():
+        both = b.threads[role].keys() & a.threads[role].keys()
+        if not both:
+            continue
+        delta = [sum(b.threads[role][t][i] - a.threads[role][t][i] for t in both) for i in range(3)]
+        found[f"{role}_cpu_ms"] = delta[0] / 1e6
+        found[f"{role}_waiting_ms"] = delta[1] / 1e6
+        found[f"{role}_switches_per_s"] = delta[2] / (wall_ns / 1e9)
+    return {k: round(v, 3) for k, v in found.items()}
 
 
 @dataclass
