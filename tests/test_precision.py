@@ -126,3 +126,15 @@ def test_precision_table_summarises_the_sweep_and_the_variants():
     assert bench.configurations == 4 and bench.median_cv_pct == pytest.approx(2.5)
     assert bench.reached_target_pct == 75.0 and bench.median_repetitions == 4.0 and bench.outlying == 3
     assert table.loc["variants", "median_mde_pct"] == pytest.approx(variants.mde_pct.iloc[0])
+
+
+def test_the_first_prompt_run_after_a_depth_fill_is_a_warm_up():
+    """At a depth, pp's first repetition of each llama-bench benchmark is left out (5-20% slow in every pass of
+    the default sweep); decode's and a depth-0 prompt's are kept."""
+    from moeplace.measure.repetitions import samples_of, warmed_up
+
+    pp = {"n_prompt": 128, "n_gen": 0, "n_depth": 32640, "samples_ts": [700.0, 860.0, 850.0], "avg_ts": 803.3}
+    assert samples_of(pp) == [860.0, 850.0] and warmed_up(pp) == 1
+    assert samples_of({**pp, "n_gen": 32, "n_prompt": 0}) == [700.0, 860.0, 850.0]
+    assert samples_of({**pp, "n_depth": 0}) == [700.0, 860.0, 850.0]
+    assert samples_of({**pp, "samples_ts": [700.0]}) == [700.0]  # a single repetition is all there is

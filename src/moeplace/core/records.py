@@ -147,6 +147,7 @@ class BenchRecord(Provenance, total=False):
     stddev_ts: float | None
     samples_ts: list[float]
     samples_noise: list[dict[str, float] | None]  # what the machine did to each repetition (runtime/noise.py)
+    warmup_ts: list[float]  # repetitions measured but left out as warm-ups (measure/repetitions.warmed_up)
     baseline_samples_ts: list[float]
     repetitions: int
     cv: float | None

@@ -72,6 +72,7 @@ def measured_record(
         "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
         "samples_ts": samples,
         "samples_noise": arm.noise.get(test) or [None] * len(samples),
+        "warmup_ts": arm.warmups.get(test) or [],
         "repetitions": len(samples),
         "cv": cv,
         "ci95_halfwidth_pct": 100 * halfwidth if math.isfinite(halfwidth) else None,

@@ -30,6 +30,7 @@ class Arm:
     samples: dict[str, list[float]] = field(default_factory=dict)
     # beside each sample, what the machine did to that repetition (runtime/noise.py; None where unread)
     noise: dict[str, list[dict[str, float] | None]] = field(default_factory=dict)
+    warmups: dict[str, list[float]] = field(default_factory=dict)  # repetitions left out as warm-ups (warmed_up)
     first: dict[str, LlamaBenchRow] = field(default_factory=dict)  # llama-bench's row per test
     stderr: str = ""
     batches: int = 0
@@ -67,9 +68,18 @@ def test_of(row: LlamaBenchRow) -> str:
     return "pp" if row["n_gen"] == 0 else "tg"
 
 
+def warmed_up(row: LlamaBenchRow) -> int:
+    """How many of a row's first repetitions are a warm-up, left out: at a depth, llama-bench's first prompt run
+    after each depth fill runs 5-20% slower than the two after it, every pass and every value (measured on the
+    default sweep, docs/measurements.md, issue 65), where its own warm-up run comes before the fill."""
+    warm = row["n_gen"] == 0 and (row.get("n_depth") or 0) > 0 and len(row.get("samples_ts") or []) > 1
+    return 1 if warm else 0
+
+
 def samples_of(row: LlamaBenchRow) -> list[float]:
-    """A llama-bench row's tok/s per repetition (its mean alone where it printed no samples)."""
-    return row.get("samples_ts") or [row["avg_ts"]]
+    """A llama-bench row's tok/s per repetition, its warm-up left out (its mean alone where it printed no
+    samples)."""
+    return (row.get("samples_ts") or [row["avg_ts"]])[warmed_up(row) :]
 
 
 def rows_per_arm(arms: list[Arm], rows: list[LlamaBenchRow]) -> list[list[LlamaBenchRow]]:
@@ -181,6 +191,7 @@ def add_rows(arms: list[Arm], printed: list[list[LlamaBenchRow]], logs: list[str
         for r in own_rows:
             a.first.setdefault(test_of(r), r)
             a.samples.setdefault(test_of(r), []).extend(samples_of(r))
+            a.warmups.setdefault(test_of(r), []).extend((r.get("samples_ts") or [])[: warmed_up(r)])
 
 
 def add_noise(
@@ -195,6 +206,6 @@ def add_noise(
     benchmark = {id(r): j + 1 for j, r in enumerate(rows)}
     for a, mine in zip(arms, printed):
         for r in mine[: len(mine) - len(mine) % tests]:
-            reps = [found for b, found in noise if b == benchmark[id(r)]]
+            reps = [found for b, found in noise if b == benchmark[id(r)]][warmed_up(r) :]
             n = len(samples_of(r))
             a.noise.setdefault(test_of(r), []).extend(reps if len(reps) == n else [None] * n)
