@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -23,7 +22,7 @@ from ..core.config import BenchSettings
 from ..core.records import BenchRecord, FileRecord, Provenance
 from ..core.stats import repetitions_for
 from ..runtime.build import Build
-from ..runtime.cpus import CpuSplit, Quiet, split_cpus, wait_for_quiet
+from ..runtime.cpus import Quiet, split_cpus, wait_for_quiet
 from ..runtime.device import PROGRESS, DeviceSetup, HostSide, attached, bound_rules, host_side
 from ..runtime.llama_names import is_host
 from ..runtime.llamacpp import Placement, bench_command
@@ -162,7 +161,7 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig, side: Path | None = 
         # what a sweep occupies: the emulated device is this host's CPUs whatever its size; a GPU is itself
         device_lock("emulated" if rig.device.kind == "emulated" else rig.device.label, rig.log_path),
         attached(rig.device, rig.manifest, cpus, rig.log_path) as rpc,
-        host_side(rig.device, cpus.bench, rig.log_path, _awake(rig.device, cpus)) as host,
+        host_side(rig.device, cpus.bench, rig.log_path) as host,
     ):
         session = _Session(job, rig, depth, tests, cpus, threads, arms, baseline, host, t0, started, facts, side, done)
         session.finish([a for a in arms if a.failure])  # refused: nothing to wait for
@@ -175,13 +174,6 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig, side: Path | None = 
         log.warning("%s at %s tokens: %s", job.model_name, f"{job.ctx:,}", short)
     measured = [r for records in [*kept.values(), *done.values()] for r in records]
     return sorted(measured, key=lambda r: r["n_cpu_moe"])  # stable: each value's tests stay in their order
-
-
-def _awake(device: DeviceSetup, cpus: CpuSplit) -> tuple[int, ...]:
-    """The CPUs kept from going idle while timed: the emulated device's and its host side's (EXPERIMENT)."""
-    if device.kind != "emulated" or os.environ.get("MOEPLACE_AWAKE") != "1":
-        return ()
-    return (*cpus.bench, *(cpus.device or ()))
 
 
 def _measure_shared(s: _Session, rpc: str | None) -> None:

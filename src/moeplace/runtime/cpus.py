@@ -127,13 +127,3 @@ def slowed(cpus: tuple[int, ...], factor: float, log_path: Path) -> Iterator[Cal
         [str(tool), f"{factor:g}", *map(str, cpus)], log_path, "the host side cannot be slowed", way_out
     ) as switch:
         yield switch
-
-
-@contextmanager
-def kept_awake(cpus: tuple[int, ...], log_path: Path) -> Iterator[Callable[[bool], None]]:
-    """A switch that keeps `cpus` from going idle while on (native/awake.c: a SCHED_IDLE thread spins on each, so a
-    task woken there runs at once rather than after the hypervisor wakes a halted virtual CPU)."""
-    tool = build_native("awake", log_path, shared=False)
-    refused, way_out = "the measured CPUs cannot be kept awake", ", or set device.keep_awake: false"
-    with _switch([str(tool), *map(str, cpus)], log_path, refused, way_out) as switch:
-        yield switch

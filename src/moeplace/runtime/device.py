@@ -25,7 +25,7 @@ from ..core.backends import built_as
 from ..core.config import Device, DeviceTarget
 from ..core.errors import MoeplaceError
 from .build import Build
-from .cpus import CpuSplit, kept_awake, pin, realtime_refusal, slowed
+from .cpus import CpuSplit, pin, realtime_refusal, slowed
 from .llamacpp import free_device_bytes, require_binary
 from .native import build_native
 from .noise import RepetitionNoise
@@ -231,32 +231,26 @@ PROGRESS = re.compile(r"llama-bench: benchmark \d+/\d+: (.*)")  # --progress: wh
 
 
 @contextmanager
-def host_side(
-    device: DeviceSetup, cpus: tuple[int, ...], log_path: Path, awake: tuple[int, ...] = ()
-) -> Iterator[HostSide]:
-    """The measured process's side of `device`: pinned to `cpus`; on an emulated device with a slowed host, those
-    CPUs host_slowdown times slower while timed (runtime.cpus.slowed), and the CPUs in `awake` kept from going idle
-    while timed (runtime.cpus.kept_awake)."""
+def host_side(device: DeviceSetup, cpus: tuple[int, ...], log_path: Path) -> Iterator[HostSide]:
+    """The measured process's side of `device`: pinned to `cpus` and, on an emulated device with a slowed host,
+    those CPUs host_slowdown times slower while timed (runtime.cpus.slowed)."""
     noise = RepetitionNoise(cpus, tuple(sorted(os.sched_getaffinity(0))))
+    if device.host_slowdown <= 1:
+        yield HostSide(lambda: pin(cpus), noise.on_line, noise)
+        return
     ever_timed = False
-    with ExitStack() as stack:
-        switches = (
-            [stack.enter_context(slowed(cpus, device.host_slowdown, log_path))] if device.host_slowdown > 1 else []
-        )
-        if awake:
-            switches.append(stack.enter_context(kept_awake(awake, log_path)))
+    with slowed(cpus, device.host_slowdown, log_path) as slow:
 
         def on_line(line: str) -> None:
             nonlocal ever_timed
-            if switches and (m := PROGRESS.match(line)):
+            if m := PROGRESS.match(line):
                 timed = m[1].startswith(("prompt run", "generation run"))
                 ever_timed |= timed
-                for switch in switches:
-                    switch(timed)
+                slow(timed)
             noise.on_line(line)
 
         yield HostSide(lambda: pin(cpus), on_line, noise)
-    if switches and not ever_timed:
+    if not ever_timed:
         log.warning("the host side was never slowed: llama-bench printed no timed run (no --progress lines?)")
 
 
