@@ -176,6 +176,11 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig, side: Path | None = 
     return sorted(measured, key=lambda r: r["n_cpu_moe"])  # stable: each value's tests stay in their order
 
 
+def _warmups(s: _Session) -> int:
+    """The repetitions of each batch that do not count (repetitions.warmed_up): the first prompt run at a depth."""
+    return 1 if "pp" in s.tests and s.depth > 0 and s.rig.settings.repetitions > 1 else 0
+
+
 def _measure_shared(s: _Session, rpc: str | None) -> None:
     """The arms in one process. With adaptive settings it is open-ended, in passes of `settings.repetitions`
     of each arm in turn (so a slow spell of the host falls on them alike, not on one arm), stopped once all are
@@ -187,7 +192,8 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
     while todo:
         if settings.adaptive:
             done = min(a.repetitions(s.tests) for a in todo)
-            passes = max(1, math.ceil((settings.max_repetitions - done) / settings.repetitions))
+            counted = settings.repetitions - _warmups(s)  # a pass's repetitions of every test that count
+            passes = max(1, math.ceil((settings.max_repetitions - done) / counted))
             _batch(s, todo, rpc, passes, stop_when_enough(todo, s.tests, settings, s.t0))
         else:
             _batch(s, todo, rpc, 1, None)
@@ -201,7 +207,7 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
 
 def _measure_paired(s: _Session, rpc: str | None) -> None:
     """Batches of the arm and its baseline, one process each, interleaved until the difference is precise."""
-    reps, (arm,), base = s.rig.settings.repetitions, s.arms, s.baseline
+    reps, (arm,), base = s.rig.settings.repetitions + _warmups(s), s.arms, s.baseline  # the minimum, counted
     assert base is not None  # a paired session's
     while not arm.failure:
         for a in (base, arm):
