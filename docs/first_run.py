@@ -27,6 +27,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import yaml
 from generated import write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,8 +157,6 @@ def _curves(run: dict) -> tuple[list[str], list[str]]:
 
 
 def block(runs: list[dict], figure: tuple[dict, str]) -> str:
-    import yaml
-
     shown, image = figure
     device = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["device"]
     said, failed = _curves(shown)

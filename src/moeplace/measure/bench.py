@@ -44,6 +44,7 @@ from .repetitions import (
     rows_per_arm,
     stop_when_enough,
     test_of,
+    warmups,
 )
 from .sweep_records import measured_before, said_what_is_kept
 
@@ -177,8 +178,8 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig, side: Path | None = 
 
 
 def _warmups(s: _Session) -> int:
-    """The repetitions of each batch that do not count (repetitions.warmed_up): the first prompt run at a depth."""
-    return 1 if "pp" in s.tests and s.depth > 0 and s.rig.settings.repetitions > 1 else 0
+    """The repetitions of each of this session's batches that do not count (repetitions.warmups)."""
+    return warmups("pp" in s.tests, s.depth, s.rig.settings.repetitions)
 
 
 def _measure_shared(s: _Session, rpc: str | None) -> None:

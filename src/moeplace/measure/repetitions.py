@@ -68,12 +68,16 @@ def test_of(row: LlamaBenchRow) -> str:
     return "pp" if row["n_gen"] == 0 else "tg"
 
 
+def warmups(prompt: bool, depth: int, repetitions: int) -> int:
+    """How many of a llama-bench test's first repetitions are a warm-up, left out: at a depth, llama-bench's first
+    prompt run after each depth fill runs 5-20% slower than the two after it, every pass and every value (measured
+    on the default sweep, docs/measurements.md, issue 65), where its own warm-up run comes before the fill."""
+    return 1 if prompt and depth > 0 and repetitions > 1 else 0
+
+
 def warmed_up(row: LlamaBenchRow) -> int:
-    """How many of a row's first repetitions are a warm-up, left out: at a depth, llama-bench's first prompt run
-    after each depth fill runs 5-20% slower than the two after it, every pass and every value (measured on the
-    default sweep, docs/measurements.md, issue 65), where its own warm-up run comes before the fill."""
-    warm = row["n_gen"] == 0 and (row.get("n_depth") or 0) > 0 and len(row.get("samples_ts") or []) > 1
-    return 1 if warm else 0
+    """The warm-ups of a row llama-bench printed (warmups)."""
+    return warmups(row["n_gen"] == 0, row.get("n_depth") or 0, len(row.get("samples_ts") or []))
 
 
 def samples_of(row: LlamaBenchRow) -> list[float]:

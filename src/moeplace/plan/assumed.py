@@ -130,20 +130,20 @@ def _speeds(request: Request, card: str | None, unified: bool) -> tuple[float, f
     memory the host side reads the same RAM as the GPU, so its figure is the GPU's (as the prior learned the
     published Strix Halo and DGX Spark sweeps)."""
     s = request.speeds
-    measured = False
+    measured, host_said = False, ""
     if request.auto and card:
         vram, ddr, tflops, source, measured = this_machine(card)
     elif request.card:
         sheet = card_named(request.card)
         vram, ddr, tflops = sheet.gbps, DEFAULT_BANDWIDTHS[1], sheet.tflops
-        source = f"the card: {sheet.source}; the host: moeplace's default, --bw-ddr for yours"
+        source, host_said = f"the card: {sheet.source}", "; the host: moeplace's default, --bw-ddr for yours"
     else:
         (vram, ddr), tflops = DEFAULT_BANDWIDTHS, DEFAULT_CARD_TFLOPS
         source = "moeplace's defaults, the seed's workstation; --card, or --bw-vram/--bw-ddr/--card-tflops for yours"
     if unified and not measured:
-        vram = s.bw_vram_gbps or vram
-        ddr = vram
-        source = source.split("; the host:")[0] + f"; the host side: the same unified memory, {vram:g} GB/s"
+        vram = ddr = s.bw_vram_gbps or vram
+        host_said = f"; the host side: the same unified memory, {vram:g} GB/s"
+    source += host_said
     host, host_measured = s.host
     given = [
         flag

@@ -34,9 +34,14 @@ class Source:
     typical: float  # the measure's median over the repetitions
 
 
+def _read(record: BenchRecord) -> list[tuple[float, dict[str, float]]]:
+    """(tok/s, what the machine did) of each of a record's repetitions that has a reading."""
+    return [(v, n) for v, n in zip(record.get("samples_ts") or [], record.get("samples_noise") or []) if n]
+
+
 def _deviations(record: BenchRecord) -> list[tuple[float, dict[str, float]]]:
     """(log speed / the configuration's median, each measure less its median) of a record's repetitions."""
-    pairs = [(v, n) for v, n in zip(record.get("samples_ts") or [], record.get("samples_noise") or []) if n]
+    pairs = _read(record)
     if len(pairs) < 4:
         return []
     median = statistics.median(v for v, _ in pairs)
@@ -51,7 +56,7 @@ def noise_sources(records: list[BenchRecord]) -> list[Source]:
     for test in sorted({r["test"] for r in records}):
         reps = [d for r in records if r["test"] == test and r["status"] == "ok" for d in _deviations(r)]
         measures = sorted(set.intersection(*(set(n) for _, n in reps))) if reps else []
-        raw = {k: [n[k] for r in records if r["test"] == test for _, n in _raw(r)] for k in measures}
+        raw = {k: [n[k] for r in records if r["test"] == test for _, n in _read(r)] for k in measures}
         for measure in (m for m in measures if m != "wall_ms"):  # the repetition's time is its speed
             speed = np.array([d for d, _ in reps])
             value = np.array([n[measure] for _, n in reps])
@@ -61,10 +66,6 @@ def noise_sources(records: list[BenchRecord]) -> list[Source]:
             r2 = float(np.corrcoef(value, speed)[0, 1] ** 2)
             found.append(Source(test, measure, len(reps), rho, r2, statistics.median(raw[measure])))
     return found
-
-
-def _raw(record: BenchRecord) -> list[tuple[float, dict[str, float]]]:
-    return [(v, n) for v, n in zip(record.get("samples_ts") or [], record.get("samples_noise") or []) if n]
 
 
 def render(sources: list[Source]) -> str:

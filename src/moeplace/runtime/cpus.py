@@ -100,30 +100,20 @@ def realtime_refusal() -> str | None:
 
 
 @contextmanager
-def _switch(argv: list[str], log_path: Path, refused: str, way_out: str) -> Iterator[Callable[[bool], None]]:
-    """A native tool run paused, and a switch that resumes (True) or pauses (False) it; ended after. Where it exits
-    at once: one line, `refused` (what cannot be done) and `way_out`."""
-    proc = spawn(argv, env=None, log_path=log_path)
+def slowed(cpus: tuple[int, ...], factor: float, log_path: Path) -> Iterator[Callable[[bool], None]]:
+    """A switch that makes `cpus` `factor` times slower for everything else on them while on (native/slowcore.c:
+    a real-time thread on each holds it for the rest of every millisecond); off at first, and ended after."""
+    tool = build_native("slowcore", log_path, shared=False)
+    proc = spawn([str(tool), f"{factor:g}", *map(str, cpus)], env=None, log_path=log_path)
     try:
         time.sleep(0.2)
         if proc.poll() is not None:  # a refusal ends it at once
             raise MoeplaceError(
-                f"{refused} ({Path(argv[0]).name} exited with {proc.returncode}); see {log_path}{way_out}."
+                f"the host side cannot be slowed (slowcore exited with {proc.returncode}); "
+                f"see {log_path}, or set device.host_slowdown: 1."
             )
         os.kill(proc.pid, signal.SIGSTOP)
         yield lambda on: os.kill(proc.pid, signal.SIGCONT if on else signal.SIGSTOP)
     finally:
         proc.kill()
         proc.wait()
-
-
-@contextmanager
-def slowed(cpus: tuple[int, ...], factor: float, log_path: Path) -> Iterator[Callable[[bool], None]]:
-    """A switch that makes `cpus` `factor` times slower for everything else on them while on (native/slowcore.c:
-    a real-time thread on each holds it for the rest of every millisecond); off at first, and ended after."""
-    tool = build_native("slowcore", log_path, shared=False)
-    way_out = ", or set device.host_slowdown: 1"
-    with _switch(
-        [str(tool), f"{factor:g}", *map(str, cpus)], log_path, "the host side cannot be slowed", way_out
-    ) as switch:
-        yield switch
