@@ -129,22 +129,26 @@ def find_oom(log: str, backend: str | None) -> OutOfMemory | None:
 # A failure that is not about memory (read where no allocation failed), the most telling kind first: the backend's
 # own error ("ROCm error: device kernel image is invalid", "CUDA error: an illegal memory access was encountered"),
 # a model this build cannot load, a lost device or GPU fault, a failed assert or op, a crash.
-_ERRORS = (
-    re.compile(r"\b(?:CUDA|ROCm|HIP|MUSA|SYCL|CANN) error: (?!out of memory).*\S"),
-    re.compile(r"error loading model: (?!.*(?:allocat|memory)).*\S"),
-    re.compile(r".*(?:DeviceLost|VK_ERROR_DEVICE_LOST|Memory access fault by GPU|HSA_STATUS_ERROR_).*\S"),
-    re.compile(r".*(?:GGML_ASSERT\(.*\) failed|ggml_cuda_compute_forward: \w+ failed).*"),
-    re.compile(r"\w+: (?:[\w ]+: )?(?:V cache quantization requires flash_attn|quantized V cache was requested.*)"),
-    re.compile(r".*(?:Segmentation fault|SIGSEGV|Illegal instruction|core dumped).*"),
+# Searched in the whole log at once (re.M: "^" is a line's start), never line by line: a -v log of a long sweep
+# holds tens of thousands of lines, and a pattern tried line by line from every position took seconds per sweep.
+_ERRORS = tuple(
+    re.compile(pattern, re.M)
+    for pattern in (
+        r"\b(?:CUDA|ROCm|HIP|MUSA|SYCL|CANN) error: (?!out of memory).*\S",
+        r"error loading model: (?!.*(?:allocat|memory)).*\S",
+        r"^.*(?:DeviceLost|VK_ERROR_DEVICE_LOST|Memory access fault by GPU|HSA_STATUS_ERROR_).*\S",
+        r"^.*(?:GGML_ASSERT\(.*\) failed|ggml_cuda_compute_forward: \w+ failed).*",
+        r"\w+: (?:[\w ]+: )?(?:V cache quantization requires flash_attn|quantized V cache was requested.*)",
+        r"^.*(?:Segmentation fault|SIGSEGV|Illegal instruction|core dumped).*",
+    )
 )
 
 
 def find_error(log: str) -> str | None:
     """The line of an error that is not an out-of-memory, the most telling kind first (None: no such line)."""
     for pattern in _ERRORS:
-        for line in log.splitlines():
-            if m := pattern.search(line):
-                return m[0].strip()
+        if m := pattern.search(log):
+            return m[0].strip()
     return None
 
 
