@@ -7,14 +7,20 @@ from __future__ import annotations
 import math
 import statistics
 
-from scipy import stats
-
 LEVEL = 0.95
 POWER = 0.8
 
 
 # A repetition farther from the median than this many robust standard deviations (1.4826 MAD) is outlying.
 OUTLIER_SDS = 3.0
+
+
+def _t_quantile(q: float, dof: float) -> float:
+    """Student's t distribution's quantile. scipy is imported here, not with the module: importing scipy.stats
+    takes 0.7 s, which every pipeline stage would pay at its start, and most need no t quantile."""
+    from scipy import stats
+
+    return float(stats.t.ppf(q, dof))
 
 
 def median_interval(samples: list[float], level: float = LEVEL) -> tuple[float, float, float]:
@@ -27,7 +33,7 @@ def median_interval(samples: list[float], level: float = LEVEL) -> tuple[float, 
     median = statistics.median(x) if x else math.nan
     k = 0
     # P(x(k) <= median <= x(n+1-k)) = 1 - 2 P(Binomial(n, 1/2) <= k-1)
-    while k + 1 <= n // 2 and 1 - 2 * float(stats.binom.cdf(k, n, 0.5)) >= level:
+    while k + 1 <= n // 2 and 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n >= level:
         k += 1
     if k == 0:
         return median, math.nan, math.nan
@@ -66,7 +72,7 @@ def repetitions_for(samples: list[float], precision: float, level: float = LEVEL
     mean, sd = statistics.fmean(samples), statistics.stdev(samples)
     if sd == 0:
         return n
-    t = float(stats.t.ppf(0.5 + level / 2, n - 1))
+    t = _t_quantile(0.5 + level / 2, n - 1)
     return max(n, math.ceil((t * sd / (precision * abs(mean))) ** 2))
 
 
@@ -88,7 +94,7 @@ def delta_interval(samples: list[float], baseline: list[float], level: float = L
     delta, se, dof = welch(samples, baseline)
     if math.isnan(se):
         return delta, math.nan, math.nan
-    half = float(stats.t.ppf(0.5 + level / 2, dof)) * se if se else 0.0
+    half = _t_quantile(0.5 + level / 2, dof) * se if se else 0.0
     return delta, delta - half, delta + half
 
 
@@ -100,5 +106,5 @@ def min_detectable_effect(
     _, se, dof = welch(samples, baseline)
     if math.isnan(se) or not baseline:
         return math.nan
-    t = float(stats.t.ppf(0.5 + level / 2, dof)) + float(stats.t.ppf(power, dof))
+    t = _t_quantile(0.5 + level / 2, dof) + _t_quantile(power, dof)
     return t * se / abs(statistics.fmean(baseline))
