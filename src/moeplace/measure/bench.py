@@ -192,10 +192,12 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
     todo = [a for a in s.arms if not a.failure]
     while todo:
         if settings.adaptive:
+            # A pass counts `settings.repetitions` of every test: llama-bench runs as many more as are warm-ups
+            # (decode, which has none, gets them counted too: one -r serves both tests).
             done = min(a.repetitions(s.tests) for a in todo)
-            counted = settings.repetitions - _warmups(s)  # a pass's repetitions of every test that count
-            passes = max(1, math.ceil((settings.max_repetitions - done) / counted))
-            _batch(s, todo, rpc, passes, stop_when_enough(todo, s.tests, settings, s.t0))
+            passes = max(1, math.ceil((settings.max_repetitions - done) / settings.repetitions))
+            each = settings.repetitions + _warmups(s)
+            _batch(s, todo, rpc, passes, stop_when_enough(todo, s.tests, settings, s.t0), each)
         else:
             _batch(s, todo, rpc, 1, None)
         if not any(a.failure for a in todo):
