@@ -221,7 +221,7 @@ def test_a_sweep_shares_processes_and_a_failed_load_ends_only_its_own_value(tmp_
 
 
 def test_a_sweep_measures_its_values_in_turn_pass_after_pass(tmp_path):
-    """With auto repetitions a sweep's values take turns in one process (passes of 3 each, enough of them for the
+    """With auto repetitions a sweep's values take turns in one process (passes of 6 each, enough of them for the
     most repetitions allowed to count), so a slow spell of the host falls on all of them; the value that runs out
     of memory at load ends only the first process."""
     import sys
@@ -238,14 +238,14 @@ def test_a_sweep_measures_its_values_in_turn_pass_after_pass(tmp_path):
     rig = Rig(settings, DeviceSetup("gpu", "fake", 0), Build(program.parent), tmp_path / "bench.log",
               tmp_path)  # fmt: skip
     records = run_sweep(BenchJob("fake", "fake.gguf", [], 1024, 1), [1, 2, 8], rig)
-    # enough passes for 9 counted repetitions of each test: 3 a pass (-r 4, the prompt's first at a depth a warm-up)
-    assert calls.read_text().split() == [",".join(["1,2,8"] * 3), ",".join(["2,8"] * 3)]
+    # enough passes for 9 counted repetitions of each test: 6 a pass (-r 7, the prompt's first at a depth a warm-up)
+    assert calls.read_text().split() == [",".join(["1,2,8"] * 2), ",".join(["2,8"] * 2)]
     ok = [r for r in records if r["status"] == "ok"]
     assert [(r["n_cpu_moe"], r["test"], r["median_ts"]) for r in ok] == [
         (2, "pp", 98.0), (2, "tg", 98.0), (8, "pp", 92.0), (8, "tg", 92.0)]  # fmt: skip
     assert all(r["batches"] == 2 and r["target_reached"] for r in ok)
     # the fake prints all its passes at once, its rows without a depth: every repetition counts
-    assert [r["repetitions"] for r in ok] == [12] * 4
+    assert [r["repetitions"] for r in ok] == [14] * 4
     assert [(r["n_cpu_moe"], r["status"]) for r in records if r["status"] != "ok"] == [(1, "oom"), (1, "oom")]
     assert {r["n_cpu_moe"]: r["tensor_buffers"] for r in ok} == {
         2: {"blk.2.ffn_up_exps.weight": "CPU"}, 8: {"blk.8.ffn_up_exps.weight": "CPU"}}  # fmt: skip

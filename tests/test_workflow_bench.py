@@ -36,10 +36,9 @@ def planned_jobs(wd, *args) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
 
 
-# The README's first command on the default config, with auto repetitions capped at two copies of 3: a noisy
-# hour otherwise takes most configurations to 18 repetitions (19.7-25.6 min for this test where a quiet hour
-# took 10), and CI's time would follow the host. Nothing asserted here depends on how many repetitions ran; the
-# README's precision figures come from the uncapped default run.
+# The README's first command on the default config, with auto repetitions capped at one pass of 6, so that CI's
+# time does not follow the host's noise. Nothing asserted here depends on how many repetitions ran; the README's
+# precision figures come from recorded runs of the default (docs/first_run.py).
 CAPPED = {**DEFAULT, "bench": {**DEFAULT["bench"], "max_repetitions": 6}}
 
 

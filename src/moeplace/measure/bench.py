@@ -192,11 +192,13 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
     todo = [a for a in s.arms if not a.failure]
     while todo:
         if settings.adaptive:
-            # A pass counts `settings.repetitions` of every test: llama-bench runs as many more as are warm-ups
-            # (decode, which has none, gets them counted too: one -r serves both tests).
+            # A pass counts the fewest repetitions a median's interval needs (6) of every test, so the first can
+            # be enough, and each pays its loads, contexts and depth restores for as many: llama-bench runs as many
+            # more as are warm-ups (decode, which has none, gets them counted too: one -r serves both tests).
+            counted = fewest_repetitions(settings)
             done = min(a.repetitions(s.tests) for a in todo)
-            passes = max(1, math.ceil((settings.max_repetitions - done) / settings.repetitions))
-            each = settings.repetitions + _warmups(s)
+            passes = max(1, math.ceil((settings.max_repetitions - done) / counted))
+            each = counted + _warmups(s)
             _batch(s, todo, rpc, passes, stop_when_enough(todo, s.tests, settings, s.t0), each)
         else:
             _batch(s, todo, rpc, 1, None)
