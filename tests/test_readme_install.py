@@ -55,11 +55,11 @@ def test_environment_yml_pins_what_pyproject_pins():
 @pytest.mark.long
 def test_readme_install_alone_runs_the_pipeline_and_the_report(tmp_path):
     venv = tmp_path / "venv"
-    # The README's first line: python3 -m venv .venv && .venv/bin/pip install --no-compile -e .
+    # The README's first line: python3 -m venv .venv && .venv/bin/pip install -e .
     subprocess.run(["python3", "-m", "venv", str(venv)], check=True, timeout=300)
     env = _fresh_env(venv)
     pip = subprocess.run(
-        [str(venv / "bin/pip"), "install", "-q", "--no-compile", "-e", str(ROOT)],
+        [str(venv / "bin/pip"), "install", "-q", "-e", str(ROOT)],
         env=env,
         capture_output=True,
         text=True,
