@@ -40,14 +40,16 @@ def cluster_copy(dest, cfg):
     for rule in profile["set-resources"].values():  # the test node has no GPU and 2 cores
         rule.pop("gpu", None)
         rule["cpus_per_task"] = 1
-    # No accounting database here: job states come from squeue, which keeps finished jobs for MinJobAge.
+    # No accounting database here: job states come from squeue, which keeps finished jobs for MinJobAge. A job
+    # here lasts seconds: asked every second (not every 10, Snakemake's default), it is seen done seconds sooner.
     profile.update(
         jobs=1,
         **{
             "latency-wait": 5,
             "slurm-status-command": "squeue",
             "slurm-no-account": True,
-            "slurm-init-seconds-before-status-checks": 5,
+            "slurm-init-seconds-before-status-checks": 1,
+            "seconds-between-status-checks": 1,
         },
     )
     (cluster / "profiles/slurm/config.v9+.yaml").write_text(yaml.safe_dump(profile))

@@ -24,6 +24,8 @@ CFG = {
     **yaml.safe_load((ROOT / "config/config.yaml").read_text()),
     "models": {"tiny-qwen3moe": {"twin": "config/models/tiny-qwen3moe.yaml"}},
     "contexts": [1024],
+    # the probes at their shortest that still read past the caches: what is asserted is their units and sums
+    "ceilings": {"seconds": 0.5, "ram_probe": "256MiB"},
     "routing": {"gen": 16},
     "ram_tier": {"caps_pct": [100, 25]},
 }
