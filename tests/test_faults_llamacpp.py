@@ -140,9 +140,11 @@ def test_ctrl_c_mid_sweep_is_one_line_and_the_rerun_measures_only_the_rest(twin,
     side = side_file(folder / "4k.jsonl")
     stage = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
-    while not (side.exists() and len(read_jsonl(side)) == 2) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(3)  # n = 8 under way
+    log = folder / "bench.log"
+    # n = 8 under way: its first timed run started (n = 8 takes ~4 s in all, so a fixed wait could miss it)
+    while not (side.exists() and len(read_jsonl(side)) == 2 and log.read_text().count("prompt run 1/")):
+        assert time.monotonic() < deadline, "n = 8 never started"
+        time.sleep(0.05)
     os.killpg(stage.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     stderr = stage.communicate(timeout=60)[1]
     assert stage.returncode == 1
@@ -151,10 +153,10 @@ def test_ctrl_c_mid_sweep_is_one_line_and_the_rerun_measures_only_the_rest(twin,
     assert [(r["n_cpu_moe"], r["status"]) for r in read_jsonl(side)] == [(0, "oom"), (0, "oom")]
     assert not (folder / "4k.jsonl").exists() and running(build) == []
     kept = read_jsonl(side)
-    logged = len((folder / "bench.log").read_text())
+    logged = len(log.read_text())
     rerun = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
-    assert measured_values((folder / "bench.log").read_text()[logged:]) == ["8"]
+    assert measured_values(log.read_text()[logged:]) == ["8"]
     records = read_jsonl(folder / "4k.jsonl")
     assert records[:2] == kept and [(r["n_cpu_moe"], r["status"]) for r in records[2:]] == [(8, "ok"), (8, "ok")]
     assert not side.exists()

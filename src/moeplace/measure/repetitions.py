@@ -126,7 +126,8 @@ def stop_when_enough(
         if not once:
             timed = sum(sum(r.get("samples_ns") or []) for r in rows) / 1e9
             once.append(pace - timed if timed else 0.0)
-            pace = timed * (settings.repetitions + 1) / settings.repetitions if timed else pace
+            each = len(rows[0].get("samples_ns") or []) or settings.repetitions  # a test's repetitions a pass
+            pace = timed * (each + 1) / each if timed else pace
         limit_s = max(settings.time_budget_s * len(arms), pass_ends[0] - t0 + 2 * once[0])
         stop = min(counts) >= settings.max_repetitions or (
             min(counts) >= fewest
