@@ -36,10 +36,11 @@ class DeviceTarget:
 @dataclass(frozen=True)
 class BenchSettings:
     """One benchmark configuration's llama-bench settings. `repetitions` is exact unless `max_repetitions`
-    is larger: then it is the repetitions of each pass, and more passes are run (bench.run_sweep: passes over a
-    sweep's values in one process, or batches for a paired comparison) until the 95% interval of the median (of
-    a paired difference: of the mean) is within `precision` of it, or `max_repetitions` is reached, or the next
-    pass or batch would run past `time_budget_s` (passes get at least as long as the depth fill took)."""
+    is larger: then it is the least any test gets, and more are run (bench.run_sweep: passes over a sweep's
+    values in one process, each of the fewest a median's interval needs, or batches for a paired comparison)
+    until the 95% interval of the median (of a paired difference: of the mean) is within `precision` of it, or
+    `max_repetitions` is reached, or the next pass or batch would run past `time_budget_s` (passes get at least
+    as long as the depth fill took)."""
 
     prompt: int
     gen: int

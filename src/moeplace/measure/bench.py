@@ -117,8 +117,8 @@ def run_bench(job: BenchJob, rig: Rig) -> list[BenchRecord]:
     """Run one configuration; one record per test, successful or not.
 
     Repetitions come in one llama-bench process (its own warm-up and one fill of the depth first):
-    `settings.repetitions` of them; or with adaptive settings passes of `settings.repetitions` each, stopped
-    once the median is precise enough (the fewest for its interval always), so a 32K configuration pays its
+    `settings.repetitions` of them; or with adaptive settings passes of the fewest a median's interval needs
+    (repetitions.fewest_repetitions), stopped once the median is precise enough, so a 32K configuration pays its
     depth fill once. With `paired_n_cpu_moe` the configuration is compared with that
     `-ncmoe` run, measured interleaved with it batch by batch (A B A B ...), so drift falls on both alike; the
     records carry both.
@@ -177,17 +177,17 @@ def run_sweep(job: BenchJob, n_values: list[int], rig: Rig, side: Path | None = 
     return sorted(measured, key=lambda r: r["n_cpu_moe"])  # stable: each value's tests stay in their order
 
 
-def _warmups(s: _Session) -> int:
-    """The repetitions of each of this session's batches that do not count (repetitions.warmups)."""
-    return warmups("pp" in s.tests, s.depth, s.rig.settings.repetitions)
+def _warmups(s: _Session, counted: int) -> int:
+    """The repetitions a batch of this session runs beyond the `counted` ones, as warm-ups (repetitions.warmups)."""
+    return warmups("pp" in s.tests, s.depth, counted)
 
 
 def _measure_shared(s: _Session, rpc: str | None) -> None:
-    """The arms in one process. With adaptive settings it is open-ended, in passes of `settings.repetitions`
-    of each arm in turn (so a slow spell of the host falls on them alike, not on one arm), stopped once all are
-    precise enough or their time is spent: one depth fill, and no drift between processes within an arm. A
-    failure ends the process: the arms it never reached, or left short of the fewest repetitions wanted, go on
-    in the next."""
+    """The arms in one process. With adaptive settings it is open-ended, in passes of the fewest repetitions a
+    median's interval needs, of each arm in turn (so a slow spell of the host falls on them alike, not on one
+    arm), stopped once all are precise enough or their time is spent: one depth fill, and no drift between
+    processes within an arm. A failure ends the process: the arms it never reached, or left short of the fewest
+    repetitions wanted, go on in the next."""
     settings = s.rig.settings
     todo = [a for a in s.arms if not a.failure]
     while todo:
@@ -198,7 +198,7 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
             counted = fewest_repetitions(settings)
             done = min(a.repetitions(s.tests) for a in todo)
             passes = max(1, math.ceil((settings.max_repetitions - done) / counted))
-            each = counted + _warmups(s)
+            each = counted + _warmups(s, counted)
             _batch(s, todo, rpc, passes, stop_when_enough(todo, s.tests, settings, s.t0), each)
         else:
             _batch(s, todo, rpc, 1, None)
@@ -212,7 +212,8 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
 
 def _measure_paired(s: _Session, rpc: str | None) -> None:
     """Batches of the arm and its baseline, one process each, interleaved until the difference is precise."""
-    reps, (arm,), base = s.rig.settings.repetitions + _warmups(s), s.arms, s.baseline  # the minimum, counted
+    counted = s.rig.settings.repetitions  # the minimum
+    reps, (arm,), base = counted + _warmups(s, counted), s.arms, s.baseline
     assert base is not None  # a paired session's
     while not arm.failure:
         for a in (base, arm):
