@@ -17,7 +17,7 @@ from moeplace.measure.placement import check_placement
 from moeplace.model.memory import Workload
 from moeplace.plan.budget import reserved_compute
 from moeplace.report.aggregate import measured_table, memory_check_table
-from moeplace.runtime.allocation import reserve
+from moeplace.runtime.allocation import load_probe, reserve
 from moeplace.runtime.build import Build
 from moeplace.runtime.device import DeviceSetup
 
@@ -64,6 +64,24 @@ def test_the_budget_reserves_a_cuda_cards_compute_and_leaves_its_pinned_host_buf
     )
     compute = reserved_compute(manifest, "model.gguf", None, tmp_path / "reserve.log")
     assert compute(Workload(16384), 0) / MiB == pytest.approx(typed["devices"]["CUDA0"]["compute"], abs=0.005)
+
+
+def test_a_load_probe_whose_log_lost_its_tail_is_run_again(tmp_path):
+    """llama.cpp logs from a thread the process does not wait for at exit: a run on busy cores can end, exit code
+    0, before its compute buffers are logged (on this VM, 1 in ~12 runs of llama-completion -v on a tiny model).
+    The probe runs again rather than report a load without them."""
+    log = text(CUDA_ONE)
+    cut = log[: log.index("llama_context:      CUDA0 compute buffer size")]
+    manifest = replay(tmp_path / "bin", "llama-completion", stderr=log)
+    (tmp_path / "bin/cut.err").write_text(cut)
+    script = tmp_path / "bin/llama-completion"  # the first run prints the cut log, the next ones the whole log
+    runs = tmp_path / "runs"
+    script.write_text(f"#!/bin/sh\necho run >> '{runs}'\n"
+                      f"if [ $(wc -l < '{runs}') = 1 ]; then cat '{tmp_path}/bin/cut.err' >&2; "
+                      f"else cat '{tmp_path}/bin/llama-completion.err' >&2; fi\n")  # fmt: skip
+    status, buffers = load_probe(manifest, "model.gguf", Workload(16384).llama_args(), 0, None, tmp_path / "p.log")
+    assert status == "ok" and runs.read_text().count("run") == 2
+    assert buffers.only_device()["compute"] / MiB == pytest.approx(774.00)
 
 
 def test_a_plan_for_one_device_refuses_a_two_gpu_reserve_in_one_line(tmp_path):

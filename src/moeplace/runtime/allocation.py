@@ -15,7 +15,7 @@ from .process import classify, run, run_checked
 from .tool_output import fitted_args
 
 PROBE_TOKENS = 4
-RESERVE_TRIES = 5
+LOG_TRIES = 5  # runs at most of a tool whose log lost the lines read (see reserve)
 
 
 def _placement_args(
@@ -39,7 +39,9 @@ def reserve(
     """llama.cpp's buffers for this placement, reserved without allocating (exactly what a load allocates)."""
     cmd = [str(require_binary(manifest, "llama-fit-params"))]
     cmd += _placement_args(manifest, model, workload_args, n_cpu_moe, rpc, overrides) + ["-fitp", "on", "-v"]
-    for _ in range(RESERVE_TRIES):  # llama.cpp logs from a thread that can lose its last lines at exit
+    # llama.cpp logs from a thread that the process does not wait for at exit (llama.cpp#22142): its last lines can
+    # be lost, the more often the busier the cores are.
+    for _ in range(LOG_TRIES):
         out = run_checked(cmd, f"llama-fit-params reserving memory for {Path(model).name}", log_path, timeout_s=600)
         loads = parse_buffers(out.stderr)
         if loads and "compute" in loads[-1].host:  # the host's compute buffer (CPU, CUDA_Host, ...) is logged last
@@ -61,9 +63,11 @@ def load_probe(
     cmd = [str(require_binary(manifest, "llama-completion"))]
     cmd += _placement_args(manifest, model, workload_args, n_cpu_moe, rpc, None)
     cmd += ["-n", str(PROBE_TOKENS), "-p", "Hello", "-no-cnv", "--no-warmup", "-fit", "off", "--temp", "0", "-v"]
-    result = run(cmd, log_path=log_path, timeout_s=timeout_s)
-    status, _ = classify(result)
-    loads = parse_buffers(result.stderr)
+    for _ in range(LOG_TRIES):  # the compute buffer's line can be lost, as in reserve
+        status, _ = classify(result := run(cmd, log_path=log_path, timeout_s=timeout_s))
+        loads = parse_buffers(result.stderr)
+        if status != "ok" or (loads and "compute" in loads[-1].host):
+            break
     return status, loads[-1] if status == "ok" and loads else None
 
 
