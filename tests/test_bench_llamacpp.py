@@ -41,6 +41,7 @@ def bench(
                               ROOT))  # fmt: skip
 
 
+@pytest.mark.untimed
 @pytest.mark.parametrize("arch", SPECS)
 def test_kv_model_matches_llamacpp_accounting(arch, twins, tmp_path):
     records = bench(twins[arch], tmp_path, ctx=8192, cap=2 * 2**30)
@@ -60,6 +61,7 @@ def test_kv_model_matches_llamacpp_accounting(arch, twins, tmp_path):
     sees="status oom in the record and the tables, the OOM shaded in the figure",
     kept="every other configuration of the sweep; no RPC server left running",
 )
+@pytest.mark.untimed
 def test_too_small_a_device_is_a_recorded_oom_and_the_server_is_stopped(twins, tmp_path):
     before = rpc_servers()
     records = bench(twins["qwen3moe"], tmp_path, ctx=4096, cap=8 * 2**20)
@@ -69,6 +71,7 @@ def test_too_small_a_device_is_a_recorded_oom_and_the_server_is_stopped(twins, t
     assert rpc_servers() == before
 
 
+@pytest.mark.untimed
 def test_experts_on_the_host_make_a_small_device_fit(twins, tmp_path):
     # 8 MiB holds the non-expert weights, the KV cache and compute buffers at 4K, not the experts.
     records = bench(twins["qwen3moe"], tmp_path, ctx=4096, cap=60 * 2**20, n=8)
@@ -147,6 +150,7 @@ def test_the_device_dying_mid_run_is_recorded(twins, tmp_path):
     assert rpc_servers() == before
 
 
+@pytest.mark.untimed
 @pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
 def test_a_blocks_twin_has_the_recipes_bytes_and_runs(arch, tmp_path):
     """weights: blocks (no F16 step): the header of the recipe's twin, with data llama.cpp decodes."""

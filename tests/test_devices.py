@@ -125,6 +125,7 @@ def test_two_cards_decode_as_one_less_a_hop_per_card_boundary(qwen3):
 
 
 @pytest.mark.llamacpp
+@pytest.mark.untimed
 def test_the_emitted_line_loads_on_two_capped_devices_with_the_planned_buffers(tmp_path):
     """recommend --vram 30MB,22MB --emit bench on the tiny twin: the pinned llama-bench, given two emulated devices
     capped at those sizes, loads it and runs; each device's weights and KV cache are the plan's (to the 0.01 MiB
@@ -164,6 +165,7 @@ def test_the_emitted_line_loads_on_two_capped_devices_with_the_planned_buffers(t
 
 
 @pytest.mark.llamacpp
+@pytest.mark.untimed
 def test_the_budget_grid_on_two_capped_devices_is_exact(tmp_path):
     """check_devices on the tiny qwen3moe twin over two emulated devices capped at 40 and 30 MB, 24 cells (4K to
     32K, ubatch 256 and 512, an f16 or q8_0 cache with flash attention, f16 without): every plan that fits loads,
@@ -193,6 +195,7 @@ def test_the_budget_grid_on_two_capped_devices_is_exact(tmp_path):
 
 
 @pytest.mark.llamacpp
+@pytest.mark.untimed
 def test_the_lowest_ncmoe_across_two_devices_is_what_loads(tmp_path):
     """The budget over two emulated devices (40 and 30 MB): the lowest --n-cpu-moe under llama.cpp's own split,
     with each device's compute buffer as llama.cpp reserves it, loads at the full context, and one less runs out

@@ -29,7 +29,7 @@ from moeplace.runtime.allocation import reserve
 from moeplace.runtime.device import rpc_device
 from moeplace.runtime.llama_log import Load, read_log
 
-pytestmark = pytest.mark.llamacpp
+pytestmark = [pytest.mark.llamacpp, pytest.mark.untimed]
 _RESERVED = re.compile(r"sched_reserve: RPC0\S* compute buffer size =\s+([\d.]+) MiB")
 CTX = 2048
 MODELS = ROOT / "config/models"

@@ -39,6 +39,7 @@ def bin_path(tool: str) -> str:
 
 
 @pytest.mark.llamacpp
+@pytest.mark.untimed
 @pytest.mark.parametrize("spec", TINY, ids=lambda p: p.stem)
 def test_the_tiny_variant_decodes_with_the_kv_and_state_we_predict(spec, tmp_path):
     model = write_twin(load_spec(spec), tmp_path / "tiny.gguf", "random")
@@ -58,6 +59,7 @@ def test_the_tiny_variant_decodes_with_the_kv_and_state_we_predict(spec, tmp_pat
 
 
 @pytest.mark.llamacpp
+@pytest.mark.untimed
 @pytest.mark.parametrize("spec", FULL, ids=lambda p: p.stem)
 def test_the_header_twin_has_llama_quantizes_types_for_every_preset(spec, tmp_path):
     """Every llama-quantize preset (Q2_K .. Q8_0, IQ1_S .. IQ4_XS, TQ, MXFP4_MOE) on an F16 header twin, with the
@@ -133,6 +135,7 @@ def pinned_llamacpp() -> Build:
 
 
 @pytest.mark.llamacpp
+@pytest.mark.untimed
 def test_the_tiny_gemma4_quantizes_loads_and_generates_as_its_spec_says(tmp_path):
     """llama-quantize's Q4_K_M of the random tiny twin, generating 8 tokens in llama-completion; llama.cpp reads the
     layout the spec gives: five sliding layers of 64-wide heads and 2 KV heads, then a full one of 128 and 1."""

@@ -33,7 +33,7 @@ from moeplace.runtime.llama_log import read_log
 from moeplace.runtime.llama_names import is_host
 from moeplace.runtime.tool_output import bench_records
 
-pytestmark = pytest.mark.llamacpp
+pytestmark = [pytest.mark.llamacpp, pytest.mark.untimed]
 TINY = [p for p in sorted((ROOT / "config/models").glob("tiny-*.yaml")) if load_spec(p).n_expert]
 CTX = 2048
 MiB = 2**20

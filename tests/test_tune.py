@@ -45,7 +45,7 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     from llamacpp_helpers import manifest, tiny_twin
 
     from moeplace.core.config import Device, TuneSettings
-    from moeplace.measure.bench import BenchJob, Rig, run_bench
+    from moeplace.measure.bench import BenchJob, Rig, run_sweep
     from moeplace.measure.tune import PROBE_TOKENS, Probing, probe_settings, tune
     from moeplace.model.memory import Workload
     from moeplace.model.metadata import inspect_model
@@ -56,11 +56,13 @@ def test_tuner_agrees_with_an_exhaustive_sweep_in_fewer_loads(tmp_path):
     meta = inspect_model(path)
     ctx, cap = 8192, 50 * 10**6  # holds the 8K context and about half the experts
     device = DeviceSetup("emulated", "test device", cap)
-    exhaustive = []
-    for n in range(meta.n_layer + 1):
-        job = BenchJob("m", str(path), meta.files, ctx, n, depth=ctx - PROBE_TOKENS)
-        (record,) = run_bench(job, Rig(probe_settings(2, 300), device, manifest(), tmp_path / "sweep.log", ROOT))
-        exhaustive.append(record["status"])
+    # Every n, in one sweep: each value that runs out of memory ends its llama-bench process, the rest share one
+    # depth fill (the tuner's probes are processes of their own).
+    job = BenchJob("m", str(path), meta.files, ctx, 0, depth=ctx - PROBE_TOKENS)
+    rig = Rig(probe_settings(2, 300), device, manifest(), tmp_path / "sweep.log", ROOT)
+    records = run_sweep(job, list(range(meta.n_layer + 1)), rig)
+    assert [r["n_cpu_moe"] for r in records] == list(range(meta.n_layer + 1))
+    exhaustive = [r["status"] for r in records]
     lowest = exhaustive.index("ok")
     assert 0 < lowest < meta.n_layer, exhaustive  # the cliff lies inside the range
     assert all(s == "ok" for s in exhaustive[lowest:]) and all(s == "oom" for s in exhaustive[:lowest])
