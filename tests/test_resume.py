@@ -19,10 +19,10 @@ CFG = {
     **yaml.safe_load((ROOT / "config/config.yaml").read_text()),
     "models": {"tiny-qwen3moe": {"twin": "config/models/tiny-qwen3moe.yaml"}},
     "ceilings": {"enabled": False},  # test_workflow_ceilings_routing_ram_quants measures them; the sweep matters here
-    "contexts": [1024, 2048, 4096],  # one bench job each: all its n values in one, seconds long
-    "bench": {"prompt": 64, "gen": 16, "repetitions": 2, "n_cpu_moe": [0, 4, 8]},
+    "contexts": [1024, 2048],  # one bench job each: all its n values in one, seconds long
+    "bench": {"prompt": 64, "gen": 8, "repetitions": 2, "n_cpu_moe": [0, 4, 8]},
 }
-TARGETS = [f"results/figures/ncmoe_{k}k.png" for k in (1, 2, 4)]
+TARGETS = [f"results/figures/ncmoe_{k}k.png" for k in (1, 2)]
 # What differs between two runs of the same configuration: speeds, their spread, and the machine around them.
 TIMING = ["median_ts", "ci95_low_ts", "ci95_high_ts", "avg_ts", "stddev_ts", "outlying", "cv", "ci95_halfwidth_pct",
           "noisy", "contended", "others_running", "started", "load_avg_1m", "error"]  # fmt: skip
@@ -61,7 +61,7 @@ def test_sigkill_mid_sweep_then_rerun(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     done = {p.name: p.stat().st_mtime_ns for p in bench_dir.glob("*.jsonl")}
-    assert 1 <= len(done) < 3, "the kill should land mid-sweep"
+    assert len(done) == 1, "the kill should land in the second sweep"
     time.sleep(1)
     assert rpc_servers() == servers_before, "the RPC server outlived its job"
     assert subprocess.run(["pgrep", "-f", f"llama-bench.*{wd}"], capture_output=True).returncode == 1
@@ -70,12 +70,12 @@ def test_sigkill_mid_sweep_then_rerun(tmp_path):
     rerun = snakemake(wd, *TARGETS)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     after = {p.name: p.stat().st_mtime_ns for p in bench_dir.glob("*.jsonl")}
-    assert len(after) == 3
+    assert len(after) == 2
     assert all(after[name] == mtime for name, mtime in done.items()), "a finished job was redone"
 
     clean = workflow_copy(tmp_path / "clean", CFG)
     assert snakemake(clean, *TARGETS).returncode == 0
-    for ctx in ("1k", "2k", "4k"):
+    for ctx in ("1k", "2k"):
         resumed, fresh = (stable(d / f"results/tables/measured/{ctx}.csv") for d in (wd, clean))
         revision = ["pipeline_commit", "pipeline_dirty"]
         assert resumed.drop(columns=revision).equals(fresh.drop(columns=revision)), ctx

@@ -23,9 +23,9 @@ def test_the_sweep_variants_budget_check_and_publish_run_on_two_devices(tmp_path
     decodes no slower than that -ncmoe beyond its noise (+53% and +30% measured, 2026-12-05), every variant
     placed as asked; the figures, the budget check and the published directory name both devices."""
     grid = {"contexts": [16384], "ubatch": [256], "cache_types": ["f16"], "flash_attn": ["on"]}
-    # Auto repetitions capped at one pass (as tests/test_workflow_bench.py's CAPPED), 8 tokens decoded (the default
-    # config's; decode took 3/4 of the sweep at the example's 32): what is asserted is where each placement loads
-    # and that the plan is not slower beyond the noise measured, at whatever noise that is.
+    # Auto repetitions capped at one pass, so that CI's time does not follow the host's noise, and 8 tokens decoded
+    # (the default config's; decode took 3/4 of the sweep at the example's 32): what is asserted is where each
+    # placement loads and that the plan is not slower beyond the noise measured, at whatever noise that is.
     capped = {**EXAMPLE["bench"], "max_repetitions": 6, "gen": 8}
     wd = workflow_copy(tmp_path, {**EXAMPLE, "contexts": [16384], "bench": capped, "budget_check": grid})
     run = snakemake(wd, "results/figures/ncmoe_16k.png", "results/figures/variants_16k.png", "budget_check",
