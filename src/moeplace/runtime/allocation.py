@@ -15,7 +15,7 @@ from .process import classify, run, run_checked
 from .tool_output import fitted_args
 
 PROBE_TOKENS = 4
-LOG_TRIES = 5  # runs at most of a tool whose log lost the lines read (see reserve)
+LOG_TRIES = 5  # runs at most of a tool whose log lost its end (_whole)
 
 
 def _placement_args(
@@ -25,6 +25,13 @@ def _placement_args(
     # -ot before -ncmoe: llama.cpp's first matching rule wins, and a user's pins come first.
     cmd += ["-m", model, "-ngl", "99", *(["-ot", overrides.replace(";", ",")] if overrides else [])]
     return cmd + ["-ncmoe", str(n_cpu_moe), *args]
+
+
+def _whole(loads: list[Buffers]) -> bool:
+    """Whether a log kept its last load's buffers to the end: the host's compute buffer (CPU, CUDA_Host, ...) is
+    logged last. llama.cpp logs from a thread that the process does not wait for at exit (llama.cpp#22142): a run's
+    last lines can be lost, the more often the busier the cores are."""
+    return bool(loads) and "compute" in loads[-1].host
 
 
 def reserve(
@@ -39,12 +46,9 @@ def reserve(
     """llama.cpp's buffers for this placement, reserved without allocating (exactly what a load allocates)."""
     cmd = [str(require_binary(manifest, "llama-fit-params"))]
     cmd += _placement_args(manifest, model, workload_args, n_cpu_moe, rpc, overrides) + ["-fitp", "on", "-v"]
-    # llama.cpp logs from a thread that the process does not wait for at exit (llama.cpp#22142): its last lines can
-    # be lost, the more often the busier the cores are.
     for _ in range(LOG_TRIES):
         out = run_checked(cmd, f"llama-fit-params reserving memory for {Path(model).name}", log_path, timeout_s=600)
-        loads = parse_buffers(out.stderr)
-        if loads and "compute" in loads[-1].host:  # the host's compute buffer (CPU, CUDA_Host, ...) is logged last
+        if _whole(loads := parse_buffers(out.stderr)):
             return loads[-1]
     raise MoeplaceError(f"llama-fit-params logged no compute buffer for {model}; see {log_path}.")
 
@@ -63,10 +67,10 @@ def load_probe(
     cmd = [str(require_binary(manifest, "llama-completion"))]
     cmd += _placement_args(manifest, model, workload_args, n_cpu_moe, rpc, None)
     cmd += ["-n", str(PROBE_TOKENS), "-p", "Hello", "-no-cnv", "--no-warmup", "-fit", "off", "--temp", "0", "-v"]
-    for _ in range(LOG_TRIES):  # the compute buffer's line can be lost, as in reserve
+    for _ in range(LOG_TRIES):
         status, _ = classify(result := run(cmd, log_path=log_path, timeout_s=timeout_s))
         loads = parse_buffers(result.stderr)
-        if status != "ok" or (loads and "compute" in loads[-1].host):
+        if status != "ok" or _whole(loads):
             break
     return status, loads[-1] if status == "ok" and loads else None
 
