@@ -132,7 +132,7 @@ def fake_bench(
     program.parent.mkdir(parents=True)
     program.write_text(FAKE_BENCH.format(python=sys.executable, tg=tg, copies=copies, end=end, fill=fill))
     program.chmod(0o755)
-    auto = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, max_repetitions=9)
+    auto = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, max_repetitions=12)
     settings = replace(auto, precision=precision, time_budget_s=budget)
     rig = Rig(settings, DeviceSetup("gpu", "fake", 0), Build(program.parent), tmp_path / "bench.log",
               tmp_path)  # fmt: skip
@@ -140,24 +140,25 @@ def fake_bench(
 
 
 def test_an_open_ended_batch_stops_after_the_first_precise_copy(tmp_path):
-    records = fake_bench(tmp_path, tg="50.0, 50.5, 49.5", copies=3, end="TERM", precision=0.05)
-    # The median's 95% interval needs 6 repetitions (x(1), x(6): 96.9%): the second copy is the first precise one.
+    records = fake_bench(tmp_path, tg="50.0, 50.5, 49.5", copies=4, end="TERM", precision=0.05)
+    # An interval that leaves out the slowest and the fastest needs 9 repetitions (x(2), x(8): 96.1%): the third
+    # copy is the first precise one, the fourth never runs.
     assert [(r["test"], r["status"], r["repetitions"], r["batches"]) for r in records] == [
-        ("pp", "ok", 6, 1),
-        ("tg", "ok", 6, 1),
+        ("pp", "ok", 9, 1),
+        ("tg", "ok", 9, 1),
     ]
     assert all(r["target_reached"] and r["error"] == "" for r in records)
 
 
 def test_the_time_budget_pays_for_copies_after_the_depth_fill(tmp_path):
-    """Copies of 0.6 s: with no fill a 1 s budget stops after the second, the fewest a median's interval needs
-    (the budget spent, the next would end past it); after a 5 s fill a 6 s budget does not: the fill buys as much
-    time again in repetitions (to ~10 s), and a next copy costs its repetitions and a warm-up (0.8 s), not the
-    first copy's 5.6 s."""
-    quick = fake_bench(tmp_path / "quick", tg="50.0, 60.0, 40.0", copies=3, end="TERM", precision=1e-6, budget=1)
-    assert [r["repetitions"] for r in quick] == [6, 6]
-    slow = fake_bench(tmp_path / "slow", tg="50.0, 60.0, 40.0", copies=3, end="TERM", precision=1e-6, fill=5, budget=6)
-    assert all(r["status"] == "ok" and r["repetitions"] == 9 for r in slow)
+    """Copies of 0.6 s: with no fill a 1 s budget stops after the third, the fewest repetitions wanted (the
+    budget spent, the next would end past it); after a 5 s fill a 6 s budget does not: the fill buys as much time
+    again in repetitions (to ~10 s), and a next copy costs its repetitions and a warm-up (0.8 s), not the first
+    copy's 5.6 s, so the fourth runs, the most allowed."""
+    quick = fake_bench(tmp_path / "quick", tg="50.0, 60.0, 40.0", copies=4, end="TERM", precision=1e-6, budget=1)
+    assert [r["repetitions"] for r in quick] == [9, 9]
+    slow = fake_bench(tmp_path / "slow", tg="50.0, 60.0, 40.0", copies=4, end="TERM", precision=1e-6, fill=5, budget=6)
+    assert all(r["status"] == "ok" and r["repetitions"] == 12 for r in slow)
 
 
 def test_a_run_that_fails_mid_copy_keeps_the_copies_it_finished(tmp_path):
@@ -221,7 +222,7 @@ def test_a_sweep_shares_processes_and_a_failed_load_ends_only_its_own_value(tmp_
 
 
 def test_a_sweep_measures_its_values_in_turn_pass_after_pass(tmp_path):
-    """With auto repetitions a sweep's values take turns in one process (passes of 6 each, enough of them for the
+    """With auto repetitions a sweep's values take turns in one process (passes of 9 each, enough of them for the
     most repetitions allowed to count), so a slow spell of the host falls on all of them; the value that runs out
     of memory at load ends only the first process."""
     import sys
@@ -234,18 +235,19 @@ def test_a_sweep_measures_its_values_in_turn_pass_after_pass(tmp_path):
     program.parent.mkdir(parents=True)
     program.write_text(FAKE_SWEEP.format(python=sys.executable, calls=calls, fails={1}))
     program.chmod(0o755)
-    settings = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, max_repetitions=9)
+    settings = BenchSettings(prompt=16, gen=4, repetitions=3, threads=1, timeout_s=60, max_repetitions=20)
     rig = Rig(settings, DeviceSetup("gpu", "fake", 0), Build(program.parent), tmp_path / "bench.log",
               tmp_path)  # fmt: skip
     records = run_sweep(BenchJob("fake", "fake.gguf", [], 1024, 1), [1, 2, 8], rig)
-    # enough passes for 9 counted repetitions of each test: 6 a pass (-r 7, the prompt's first at a depth a warm-up)
+    # the whole passes 20 counted repetitions of each test hold: 9 a pass (-r 10, the prompt's first at a depth a
+    # warm-up)
     assert calls.read_text().split() == [",".join(["1,2,8"] * 2), ",".join(["2,8"] * 2)]
     ok = [r for r in records if r["status"] == "ok"]
     assert [(r["n_cpu_moe"], r["test"], r["median_ts"]) for r in ok] == [
         (2, "pp", 98.0), (2, "tg", 98.0), (8, "pp", 92.0), (8, "tg", 92.0)]  # fmt: skip
     assert all(r["batches"] == 2 and r["target_reached"] for r in ok)
     # the fake prints all its passes at once, its rows without a depth: every repetition counts
-    assert [r["repetitions"] for r in ok] == [14] * 4
+    assert [r["repetitions"] for r in ok] == [20] * 4
     assert [(r["n_cpu_moe"], r["status"]) for r in records if r["status"] != "ok"] == [(1, "oom"), (1, "oom")]
     assert {r["n_cpu_moe"]: r["tensor_buffers"] for r in ok} == {
         2: {"blk.2.ffn_up_exps.weight": "CPU"}, 8: {"blk.8.ffn_up_exps.weight": "CPU"}}  # fmt: skip

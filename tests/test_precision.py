@@ -8,7 +8,14 @@ import math
 import pandas as pd
 import pytest
 
-from moeplace.core.stats import median_halfwidth, median_interval, min_detectable_effect, outlying, repetitions_for
+from moeplace.core.stats import (
+    fewest_for_median_interval,
+    median_halfwidth,
+    median_interval,
+    min_detectable_effect,
+    outlying,
+    repetitions_for,
+)
 from moeplace.measure.bench import next_batch
 from moeplace.measure.placement import variants_table
 from moeplace.report.aggregate import precision_table
@@ -26,6 +33,13 @@ def test_the_median_interval_is_the_order_statistics_of_the_binomial_table():
     low, high = median_interval([10.0, 10.0, 10.0, 10.0, 10.0])[1:]  # no pair reaches 95% below 6 samples
     assert math.isnan(low) and math.isnan(high)
     assert median_halfwidth([10.0] * 5) == math.inf
+
+
+def test_the_fewest_repetitions_are_those_whose_interval_spares_the_extremes():
+    """At 95%: 6 give an interval at all (x(1)..x(6), 1 - 2/64); sparing one each side, 9 (x(2)..x(8),
+    1 - 2 * 10/512 = 96.1%, where 8 reach only 93.0%); sparing two, 12 (x(3)..x(10), 96.1%): the binomial table."""
+    assert [fewest_for_median_interval(spared=s) for s in (0, 1, 2)] == [6, 9, 12]
+    assert fewest_for_median_interval(0.9, spared=1) == 8  # x(2)..x(7) of 8: 1 - 2 * 9/256 = 93.0%
 
 
 def test_a_slow_repetition_moves_neither_the_value_nor_its_interval():

@@ -117,7 +117,7 @@ def run_bench(job: BenchJob, rig: Rig) -> list[BenchRecord]:
     """Run one configuration; one record per test, successful or not.
 
     Repetitions come in one llama-bench process (its own warm-up and one fill of the depth first):
-    `settings.repetitions` of them; or with adaptive settings passes of the fewest a median's interval needs
+    `settings.repetitions` of them; or with adaptive settings passes of the fewest repetitions wanted
     (repetitions.fewest_repetitions), stopped once the median is precise enough, so a 32K configuration pays its
     depth fill once. With `paired_n_cpu_moe` the configuration is compared with that
     `-ncmoe` run, measured interleaved with it batch by batch (A B A B ...), so drift falls on both alike; the
@@ -192,12 +192,13 @@ def _measure_shared(s: _Session, rpc: str | None) -> None:
     todo = [a for a in s.arms if not a.failure]
     while todo:
         if settings.adaptive:
-            # A pass counts the fewest repetitions a median's interval needs (6) of every test, so the first can
-            # be enough, and each pays its loads, contexts and depth restores for as many: llama-bench runs as many
-            # more as are warm-ups (decode, which has none, gets them counted too: one -r serves both tests).
+            # A pass counts the fewest repetitions wanted (9) of every test, so the first can be enough, and each
+            # pays its loads, contexts and depth restores for as many: llama-bench runs as many more as are
+            # warm-ups (decode, which has none, gets them counted too: one -r serves both tests). As many whole
+            # passes as max_repetitions holds.
             counted = fewest_repetitions(settings)
             done = min(a.repetitions(s.tests) for a in todo)
-            passes = max(1, math.ceil((settings.max_repetitions - done) / counted))
+            passes = max(1, (settings.max_repetitions - done) // counted)
             each = counted + _warmups(s, counted)
             _batch(s, todo, rpc, passes, stop_when_enough(todo, s.tests, settings, s.t0), each)
         else:
