@@ -177,13 +177,14 @@ def block(runs: list[dict], figure: tuple[dict, str]) -> str:
 
 
 def _table(runs: list[dict]) -> list[str]:
-    """The recorded runs of both commands, a row each."""
+    """The recorded runs of both commands at the newest commit recorded, a row each (the earlier ones stay in
+    docs/runs/, and docs/measurements.md says what changed between them)."""
     rows = [
         "| the README's | run ([docs/runs/](docs/runs/)) | commit | CPU | llama.cpp build | venv + pip | "
         "snakemake or pytest | total | result |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for run in runs:
+    for run in (r for r in runs if r["commit"] == runs[-1]["commit"]):
         s, first = run["seconds"], run["command"] == "first"
         build = _minutes(run["rules"].get("llamacpp", 0)) if first and run["bare"] else "cached" if first else "-"
         if first:
