@@ -36,7 +36,7 @@ def planned_jobs(wd, *args) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
 
 
-# The README's first command on the default config, with 3 repetitions where auto counts 6-14: nothing asserted here
+# The README's first command on the default config, with 3 repetitions where auto counts 9-20: nothing asserted here
 # depends on how many ran, and CI's time does not follow the host's noise. The README's precision figures come from
 # recorded runs of the default (docs/first_run.py); auto passes through the Snakefile are the two-device run's
 # (tests/test_workflow_devices.py), their stopping rule tests/test_bench_llamacpp.py's.
